@@ -1,0 +1,7 @@
+"""``python -m lsmdb`` runs the ``lsmdb`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,252 @@
+"""Standard Bloom filter with double hashing, serialisable into an SSTable.
+
+Sizing (n keys, target false-positive chance p)::
+
+    m = ceil(-n * ln(p) / ln(2)**2)      bits
+    k = max(1, round(m / n * ln(2)))     probes
+    predicted FPR after n adds = (1 - exp(-k*n/m)) ** k
+
+Each extra bit per key multiplies the rate by about 0.62.  ``p == 1.0`` means
+"no filter": ``m == k == 0`` and every probe answers "maybe".
+
+Probes: a key is hashed once to a 64-bit value ``h`` (algorithm 1:
+``xxh3_64(key, seed=0)``); ``h1 = h & 0xFFFFFFFF`` and ``h2 = h >> 32``; probe
+``i`` (0 <= i < k) tests bit ``(h1 + i*h2) mod m``.  Bit ``b`` lives in byte
+``b >> 3`` under mask ``1 << (b & 7)``.  The hash of a key is computed once
+per lookup and reused for every filter (``may_contain_hash``).
+
+Serialised form (docs/FORMAT.md, "Filter block")::
+
+    version u8 | hash_algorithm u8 | flags u16 | k u32 | m u64 | n u64 |
+    fp_chance f64 | key_id u32 | bits: ceil(m/8) bytes
+
+Example:
+    >>> f = BloomFilter(1000, 0.01)
+    >>> f.add(b"apple")
+    >>> b"apple" in f
+    True
+    >>> (f.m, f.k)
+    (9586, 7)
+    >>> g = BloomFilter.from_bytes(f.to_bytes())
+    >>> b"apple" in g and g.m == f.m
+    True
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Iterable
+
+import xxhash
+
+from .errors import CorruptionError, UnsupportedFormatError
+
+FILTER_FORMAT_VERSION = 1  # DO NOT CHANGE: on disk.
+
+# Hash algorithm ids.  DO NOT CHANGE: on disk.  Retired ids stay reserved.
+HASH_XXH3_64 = 1
+KNOWN_HASH_ALGORITHMS = {HASH_XXH3_64: "xxh3_64"}
+
+FILTER_HEADER = struct.Struct("<BBHIQQdI")
+FILTER_HEADER_SIZE = FILTER_HEADER.size
+assert FILTER_HEADER_SIZE == 36
+
+LN2_SQUARED = math.log(2) ** 2
+MASK32 = 0xFFFFFFFF
+
+#: The 64-bit key hash every filter of algorithm 1 probes with.
+key_hash = xxhash.xxh3_64_intdigest
+
+
+def split_hash(h: int) -> tuple[int, int]:
+    """The two double-hashing values (h1, h2) of a 64-bit hash."""
+    return h & MASK32, h >> 32
+
+
+def optimal_bits(n: int, fp_chance: float) -> int:
+    """Bits for ``n`` keys at false-positive chance ``fp_chance`` (0 when p >= 1)."""
+    if fp_chance >= 1.0 or n <= 0:
+        return 0
+    return max(1, math.ceil(-n * math.log(fp_chance) / LN2_SQUARED))
+
+
+def optimal_hashes(n: int, m: int) -> int:
+    """Best probe count for ``n`` keys in ``m`` bits: max(1, round(m/n * ln 2))."""
+    if m <= 0:
+        return 0
+    if n <= 0:
+        return 1
+    return max(1, round(m / n * math.log(2)))
+
+
+def predicted_fpr_for(n: int, m: int, k: int) -> float:
+    """(1 - e^(-k n / m))^k; 1.0 for an empty (no-filter) bit array."""
+    if m <= 0 or k <= 0:
+        return 1.0
+    return (1.0 - math.exp(-k * n / m)) ** k
+
+
+class BloomFilter:
+    """A plain Bloom filter.  It cannot delete; an LSM rebuilds filters on compaction.
+
+    ``BloomFilter(capacity, fp_chance)`` sizes the filter for ``capacity`` keys.
+    ``add`` and ``in`` cost one hash plus k bit operations (O(k)).
+    """
+
+    __slots__ = ("m", "k", "n", "fp_chance", "hash_algorithm", "key_id", "_bits", "_capacity")
+
+    def __init__(self, capacity: int, fp_chance: float = 0.01) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int):
+            raise TypeError("capacity must be an int")
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        if isinstance(fp_chance, bool) or not isinstance(fp_chance, (int, float)):
+            raise TypeError("fp_chance must be a float")
+        if math.isnan(fp_chance) or not 0.0 < fp_chance <= 1.0:
+            raise ValueError("fp_chance must satisfy 0 < fp_chance <= 1")
+        m = optimal_bits(max(capacity, 1), float(fp_chance))
+        self._init(m, optimal_hashes(max(capacity, 1), m), float(fp_chance))
+        self._capacity = capacity
+
+    def _init(self, m: int, k: int, fp_chance: float) -> None:
+        self.m = m
+        self.k = k
+        self.n = 0
+        self.fp_chance = fp_chance
+        self.hash_algorithm = HASH_XXH3_64
+        self.key_id = 0
+        self._bits = bytearray((m + 7) // 8)
+        self._capacity = 0
+
+    @classmethod
+    def with_size(cls, m: int, k: int) -> "BloomFilter":
+        """A filter of exactly ``m`` bits probed ``k`` times (for experiments)."""
+        if m < 1 or k < 1:
+            raise ValueError("m and k must be >= 1")
+        f = cls.__new__(cls)
+        f._init(m, k, 0.0)
+        return f
+
+    # -- building ---------------------------------------------------------
+    def add(self, key: bytes) -> None:
+        self.add_hash(key_hash(key))
+
+    def add_hash(self, h: int) -> None:
+        m = self.m
+        self.n += 1
+        if not m:
+            return
+        bits = self._bits
+        pos = (h & MASK32) % m
+        step = (h >> 32) % m
+        for _ in range(self.k):
+            bits[pos >> 3] |= 1 << (pos & 7)
+            pos += step
+            if pos >= m:
+                pos -= m
+
+    def update(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            self.add_hash(key_hash(key))
+
+    # -- probing ----------------------------------------------------------
+    def __contains__(self, key: bytes) -> bool:
+        h = key_hash(key)
+        return self.may_contain_hash(h & MASK32, h >> 32)
+
+    def may_contain_hash(self, h1: int, h2: int) -> bool:
+        """False only if the key was certainly never added.  O(k), early exit."""
+        m = self.m
+        if not m:
+            return True
+        bits = self._bits
+        pos = h1 % m
+        step = h2 % m
+        for _ in range(self.k):
+            if not bits[pos >> 3] & (1 << (pos & 7)):
+                return False
+            pos += step
+            if pos >= m:
+                pos -= m
+        return True
+
+    def probes(self, h1: int, h2: int) -> list[tuple[int, int, bool]]:
+        """Every probe as (i, bit position, bit set) -- for tracing a read."""
+        m = self.m
+        out = []
+        for i in range(self.k):
+            pos = (h1 + i * h2) % m
+            out.append((i, pos, bool(self._bits[pos >> 3] & (1 << (pos & 7)))))
+        return out
+
+    # -- statistics -------------------------------------------------------
+    @property
+    def size_bytes(self) -> int:
+        return len(self._bits)
+
+    @property
+    def bits_set(self) -> int:
+        return int.from_bytes(self._bits, "little").bit_count()
+
+    @property
+    def fill_ratio(self) -> float:
+        """Share of bits set (0.5 at the optimal k and design load)."""
+        return self.bits_set / self.m if self.m else 0.0
+
+    def predicted_fpr(self, n: int | None = None) -> float:
+        """(1 - e^(-k n / m))^k for ``n`` keys (default: the keys added)."""
+        return predicted_fpr_for(self.n if n is None else n, self.m, self.k)
+
+    def estimated_fpr_from_fill(self) -> float:
+        """fill^k: the false-positive rate the actual bit pattern gives."""
+        return self.fill_ratio ** self.k if self.m else 1.0
+
+    def estimated_keys_from_fill(self) -> float:
+        """-m/k * ln(1 - fill): the key count the bit pattern suggests."""
+        if not self.m:
+            return 0.0
+        fill = self.fill_ratio
+        if fill >= 1.0:
+            return math.inf
+        return -self.m / self.k * math.log(1.0 - fill)
+
+    def bits_per_key(self, n: int | None = None) -> float:
+        count = self.n if n is None else n
+        return self.m / count if count else 0.0
+
+    # -- serialisation ----------------------------------------------------
+    def to_bytes(self) -> bytes:
+        header = FILTER_HEADER.pack(
+            FILTER_FORMAT_VERSION, self.hash_algorithm, 0, self.k, self.m, self.n,
+            self.fp_chance, self.key_id,
+        )
+        return header + bytes(self._bits)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str | None = None, offset: int | None = None) -> "BloomFilter":
+        """Decode ``to_bytes`` output.
+
+        Raises UnsupportedFormatError for an unknown version or hash algorithm
+        and CorruptionError for inconsistent sizes; an SSTable reader turns
+        either into a filter that always answers "maybe".
+        """
+        if len(data) < FILTER_HEADER_SIZE:
+            raise CorruptionError("filter block shorter than its header", path, offset)
+        version, algo, _flags, k, m, n, fp, key_id = FILTER_HEADER.unpack_from(data, 0)
+        if version != FILTER_FORMAT_VERSION:
+            raise UnsupportedFormatError(f"unknown filter format version {version}")
+        if algo not in KNOWN_HASH_ALGORITHMS:
+            raise UnsupportedFormatError(f"unknown filter hash algorithm {algo}")
+        if len(data) - FILTER_HEADER_SIZE != (m + 7) // 8:
+            raise CorruptionError(
+                f"filter of {m} bits needs {(m + 7) // 8} bytes, block holds "
+                f"{len(data) - FILTER_HEADER_SIZE}", path, offset)
+        if (m == 0) != (k == 0) or k > 64:
+            raise CorruptionError(f"filter header has m={m}, k={k}", path, offset)
+        f = cls.__new__(cls)
+        f.m, f.k, f.n, f.fp_chance = m, k, n, fp
+        f.hash_algorithm, f.key_id = algo, key_id
+        f._bits = bytearray(data[FILTER_HEADER_SIZE:])
+        f._capacity = n
+        return f

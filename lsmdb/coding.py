@@ -1,0 +1,49 @@
+"""Fixed-width encodings and checksums shared by every on-disk format.
+
+All integers are little-endian.  Checksums are CRC-32 (``zlib.crc32``, the
+IEEE polynomial), computed over the bytes they protect.  See docs/FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+crc32 = zlib.crc32
+
+# Block trailer: crc32 (u32) of the block payload.  DO NOT CHANGE: on disk.
+BLOCK_TRAILER = struct.Struct("<I")
+BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size
+assert BLOCK_TRAILER_SIZE == 4
+
+# WAL record header: crc32 (u32) of the payload, payload length (u32).
+WAL_HEADER = struct.Struct("<II")
+WAL_HEADER_SIZE = WAL_HEADER.size
+assert WAL_HEADER_SIZE == 8
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that entries created, renamed or removed in it persist."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durably(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync dir."""
+    directory = os.path.dirname(path) or "."
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(directory)

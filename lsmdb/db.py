@@ -1,0 +1,632 @@
+"""The ``DB`` facade: open and recover, tables, reads, writes, flushes.
+
+Files in a database directory (docs/FORMAT.md, "Files")::
+
+    LOCK              flock()ed while a process has the database open
+    MANIFEST          tables, their options and their SSTables (atomic switch)
+    NNNNNN.sst        an SSTable
+    wal-NNNNNN.log    a write-ahead-log segment
+    STATS             per-SSTable filter counters
+
+Writes: WAL record (fsync if ``sync``) -> memtable; a full memtable is
+flushed: SSTable written and fsynced -> manifest switched -> WAL segments no
+memtable needs any more deleted.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import threading
+from typing import Any, Iterator
+
+import msgpack
+
+from . import bloom as _bloom
+from .errors import (CorruptionError, DatabaseClosedError, DatabaseLockedError, LsmdbError,
+                     NoSuchTableError, NotADatabaseError, ReadOnlyError, TableExistsError)
+from .keys import MAX_BATCH_SIZE_BYTES, as_key
+from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
+from .memtable import Memtable
+from .merge import merge_newest
+from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
+from .sstable import MISSING, SSTableReader, write_sstable
+from .table import SSTableInfo, Table, TableState, WriteBatch
+from .wal import LogWriter, read_log_file, truncate_file
+
+log = logging.getLogger("lsmdb")
+
+LOCK_NAME = "LOCK"
+SST_RE = re.compile(r"(\d{6,})\.sst\Z")
+WAL_RE = re.compile(r"wal-(\d{6,})\.log\Z")
+_key_hash = _bloom.key_hash
+_MASK32 = _bloom.MASK32
+
+
+def sst_name(number: int) -> str:
+    return f"{number:06d}.sst"
+
+
+def wal_name(number: int) -> str:
+    return f"wal-{number:06d}.log"
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+class DB:
+    """An open lsmdb database.  Create with :func:`lsmdb.open`.
+
+    The DB acts on the table ``"default"``; other tables through
+    :meth:`table`.  Thread-safe: writes are serialised by one lock, reads take
+    no lock.
+
+    Example:
+        >>> import lsmdb, tempfile
+        >>> with lsmdb.open(tempfile.mkdtemp()) as db:
+        ...     db[b"k"] = b"v"
+        ...     db.delete(b"gone")
+        ...     (db.get(b"k"), db.get(b"gone", b"?"), list(db.scan()))
+        (b'v', b'?', [(b'k', b'v')])
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, create_if_missing: bool = True,
+                 sync: bool = False, read_only: bool = False) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self._sync = bool(sync)
+        self._read_only = bool(read_only)
+        self._lock = threading.RLock()
+        self._closed = True
+        self._lock_fd = -1
+        self._wal: LogWriter | None = None
+        self._segments: list[list[int]] = []   # closed segments: [number, max_seq]
+        self._tables: dict[str, TableState] = {}
+        self._handles: dict[str, Table] = {}
+        self._last_seq = 0
+        self._next_file = 1
+        self._next_table_id = 1
+        self._open(create_if_missing)
+        self._closed = False
+        self._default = self._handles[DEFAULT_TABLE]
+        self._default_state = self._tables[DEFAULT_TABLE]
+
+    # ------------------------------------------------------------------ open
+    def _open(self, create_if_missing: bool) -> None:
+        path = self.path
+        if not os.path.isdir(path):
+            if os.path.exists(path):
+                raise NotADatabaseError(f"{path} exists and is not a directory")
+            if not create_if_missing or self._read_only:
+                raise NotADatabaseError(f"no database at {path} (create_if_missing=False)")
+            os.makedirs(path, exist_ok=True)
+        manifest_path = os.path.join(path, MANIFEST_NAME)
+        if not self._read_only:
+            self._acquire_lock()
+        try:
+            if not os.path.exists(manifest_path):
+                self._create(manifest_path, create_if_missing)
+            manifest = Manifest.read(manifest_path)
+            self._load(manifest)
+            self._recover_wal()
+            if not self._read_only:
+                self._sweep(manifest)
+                self._new_segment()
+                for state in list(self._tables.values()):
+                    if state.mem.size_bytes >= state.options.memtable_size_bytes:
+                        self._flush_locked(state)
+        except BaseException:
+            self._release()
+            raise
+
+    def _acquire_lock(self) -> None:
+        fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise DatabaseLockedError(
+                    f"{self.path} is open in another lsmdb.open() (this or another process)"
+                ) from None
+            raise
+        self._lock_fd = fd
+
+    def _create(self, manifest_path: str, create_if_missing: bool) -> None:
+        entries = [n for n in os.listdir(self.path) if n != LOCK_NAME]
+        if entries:
+            raise NotADatabaseError(
+                f"{self.path} is not an lsmdb database (no {MANIFEST_NAME}, directory not empty)")
+        if not create_if_missing or self._read_only:
+            raise NotADatabaseError(f"no database at {self.path} (create_if_missing=False)")
+        manifest = Manifest(next_file_number=1, next_table_id=2,
+                            tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
+        manifest.write(manifest_path)
+
+    def _load(self, manifest: Manifest) -> None:
+        self._last_seq = manifest.last_seq
+        self._next_file = manifest.next_file_number
+        self._next_table_id = manifest.next_table_id
+        if DEFAULT_TABLE not in manifest.tables:
+            raise CorruptionError("manifest has no default table",
+                                  os.path.join(self.path, MANIFEST_NAME))
+        for name, meta in manifest.tables.items():
+            try:
+                state = TableState(name, meta.id, meta.options)
+            except (TypeError, ValueError) as exc:
+                raise CorruptionError(f"manifest options of table {name!r} invalid: {exc}",
+                                      os.path.join(self.path, MANIFEST_NAME)) from None
+            state.flushed_seq = meta.flushed_seq
+            readers = []
+            for fm in meta.files:
+                file_path = os.path.join(self.path, sst_name(fm.number))
+                try:
+                    reader = SSTableReader(file_path, fm.number)
+                except FileNotFoundError:
+                    raise CorruptionError("SSTable listed in the manifest is missing",
+                                          file_path) from None
+                reader.level = fm.level
+                readers.append(reader)
+                self._next_file = max(self._next_file, fm.number + 1)
+            readers.sort(key=lambda r: (r.level, -r.max_seq, -r.number))
+            state.files = tuple(readers)
+            state.publish()
+            self._tables[name] = state
+            self._handles[name] = Table(self, state)
+        self._by_id = {s.id: s for s in self._tables.values()}
+
+    def _recover_wal(self) -> None:
+        numbers = sorted(int(m.group(1)) for n in os.listdir(self.path)
+                         if (m := WAL_RE.match(n)))
+        for number in numbers:
+            seg_path = os.path.join(self.path, wal_name(number))
+            result = read_log_file(seg_path)
+            max_seq = 0
+            for offset, payload in result.records:
+                try:
+                    seq, ops = msgpack.unpackb(payload, raw=False)
+                    if type(seq) is not int or type(ops) is not list:
+                        raise ValueError
+                    decoded = []
+                    for tid, key, value in ops:
+                        if type(tid) is not int or type(key) is not bytes or not (
+                                value is None or type(value) is bytes):
+                            raise ValueError
+                        decoded.append((tid, key, value))
+                except Exception:
+                    raise CorruptionError("WAL record undecodable", seg_path, offset) from None
+                max_seq = max(max_seq, seq)
+                for tid, key, value in decoded:
+                    state = self._by_id.get(tid)
+                    if state is not None and seq > state.flushed_seq:
+                        state.mem.apply(seq, key, value)
+            if result.torn and not self._read_only:
+                log.warning("%s: dropping a torn last record at offset %d (never acknowledged)",
+                            seg_path, result.valid_length)
+                truncate_file(seg_path, result.valid_length)
+            self._last_seq = max(self._last_seq, max_seq)
+            self._segments.append([number, max_seq])
+            self._next_file = max(self._next_file, number + 1)
+        for state in self._tables.values():
+            state.publish()
+
+    def _sweep(self, manifest: Manifest) -> None:
+        """Remove files a crash left behind: only ever after a valid manifest was read."""
+        live = {fm.number for t in manifest.tables.values() for fm in t.files}
+        for name in os.listdir(self.path):
+            m = SST_RE.match(name)
+            if (m and int(m.group(1)) not in live) or name.endswith(".tmp"):
+                log.info("removing leftover file %s", name)
+                os.unlink(os.path.join(self.path, name))
+                if m:
+                    self._next_file = max(self._next_file, int(m.group(1)) + 1)
+
+    def _new_segment(self) -> None:
+        """Start a new WAL segment; the previous one is closed for good."""
+        if self._wal is not None:
+            self._wal.close()
+            self._segments.append([self._wal_number, self._wal_max_seq])
+        self._wal_number = self._alloc_file_number()
+        self._wal = LogWriter(os.path.join(self.path, wal_name(self._wal_number)))
+        self._wal_max_seq = 0
+
+    def _alloc_file_number(self) -> int:
+        number = self._next_file
+        self._next_file += 1
+        return number
+
+    # --------------------------------------------------------------- helpers
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DatabaseClosedError(f"database {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._read_only:
+            raise ReadOnlyError(f"database {self.path} was opened read-only")
+
+    def _table_state(self, name: str | None) -> TableState:
+        self._check_open()
+        if name is None:
+            return self._default_state
+        state = self._tables.get(name)
+        if state is None:
+            if not isinstance(name, str):
+                raise TypeError(f"table name must be a str, got {type(name).__name__}")
+            raise NoSuchTableError(f"no table named {name!r}")
+        return state
+
+    def _manifest(self) -> Manifest:
+        tables = {}
+        for name, s in self._tables.items():
+            files = [FileMeta(r.number, r.level, r.size_bytes, r.entries, r.min_key, r.max_key,
+                              r.min_seq, r.max_seq) for r in s.files]
+            tables[name] = TableMeta(s.id, s.explicit, s.flushed_seq, files)
+        return Manifest(self._next_file, self._next_table_id, self._last_seq, tables)
+
+    def _write_manifest(self) -> None:
+        self._manifest().write(os.path.join(self.path, MANIFEST_NAME))
+
+    # ---------------------------------------------------------------- writes
+    def _write(self, ops: list[tuple[TableState, bytes, bytes | None]], sync: bool | None) -> None:
+        total = 0
+        for _state, key, value in ops:
+            total += len(key) + (len(value) if value is not None else 0)
+        if total > MAX_BATCH_SIZE_BYTES:
+            raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
+        do_sync = self._sync if sync is None else bool(sync)
+        with self._lock:
+            self._check_writable()
+            for state, _k, _v in ops:
+                if state.dropped:
+                    raise NoSuchTableError(f"table {state.name!r} was dropped")
+            seq = self._last_seq + 1
+            payload = msgpack.packb([seq, [[s.id, k, v] for s, k, v in ops]], use_bin_type=True)
+            assert self._wal is not None
+            try:
+                self._wal.add_record(payload, do_sync)
+            except OSError:
+                # The segment may end in a partial record: continue in a new one
+                # (a torn tail is dropped at recovery), and report the error.
+                self._new_segment()
+                raise
+            self._last_seq = seq
+            self._wal_max_seq = seq
+            touched = []
+            for state, key, value in ops:
+                state.mem.apply(seq, key, value)
+                if state not in touched:
+                    touched.append(state)
+            for state in touched:
+                if state.mem.size_bytes >= state.options.memtable_size_bytes:
+                    self._flush_locked(state)
+
+    def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
+        """Set ``key`` to ``value`` in the default table (fsync first if ``sync``)."""
+        self._default.put(key, value, sync)
+
+    def delete(self, key: Any, sync: bool | None = None) -> None:
+        """Delete ``key`` from the default table (a tombstone; no error if absent)."""
+        self._default.delete(key, sync)
+
+    def batch(self, sync: bool | None = None) -> WriteBatch:
+        """A :class:`WriteBatch`: ``with db.batch() as b: b.put(k, v, table=...)``."""
+        self._check_writable()
+        return WriteBatch(self, sync)
+
+    # ---------------------------------------------------------------- flush
+    def flush(self, table: str | None = None) -> None:
+        """Write the memtable of ``table`` (None: every table) to an SSTable now."""
+        with self._lock:
+            self._check_writable()
+            states = list(self._tables.values()) if table is None else [self._table_state(table)]
+            for state in states:
+                self._flush_locked(state)
+
+    def _flush_locked(self, state: TableState) -> None:
+        mem = state.mem
+        if not len(mem):
+            return
+        mem.frozen = True
+        state.mem = Memtable()
+        state.imms = (mem,) + state.imms
+        state.publish()
+        flushed_seq = self._last_seq
+        self._new_segment()  # records of ``mem`` are all in closed segments now
+        number = self._alloc_file_number()
+        file_path = os.path.join(self.path, sst_name(number))
+        try:
+            write_sstable(file_path, mem.data.items(), fp_chance=state.options.bloom_filter_fp_chance,
+                          block_size=state.options.block_size_bytes, table=state.name,
+                          min_seq=mem.min_seq, max_seq=mem.max_seq)
+            reader = SSTableReader(file_path, number)
+            reader.level = 0
+        except BaseException:
+            # Keep serving from the frozen memtable; its records stay in the WAL.
+            state.mem, state.imms = mem, state.imms[1:]
+            mem.frozen = False
+            state.publish()
+            _unlink_quietly(file_path)
+            raise
+        old_files, old_flushed = state.files, state.flushed_seq
+        state.files = (reader,) + state.files
+        state.flushed_seq = flushed_seq
+        try:
+            self._write_manifest()
+        except BaseException:
+            state.files, state.flushed_seq = old_files, old_flushed
+            state.mem, state.imms = mem, state.imms[1:]
+            mem.frozen = False
+            state.publish()
+            reader.close()
+            _unlink_quietly(file_path)
+            raise
+        state.imms = state.imms[1:]
+        state.publish()
+        self._retire_segments()
+
+    def _retire_segments(self) -> None:
+        """Delete closed WAL segments whose every record is in an SSTable."""
+        low = None
+        for s in self._tables.values():
+            for mem in (s.mem,) + s.imms:
+                if mem.min_seq is not None and (low is None or mem.min_seq < low):
+                    low = mem.min_seq
+        keep = []
+        for number, max_seq in self._segments:
+            if low is None or max_seq < low:
+                _unlink_quietly(os.path.join(self.path, wal_name(number)))
+            else:
+                keep.append([number, max_seq])
+        self._segments = keep
+
+    # ----------------------------------------------------------------- reads
+    def get(self, key: Any, default: Any = None) -> Any:
+        """The value of ``key`` in the default table, or ``default``."""
+        value = self._get(self._default_state, key)
+        return default if value is None else value
+
+    def _get(self, state: TableState, key: Any) -> bytes | None:
+        """Newest value of ``key`` or None.  Hashes the key at most once."""
+        if type(key) is not bytes or len(key) > 65536:
+            key = as_key(key)
+        if self._closed:
+            raise DatabaseClosedError(f"database {self.path} is closed")
+        mem, imms, files = state.view
+        state.gets += 1
+        value = mem.data.get(key, MISSING)
+        if value is MISSING:
+            for imm in imms:
+                value = imm.data.get(key, MISSING)
+                if value is not MISSING:
+                    break
+        if value is not MISSING:
+            if value is None:
+                state.gets_absent += 1
+            return value
+        h1 = -1
+        h2 = 0
+        for reader in files:
+            if key < reader.min_key or key > reader.max_key:
+                reader.range_skips += 1
+                continue
+            if h1 < 0:
+                h = _key_hash(key)
+                h1 = h & _MASK32
+                h2 = h >> 32
+            if not reader.bloom.may_contain_hash(h1, h2):
+                reader.filter_negatives += 1
+                continue
+            value = reader.find(key)
+            if value is MISSING:
+                reader.false_positives += 1
+                continue
+            reader.true_positives += 1
+            if value is None:
+                state.gets_absent += 1
+            return value
+        state.gets_absent += 1
+        return None
+
+    def __getitem__(self, key: Any) -> bytes:
+        return self._default[key]
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._default.put(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        del self._default[key]
+
+    def __contains__(self, key: Any) -> bool:
+        return self._get(self._default_state, key) is not None
+
+    def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
+             reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs of the default table with start <= key < end, in key order.
+
+        ``prefix`` narrows the range to keys starting with it; ``reverse``
+        walks it backwards.  The iterator reads a consistent snapshot taken
+        when it is created, one data block per SSTable in memory at a time.
+        """
+        return self._scan(self._default_state, start, end, prefix, reverse)
+
+    def _scan(self, state: TableState, start: Any, end: Any, prefix: Any,
+              reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+        self._check_open()
+        lo = None if start is None else as_key(start)
+        hi = None if end is None else as_key(end)
+        if prefix is not None:
+            p = as_key(prefix)
+            if lo is None or lo < p:
+                lo = p
+            pe = prefix_end(p)
+            if pe is not None and (hi is None or hi > pe):
+                hi = pe
+        with self._lock:  # a consistent snapshot of the active memtable
+            mem, imms, files = state.view
+            sources: list[Any] = [mem.snapshot_range(lo, hi, reverse)]
+        if lo is not None and hi is not None and lo >= hi:
+            return iter(())
+        sources += [imm.items_range(lo, hi, reverse) for imm in imms]
+        sources += [r.iter_range(lo, hi, reverse) for r in files
+                    if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo)]
+        return merge_newest(sources, reverse)  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- tables
+    def table(self, name: str) -> Table:
+        """The :class:`Table` called ``name`` (NoSuchTableError if missing)."""
+        self._check_open()
+        handle = self._handles.get(name)
+        if handle is None:
+            validate_table_name(name)
+            raise NoSuchTableError(f"no table named {name!r}")
+        return handle
+
+    def tables(self) -> list[str]:
+        """Names of every table, sorted; always includes ``"default"``."""
+        self._check_open()
+        return sorted(self._tables)
+
+    def create_table(self, name: str, **table_options: Any) -> Table:
+        """Create a table with its own options (TableExistsError if it exists)."""
+        validate_table_name(name)
+        explicit = validate_table_options(table_options)
+        with self._lock:
+            self._check_writable()
+            if name in self._tables:
+                raise TableExistsError(f"table {name!r} already exists")
+            state = TableState(name, self._next_table_id, explicit)
+            self._next_table_id += 1
+            self._tables[name] = state
+            try:
+                self._write_manifest()
+            except BaseException:
+                del self._tables[name]
+                self._next_table_id -= 1
+                raise
+            self._by_id[state.id] = state
+            handle = Table(self, state)
+            self._handles[name] = handle
+            return handle
+
+    def alter_table(self, name: str, **table_options: Any) -> None:
+        """Change options of ``name``; they apply to SSTables written from now on."""
+        validate_table_name(name)
+        changes = validate_table_options(table_options)
+        with self._lock:
+            self._check_writable()
+            state = self._table_state(name)
+            explicit = {**state.explicit, **changes}
+            old = (state.explicit, state.options)
+            state.explicit = explicit
+            state.options = type(state.options).resolve(explicit)
+            try:
+                self._write_manifest()
+            except BaseException:
+                state.explicit, state.options = old
+                raise
+
+    def drop_table(self, name: str) -> None:
+        """Remove ``name`` and its files.  The default table cannot be dropped."""
+        validate_table_name(name)
+        if name == DEFAULT_TABLE:
+            raise ValueError("the default table cannot be dropped")
+        with self._lock:
+            self._check_writable()
+            state = self._table_state(name)
+            del self._tables[name]
+            try:
+                self._write_manifest()
+            except BaseException:
+                self._tables[name] = state
+                raise
+            state.dropped = True
+            del self._handles[name]
+            self._by_id.pop(state.id, None)
+            for reader in state.files:
+                reader.close()
+                _unlink_quietly(reader.path)
+            state.mem = Memtable()
+            state.imms = ()
+            state.files = ()
+            state.publish()
+            self._retire_segments()
+
+    def sstables(self, table: str | None = None) -> list[SSTableInfo]:
+        """One :class:`SSTableInfo` per SSTable of ``table`` (None: every table)."""
+        self._check_open()
+        states = [self._table_state(table)] if table is not None else \
+            [self._tables[n] for n in sorted(self._tables)]
+        out = []
+        for state in states:
+            for reader in state.view[2]:
+                out.append(SSTableInfo.from_reader(state.name, reader, reader.level))
+        return out
+
+    # ----------------------------------------------------------------- close
+    def close(self) -> None:
+        """Sync the WAL and release the database.  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if self._wal is not None:
+                    self._wal.sync()
+            finally:
+                self._release()
+
+    def _release(self) -> None:
+        if self._wal is not None:
+            self._wal.close()
+            self._wal = None
+        for state in self._tables.values():
+            for reader in state.files:
+                reader.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "DB":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<lsmdb.DB {self.path!r}{' closed' if self._closed else ''}>"
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: bool = False,
+         read_only: bool = False) -> DB:
+    """Open (or create) the database in directory ``path``.
+
+    ``sync=True`` fsyncs the WAL before every write returns (per call:
+    ``put(..., sync=...)``).  ``read_only=True`` takes no lock, so it can read
+    a database another process has open; it sees the data as of opening.
+    """
+    return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only)
+
+
+__all__ = ["DB", "open", "LsmdbError"]

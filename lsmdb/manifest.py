@@ -1,0 +1,125 @@
+"""The manifest: which SSTables make up each table, and the table options.
+
+One file, ``MANIFEST``, rewritten whole and switched atomically (temp file,
+fsync, ``os.replace``, fsync the directory) on every change::
+
+    magic b"LSMDBMAN" | format_version u32 | crc32 u32 | length u32 | payload
+
+The payload is msgpack (docs/FORMAT.md, "Manifest").  A manifest that fails
+its checksum is a CorruptionError: it is never treated as empty, so no
+"orphan" sweep can delete a database because of it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from .coding import crc32, write_file_durably
+from .errors import CorruptionError, UnsupportedFormatError
+
+MANIFEST_NAME = "MANIFEST"
+MANIFEST_MAGIC = b"LSMDBMAN"  # DO NOT CHANGE: on disk.
+MANIFEST_FORMAT_VERSION = 1   # DO NOT CHANGE: on disk.
+MANIFEST_HEADER = struct.Struct("<8sIII")
+assert MANIFEST_HEADER.size == 20
+
+
+@dataclass
+class FileMeta:
+    """One SSTable as the manifest records it."""
+
+    number: int
+    level: int
+    size: int
+    entries: int
+    min_key: bytes
+    max_key: bytes
+    min_seq: int
+    max_seq: int
+
+    def to_obj(self) -> list[Any]:
+        return [self.number, self.level, self.size, self.entries, self.min_key, self.max_key,
+                self.min_seq, self.max_seq]
+
+    @classmethod
+    def from_obj(cls, obj: Any) -> "FileMeta":
+        number, level, size, entries, min_key, max_key, min_seq, max_seq = obj
+        for v in (number, level, size, entries, min_seq, max_seq):
+            if type(v) is not int or v < 0:
+                raise ValueError("bad integer")
+        if type(min_key) is not bytes or type(max_key) is not bytes:
+            raise ValueError("bad key")
+        return cls(number, level, size, entries, min_key, max_key, min_seq, max_seq)
+
+
+@dataclass
+class TableMeta:
+    id: int
+    options: dict[str, Any]          # explicitly set options only
+    flushed_seq: int = 0             # WAL records <= this are in SSTables
+    files: list[FileMeta] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    next_file_number: int = 1
+    next_table_id: int = 1
+    last_seq: int = 0
+    tables: dict[str, TableMeta] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        payload = msgpack.packb({
+            "next_file_number": self.next_file_number,
+            "next_table_id": self.next_table_id,
+            "last_seq": self.last_seq,
+            "tables": {
+                name: {"id": t.id, "options": t.options, "flushed_seq": t.flushed_seq,
+                       "files": [f.to_obj() for f in t.files]}
+                for name, t in sorted(self.tables.items())
+            },
+        }, use_bin_type=True)
+        return MANIFEST_HEADER.pack(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, crc32(payload),
+                                    len(payload)) + payload
+
+    @classmethod
+    def decode(cls, data: bytes, path: str) -> "Manifest":
+        if len(data) < MANIFEST_HEADER.size:
+            raise CorruptionError("manifest truncated", path, 0)
+        magic, version, crc, length = MANIFEST_HEADER.unpack_from(data, 0)
+        if magic != MANIFEST_MAGIC:
+            raise CorruptionError("bad manifest magic", path, 0)
+        if version > MANIFEST_FORMAT_VERSION or version == 0:
+            raise UnsupportedFormatError(
+                f"{path}: manifest format version {version}; this lsmdb reads "
+                f"{MANIFEST_FORMAT_VERSION}")
+        payload = data[MANIFEST_HEADER.size:]
+        if len(payload) != length:
+            raise CorruptionError("manifest length mismatch", path, MANIFEST_HEADER.size)
+        if crc32(payload) != crc:
+            raise CorruptionError("manifest checksum mismatch", path, MANIFEST_HEADER.size)
+        try:
+            obj = msgpack.unpackb(payload, raw=False)
+            m = cls(int(obj["next_file_number"]), int(obj["next_table_id"]), int(obj["last_seq"]))
+            for name, t in obj["tables"].items():
+                if type(name) is not str or type(t["options"]) is not dict:
+                    raise ValueError("bad table entry")
+                m.tables[name] = TableMeta(int(t["id"]), dict(t["options"]), int(t["flushed_seq"]),
+                                           [FileMeta.from_obj(f) for f in t["files"]])
+        except CorruptionError:
+            raise
+        except Exception as exc:
+            raise CorruptionError(f"manifest undecodable ({type(exc).__name__})", path,
+                                  MANIFEST_HEADER.size) from None
+        return m
+
+    def write(self, path: str) -> None:
+        write_file_durably(path, self.encode())
+
+    @classmethod
+    def read(cls, path: str) -> "Manifest":
+        with open(path, "rb") as f:
+            return cls.decode(f.read(), path)

@@ -1,0 +1,100 @@
+"""Table options: validated, frozen, persisted in the manifest.
+
+Only the options a user set explicitly are persisted; the effective
+:class:`TableOptions` are resolved from them, so a default that depends on
+another option (none yet) can follow it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+# A filter below this false-positive chance would need more than ~29 bits per
+# key; nothing in an LSM read path gains from that, and it catches typos such
+# as 1e-60.
+MIN_FP_CHANCE = 1e-6
+
+MIN_BLOCK_SIZE_BYTES = 256
+MAX_BLOCK_SIZE_BYTES = 4 * 1024 * 1024
+MIN_MEMTABLE_SIZE_BYTES = 4 * 1024
+MAX_MEMTABLE_SIZE_BYTES = 1024 * 1024 * 1024
+
+DEFAULT_FP_CHANCE = 0.01
+DEFAULT_BLOCK_SIZE_BYTES = 4096
+DEFAULT_MEMTABLE_SIZE_BYTES = 4 * 1024 * 1024
+
+TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}\Z")
+DEFAULT_TABLE = "default"
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Per-table settings.  Change them with ``db.alter_table(name, **options)``."""
+
+    #: Target false-positive chance of the Bloom filter of each SSTable written
+    #: from now on, as in Cassandra: 0.01 is about 1 % false positives;
+    #: 1.0 means no filter.  Range: MIN_FP_CHANCE <= p <= 1.
+    bloom_filter_fp_chance: float = DEFAULT_FP_CHANCE
+    #: Uncompressed size a data block is cut at (the last entry may overrun it).
+    block_size_bytes: int = DEFAULT_BLOCK_SIZE_BYTES
+    #: Approximate memory a table's memtable may use before it is flushed.
+    memtable_size_bytes: int = DEFAULT_MEMTABLE_SIZE_BYTES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def resolve(cls, explicit: Mapping[str, Any]) -> "TableOptions":
+        """Effective options from the explicitly set ones (validated)."""
+        return cls(**validate_table_options(explicit))
+
+
+OPTION_NAMES = tuple(f.name for f in fields(TableOptions))
+
+
+def _int_option(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"table option {name!r} must be an int, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise ValueError(f"table option {name!r} must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def validate_fp_chance(value: Any, name: str = "bloom_filter_fp_chance") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"table option {name!r} must be a float, got {type(value).__name__}")
+    p = float(value)
+    if math.isnan(p) or not (MIN_FP_CHANCE <= p <= 1.0):
+        raise ValueError(
+            f"table option {name!r} must satisfy {MIN_FP_CHANCE:g} <= p <= 1 "
+            f"(1.0 = no filter), got {value!r}"
+        )
+    return p
+
+
+def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Check every option and return a normalised copy; raises TypeError/ValueError."""
+    out: dict[str, Any] = {}
+    for name, value in options.items():
+        if name not in OPTION_NAMES:
+            raise TypeError(f"unknown table option {name!r}; known options: {', '.join(OPTION_NAMES)}")
+        if name == "bloom_filter_fp_chance":
+            out[name] = validate_fp_chance(value)
+        elif name == "block_size_bytes":
+            out[name] = _int_option(name, value, MIN_BLOCK_SIZE_BYTES, MAX_BLOCK_SIZE_BYTES)
+        elif name == "memtable_size_bytes":
+            out[name] = _int_option(name, value, MIN_MEMTABLE_SIZE_BYTES, MAX_MEMTABLE_SIZE_BYTES)
+    return out
+
+
+def validate_table_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"table name must be a str, got {type(name).__name__}")
+    if not TABLE_NAME_RE.match(name):
+        raise ValueError(
+            f"invalid table name {name!r}: use 1-64 characters from letters, digits, '_' and '-'"
+        )
+    return name

@@ -1,0 +1,391 @@
+"""SSTable files: immutable sorted runs with an embedded Bloom filter.
+
+Layout (docs/FORMAT.md, "SSTable")::
+
+    [data block 0][crc] ... [data block n-1][crc]
+    [index block][crc]
+    [filter block][crc]
+    [properties block][crc]
+    [footer: 64 bytes]
+
+Footer: index (offset u64, size u64), filter (offset u64, size u64),
+properties (offset u64, size u64), format_version u32, crc32 u32 of the
+preceding 56 bytes, magic ``b"LSMDBSST"``.  Sizes exclude the 4-byte trailer.
+
+The filter covers every key in the file, tombstones included: a tombstone the
+filter skipped would let an older value in an older file resurface.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from bisect import bisect_left
+from typing import Any, BinaryIO, Iterable, Iterator
+
+from . import block as blk
+from .bloom import BloomFilter, key_hash
+from .coding import BLOCK_TRAILER_SIZE, crc32
+from .errors import CorruptionError, LsmdbError, UnsupportedFormatError
+
+log = logging.getLogger("lsmdb")
+
+SSTABLE_FORMAT_VERSION = 1  # DO NOT CHANGE: on disk.
+SSTABLE_MAGIC = b"LSMDBSST"  # DO NOT CHANGE: on disk.
+FOOTER = struct.Struct("<QQQQQQII8s")
+FOOTER_SIZE = FOOTER.size
+assert FOOTER_SIZE == 64
+_FOOTER_CRC_SPAN = FOOTER_SIZE - 12  # bytes covered by the footer checksum
+
+# Per-entry encoding overhead estimate used to cut blocks near block_size.
+_ENTRY_OVERHEAD = 4
+
+MISSING = object()  # "not in this file" (distinct from a tombstone, None)
+
+
+class SSTableBuilder:
+    """Assembles an SSTable into a binary file object (a file or ``io.BytesIO``).
+
+    Add entries in strictly increasing key order, then ``finish()``.  The
+    filter is built at the end from the exact entry count, so it can be
+    sized for an output whose length is not known in advance (compaction).
+    """
+
+    def __init__(self, out: BinaryIO, *, fp_chance: float, block_size: int,
+                 table: str = "", build_filter: bool = True) -> None:
+        self._out = out
+        self._fp_chance = fp_chance if build_filter else 1.0
+        self._block_size = block_size
+        self._table = table
+        self._offset = 0
+        self._keys: list[bytes] = []
+        self._values: list[bytes | None] = []
+        self._block_bytes = 0
+        self._hashes: list[int] = []
+        self._index_keys: list[bytes] = []
+        self._index_offsets: list[int] = []
+        self._index_sizes: list[int] = []
+        self.entries = 0
+        self.tombstones = 0
+        self.min_key: bytes | None = None
+        self.max_key: bytes | None = None
+        self.min_seq: int | None = None
+        self.max_seq = 0
+        self._last: bytes | None = None
+
+    def add(self, key: bytes, value: bytes | None) -> None:
+        if self._last is not None and key <= self._last:
+            raise ValueError("SSTable keys must be added in strictly increasing order")
+        self._last = key
+        if self.min_key is None:
+            self.min_key = key
+        self.max_key = key
+        self.entries += 1
+        if value is None:
+            self.tombstones += 1
+            self._block_bytes += len(key) + _ENTRY_OVERHEAD
+        else:
+            self._block_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
+        self._keys.append(key)
+        self._values.append(value)
+        if self._fp_chance < 1.0:
+            self._hashes.append(key_hash(key))
+        if self._block_bytes >= self._block_size:
+            self._flush_block()
+
+    def note_seq(self, min_seq: int | None, max_seq: int) -> None:
+        """Record the WAL sequence range the entries came from (properties only)."""
+        if min_seq is not None and (self.min_seq is None or min_seq < self.min_seq):
+            self.min_seq = min_seq
+        self.max_seq = max(self.max_seq, max_seq)
+
+    def _write(self, data: bytes) -> tuple[int, int]:
+        offset = self._offset
+        self._out.write(data)
+        self._offset += len(data)
+        return offset, len(data) - BLOCK_TRAILER_SIZE
+
+    def _flush_block(self) -> None:
+        if not self._keys:
+            return
+        offset, size = self._write(blk.encode_block([self._keys, self._values]))
+        self._index_keys.append(self._keys[-1])
+        self._index_offsets.append(offset)
+        self._index_sizes.append(size)
+        self._keys = []
+        self._values = []
+        self._block_bytes = 0
+
+    def build_filter(self) -> BloomFilter:
+        n = self.entries
+        bloom = BloomFilter(n, self._fp_chance) if n else BloomFilter(0, 1.0)
+        if self._fp_chance < 1.0:
+            add = bloom.add_hash
+            for h in self._hashes:
+                add(h)
+        bloom.n = n
+        return bloom
+
+    def finish(self, bloom: BloomFilter | None = None) -> dict[str, Any]:
+        """Write index, filter, properties and footer; return the properties."""
+        if self.entries == 0:
+            raise ValueError("an SSTable needs at least one entry")
+        self._flush_block()
+        index = self._write(blk.encode_block(
+            [self._index_keys, self._index_offsets, self._index_sizes]))
+        if bloom is None:
+            bloom = self.build_filter()
+        filter_payload = bloom.to_bytes()
+        flt = self._write(filter_payload + crc32(filter_payload).to_bytes(4, "little"))
+        props = {
+            "format_version": SSTABLE_FORMAT_VERSION,
+            "table": self._table,
+            "entries": self.entries,
+            "tombstones": self.tombstones,
+            "data_blocks": len(self._index_keys),
+            "data_bytes": index[0],
+            "min_key": self.min_key,
+            "max_key": self.max_key,
+            "min_seq": self.min_seq if self.min_seq is not None else 0,
+            "max_seq": self.max_seq,
+            "fp_chance": bloom.fp_chance if bloom.m else 1.0,
+            "filter_bits": bloom.m,
+            "filter_hashes": bloom.k,
+        }
+        prop = self._write(blk.encode_block(props))
+        head = struct.pack("<QQQQQQI", index[0], index[1], flt[0], flt[1], prop[0], prop[1],
+                           SSTABLE_FORMAT_VERSION)
+        self._write_raw(head + struct.pack("<I", crc32(head)) + SSTABLE_MAGIC)
+        return props
+
+    def _write_raw(self, data: bytes) -> None:
+        self._out.write(data)
+        self._offset += len(data)
+
+    @property
+    def file_size(self) -> int:
+        return self._offset
+
+
+def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_chance: float,
+                  block_size: int, table: str = "", min_seq: int | None = None,
+                  max_seq: int = 0) -> dict[str, Any]:
+    """Write a complete SSTable to ``path`` and fsync it.  Returns its properties."""
+    with open(path, "wb") as f:
+        builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table)
+        for key, value in items:
+            builder.add(key, value)
+        builder.note_seq(min_seq, max_seq)
+        props = builder.finish()
+        f.flush()
+        os.fsync(f.fileno())
+    props["size_bytes"] = builder.file_size
+    return props
+
+
+class _FailOpenFilter:
+    """Stands in for a filter that cannot be decoded: always "maybe"."""
+
+    m = 0
+    k = 0
+    n = 0
+    fp_chance = 1.0
+
+    def may_contain_hash(self, h1: int, h2: int) -> bool:
+        return True
+
+
+class SSTableReader:
+    """An open SSTable: footer, index, properties and filter held in memory.
+
+    ``get`` is a range check, one filter probe (by the caller) and, on a
+    "maybe", one ``os.pread`` of a single data block.  The file descriptor
+    stays open until ``close()``, so a file unlinked by compaction can still
+    serve readers that hold this object.
+    """
+
+    def __init__(self, path: str, number: int = 0, data: bytes | None = None) -> None:
+        self.path = path
+        self.number = number
+        self.filter_error: str | None = None
+        # Counters (#4): cumulative, never reset on read.
+        self.range_skips = 0
+        self.filter_negatives = 0
+        self.true_positives = 0
+        self.false_positives = 0
+        self.false_negatives = 0
+        self.block_reads = 0
+        self._fd = -1
+        if data is None:
+            self._fd = os.open(path, os.O_RDONLY)
+            try:
+                self.size_bytes = os.fstat(self._fd).st_size
+                self._load(self._pread_all)
+            except BaseException:
+                os.close(self._fd)
+                self._fd = -1
+                raise
+        else:
+            self._data = data
+            self.size_bytes = len(data)
+            self._load(self._slice)
+
+    # -- low-level reads --------------------------------------------------
+    def _pread_all(self, size: int, offset: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def _slice(self, size: int, offset: int) -> bytes:
+        return self._data[offset:offset + size]
+
+    def _read_block(self, read: Any, offset: int, size: int, what: str) -> bytes:
+        if offset < 0 or size < 0 or offset + size + BLOCK_TRAILER_SIZE > self._data_end:
+            raise CorruptionError(f"{what} handle out of bounds", self.path, offset)
+        raw = read(size + BLOCK_TRAILER_SIZE, offset)
+        if len(raw) != size + BLOCK_TRAILER_SIZE:
+            raise CorruptionError(f"{what} truncated", self.path, offset)
+        return blk.check_block(raw, self.path, offset, what)
+
+    def _load(self, read: Any) -> None:
+        path = self.path
+        if self.size_bytes < FOOTER_SIZE:
+            raise CorruptionError("file shorter than an SSTable footer", path, 0)
+        foot_off = self.size_bytes - FOOTER_SIZE
+        footer = read(FOOTER_SIZE, foot_off)
+        if len(footer) != FOOTER_SIZE:
+            raise CorruptionError("footer truncated", path, foot_off)
+        (idx_off, idx_size, flt_off, flt_size, prop_off, prop_size, version, crc,
+         magic) = FOOTER.unpack(footer)
+        if magic != SSTABLE_MAGIC:
+            raise CorruptionError("bad SSTable magic (not an lsmdb SSTable?)", path, foot_off)
+        if crc32(footer[:_FOOTER_CRC_SPAN]) != crc:
+            raise CorruptionError("footer checksum mismatch", path, foot_off)
+        if version != SSTABLE_FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{path}: SSTable format version {version}; this lsmdb reads {SSTABLE_FORMAT_VERSION}")
+        self._data_end = foot_off
+        self.index_handle = (idx_off, idx_size)
+        self.filter_handle = (flt_off, flt_size)
+        self.props_handle = (prop_off, prop_size)
+
+        props = blk.unpack(self._read_block(read, prop_off, prop_size, "properties block"),
+                           path, prop_off, "properties block")
+        if type(props) is not dict:
+            raise CorruptionError("properties block has the wrong shape", path, prop_off)
+        try:
+            self.entries = int(props["entries"])
+            self.tombstones = int(props["tombstones"])
+            self.min_key = props["min_key"]
+            self.max_key = props["max_key"]
+            self.min_seq = int(props["min_seq"])
+            self.max_seq = int(props["max_seq"])
+            self.table = str(props["table"])
+            self.fp_chance = float(props["fp_chance"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptionError("properties block is missing fields", path, prop_off) from None
+        if type(self.min_key) is not bytes or type(self.max_key) is not bytes:
+            raise CorruptionError("properties block key range of the wrong type", path, prop_off)
+        self.properties = props
+
+        index = blk.unpack(self._read_block(read, idx_off, idx_size, "index block"),
+                           path, idx_off, "index block")
+        if (type(index) is not list or len(index) != 3
+                or not all(type(part) is list for part in index)
+                or not len(index[0]) == len(index[1]) == len(index[2])):
+            raise CorruptionError("index block has the wrong shape", path, idx_off)
+        self.index_keys: list[bytes] = index[0]
+        self.index_offsets: list[int] = index[1]
+        self.index_sizes: list[int] = index[2]
+        for key, off, size in zip(*index):
+            if (type(key) is not bytes or type(off) is not int or type(size) is not int
+                    or off < 0 or size < 0 or off + size + BLOCK_TRAILER_SIZE > idx_off):
+                raise CorruptionError("index block entry invalid", path, idx_off)
+        if not self.index_keys or self.index_keys[-1] != self.max_key:
+            raise CorruptionError("index block does not match the key range", path, idx_off)
+
+        self.bloom: Any
+        try:
+            raw = self._read_block(read, flt_off, flt_size, "filter block")
+            self.bloom = BloomFilter.from_bytes(raw, path, flt_off)
+        except LsmdbError as exc:
+            # A filter can only make reads slower, never wrong: fail open.
+            self.filter_error = str(exc)
+            self.bloom = _FailOpenFilter()
+            log.warning("%s: filter unusable, every read will check the data (%s)", path, exc)
+
+    # -- reads ------------------------------------------------------------
+    def read_data_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
+        offset = self.index_offsets[i]
+        size = self.index_sizes[i]
+        raw = os.pread(self._fd, size + BLOCK_TRAILER_SIZE, offset) if self._fd >= 0 \
+            else self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
+        self.block_reads += 1
+        if len(raw) != size + BLOCK_TRAILER_SIZE:
+            raise CorruptionError("data block truncated", self.path, offset)
+        payload = raw[:-BLOCK_TRAILER_SIZE]
+        if crc32(payload) != int.from_bytes(raw[-BLOCK_TRAILER_SIZE:], "little"):
+            raise CorruptionError("data block checksum mismatch", self.path, offset)
+        return blk.decode_data_block(payload, self.path, offset)
+
+    def block_for(self, key: bytes) -> int:
+        """Index of the only data block that can hold ``key`` (len(index) if none)."""
+        return bisect_left(self.index_keys, key)
+
+    def find(self, key: bytes) -> Any:
+        """The value, None for a tombstone, or MISSING; reads exactly one block."""
+        i = bisect_left(self.index_keys, key)
+        if i == len(self.index_keys):
+            return MISSING
+        keys, values = self.read_data_block(i)
+        j = bisect_left(keys, key)
+        if j < len(keys) and keys[j] == key:
+            return values[j]
+        return MISSING
+
+    def iter_range(self, start: bytes | None, end: bytes | None,
+                   reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
+        """Entries with start <= key < end, one block in memory at a time."""
+        nblocks = len(self.index_keys)
+        if not reverse:
+            i = 0 if start is None else bisect_left(self.index_keys, start)
+            while i < nblocks:
+                keys, values = self.read_data_block(i)
+                j = 0 if start is None else bisect_left(keys, start)
+                for j in range(j, len(keys)):
+                    key = keys[j]
+                    if end is not None and key >= end:
+                        return
+                    yield key, values[j]
+                i += 1
+        else:
+            i = nblocks - 1 if end is None else min(bisect_left(self.index_keys, end), nblocks - 1)
+            while i >= 0:
+                keys, values = self.read_data_block(i)
+                j = len(keys) if end is None else bisect_left(keys, end)
+                for j in range(j - 1, -1, -1):
+                    key = keys[j]
+                    if start is not None and key < start:
+                        return
+                    yield key, values[j]
+                i -= 1
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "range_skips": self.range_skips,
+            "filter_negatives": self.filter_negatives,
+            "true_positives": self.true_positives,
+            "false_positives": self.false_positives,
+            "false_negatives": self.false_negatives,
+            "block_reads": self.block_reads,
+        }
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -82,10 +82,12 @@ class DB:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, create_if_missing: bool = True,
-                 sync: bool = False, read_only: bool = False) -> None:
+                 sync: bool = False, read_only: bool = False,
+                 auto_compaction: bool = True) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self._sync = bool(sync)
         self._read_only = bool(read_only)
+        self._auto_compaction = bool(auto_compaction)
         self._lock = threading.RLock()
         self._closed = True
         self._lock_fd = -1
@@ -619,14 +621,15 @@ def _unlink_quietly(path: str) -> None:
 
 
 def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: bool = False,
-         read_only: bool = False) -> DB:
+         read_only: bool = False, auto_compaction: bool = True) -> DB:
     """Open (or create) the database in directory ``path``.
 
     ``sync=True`` fsyncs the WAL before every write returns (per call:
     ``put(..., sync=...)``).  ``read_only=True`` takes no lock, so it can read
     a database another process has open; it sees the data as of opening.
     """
-    return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only)
+    return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
+              auto_compaction=auto_compaction)
 
 
 __all__ = ["DB", "open", "LsmdbError"]

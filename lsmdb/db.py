@@ -15,25 +15,30 @@ memtable needs any more deleted.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import logging
 import os
 import re
 import threading
+import time
+from bisect import bisect_left
 from typing import Any, Iterator
 
 import msgpack
 
 from . import bloom as _bloom
+from . import compaction as _compaction
+from . import stats as _stats
 from .errors import (CorruptionError, DatabaseClosedError, DatabaseLockedError, LsmdbError,
                      NoSuchTableError, NotADatabaseError, ReadOnlyError, TableExistsError)
-from .keys import MAX_BATCH_SIZE_BYTES, as_key
+from .keys import MAX_BATCH_SIZE_BYTES, MAX_KEY_SIZE_BYTES, as_key
 from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .merge import merge_newest
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
-from .sstable import MISSING, SSTableReader, write_sstable
+from .sstable import MISSING, SSTableReader, rewrite_filter, write_sstable
 from .table import SSTableInfo, Table, TableState, WriteBatch
 from .wal import LogWriter, read_log_file, truncate_file
 
@@ -98,10 +103,22 @@ class DB:
         self._last_seq = 0
         self._next_file = 1
         self._next_table_id = 1
+        self._compaction_lock = threading.Lock()   # one compaction (or rebuild) at a time
+        self._bg_cond = threading.Condition()
+        self._bg_busy = False
+        self._bg_error: BaseException | None = None
+        self._bg_stop = False
+        self._bg_thread: threading.Thread | None = None
+        self._stats_lock = threading.Lock()
+        self._stats_saved_at = time.monotonic()
         self._open(create_if_missing)
         self._closed = False
         self._default = self._handles[DEFAULT_TABLE]
         self._default_state = self._tables[DEFAULT_TABLE]
+        if not self._read_only:
+            self._bg_thread = threading.Thread(target=self._background, name="lsmdb-background",
+                                               daemon=True)
+            self._bg_thread.start()
 
     # ------------------------------------------------------------------ open
     def _open(self, create_if_missing: bool) -> None:
@@ -118,9 +135,9 @@ class DB:
         try:
             if not os.path.exists(manifest_path):
                 self._create(manifest_path, create_if_missing)
-            manifest = Manifest.read(manifest_path)
-            self._load(manifest)
+            manifest = self._load_with_retry(manifest_path)
             self._recover_wal()
+            self._load_counters()
             if not self._read_only:
                 self._sweep(manifest)
                 self._new_segment()
@@ -155,6 +172,42 @@ class DB:
                             tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
         manifest.write(manifest_path)
 
+    def _load_with_retry(self, manifest_path: str) -> Manifest:
+        """Read the manifest and open its files.
+
+        A read-only open races with the writer's compactions, which may delete
+        a file between our reading the manifest and opening the file: read the
+        (new) manifest again then.
+        """
+        attempts = 20 if self._read_only else 1
+        for attempt in range(attempts):
+            manifest = Manifest.read(manifest_path)
+            try:
+                self._load(manifest)
+                return manifest
+            except CorruptionError:
+                if attempt == attempts - 1:
+                    raise
+                self._close_readers()
+                self._tables.clear()
+                self._handles.clear()
+                time.sleep(0.05)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _load_counters(self) -> None:
+        files, tables = _stats.load_stats(self.path)
+        for state in self._tables.values():
+            if state.id in tables and len(tables[state.id]) == 2:
+                state.gets, state.gets_absent = tables[state.id]
+            for reader in state.files:
+                if reader.number in files:
+                    _stats.apply_file_counters(reader, files[reader.number])
+
+    def _close_readers(self) -> None:
+        for state in self._tables.values():
+            for reader in state.files:
+                reader.close()
+
     def _load(self, manifest: Manifest) -> None:
         self._last_seq = manifest.last_seq
         self._next_file = manifest.next_file_number
@@ -180,7 +233,6 @@ class DB:
                 reader.level = fm.level
                 readers.append(reader)
                 self._next_file = max(self._next_file, fm.number + 1)
-            readers.sort(key=lambda r: (r.level, -r.max_seq, -r.number))
             state.files = tuple(readers)
             state.publish()
             self._tables[name] = state
@@ -287,6 +339,8 @@ class DB:
         if total > MAX_BATCH_SIZE_BYTES:
             raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
         do_sync = self._sync if sync is None else bool(sync)
+        if self._bg_thread is not None:
+            self._maybe_stall(ops)
         with self._lock:
             self._check_writable()
             for state, _k, _v in ops:
@@ -312,6 +366,27 @@ class DB:
             for state in touched:
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     self._flush_locked(state)
+
+    def _maybe_stall(self, ops: list[tuple[TableState, bytes, bytes | None]]) -> None:
+        """Hold a writer while level 0 is past its bound and compaction can reduce it."""
+        seen = set()
+        for state, _k, _v in ops:
+            if id(state) in seen:
+                continue
+            seen.add(id(state))
+            announced = False
+            while (len(state.view[2]) >= _compaction.L0_STALL_FILES and not self._closed
+                   and self._auto_compaction and _compaction.pick(state) is not None):
+                if self._bg_error is not None:
+                    raise LsmdbError(f"writes to table {state.name!r} are stalled and background "
+                                     f"compaction is failing: {self._bg_error}")
+                if not announced:
+                    log.warning("write stall: table %r has %d files in level 0; waiting for "
+                                "compaction", state.name, len(state.view[2]))
+                    announced = True
+                with self._bg_cond:
+                    self._bg_cond.notify_all()
+                    self._bg_cond.wait(0.05)
 
     def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
         """Set ``key`` to ``value`` in the default table (fsync first if ``sync``)."""
@@ -376,6 +451,8 @@ class DB:
         state.imms = state.imms[1:]
         state.publish()
         self._retire_segments()
+        self._save_counters()
+        self._wake_background()
 
     def _retire_segments(self) -> None:
         """Delete closed WAL segments whose every record is in an SSTable."""
@@ -399,12 +476,18 @@ class DB:
         return default if value is None else value
 
     def _get(self, state: TableState, key: Any) -> bytes | None:
-        """Newest value of ``key`` or None.  Hashes the key at most once."""
-        if type(key) is not bytes or len(key) > 65536:
+        """Newest value of ``key`` or None.
+
+        Memtables, then level-0 files newest first, then at most one file per
+        deeper level (bisect on key ranges).  The key is hashed at most once
+        and the hash reused for every filter; a "maybe" reads exactly one
+        data block.
+        """
+        if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
             key = as_key(key)
         if self._closed:
             raise DatabaseClosedError(f"database {self.path} is closed")
-        mem, imms, files = state.view
+        mem, imms, l0, deeper = state.view
         state.gets += 1
         value = mem.data.get(key, MISSING)
         if value is MISSING:
@@ -416,6 +499,14 @@ class DB:
             if value is None:
                 state.gets_absent += 1
             return value
+        if deeper:
+            files = list(l0)
+            for max_keys, readers in deeper:
+                i = bisect_left(max_keys, key)
+                if i < len(readers):
+                    files.append(readers[i])
+        else:
+            files = l0
         h1 = -1
         h2 = 0
         for reader in files:
@@ -427,6 +518,10 @@ class DB:
                 h1 = h & _MASK32
                 h2 = h >> 32
             if not reader.bloom.may_contain_hash(h1, h2):
+                if state.shadow:
+                    value = self._shadow_check(reader, key)
+                    if value is not MISSING:
+                        return self._found(state, value)
                 reader.filter_negatives += 1
                 continue
             value = reader.find(key)
@@ -434,11 +529,26 @@ class DB:
                 reader.false_positives += 1
                 continue
             reader.true_positives += 1
-            if value is None:
-                state.gets_absent += 1
-            return value
+            return self._found(state, value)
         state.gets_absent += 1
         return None
+
+    @staticmethod
+    def _found(state: TableState, value: bytes | None) -> bytes | None:
+        if value is None:
+            state.gets_absent += 1
+        return value
+
+    @staticmethod
+    def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
+        """Shadow mode: read the block the filter would have skipped."""
+        value = reader.find(key)
+        if value is not MISSING:
+            reader.false_negatives += 1
+            log.error("%s: Bloom filter false negative for key %r -- the filter said absent "
+                      "but the key is in the file (answer still correct: shadow mode)",
+                      reader.path, key)
+        return value
 
     def __getitem__(self, key: Any) -> bytes:
         return self._default[key]
@@ -474,11 +584,14 @@ class DB:
             pe = prefix_end(p)
             if pe is not None and (hi is None or hi > pe):
                 hi = pe
-        with self._lock:  # a consistent snapshot of the active memtable
-            mem, imms, files = state.view
-            sources: list[Any] = [mem.snapshot_range(lo, hi, reverse)]
         if lo is not None and hi is not None and lo >= hi:
             return iter(())
+        with self._lock:  # a consistent snapshot of the active memtable
+            mem, imms, l0, deeper = state.view
+            sources: list[Any] = [mem.snapshot_range(lo, hi, reverse)]
+        files = list(l0)
+        for _keys, readers in deeper:
+            files.extend(readers)
         sources += [imm.items_range(lo, hi, reverse) for imm in imms]
         sources += [r.iter_range(lo, hi, reverse) for r in files
                     if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo)]
@@ -528,14 +641,12 @@ class DB:
         with self._lock:
             self._check_writable()
             state = self._table_state(name)
-            explicit = {**state.explicit, **changes}
-            old = (state.explicit, state.options)
-            state.explicit = explicit
-            state.options = type(state.options).resolve(explicit)
+            old = state.explicit
+            state.set_options({**state.explicit, **changes})  # validates first
             try:
                 self._write_manifest()
             except BaseException:
-                state.explicit, state.options = old
+                state.set_options(old)
                 raise
 
     def drop_table(self, name: str) -> None:
@@ -556,7 +667,8 @@ class DB:
             del self._handles[name]
             self._by_id.pop(state.id, None)
             for reader in state.files:
-                reader.close()
+                # Not closed here: a concurrent get may still hold it; the
+                # descriptor is released when the last reference goes.
                 _unlink_quietly(reader.path)
             state.mem = Memtable()
             state.imms = ()
@@ -565,36 +677,255 @@ class DB:
             self._retire_segments()
 
     def sstables(self, table: str | None = None) -> list[SSTableInfo]:
-        """One :class:`SSTableInfo` per SSTable of ``table`` (None: every table)."""
+        """One :class:`SSTableInfo` per SSTable of ``table`` (None: every table).
+
+        Files come in the order a read consults them: level 0 newest first,
+        then each deeper level by key range.
+        """
         self._check_open()
-        states = [self._table_state(table)] if table is not None else \
-            [self._tables[n] for n in sorted(self._tables)]
         out = []
-        for state in states:
-            for reader in state.view[2]:
-                out.append(SSTableInfo.from_reader(state.name, reader, reader.level))
+        for state in self._states(table):
+            fp = state.options.bloom_filter_fp_chance
+            for reader in state.readers_in_order():
+                expected = _compaction.target_fp_chance(
+                    state, _compaction.reader_is_bottom(state, reader))
+                info = SSTableInfo.from_reader(state.name, reader, fp)
+                if info.filter_stale != (reader.fp_chance != expected):
+                    info = dataclasses.replace(info, filter_stale=reader.fp_chance != expected)
+                out.append(info)
         return out
+
+    def _states(self, table: str | None) -> list[TableState]:
+        if table is not None:
+            return [self._table_state(table)]
+        return [self._tables[n] for n in sorted(self._tables)]
+
+    def table_stats(self, name: str | None = None) -> dict[str, Any]:
+        """Totals of one table's filters and reads (``name`` None: the default table).
+
+        ``absent_share`` is the share of point reads that found nothing: a
+        filter pays only when it is a real share of the reads.
+        """
+        state = self._table_state(name)
+        infos = self.sstables(state.name)
+        fp = sum(i.false_positives for i in infos)
+        tn = sum(i.filter_negatives for i in infos)
+        tp = sum(i.true_positives for i in infos)
+        return {
+            "files": len(infos),
+            "entries": sum(i.entries for i in infos),
+            "size_bytes": sum(i.size_bytes for i in infos),
+            "filter_bytes_on_disk": sum(i.filter_bytes for i in infos),
+            "filter_bytes_in_memory": sum(r.bloom_memory_bytes() for r in state.files),
+            "range_skips": sum(i.range_skips for i in infos),
+            "reads_skipped": tn,
+            "filter_negatives": tn,
+            "true_positives": tp,
+            "false_positives": fp,
+            "false_negatives": sum(i.false_negatives for i in infos),
+            "block_reads": sum(i.block_reads for i in infos),
+            "measured_fpr": fp / (fp + tn) if fp + tn else None,
+            "false_ratio": fp / (tp + fp + tn) if tp + fp + tn else None,
+            "gets": state.gets,
+            "gets_absent": state.gets_absent,
+            "absent_share": state.gets_absent / state.gets if state.gets else None,
+        }
+
+    # ------------------------------------------------------------ compaction
+    def compact(self, table: str | None = None) -> None:
+        """Merge every SSTable of ``table`` (None: every table) now; returns when done.
+
+        Flushes the memtables first, so afterwards each table's data sits in
+        freshly written files with filters built at the current fp chance.
+        """
+        self.flush(table)
+        for state in self._states(table):
+            with self._compaction_lock:
+                if state.dropped:
+                    continue
+                job = _compaction.full_compaction(state)
+                if job is not None:
+                    self._run_job(job)
+
+    def wait_for_compactions(self, timeout: float | None = None) -> None:
+        """Block until background compaction has nothing left to do.
+
+        Re-raises an error the background thread met since the last call.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._check_open()
+            with self._bg_cond:
+                error, self._bg_error = self._bg_error, None
+                if error is not None:
+                    raise error
+                if not self._auto_compaction or (not self._bg_busy and not self._pending()):
+                    return
+                self._bg_cond.notify_all()
+                self._bg_cond.wait(0.05)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError("compactions still running")
+
+    def _pending(self) -> bool:
+        return any(_compaction.pick(s) is not None for s in list(self._tables.values()))
+
+    def rebuild_filters(self, table: str | None = None, only_stale: bool = True) -> int:
+        """Rewrite the filter of each SSTable whose fp chance differs from the table's.
+
+        Data blocks and index are copied byte for byte; a new filter,
+        properties block and footer are written, and the new file replaces
+        the old one through the manifest.  ``only_stale=False`` rewrites every
+        file.  Returns the number of files rewritten.
+        """
+        self._check_writable()
+        count = 0
+        for state in self._states(table):
+            with self._compaction_lock:
+                for reader in list(state.files):
+                    if state.dropped:
+                        break
+                    fp = _compaction.target_fp_chance(
+                        state, _compaction.reader_is_bottom(state, reader))
+                    if only_stale and reader.fp_chance == fp:
+                        continue
+                    with self._lock:
+                        number = self._alloc_file_number()
+                    path = os.path.join(self.path, sst_name(number))
+                    new = rewrite_filter(reader, path, number, fp)
+                    job = _compaction.CompactionJob(state, [reader], reader.level, False, None,
+                                                    "rebuild filter")
+                    self._install(job, [new])
+                    count += 1
+        return count
+
+    def _run_job(self, job: _compaction.CompactionJob) -> None:
+        """Run one compaction (caller holds the compaction lock)."""
+        started = time.monotonic()
+        outputs = _compaction.run(job, self.path, self._locked_alloc,
+                                  lambda n: os.path.join(self.path, sst_name(n)))
+        self._install(job, outputs)
+        log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
+                 job.state.name, len(outputs), job.output_level, time.monotonic() - started,
+                 job.reason)
+
+    def _locked_alloc(self) -> int:
+        with self._lock:
+            return self._alloc_file_number()
+
+    def _install(self, job: _compaction.CompactionJob, outputs: list[SSTableReader]) -> None:
+        """Switch the manifest from the job's inputs to its outputs, then delete the inputs."""
+        state = job.state
+        with self._lock:
+            inputs = {id(r) for r in job.inputs}
+            if state.dropped or self._closed or not all(
+                    any(id(r) == i for r in state.files) for i in inputs):
+                for r in outputs:
+                    r.close()
+                    _unlink_quietly(r.path)
+                return
+            old = state.files
+            state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
+            try:
+                self._write_manifest()
+            except BaseException:
+                state.files = old
+                for r in outputs:
+                    r.close()
+                    _unlink_quietly(r.path)
+                raise
+            state.publish()
+            if job.pointer is not None:
+                state.compact_pointer[job.pointer[0]] = job.pointer[1]
+        for r in job.inputs:
+            _unlink_quietly(r.path)  # readers still holding it keep their descriptor
+        self._save_counters()
+        with self._bg_cond:
+            self._bg_cond.notify_all()
+
+    # ------------------------------------------------------------ background
+    def _wake_background(self) -> None:
+        with self._bg_cond:
+            self._bg_cond.notify_all()
+
+    def _background(self) -> None:
+        """Compactions after flushes (auto_compaction) and periodic counter saves."""
+        while True:
+            with self._bg_cond:
+                if self._bg_stop:
+                    return
+                self._bg_cond.wait(1.0)
+                if self._bg_stop:
+                    return
+                self._bg_busy = True
+            try:
+                if time.monotonic() - self._stats_saved_at >= _stats.STATS_INTERVAL_SECONDS:
+                    self._save_counters()
+                if self._auto_compaction:
+                    self._compact_pending()
+            except BaseException as exc:  # reported to wait_for_compactions and the log
+                log.exception("background compaction failed; will retry")
+                with self._bg_cond:
+                    self._bg_error = exc
+                    self._bg_busy = False
+                    self._bg_cond.notify_all()
+                    self._bg_cond.wait(1.0)
+                continue
+            with self._bg_cond:
+                self._bg_busy = False
+                self._bg_cond.notify_all()
+
+    def _compact_pending(self) -> None:
+        while not self._bg_stop:
+            did = False
+            for state in list(self._tables.values()):
+                if self._bg_stop:
+                    return
+                with self._compaction_lock:
+                    if state.dropped:
+                        continue
+                    job = _compaction.pick(state)
+                    if job is None:
+                        continue
+                    self._run_job(job)
+                    did = True
+            if not did:
+                return
+
+    def _save_counters(self) -> None:
+        if self._read_only:
+            return
+        with self._stats_lock:
+            readers = [r for s in list(self._tables.values()) for r in s.files]
+            try:
+                _stats.save_stats(self.path, readers, list(self._tables.values()))
+            except OSError as exc:
+                log.warning("could not save filter counters: %s", exc)
+            self._stats_saved_at = time.monotonic()
 
     # ----------------------------------------------------------------- close
     def close(self) -> None:
-        """Sync the WAL and release the database.  Idempotent."""
+        """Stop background work, save counters, sync the WAL, release the lock.  Idempotent."""
+        with self._bg_cond:
+            self._bg_stop = True
+            self._bg_cond.notify_all()
+        if self._bg_thread is not None and self._bg_thread is not threading.current_thread():
+            self._bg_thread.join()
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
             try:
+                self._save_counters()
                 if self._wal is not None:
                     self._wal.sync()
             finally:
+                self._closed = True
                 self._release()
 
     def _release(self) -> None:
         if self._wal is not None:
             self._wal.close()
             self._wal = None
-        for state in self._tables.values():
-            for reader in state.files:
-                reader.close()
+        self._close_readers()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1

@@ -22,7 +22,8 @@ MAX_BLOCK_SIZE_BYTES = 4 * 1024 * 1024
 MIN_MEMTABLE_SIZE_BYTES = 4 * 1024
 MAX_MEMTABLE_SIZE_BYTES = 1024 * 1024 * 1024
 
-DEFAULT_FP_CHANCE = 0.01
+DEFAULT_FP_CHANCE = 0.01          # size_tiered, as in Cassandra
+DEFAULT_FP_CHANCE_LEVELED = 0.1   # leveled, as in Cassandra
 DEFAULT_BLOCK_SIZE_BYTES = 4096
 DEFAULT_MEMTABLE_SIZE_BYTES = 4 * 1024 * 1024
 
@@ -42,14 +43,40 @@ class TableOptions:
     block_size_bytes: int = DEFAULT_BLOCK_SIZE_BYTES
     #: Approximate memory a table's memtable may use before it is flushed.
     memtable_size_bytes: int = DEFAULT_MEMTABLE_SIZE_BYTES
+    #: "active": a filter's "no" skips the read.  "shadow": the filter is asked
+    #: and counted but the block is read anyway, so measured false negatives
+    #: (which must be zero) and false positives can be checked before trusting it.
+    bloom_filter_mode: str = "active"
+    #: "size_tiered" or "leveled" (see docs and README, "Compaction").
+    compaction: str = "size_tiered"
+    #: size_tiered: merge a bucket of similar-sized files once it holds this many.
+    min_threshold: int = 4
+    #: size_tiered: merge at most this many files at once.
+    max_threshold: int = 32
+    #: leveled: size an output file is cut at in levels >= 1.
+    target_file_size_bytes: int = 2 * 1024 * 1024
+    #: Files in the last (bottom) level get no filter (RocksDB's
+    #: optimize_filters_for_hits): pays when nearly every read is for a key that exists.
+    bloom_filter_skip_last_level: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def resolve(cls, explicit: Mapping[str, Any]) -> "TableOptions":
-        """Effective options from the explicitly set ones (validated)."""
-        return cls(**validate_table_options(explicit))
+        """Effective options from the explicitly set ones (validated).
+
+        An unset ``bloom_filter_fp_chance`` follows the compaction strategy as
+        in Cassandra: 0.01 for size_tiered, 0.1 for leveled.
+        """
+        values = validate_table_options(explicit)
+        if "bloom_filter_fp_chance" not in values and values.get("compaction") == "leveled":
+            values["bloom_filter_fp_chance"] = DEFAULT_FP_CHANCE_LEVELED
+        opts = cls(**values)
+        if opts.min_threshold > opts.max_threshold:
+            raise ValueError(f"table option 'min_threshold' ({opts.min_threshold}) must not exceed "
+                             f"'max_threshold' ({opts.max_threshold})")
+        return opts
 
 
 OPTION_NAMES = tuple(f.name for f in fields(TableOptions))
@@ -87,7 +114,30 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _int_option(name, value, MIN_BLOCK_SIZE_BYTES, MAX_BLOCK_SIZE_BYTES)
         elif name == "memtable_size_bytes":
             out[name] = _int_option(name, value, MIN_MEMTABLE_SIZE_BYTES, MAX_MEMTABLE_SIZE_BYTES)
+        elif name == "bloom_filter_mode":
+            out[name] = _choice_option(name, value, ("active", "shadow"))
+        elif name == "compaction":
+            out[name] = _choice_option(name, value, ("size_tiered", "leveled"))
+        elif name == "min_threshold":
+            out[name] = _int_option(name, value, 2, 32)
+        elif name == "max_threshold":
+            out[name] = _int_option(name, value, 2, 32)
+        elif name == "target_file_size_bytes":
+            out[name] = _int_option(name, value, 64 * 1024, 1024 * 1024 * 1024)
+        elif name == "bloom_filter_skip_last_level":
+            if not isinstance(value, bool):
+                raise TypeError(f"table option {name!r} must be a bool, got {type(value).__name__}")
+            out[name] = value
     return out
+
+
+def _choice_option(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"table option {name!r} must be a str, got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"table option {name!r} must be one of {', '.join(map(repr, choices))}, "
+                         f"got {value!r}")
+    return value
 
 
 def validate_table_name(name: Any) -> str:

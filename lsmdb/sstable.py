@@ -27,7 +27,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 from . import block as blk
 from .bloom import BloomFilter, key_hash
 from .coding import BLOCK_TRAILER_SIZE, crc32
-from .errors import CorruptionError, LsmdbError, UnsupportedFormatError
+from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
 
 log = logging.getLogger("lsmdb")
 
@@ -209,6 +209,8 @@ class SSTableReader:
         self.path = path
         self.number = number
         self.filter_error: str | None = None
+        self.level = 0
+        self._filter_stats: dict[str, float] | None = None
         # Counters (#4): cumulative, never reset on read.
         self.range_skips = 0
         self.filter_negatives = 0
@@ -217,6 +219,7 @@ class SSTableReader:
         self.false_negatives = 0
         self.block_reads = 0
         self._fd = -1
+        self._data: bytes | None = None
         if data is None:
             self._fd = os.open(path, os.O_RDONLY)
             try:
@@ -314,12 +317,18 @@ class SSTableReader:
             log.warning("%s: filter unusable, every read will check the data (%s)", path, exc)
 
     # -- reads ------------------------------------------------------------
-    def read_data_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
+    def read_data_block(self, i: int, count: bool = True) -> tuple[list[bytes], list[bytes | None]]:
+        """Read, check and decode data block ``i`` (one ``os.pread``)."""
         offset = self.index_offsets[i]
         size = self.index_sizes[i]
-        raw = os.pread(self._fd, size + BLOCK_TRAILER_SIZE, offset) if self._fd >= 0 \
-            else self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
-        self.block_reads += 1
+        if self._fd >= 0:
+            raw = os.pread(self._fd, size + BLOCK_TRAILER_SIZE, offset)
+        elif self._data is not None:
+            raw = self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
+        else:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        if count:
+            self.block_reads += 1
         if len(raw) != size + BLOCK_TRAILER_SIZE:
             raise CorruptionError("data block truncated", self.path, offset)
         payload = raw[:-BLOCK_TRAILER_SIZE]
@@ -369,6 +378,40 @@ class SSTableReader:
                     yield key, values[j]
                 i -= 1
 
+    def bloom_memory_bytes(self) -> int:
+        """Bytes the filter's bit array holds in memory."""
+        return getattr(self.bloom, "size_bytes", 0)
+
+    def copy_prefix(self, length: int) -> bytes:
+        """The file's first ``length`` bytes, verbatim."""
+        if self._fd >= 0:
+            out = bytearray()
+            while len(out) < length:
+                chunk = os.pread(self._fd, min(1 << 20, length - len(out)), len(out))
+                if not chunk:
+                    raise CorruptionError("file shorter than its index says", self.path, len(out))
+                out += chunk
+            return bytes(out)
+        if self._data is None:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        return self._data[:length]
+
+    def filter_stats(self) -> dict[str, float]:
+        """fill ratio and what it implies; computed once (the bits never change)."""
+        if self._filter_stats is None:
+            bloom = self.bloom
+            if isinstance(bloom, BloomFilter) and bloom.m:
+                est = bloom.estimated_keys_from_fill()
+                self._filter_stats = {
+                    "fill_ratio": bloom.fill_ratio,
+                    "estimated_fpr_from_fill": bloom.estimated_fpr_from_fill(),
+                    "estimated_keys_from_fill": est,
+                }
+            else:
+                self._filter_stats = {"fill_ratio": 0.0, "estimated_fpr_from_fill": 1.0,
+                                      "estimated_keys_from_fill": 0.0}
+        return self._filter_stats
+
     def counters(self) -> dict[str, int]:
         return {
             "range_skips": self.range_skips,
@@ -389,3 +432,41 @@ class SSTableReader:
             self.close()
         except Exception:
             pass
+
+
+def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float) -> SSTableReader:
+    """A copy of ``reader``'s file with a new filter built at ``fp_chance``.
+
+    Data blocks and index are copied byte for byte (they are only decoded to
+    hash the keys); the filter, properties block and footer are new.  The new
+    file is fsynced before this returns.
+    """
+    idx_off, idx_size = reader.index_handle
+    prefix_len = idx_off + idx_size + BLOCK_TRAILER_SIZE
+    prefix = reader.copy_prefix(prefix_len)
+    bloom = BloomFilter(reader.entries, fp_chance) if fp_chance < 1.0 else BloomFilter(0, 1.0)
+    for i in range(len(reader.index_keys)):
+        keys, _values = reader.read_data_block(i, count=False)
+        for key in keys:
+            bloom.add_hash(key_hash(key))
+    bloom.n = reader.entries
+    props = dict(reader.properties)
+    props.update(fp_chance=bloom.fp_chance if bloom.m else 1.0, filter_bits=bloom.m,
+                 filter_hashes=bloom.k)
+    filter_payload = bloom.to_bytes()
+    filter_block = filter_payload + crc32(filter_payload).to_bytes(4, "little")
+    props_block = blk.encode_block(props)
+    flt_off = prefix_len
+    prop_off = flt_off + len(filter_block)
+    head = struct.pack("<QQQQQQI", idx_off, idx_size, flt_off, len(filter_payload), prop_off,
+                       len(props_block) - BLOCK_TRAILER_SIZE, SSTABLE_FORMAT_VERSION)
+    with open(path, "wb") as f:
+        f.write(prefix)
+        f.write(filter_block)
+        f.write(props_block)
+        f.write(head + struct.pack("<I", crc32(head)) + SSTABLE_MAGIC)
+        f.flush()
+        os.fsync(f.fileno())
+    new = SSTableReader(path, number)
+    new.level = reader.level
+    return new

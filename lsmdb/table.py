@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -20,19 +21,20 @@ if TYPE_CHECKING:
 class TableState:
     """Everything the DB keeps for one table.
 
-    ``view`` is the tuple (memtable, frozen memtables newest first, SSTable
-    readers newest first) that readers take in one step; writers replace it
-    whole under the DB lock, so a reader never sees half a change.
+    ``files`` holds every SSTable reader of the table.  ``view`` is the
+    tuple (memtable, frozen memtables newest first, level-0 readers newest
+    first, deeper levels) that readers take in one step, where each deeper
+    level is (list of max keys, list of readers) sorted by key range.
+    Writers replace it whole under the DB lock, so a reader never sees half a
+    change.
     """
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
-                 "view", "dropped", "gets", "gets_absent", "__weakref__")
+                 "view", "dropped", "gets", "gets_absent", "shadow", "compact_pointer", "__weakref__")
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
         self.name = name
         self.id = table_id
-        self.explicit = dict(explicit)
-        self.options = TableOptions.resolve(explicit)
         self.mem = Memtable()
         self.imms: tuple[Memtable, ...] = ()
         self.files: tuple[SSTableReader, ...] = ()
@@ -40,15 +42,42 @@ class TableState:
         self.dropped = False
         self.gets = 0          # point reads answered
         self.gets_absent = 0   # ... that found nothing
+        self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
+        self.set_options(explicit)
         self.publish()
 
+    def set_options(self, explicit: dict[str, Any]) -> None:
+        options = TableOptions.resolve(explicit)  # raises before anything changes
+        self.explicit = dict(explicit)
+        self.options = options
+        self.shadow = options.bloom_filter_mode == "shadow"
+
     def publish(self) -> None:
-        self.view = (self.mem, self.imms, self.files)
+        l0 = sorted((r for r in self.files if r.level == 0),
+                    key=lambda r: (r.max_seq, r.number), reverse=True)
+        depth = max((r.level for r in self.files), default=0)
+        deeper = []
+        for level in range(1, depth + 1):
+            readers = sorted((r for r in self.files if r.level == level), key=lambda r: r.min_key)
+            deeper.append(([r.max_key for r in readers], readers))
+        self.view = (self.mem, self.imms, tuple(l0), tuple(deeper))
+
+    def readers_in_order(self) -> list["SSTableReader"]:
+        """Every reader, newest data first (level 0 newest first, then by level and key)."""
+        _mem, _imms, l0, deeper = self.view
+        out = list(l0)
+        for _keys, readers in deeper:
+            out.extend(readers)
+        return out
 
 
 @dataclass(frozen=True)
 class SSTableInfo:
-    """What one SSTable holds and what its filter costs and saves."""
+    """What one SSTable holds, what its filter costs, and what it saved.
+
+    The counters are cumulative since the file was written, persisted across
+    clean restarts, and never reset by reading them.
+    """
 
     table: str
     file: str
@@ -59,22 +88,24 @@ class SSTableInfo:
     size_bytes: int
     min_key: bytes
     max_key: bytes
-    filter_fp_chance: float      # the fp chance the filter was built with
-    filter_bits: int
-    filter_hashes: int
-    filter_bytes: int
-    bits_per_key: float
-    # Counters since the file was written (cumulative, never reset on read).
+    filter_fp_chance: float      # the fp chance the filter was built with (1.0: no filter)
+    filter_bits: int             # m
+    filter_hashes: int           # k
+    filter_bytes: int            # size of the filter block on disk
+    bits_per_key: float          # m / entries
+    table_fp_chance: float = 0.0  # the table's current bloom_filter_fp_chance
+    filter_stale: bool = False   # built with a different fp chance than the current one
+    filter_error: str | None = None  # why the filter fails open, if it does
+    fill_ratio: float = 0.0
+    predicted_fpr: float = 1.0            # (1 - e^(-k n / m))^k
+    estimated_fpr_from_fill: float = 1.0  # fill^k
+    estimated_keys_from_fill: float = 0.0  # -m/k ln(1 - fill)
     range_skips: int = 0
-    filter_negatives: int = 0
+    filter_negatives: int = 0    # filter said no: a disk read skipped
     true_positives: int = 0
     false_positives: int = 0
-    false_negatives: int = 0
+    false_negatives: int = 0     # shadow mode only; must stay 0
     block_reads: int = 0
-
-    @property
-    def predicted_fpr(self) -> float:
-        return predicted_fpr_for(self.entries, self.filter_bits, self.filter_hashes)
 
     @property
     def measured_fpr(self) -> float | None:
@@ -84,28 +115,40 @@ class SSTableInfo:
 
     @property
     def false_ratio(self) -> float | None:
-        """Cassandra's fp / (tp + fp + tn)."""
+        """Cassandra's fp / (tp + fp + tn); None before any probe."""
         total = self.true_positives + self.false_positives + self.filter_negatives
         return self.false_positives / total if total else None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: keys as hex strings, derived rates included."""
         d = asdict(self)
-        d["predicted_fpr"] = self.predicted_fpr
+        d["min_key"] = self.min_key.hex()
+        d["max_key"] = self.max_key.hex()
         d["measured_fpr"] = self.measured_fpr
         d["false_ratio"] = self.false_ratio
+        if math.isinf(d["estimated_keys_from_fill"]):
+            d["estimated_keys_from_fill"] = None
         return d
 
     @classmethod
-    def from_reader(cls, table: str, reader: "SSTableReader", level: int) -> "SSTableInfo":
+    def from_reader(cls, table: str, reader: "SSTableReader",
+                    table_fp_chance: float | None = None) -> "SSTableInfo":
         bloom = reader.bloom
-        import os
+        stats = reader.filter_stats()
+        current = reader.fp_chance if table_fp_chance is None else table_fp_chance
         return cls(
-            table=table, file=os.path.basename(reader.path), path=reader.path, level=level,
-            entries=reader.entries, tombstones=reader.tombstones, size_bytes=reader.size_bytes,
-            min_key=reader.min_key, max_key=reader.max_key,
+            table=table, file=os.path.basename(reader.path), path=reader.path,
+            level=reader.level, entries=reader.entries, tombstones=reader.tombstones,
+            size_bytes=reader.size_bytes, min_key=reader.min_key, max_key=reader.max_key,
             filter_fp_chance=reader.fp_chance, filter_bits=bloom.m, filter_hashes=bloom.k,
-            filter_bytes=reader.filter_handle[1], bits_per_key=bloom.m / reader.entries
-            if reader.entries else math.nan,
+            filter_bytes=reader.filter_handle[1],
+            bits_per_key=bloom.m / reader.entries if reader.entries else 0.0,
+            table_fp_chance=current, filter_stale=reader.fp_chance != current,
+            filter_error=reader.filter_error,
+            fill_ratio=stats["fill_ratio"],
+            predicted_fpr=predicted_fpr_for(reader.entries, bloom.m, bloom.k),
+            estimated_fpr_from_fill=stats["estimated_fpr_from_fill"],
+            estimated_keys_from_fill=stats["estimated_keys_from_fill"],
             **reader.counters(),
         )
 

@@ -1,0 +1,232 @@
+"""Compaction: choosing inputs, merging them, writing outputs with fresh filters.
+
+Two strategies (table option ``compaction``):
+
+* ``size_tiered`` -- every file lives in level 0.  Files adjacent in age
+  whose sizes are within 0.5x-1.5x of their bucket's average form a bucket;
+  a bucket of ``min_threshold`` files (at most ``max_threshold`` taken) is
+  merged into one file.  Only files adjacent in age are merged, because a
+  read stops at the newest file holding a key: merging an old and a new file
+  around a middle one would let the old file's versions shadow the middle
+  one's.
+* ``leveled`` -- flushes land in L0; when L0 holds ``L0_COMPACTION_TRIGGER``
+  files they are merged with the overlapping L1 files into L1.  Level L >= 1
+  holds non-overlapping files of about ``target_file_size_bytes`` and at
+  most ``10**L * target_file_size_bytes`` bytes; past that, one file (round
+  robin over the key space) is merged with the files it overlaps in L+1.
+
+Every output gets a new filter sized from its exact entry count and the
+table's *current* ``bloom_filter_fp_chance``.  Tombstones are dropped only
+when the output is the bottom of the tree for its key range.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from .merge import merge_newest
+from .sstable import SSTableBuilder, SSTableReader
+
+if TYPE_CHECKING:
+    from .table import TableState
+
+L0_COMPACTION_TRIGGER = 4
+#: Writes to a table stall while its level 0 holds this many files and a
+#: compaction that would reduce them is possible (auto_compaction only).
+L0_STALL_FILES = 24
+LEVEL_SIZE_MULTIPLIER = 10
+
+
+@dataclass
+class CompactionJob:
+    state: "TableState"
+    inputs: list[SSTableReader]
+    output_level: int
+    bottom: bool                 # no older data outside the inputs for this key range
+    split_bytes: int | None      # cut outputs near this size (leveled)
+    reason: str
+    outputs: list[SSTableReader] = field(default_factory=list)
+    pointer: tuple[int, bytes] | None = None  # leveled round robin: (level, last key)
+
+
+def _age_key(r: SSTableReader) -> tuple[int, int]:
+    return (r.max_seq, r.number)
+
+
+def bottom_level_of(state: "TableState") -> int:
+    return max((r.level for r in state.files), default=0)
+
+
+def target_fp_chance(state: "TableState", bottom: bool) -> float:
+    """The fp chance a file written now should get (1.0: no filter)."""
+    if bottom and state.options.bloom_filter_skip_last_level:
+        return 1.0
+    return state.options.bloom_filter_fp_chance
+
+
+def reader_is_bottom(state: "TableState", reader: SSTableReader) -> bool:
+    """Is ``reader`` in the last level (size_tiered: does it hold the oldest data)?"""
+    if state.options.compaction == "leveled":
+        depth = bottom_level_of(state)
+        return depth >= 1 and reader.level == depth
+    oldest = min(state.files, key=_age_key, default=None)
+    return oldest is reader
+
+
+def pick(state: "TableState") -> CompactionJob | None:
+    """The next compaction this table needs, or None."""
+    if state.options.compaction == "leveled":
+        return _pick_leveled(state)
+    return _pick_size_tiered(state)
+
+
+def _pick_size_tiered(state: "TableState") -> CompactionJob | None:
+    opts = state.options
+    files = sorted(state.files, key=_age_key)  # oldest first
+    if len(files) < opts.min_threshold:
+        return None
+    buckets: list[list[SSTableReader]] = []
+    current: list[SSTableReader] = []
+    total = 0
+    for reader in files:
+        if current:
+            avg = total / len(current)
+            if 0.5 * avg <= reader.size_bytes <= 1.5 * avg:
+                current.append(reader)
+                total += reader.size_bytes
+                continue
+            buckets.append(current)
+        current = [reader]
+        total = reader.size_bytes
+    if current:
+        buckets.append(current)
+    eligible = [b for b in buckets if len(b) >= opts.min_threshold]
+    if not eligible:
+        return None
+    # The bucket of the smallest files first: it is the cheapest to merge and
+    # removes the most files per byte written (as Cassandra prefers).
+    bucket = min(eligible, key=lambda b: sum(r.size_bytes for r in b) / len(b))
+    inputs = bucket[:opts.max_threshold]
+    bottom = inputs[0] is files[0]
+    return CompactionJob(state, inputs, 0, bottom, None,
+                         f"size_tiered: {len(inputs)} files of similar size")
+
+
+def _overlapping(readers: list[SSTableReader], lo: bytes, hi: bytes) -> list[SSTableReader]:
+    return [r for r in readers if not (r.max_key < lo or r.min_key > hi)]
+
+
+def _finish_leveled(state: "TableState", inputs: list[SSTableReader], out_level: int,
+                    reason: str) -> CompactionJob:
+    lo = min(r.min_key for r in inputs)
+    hi = max(r.max_key for r in inputs)
+    deeper = [r for r in state.files if r.level > out_level]
+    bottom = not _overlapping(deeper, lo, hi)
+    return CompactionJob(state, inputs, out_level, bottom,
+                         state.options.target_file_size_bytes, reason)
+
+
+def _pick_leveled(state: "TableState") -> CompactionJob | None:
+    opts = state.options
+    l0 = [r for r in state.files if r.level == 0]
+    if len(l0) >= L0_COMPACTION_TRIGGER:
+        lo = min(r.min_key for r in l0)
+        hi = max(r.max_key for r in l0)
+        l1 = _overlapping([r for r in state.files if r.level == 1], lo, hi)
+        return _finish_leveled(state, l0 + l1, 1, f"leveled: {len(l0)} files in L0")
+    depth = bottom_level_of(state)
+    for level in range(1, depth + 1):
+        readers = sorted((r for r in state.files if r.level == level), key=lambda r: r.min_key)
+        size = sum(r.size_bytes for r in readers)
+        limit = LEVEL_SIZE_MULTIPLIER ** level * opts.target_file_size_bytes
+        if size <= limit:
+            continue
+        # Round robin over the key space: the first file after the last one compacted.
+        pointer = state.compact_pointer.get(level, b"")
+        chosen = next((r for r in readers if r.min_key > pointer), readers[0])
+        below = _overlapping([r for r in state.files if r.level == level + 1],
+                             chosen.min_key, chosen.max_key)
+        job = _finish_leveled(state, [chosen] + below, level + 1,
+                              f"leveled: L{level} holds {size} bytes > {limit}")
+        job.pointer = (level, chosen.max_key)
+        return job
+    return None
+
+
+def full_compaction(state: "TableState") -> CompactionJob | None:
+    """Merge every file of the table; the output is the bottom of the tree."""
+    if not state.files:
+        return None
+    if state.options.compaction == "leveled":
+        level = max(1, bottom_level_of(state))
+        return CompactionJob(state, list(state.files), level, True,
+                             state.options.target_file_size_bytes, "full compaction")
+    return CompactionJob(state, list(state.files), 0, True, None, "full compaction")
+
+
+def newest_first(inputs: list[SSTableReader]) -> list[SSTableReader]:
+    """Inputs in the order a read would consult them."""
+    l0 = sorted((r for r in inputs if r.level == 0), key=_age_key, reverse=True)
+    deeper = sorted((r for r in inputs if r.level > 0), key=lambda r: r.level)
+    return l0 + deeper
+
+
+def run(job: CompactionJob, directory: str, alloc_number: Callable[[], int],
+        path_for: Callable[[int], str]) -> list[SSTableReader]:
+    """Merge ``job.inputs`` into new fsynced files; returns readers of the outputs.
+
+    Only reads the inputs and writes new files: nothing the database serves
+    changes until the caller installs the outputs through the manifest.
+    """
+    state = job.state
+    opts = state.options
+    fp = target_fp_chance(state, job.bottom)
+    sources = [r.iter_range(None, None) for r in newest_first(job.inputs)]
+    merged = merge_newest(sources, keep_tombstones=not job.bottom)
+    min_seq = min(r.min_seq for r in job.inputs)
+    max_seq = max(r.max_seq for r in job.inputs)
+    outputs: list[SSTableReader] = []
+    paths: list[str] = []
+    f = None
+    builder: SSTableBuilder | None = None
+    try:
+        for key, value in merged:
+            if builder is None:
+                number = alloc_number()
+                path = path_for(number)
+                paths.append(path)
+                f = open(path, "wb")
+                builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
+                                         table=state.name)
+                builder.note_seq(min_seq, max_seq)
+            builder.add(key, value)
+            if job.split_bytes is not None and builder.file_size >= job.split_bytes:
+                outputs.append(_seal(builder, f, path, number, job.output_level))
+                builder = None
+        if builder is not None:
+            outputs.append(_seal(builder, f, path, number, job.output_level))
+            builder = None
+    except BaseException:
+        if f is not None and not f.closed:
+            f.close()
+        for r in outputs:
+            r.close()
+        for p in paths:
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        raise
+    return outputs
+
+
+def _seal(builder: SSTableBuilder, f, path: str, number: int, level: int) -> SSTableReader:
+    builder.finish()
+    f.flush()
+    os.fsync(f.fileno())
+    f.close()
+    reader = SSTableReader(path, number)
+    reader.level = level
+    return reader

@@ -1,0 +1,84 @@
+"""Per-SSTable filter counters and per-table read counters, persisted in ``STATS``.
+
+Counters are cumulative and monotonic; reading them never resets them.  The
+file is rewritten atomically at flush, compaction, close and every
+``STATS_INTERVAL_SECONDS`` while the database is open, so a crash loses at
+most one interval of counts::
+
+    magic b"LSMDBSTA" | format_version u32 | crc32 u32 | length u32 | payload
+
+payload (msgpack): ``{"files": {number: [range_skips, filter_negatives,
+true_positives, false_positives, false_negatives, block_reads]},
+"tables": {table_id: [gets, gets_absent]}}``.
+
+Counters are statistics, not data: a STATS file that fails its checksum is
+ignored with a warning (every counter restarts at zero), never an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from typing import Any, Iterable
+
+import msgpack
+
+from .coding import crc32, write_file_durably
+
+log = logging.getLogger("lsmdb")
+
+STATS_NAME = "STATS"
+STATS_MAGIC = b"LSMDBSTA"  # DO NOT CHANGE: on disk.
+STATS_FORMAT_VERSION = 1   # DO NOT CHANGE: on disk.
+STATS_HEADER = struct.Struct("<8sIII")
+STATS_INTERVAL_SECONDS = 10.0
+
+#: Order of the per-file counters on disk.  DO NOT CHANGE: on disk (append only).
+FILE_COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
+                 "false_negatives", "block_reads")
+
+
+def encode_stats(readers: Iterable[Any], tables: Iterable[Any]) -> bytes:
+    payload = msgpack.packb({
+        "files": {r.number: [getattr(r, c) for c in FILE_COUNTERS] for r in readers},
+        "tables": {t.id: [t.gets, t.gets_absent] for t in tables},
+    }, use_bin_type=True)
+    return STATS_HEADER.pack(STATS_MAGIC, STATS_FORMAT_VERSION, crc32(payload),
+                             len(payload)) + payload
+
+
+def decode_stats(data: bytes) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """(file counters by number, table counters by id); raises ValueError when unusable."""
+    if len(data) < STATS_HEADER.size:
+        raise ValueError("truncated")
+    magic, version, crc, length = STATS_HEADER.unpack_from(data, 0)
+    payload = data[STATS_HEADER.size:]
+    if magic != STATS_MAGIC or version != STATS_FORMAT_VERSION or len(payload) != length \
+            or crc32(payload) != crc:
+        raise ValueError("bad header or checksum")
+    obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    files = {int(k): [int(x) for x in v] for k, v in obj["files"].items()}
+    tables = {int(k): [int(x) for x in v] for k, v in obj["tables"].items()}
+    return files, tables
+
+
+def load_stats(directory: str) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    path = os.path.join(directory, STATS_NAME)
+    try:
+        with open(path, "rb") as f:
+            return decode_stats(f.read())
+    except FileNotFoundError:
+        return {}, {}
+    except Exception as exc:  # statistics only: never a reason to refuse to open
+        log.warning("%s: ignoring unreadable counters (%s); they restart at zero", path, exc)
+        return {}, {}
+
+
+def apply_file_counters(reader: Any, values: list[int]) -> None:
+    for name, value in zip(FILE_COUNTERS, values):
+        setattr(reader, name, value)
+
+
+def save_stats(directory: str, readers: Iterable[Any], tables: Iterable[Any]) -> None:
+    write_file_durably(os.path.join(directory, STATS_NAME), encode_stats(readers, tables))

@@ -40,6 +40,7 @@ from .merge import merge_newest
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
 from .sstable import MISSING, SSTableReader, rewrite_filter, write_sstable
 from .table import SSTableInfo, Table, TableState, WriteBatch
+from .trace import trace_read
 from .wal import LogWriter, read_log_file, truncate_file
 
 log = logging.getLogger("lsmdb")
@@ -694,6 +695,14 @@ class DB:
                     info = dataclasses.replace(info, filter_stale=reader.fp_chance != expected)
                 out.append(info)
         return out
+
+    def trace(self, key: Any, table: str | None = None) -> dict[str, Any]:
+        """How ``get(key)`` would be answered, file by file (no counter changes).
+
+        See :func:`lsmdb.trace.trace_read` for the fields.
+        """
+        state = self._table_state(table)
+        return trace_read(state, as_key(key))
 
     def _states(self, table: str | None) -> list[TableState]:
         if table is not None:

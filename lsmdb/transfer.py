@@ -1,0 +1,317 @@
+"""Export a table to JSON Lines, CSV or a CQL schema, and import JSON Lines back.
+
+Formats of :func:`export_table`:
+
+``jsonl``
+    one JSON object per line, ``{"key": "<base64>", "value": "<base64>"}``
+    (standard base64 with padding); :func:`import_jsonl` reads it back, byte
+    for byte.
+``csv``
+    a header line ``key,value``, then one line per row with key and value as
+    CQL blob literals (``0x`` followed by lowercase hex; the empty value is
+    ``0x``), ready for ``cqlsh``'s ``COPY ... FROM ... WITH HEADER = true`` or
+    DSBulk.
+``cql``
+    the ``CREATE TABLE`` statement of a Cassandra table to load that CSV into:
+    ``key blob PRIMARY KEY, value blob``, with the table's
+    ``bloom_filter_fp_chance`` and its compaction strategy mapped to
+    Cassandra's.  Schema only: it writes no rows.
+
+Lines end with ``\\n``.  Exports stream: one data block per SSTable is in
+memory at a time, whatever the size of the table, and they read a snapshot
+of the table taken when the export starts.
+
+    >>> import io, lsmdb, tempfile
+    >>> from lsmdb.transfer import export_table, import_jsonl
+    >>> src, dst = tempfile.TemporaryDirectory(), tempfile.TemporaryDirectory()
+    >>> with lsmdb.open(src.name) as db:
+    ...     db[b"k\\x00"] = b"\\xff"
+    ...     db[b""] = b""
+    ...     out = io.StringIO()
+    ...     export_table(db, "default", "jsonl", out)
+    2
+    >>> print(out.getvalue(), end="")
+    {"key": "", "value": ""}
+    {"key": "awA=", "value": "/w=="}
+    >>> with lsmdb.open(dst.name) as db:
+    ...     import_jsonl(db, "default", io.StringIO(out.getvalue()))
+    ...     list(db.scan())
+    2
+    [(b'', b''), (b'k\\x00', b'\\xff')]
+    >>> src.cleanup(); dst.cleanup()
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any, Callable, Iterable, Optional, TextIO
+
+from .db import DB
+from .options import DEFAULT_TABLE
+
+__all__ = ["FORMATS", "export_table", "import_jsonl", "cql_create_table"]
+
+#: The formats :func:`export_table` writes.
+FORMATS = ("jsonl", "csv", "cql")
+
+#: Default number of rows between two calls of a ``progress`` callback.
+DEFAULT_PROGRESS_EVERY = 10_000
+
+#: lsmdb compaction strategy -> Cassandra compaction class.
+CASSANDRA_COMPACTION = {
+    "size_tiered": "SizeTieredCompactionStrategy",
+    "leveled": "LeveledCompactionStrategy",
+}
+
+#: Cassandra refuses a ``bloom_filter_fp_chance`` at or below this (the best
+#: its Bloom filter calculations support); lsmdb accepts down to 1e-6.
+CASSANDRA_MIN_FP_CHANCE = 6.71e-05
+#: What a lower lsmdb value is exported as: Cassandra's best filter.
+CASSANDRA_LOWEST_FP_CHANCE = 6.72e-05
+
+# An import batch is committed at this many bytes of keys and values even
+# before ``batch_size`` rows (an lsmdb batch may hold at most 512 MiB).
+_IMPORT_BATCH_BYTES = 64 * 1024 * 1024
+
+ProgressCallback = Callable[[int], Any]
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _jsonl_lines(rows: Iterable[tuple[bytes, bytes]]) -> Iterable[str]:
+    for key, value in rows:
+        yield f'{{"key": "{_b64(key)}", "value": "{_b64(value)}"}}\n'
+
+
+def _csv_lines(rows: Iterable[tuple[bytes, bytes]]) -> Iterable[str]:
+    for key, value in rows:
+        yield f"0x{key.hex()},0x{value.hex()}\n"
+
+
+def _cql_identifier(name: str) -> str:
+    """``name`` as a quoted CQL identifier (quoted: case kept, no keyword clash)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def cql_create_table(table_name: str, options: Any) -> str:
+    """The Cassandra ``CREATE TABLE`` statement for a table named ``table_name``.
+
+    ``options`` is a :class:`lsmdb.TableOptions` (or any object with a
+    ``bloom_filter_fp_chance`` attribute and optionally ``compaction``,
+    ``min_threshold``, ``max_threshold``).  The compaction strategy maps to
+    Cassandra's class of the same idea (``size_tiered`` ->
+    ``SizeTieredCompactionStrategy``, ``leveled`` ->
+    ``LeveledCompactionStrategy``; anything else is a ``ValueError``); size
+    tiered's ``min_threshold``/``max_threshold`` mean the same in both and are
+    written when they differ from the common defaults 4 and 32.  The name is
+    double-quoted (so it keeps its case and may be a CQL keyword such as
+    ``default``); ``-``, which Cassandra does not allow in table names,
+    becomes ``_``, and an fp chance below what Cassandra supports becomes the
+    lowest it does; both changes are noted in a ``--`` comment.
+
+        >>> import lsmdb
+        >>> print(cql_create_table("events", lsmdb.TableOptions(bloom_filter_fp_chance=0.001)))
+        CREATE TABLE "events" (
+            key blob PRIMARY KEY,
+            value blob
+        ) WITH bloom_filter_fp_chance = 0.001
+            AND compaction = {'class': 'SizeTieredCompactionStrategy'};
+    """
+    compaction = getattr(options, "compaction", "size_tiered")
+    try:
+        compaction_class = CASSANDRA_COMPACTION[compaction]
+    except (KeyError, TypeError):
+        raise ValueError(f"no Cassandra equivalent for compaction strategy {compaction!r}; "
+                         f"known: {', '.join(CASSANDRA_COMPACTION)}") from None
+    notes = []
+    cass_name = table_name.replace("-", "_")
+    if cass_name != table_name:
+        notes.append(f"-- lsmdb table {table_name!r}: Cassandra table names allow only letters, "
+                     "digits and '_'")
+    fp_chance = float(options.bloom_filter_fp_chance)
+    if fp_chance <= CASSANDRA_MIN_FP_CHANCE:
+        notes.append(f"-- lsmdb bloom_filter_fp_chance {fp_chance!r} is below what Cassandra "
+                     f"supports (> {CASSANDRA_MIN_FP_CHANCE!r}); using its lowest")
+        fp_chance = CASSANDRA_LOWEST_FP_CHANCE
+    strategy = [f"'class': '{compaction_class}'"]
+    if compaction == "size_tiered":
+        lo = getattr(options, "min_threshold", 4)
+        hi = getattr(options, "max_threshold", 32)
+        if (lo, hi) != (4, 32):
+            strategy += [f"'min_threshold': '{int(lo)}'", f"'max_threshold': '{int(hi)}'"]
+    lines = notes + [
+        f"CREATE TABLE {_cql_identifier(cass_name)} (",
+        "    key blob PRIMARY KEY,",
+        "    value blob",
+        f") WITH bloom_filter_fp_chance = {fp_chance!r}",
+        f"    AND compaction = {{{', '.join(strategy)}}};",
+    ]
+    return "\n".join(lines)
+
+
+def export_table(db: DB, table: Optional[str], fmt: str, out: TextIO, *,
+                 progress: Optional[ProgressCallback] = None,
+                 progress_every: int = DEFAULT_PROGRESS_EVERY) -> int:
+    """Write every live row of ``table`` to the text stream ``out`` in key order.
+
+    ``table`` is a table name (None: ``"default"``); ``fmt`` is ``"jsonl"``,
+    ``"csv"`` or ``"cql"`` (see the module documentation).  Returns the number
+    of rows written (0 for ``"cql"``, which writes the schema only).  Memory
+    use does not grow with the table.
+
+    ``progress``, if given, is called with the number of rows written so far
+    after every ``progress_every`` rows, and once at the end with the total
+    (unless the last call already reported it).
+
+    Cassandra does not accept every lsmdb row: a partition key may not be
+    empty (lsmdb's empty key is valid) nor longer than 65535 bytes.  Such
+    rows are exported as they are; loading them into Cassandra fails.
+
+        >>> import io, lsmdb, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> with lsmdb.open(tmp.name) as db:
+        ...     db[b"a"] = b"\\x01\\x02"
+        ...     db[b"b"] = b""
+        ...     out = io.StringIO()
+        ...     export_table(db, None, "csv", out, progress=print, progress_every=1)
+        1
+        2
+        2
+        >>> print(out.getvalue(), end="")
+        key,value
+        0x61,0x0102
+        0x62,0x
+        >>> tmp.cleanup()
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if isinstance(progress_every, bool) or not isinstance(progress_every, int) \
+            or progress_every < 1:
+        raise ValueError(f"progress_every must be a positive int, got {progress_every!r}")
+    handle = db.table(DEFAULT_TABLE if table is None else table)
+    if fmt == "cql":
+        out.write(cql_create_table(handle.name, handle.options) + "\n")
+        if progress is not None:
+            progress(0)
+        return 0
+    rows = handle.scan()
+    lines = _jsonl_lines(rows) if fmt == "jsonl" else _csv_lines(rows)
+    if fmt == "csv":
+        out.write("key,value\n")
+    count = 0
+    reported = -1
+    write = out.write
+    for line in lines:
+        write(line)
+        count += 1
+        if progress is not None and count % progress_every == 0:
+            progress(count)
+            reported = count
+    if progress is not None and reported != count:
+        progress(count)
+    return count
+
+
+def _decode_field(obj: dict, name: str, lineno: int) -> bytes:
+    text = obj.get(name)
+    if not isinstance(text, str):
+        what = "missing" if name not in obj else f"not a string but {type(text).__name__}"
+        raise ValueError(f"line {lineno}: field {name!r} is {what}")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"line {lineno}: field {name!r} is not valid base64: {exc}") from None
+
+
+def import_jsonl(db: DB, table: Optional[str], infile: Iterable[str],
+                 batch_size: int = 10_000,
+                 progress: Optional[ProgressCallback] = None) -> int:
+    """Load a JSON Lines export (see :func:`export_table`) into ``table``; returns rows loaded.
+
+    ``infile`` is a text stream (any iterable of lines).  Each line must be a
+    JSON object with base64 strings ``"key"`` and ``"value"`` (other fields
+    are ignored; blank lines are skipped).  Rows are written in atomic
+    batches (``db.batch()``) of ``batch_size`` rows -- fewer if they reach
+    64 MiB -- and ``progress``, if given, is called with the number of rows
+    loaded so far after each batch.  Existing keys are overwritten; keys not
+    in the file are left alone.
+
+    A bad line raises ``ValueError`` naming its line number, after the rows
+    before it were written: re-running the import from that line resumes it.
+
+        >>> import io, lsmdb, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> data = io.StringIO('{"key": "YQ==", "value": "MQ=="}\\n{"key": "Yg=="}\\n')
+        >>> with lsmdb.open(tmp.name) as db:
+        ...     import_jsonl(db, None, data)
+        Traceback (most recent call last):
+        ...
+        ValueError: line 2: field 'value' is missing
+        >>> with lsmdb.open(tmp.name) as db:
+        ...     db.get(b"a")
+        b'1'
+        >>> tmp.cleanup()
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    name = DEFAULT_TABLE if table is None else table
+    db.table(name)  # NoSuchTableError now rather than at the first row
+    loaded = 0
+    pending: list[tuple[bytes, bytes, int]] = []
+    pending_bytes = 0
+
+    def commit() -> None:
+        nonlocal loaded, pending, pending_bytes
+        if not pending:
+            return
+        batch = db.batch()
+        for key, value, lineno in pending:
+            try:
+                batch.put(key, value, table=name)
+            except (TypeError, ValueError) as exc:  # e.g. a key over the size limit
+                # Write the rows before the bad one, then report it.
+                good = [(k, v) for k, v, n in pending if n < lineno]
+                batch.discard()
+                if good:
+                    with db.batch() as b:
+                        for k, v in good:
+                            b.put(k, v, table=name)
+                    loaded += len(good)
+                pending, pending_bytes = [], 0
+                raise ValueError(f"line {lineno}: {exc}") from None
+        batch.commit()
+        loaded += len(pending)
+        pending, pending_bytes = [], 0
+        if progress is not None:
+            progress(loaded)
+
+    lineno = 0
+    try:
+        for lineno, line in enumerate(infile, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"line {lineno}: not valid JSON: {exc}") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"line {lineno}: expected a JSON object, got "
+                                 f"{type(obj).__name__}")
+            key = _decode_field(obj, "key", lineno)
+            value = _decode_field(obj, "value", lineno)
+            pending.append((key, value, lineno))
+            pending_bytes += len(key) + len(value)
+            if len(pending) >= batch_size or pending_bytes >= _IMPORT_BATCH_BYTES:
+                commit()
+    except UnicodeDecodeError as exc:
+        commit()
+        raise ValueError(f"line {lineno + 1}: not valid text: {exc}") from None
+    except ValueError:
+        commit()
+        raise
+    commit()
+    return loaded

@@ -34,9 +34,10 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import struct
-from typing import Iterable
+from typing import Callable, Iterable
 
 import xxhash
 
@@ -45,8 +46,9 @@ from .errors import CorruptionError, UnsupportedFormatError
 FILTER_FORMAT_VERSION = 1  # DO NOT CHANGE: on disk.
 
 # Hash algorithm ids.  DO NOT CHANGE: on disk.  Retired ids stay reserved.
-HASH_XXH3_64 = 1
-KNOWN_HASH_ALGORITHMS = {HASH_XXH3_64: "xxh3_64"}
+HASH_XXH3_64 = 1          # xxh3_64(key, seed=0): fast, computable by anyone
+HASH_BLAKE2B_KEYED = 2    # blake2b(key, digest_size=8, key=secret) as little-endian u64
+KNOWN_HASH_ALGORITHMS = {HASH_XXH3_64: "xxh3_64", HASH_BLAKE2B_KEYED: "blake2b_keyed"}
 
 FILTER_HEADER = struct.Struct("<BBHIQQdI")
 FILTER_HEADER_SIZE = FILTER_HEADER.size
@@ -57,6 +59,43 @@ MASK32 = 0xFFFFFFFF
 
 #: The 64-bit key hash every filter of algorithm 1 probes with.
 key_hash = xxhash.xxh3_64_intdigest
+
+
+class Hasher:
+    """Which 64-bit hash a filter probes with: algorithm id, key id, function."""
+
+    __slots__ = ("algorithm", "key_id", "fn")
+
+    def __init__(self, algorithm: int, key_id: int, fn: Callable[[bytes], int]) -> None:
+        self.algorithm = algorithm
+        self.key_id = key_id
+        self.fn = fn
+
+    def __repr__(self) -> str:
+        return f"Hasher({KNOWN_HASH_ALGORITHMS.get(self.algorithm)!r}, key_id={self.key_id})"
+
+
+FAST_HASHER = Hasher(HASH_XXH3_64, 0, key_hash)
+
+
+def keyed_hasher(secret: bytes) -> Hasher:
+    """A blake2b hasher keyed with ``secret``: positions nobody without it can predict.
+
+    The key id stored in filter headers is the first 4 bytes (little-endian)
+    of blake2b(secret, digest_size=4, person=b"lsmdb-id"), so a filter built
+    under another secret is recognised (and fails open) instead of
+    answering wrongly.
+    """
+    if not 16 <= len(secret) <= 64:
+        raise ValueError("secret must be 16 to 64 bytes")
+    key_id = int.from_bytes(hashlib.blake2b(secret, digest_size=4, person=b"lsmdb-id").digest(),
+                            "little")
+    blake2b = hashlib.blake2b
+    from_bytes = int.from_bytes
+
+    def fn(key: bytes) -> int:
+        return from_bytes(blake2b(key, digest_size=8, key=secret).digest(), "little")
+    return Hasher(HASH_BLAKE2B_KEYED, key_id, fn)
 
 
 def split_hash(h: int) -> tuple[int, int]:

@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from .bloom import FAST_HASHER, Hasher
 from .merge import merge_newest
 from .sstable import SSTableBuilder, SSTableReader
 
@@ -173,8 +174,8 @@ def newest_first(inputs: list[SSTableReader]) -> list[SSTableReader]:
     return l0 + deeper
 
 
-def run(job: CompactionJob, directory: str, alloc_number: Callable[[], int],
-        path_for: Callable[[int], str]) -> list[SSTableReader]:
+def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[[int], str],
+        hasher: Hasher = FAST_HASHER) -> list[SSTableReader]:
     """Merge ``job.inputs`` into new fsynced files; returns readers of the outputs.
 
     Only reads the inputs and writes new files: nothing the database serves
@@ -199,7 +200,7 @@ def run(job: CompactionJob, directory: str, alloc_number: Callable[[], int],
                 paths.append(path)
                 f = open(path, "wb")
                 builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
-                                         table=state.name)
+                                         table=state.name, hasher=hasher)
                 builder.note_seq(min_seq, max_seq)
             builder.add(key, value)
             if job.split_bytes is not None and builder.file_size >= job.split_bytes:

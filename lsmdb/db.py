@@ -41,6 +41,7 @@ from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
 from .sstable import MISSING, SSTableReader, rewrite_filter, write_sstable
 from .table import SSTableInfo, Table, TableState, WriteBatch
 from .trace import trace_read
+from .secret import create_secret, load_secret
 from .wal import LogWriter, read_log_file, truncate_file
 
 log = logging.getLogger("lsmdb")
@@ -111,6 +112,7 @@ class DB:
         self._bg_stop = False
         self._bg_thread: threading.Thread | None = None
         self._stats_lock = threading.Lock()
+        self._keyed: _bloom.Hasher | None = None
         self._stats_saved_at = time.monotonic()
         self._open(create_if_missing)
         self._closed = False
@@ -131,11 +133,15 @@ class DB:
                 raise NotADatabaseError(f"no database at {path} (create_if_missing=False)")
             os.makedirs(path, exist_ok=True)
         manifest_path = os.path.join(path, MANIFEST_NAME)
+        if not os.path.exists(manifest_path):
+            # Refuse before creating anything (not even LOCK) in a foreign directory.
+            self._check_creatable(create_if_missing)
         if not self._read_only:
             self._acquire_lock()
         try:
             if not os.path.exists(manifest_path):
                 self._create(manifest_path, create_if_missing)
+            self._keyed = load_secret(self.path)
             manifest = self._load_with_retry(manifest_path)
             self._recover_wal()
             self._load_counters()
@@ -162,13 +168,16 @@ class DB:
             raise
         self._lock_fd = fd
 
-    def _create(self, manifest_path: str, create_if_missing: bool) -> None:
+    def _check_creatable(self, create_if_missing: bool) -> None:
         entries = [n for n in os.listdir(self.path) if n != LOCK_NAME]
         if entries:
             raise NotADatabaseError(
                 f"{self.path} is not an lsmdb database (no {MANIFEST_NAME}, directory not empty)")
         if not create_if_missing or self._read_only:
             raise NotADatabaseError(f"no database at {self.path} (create_if_missing=False)")
+
+    def _create(self, manifest_path: str, create_if_missing: bool) -> None:
+        self._check_creatable(create_if_missing)
         manifest = Manifest(next_file_number=1, next_table_id=2,
                             tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
         manifest.write(manifest_path)
@@ -232,6 +241,7 @@ class DB:
                     raise CorruptionError("SSTable listed in the manifest is missing",
                                           file_path) from None
                 reader.level = fm.level
+                reader.attach_hasher(self._keyed)
                 readers.append(reader)
                 self._next_file = max(self._next_file, fm.number + 1)
             state.files = tuple(readers)
@@ -294,6 +304,25 @@ class DB:
         self._wal_number = self._alloc_file_number()
         self._wal = LogWriter(os.path.join(self.path, wal_name(self._wal_number)))
         self._wal_max_seq = 0
+
+    def _hasher_for(self, state: TableState) -> _bloom.Hasher:
+        """The hash new filters of ``state`` are built with (creates the secret if needed)."""
+        if state.options.bloom_filter_hash != "keyed":
+            return _bloom.FAST_HASHER
+        if self._keyed is None:
+            with self._lock:
+                if self._keyed is None:
+                    self._keyed = create_secret(self.path)
+        return self._keyed
+
+    def _filter_stale(self, state: TableState, reader: SSTableReader) -> bool:
+        """Was ``reader``'s filter built otherwise than a file written now would be?"""
+        fp = _compaction.target_fp_chance(state, _compaction.reader_is_bottom(state, reader))
+        if reader.fp_chance != fp:
+            return True
+        want = _bloom.HASH_BLAKE2B_KEYED if state.options.bloom_filter_hash == "keyed" \
+            else _bloom.HASH_XXH3_64
+        return fp < 1.0 and reader.hash_algorithm != want
 
     def _alloc_file_number(self) -> int:
         number = self._next_file
@@ -426,9 +455,11 @@ class DB:
         try:
             write_sstable(file_path, mem.data.items(), fp_chance=state.options.bloom_filter_fp_chance,
                           block_size=state.options.block_size_bytes, table=state.name,
-                          min_seq=mem.min_seq, max_seq=mem.max_seq)
+                          min_seq=mem.min_seq, max_seq=mem.max_seq,
+                          hasher=self._hasher_for(state))
             reader = SSTableReader(file_path, number)
             reader.level = 0
+            reader.attach_hasher(self._keyed)
         except BaseException:
             # Keep serving from the frozen memtable; its records stay in the WAL.
             state.mem, state.imms = mem, state.imms[1:]
@@ -508,17 +539,25 @@ class DB:
                     files.append(readers[i])
         else:
             files = l0
-        h1 = -1
-        h2 = 0
+        h1 = k1 = -1
+        h2 = k2 = 0
         for reader in files:
             if key < reader.min_key or key > reader.max_key:
                 reader.range_skips += 1
                 continue
-            if h1 < 0:
-                h = _key_hash(key)
-                h1 = h & _MASK32
-                h2 = h >> 32
-            if not reader.bloom.may_contain_hash(h1, h2):
+            if reader.keyed_fn is None:
+                if h1 < 0:
+                    h = _key_hash(key)
+                    h1 = h & _MASK32
+                    h2 = h >> 32
+                maybe = reader.bloom.may_contain_hash(h1, h2)
+            else:
+                if k1 < 0:  # one keyed hash per get, reused for every keyed filter
+                    h = reader.keyed_fn(key)
+                    k1 = h & _MASK32
+                    k2 = h >> 32
+                maybe = reader.bloom.may_contain_hash(k1, k2)
+            if not maybe:
                 if state.shadow:
                     value = self._shadow_check(reader, key)
                     if value is not MISSING:
@@ -688,11 +727,10 @@ class DB:
         for state in self._states(table):
             fp = state.options.bloom_filter_fp_chance
             for reader in state.readers_in_order():
-                expected = _compaction.target_fp_chance(
-                    state, _compaction.reader_is_bottom(state, reader))
                 info = SSTableInfo.from_reader(state.name, reader, fp)
-                if info.filter_stale != (reader.fp_chance != expected):
-                    info = dataclasses.replace(info, filter_stale=reader.fp_chance != expected)
+                stale = self._filter_stale(state, reader)
+                if info.filter_stale != stale:
+                    info = dataclasses.replace(info, filter_stale=stale)
                 out.append(info)
         return out
 
@@ -793,14 +831,15 @@ class DB:
                 for reader in list(state.files):
                     if state.dropped:
                         break
+                    if only_stale and not self._filter_stale(state, reader):
+                        continue
                     fp = _compaction.target_fp_chance(
                         state, _compaction.reader_is_bottom(state, reader))
-                    if only_stale and reader.fp_chance == fp:
-                        continue
                     with self._lock:
                         number = self._alloc_file_number()
                     path = os.path.join(self.path, sst_name(number))
-                    new = rewrite_filter(reader, path, number, fp)
+                    new = rewrite_filter(reader, path, number, fp, self._hasher_for(state))
+                    new.attach_hasher(self._keyed)
                     job = _compaction.CompactionJob(state, [reader], reader.level, False, None,
                                                     "rebuild filter")
                     self._install(job, [new])
@@ -810,8 +849,11 @@ class DB:
     def _run_job(self, job: _compaction.CompactionJob) -> None:
         """Run one compaction (caller holds the compaction lock)."""
         started = time.monotonic()
-        outputs = _compaction.run(job, self.path, self._locked_alloc,
-                                  lambda n: os.path.join(self.path, sst_name(n)))
+        outputs = _compaction.run(job, self._locked_alloc,
+                                  lambda n: os.path.join(self.path, sst_name(n)),
+                                  self._hasher_for(job.state))
+        for reader in outputs:
+            reader.attach_hasher(self._keyed)
         self._install(job, outputs)
         log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
                  job.state.name, len(outputs), job.output_level, time.monotonic() - started,

@@ -25,7 +25,7 @@ from bisect import bisect_left
 from typing import Any, BinaryIO, Iterable, Iterator
 
 from . import block as blk
-from .bloom import BloomFilter, key_hash
+from .bloom import FAST_HASHER, BloomFilter, Hasher
 from .coding import BLOCK_TRAILER_SIZE, crc32
 from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
 
@@ -53,8 +53,11 @@ class SSTableBuilder:
     """
 
     def __init__(self, out: BinaryIO, *, fp_chance: float, block_size: int,
-                 table: str = "", build_filter: bool = True) -> None:
+                 table: str = "", build_filter: bool = True,
+                 hasher: Hasher = FAST_HASHER) -> None:
         self._out = out
+        self._hasher = hasher
+        self._hash = hasher.fn
         self._fp_chance = fp_chance if build_filter else 1.0
         self._block_size = block_size
         self._table = table
@@ -90,7 +93,7 @@ class SSTableBuilder:
         self._keys.append(key)
         self._values.append(value)
         if self._fp_chance < 1.0:
-            self._hashes.append(key_hash(key))
+            self._hashes.append(self._hash(key))
         if self._block_bytes >= self._block_size:
             self._flush_block()
 
@@ -120,6 +123,8 @@ class SSTableBuilder:
     def build_filter(self) -> BloomFilter:
         n = self.entries
         bloom = BloomFilter(n, self._fp_chance) if n else BloomFilter(0, 1.0)
+        bloom.hash_algorithm = self._hasher.algorithm
+        bloom.key_id = self._hasher.key_id
         if self._fp_chance < 1.0:
             add = bloom.add_hash
             for h in self._hashes:
@@ -170,10 +175,11 @@ class SSTableBuilder:
 
 def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_chance: float,
                   block_size: int, table: str = "", min_seq: int | None = None,
-                  max_seq: int = 0) -> dict[str, Any]:
+                  max_seq: int = 0, hasher: Hasher = FAST_HASHER) -> dict[str, Any]:
     """Write a complete SSTable to ``path`` and fsync it.  Returns its properties."""
     with open(path, "wb") as f:
-        builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table)
+        builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
+                                 hasher=hasher)
         for key, value in items:
             builder.add(key, value)
         builder.note_seq(min_seq, max_seq)
@@ -210,6 +216,9 @@ class SSTableReader:
         self.number = number
         self.filter_error: str | None = None
         self.level = 0
+        #: Hash function for this file's filter when it is keyed (set by the DB
+        #: once it knows the secret); None for the fast hash.
+        self.keyed_fn: Any = None
         self._filter_stats: dict[str, float] | None = None
         # Counters (#4): cumulative, never reset on read.
         self.range_skips = 0
@@ -307,14 +316,44 @@ class SSTableReader:
             raise CorruptionError("index block does not match the key range", path, idx_off)
 
         self.bloom: Any
+        self._keyed_bloom: BloomFilter | None = None
         try:
             raw = self._read_block(read, flt_off, flt_size, "filter block")
             self.bloom = BloomFilter.from_bytes(raw, path, flt_off)
+            if self.bloom.m and self.bloom.hash_algorithm != FAST_HASHER.algorithm:
+                # Probing with any other hash would give false negatives.
+                self._keyed_bloom = self.bloom
+                self.bloom = _FailOpenFilter()
+                self.filter_error = "keyed filter: no secret attached yet"
         except LsmdbError as exc:
             # A filter can only make reads slower, never wrong: fail open.
             self.filter_error = str(exc)
             self.bloom = _FailOpenFilter()
             log.warning("%s: filter unusable, every read will check the data (%s)", path, exc)
+
+    @property
+    def hash_algorithm(self) -> int:
+        bloom = self._keyed_bloom or self.bloom
+        return getattr(bloom, "hash_algorithm", FAST_HASHER.algorithm)
+
+    def attach_hasher(self, keyed: Hasher | None) -> None:
+        """Give a keyed filter its hash function, or leave it failing open.
+
+        A keyed filter answers "maybe" until this is called with the secret
+        it was built with: forgetting to attach costs speed, never a key.
+        """
+        bloom = self._keyed_bloom
+        if bloom is None:
+            return
+        if keyed is not None and keyed.algorithm == bloom.hash_algorithm \
+                and keyed.key_id == bloom.key_id:
+            self.keyed_fn = keyed.fn
+            self.bloom = bloom
+            self.filter_error = None
+            return
+        self.filter_error = (f"keyed filter (key id {bloom.key_id}) built with a secret this "
+                             "database does not have; the filter fails open")
+        log.warning("%s: %s", self.path, self.filter_error)
 
     # -- reads ------------------------------------------------------------
     def read_data_block(self, i: int, count: bool = True) -> tuple[list[bytes], list[bytes | None]]:
@@ -434,7 +473,8 @@ class SSTableReader:
             pass
 
 
-def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float) -> SSTableReader:
+def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float,
+                   hasher: Hasher = FAST_HASHER) -> SSTableReader:
     """A copy of ``reader``'s file with a new filter built at ``fp_chance``.
 
     Data blocks and index are copied byte for byte (they are only decoded to
@@ -445,10 +485,14 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     prefix_len = idx_off + idx_size + BLOCK_TRAILER_SIZE
     prefix = reader.copy_prefix(prefix_len)
     bloom = BloomFilter(reader.entries, fp_chance) if fp_chance < 1.0 else BloomFilter(0, 1.0)
+    bloom.hash_algorithm = hasher.algorithm
+    bloom.key_id = hasher.key_id
+    hash_fn = hasher.fn
     for i in range(len(reader.index_keys)):
         keys, _values = reader.read_data_block(i, count=False)
-        for key in keys:
-            bloom.add_hash(key_hash(key))
+        if bloom.m:
+            for key in keys:
+                bloom.add_hash(hash_fn(key))
     bloom.n = reader.entries
     props = dict(reader.properties)
     props.update(fp_chance=bloom.fp_chance if bloom.m else 1.0, filter_bits=bloom.m,

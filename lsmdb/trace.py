@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 def _file_step(reader: Any, key: bytes, h1: int, h2: int) -> tuple[dict[str, Any], Any]:
     step: dict[str, Any] = {"file": os.path.basename(reader.path), "level": reader.level}
+    if reader.keyed_fn is not None:
+        h1, h2 = split_hash(reader.keyed_fn(key))
+        step["hash"] = "keyed"
     if key < reader.min_key or key > reader.max_key:
         step.update(outcome="range_skip", min_key=reader.min_key.hex(), max_key=reader.max_key.hex())
         return step, MISSING

@@ -46,9 +46,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Callable, Iterable, Optional, TextIO
+from typing import Any, Callable, Iterable, Optional, TextIO, Union
 
 from .db import DB
+from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import DEFAULT_TABLE
 
 __all__ = ["FORMATS", "export_table", "import_jsonl", "cql_create_table"]
@@ -227,13 +228,13 @@ def _decode_field(obj: dict, name: str, lineno: int) -> bytes:
         raise ValueError(f"line {lineno}: field {name!r} is not valid base64: {exc}") from None
 
 
-def import_jsonl(db: DB, table: Optional[str], infile: Iterable[str],
+def import_jsonl(db: DB, table: Optional[str], infile: Iterable[Union[str, bytes]],
                  batch_size: int = 10_000,
                  progress: Optional[ProgressCallback] = None) -> int:
     """Load a JSON Lines export (see :func:`export_table`) into ``table``; returns rows loaded.
 
-    ``infile`` is a text stream (any iterable of lines).  Each line must be a
-    JSON object with base64 strings ``"key"`` and ``"value"`` (other fields
+    ``infile`` is a text stream or a binary one (UTF-8), or any iterable of
+    lines (``str`` or ``bytes``).  Each line must be a JSON object with base64 strings ``"key"`` and ``"value"`` (other fields
     are ignored; blank lines are skipped).  Rows are written in atomic
     batches (``db.batch()``) of ``batch_size`` rows -- fewer if they reach
     64 MiB -- and ``progress``, if given, is called with the number of rows
@@ -261,37 +262,30 @@ def import_jsonl(db: DB, table: Optional[str], infile: Iterable[str],
     name = DEFAULT_TABLE if table is None else table
     db.table(name)  # NoSuchTableError now rather than at the first row
     loaded = 0
-    pending: list[tuple[bytes, bytes, int]] = []
+    pending: list[tuple[bytes, bytes]] = []
     pending_bytes = 0
 
     def commit() -> None:
-        nonlocal loaded, pending, pending_bytes
+        nonlocal loaded, pending_bytes
         if not pending:
             return
-        batch = db.batch()
-        for key, value, lineno in pending:
-            try:
+        with db.batch() as batch:
+            for key, value in pending:
                 batch.put(key, value, table=name)
-            except (TypeError, ValueError) as exc:  # e.g. a key over the size limit
-                # Write the rows before the bad one, then report it.
-                good = [(k, v) for k, v, n in pending if n < lineno]
-                batch.discard()
-                if good:
-                    with db.batch() as b:
-                        for k, v in good:
-                            b.put(k, v, table=name)
-                    loaded += len(good)
-                pending, pending_bytes = [], 0
-                raise ValueError(f"line {lineno}: {exc}") from None
-        batch.commit()
         loaded += len(pending)
-        pending, pending_bytes = [], 0
+        pending.clear()
+        pending_bytes = 0
         if progress is not None:
             progress(loaded)
 
     lineno = 0
     try:
         for lineno, line in enumerate(infile, 1):
+            if isinstance(line, (bytes, bytearray)):
+                try:
+                    line = line.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ValueError(f"line {lineno}: not valid UTF-8: {exc}") from None
             if not line.strip():
                 continue
             try:
@@ -303,13 +297,21 @@ def import_jsonl(db: DB, table: Optional[str], infile: Iterable[str],
                                  f"{type(obj).__name__}")
             key = _decode_field(obj, "key", lineno)
             value = _decode_field(obj, "value", lineno)
-            pending.append((key, value, lineno))
+            if len(key) > MAX_KEY_SIZE_BYTES:
+                raise ValueError(f"line {lineno}: key of {len(key)} bytes exceeds the limit of "
+                                 f"{MAX_KEY_SIZE_BYTES} bytes")
+            if len(value) > MAX_VALUE_SIZE_BYTES:
+                raise ValueError(f"line {lineno}: value of {len(value)} bytes exceeds the limit "
+                                 f"of {MAX_VALUE_SIZE_BYTES} bytes")
+            pending.append((key, value))
             pending_bytes += len(key) + len(value)
             if len(pending) >= batch_size or pending_bytes >= _IMPORT_BATCH_BYTES:
                 commit()
     except UnicodeDecodeError as exc:
         commit()
-        raise ValueError(f"line {lineno + 1}: not valid text: {exc}") from None
+        # A text stream decodes a whole chunk ahead of the line being read.
+        raise ValueError(f"line {lineno + 1} or a later one: not valid text ({exc}); open the "
+                         "file in binary mode to have the exact line named") from None
     except ValueError:
         commit()
         raise

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from . import block as blk
-from .bloom import BloomFilter, key_hash, split_hash
+from .bloom import BloomFilter, Hasher, key_hash, split_hash
+from .secret import load_secret
 from .errors import CorruptionError, LsmdbError
 from .manifest import MANIFEST_NAME, Manifest
 from .sstable import SSTableReader
@@ -37,10 +38,11 @@ class Problem:
         return f"{self.severity.upper()}: {where}: {self.message}"
 
 
-def verify_sstable(path: str, number: int = 0) -> Iterator[Problem]:
+def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> Iterator[Problem]:
     """Problems of one SSTable file (nothing when it is sound)."""
     try:
         reader = SSTableReader(path, number)
+        reader.attach_hasher(keyed)
     except LsmdbError as exc:
         yield Problem(path, getattr(exc, "offset", None), str(exc))
         return
@@ -68,8 +70,9 @@ def verify_sstable(path: str, number: int = 0) -> Iterator[Problem]:
             entries += len(keys)
             tombstones += sum(1 for v in values if v is None)
             if bloom is not None and bloom.m:
+                hash_fn = reader.keyed_fn or key_hash
                 for key in keys:
-                    if not bloom.may_contain_hash(*split_hash(key_hash(key))):
+                    if not bloom.may_contain_hash(*split_hash(hash_fn(key))):
                         yield Problem(path, reader.filter_handle[0],
                                       f"filter false negative for key {key!r} (a lost key)")
         if entries != reader.entries or tombstones != reader.tombstones:
@@ -92,6 +95,7 @@ def verify_database(path: str) -> list[Problem]:
         return [Problem(manifest_path, None, "no MANIFEST: not an lsmdb database")]
     except LsmdbError as exc:
         return [Problem(manifest_path, getattr(exc, "offset", None), str(exc))]
+    keyed = load_secret(path)
     for name, table in sorted(manifest.tables.items()):
         for fm in table.files:
             file_path = os.path.join(path, f"{fm.number:06d}.sst")
@@ -99,7 +103,7 @@ def verify_database(path: str) -> list[Problem]:
                 problems.append(Problem(file_path, None,
                                         f"named by the manifest (table {name!r}) but missing"))
                 continue
-            found = list(verify_sstable(file_path, fm.number))
+            found = list(verify_sstable(file_path, fm.number, keyed))
             problems.extend(found)
             if not found and os.path.getsize(file_path) != fm.size:
                 problems.append(Problem(file_path, None, "size differs from the manifest's"))

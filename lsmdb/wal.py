@@ -6,9 +6,10 @@ Record layout (docs/FORMAT.md, "WAL")::
 
 The payload of a database WAL record is msgpack ``[seq, [[table_id, key,
 value|nil], ...]]``: one record per write or batch, so a batch across tables
-is atomic.  A record that runs past the end of the file, or a checksum
-failure in the very last record, is a torn write that was never acknowledged
-and is dropped; a checksum failure followed by more data is corruption.
+is atomic.  A bad record (checksum mismatch, impossible length, running past
+the end of the file) with no valid record after it is a torn write that was
+never acknowledged and is dropped; a bad record followed by a valid one is
+corruption (CorruptionError), never skipped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class LogWriter:
             fsync_dir(os.path.dirname(path) or ".")
 
     def add_record(self, payload: bytes, sync: bool = False) -> None:
+        if not payload:
+            raise ValueError("a WAL record needs a non-empty payload")
+        if len(payload) > MAX_RECORD_BYTES:
+            raise ValueError(f"a WAL record is limited to {MAX_RECORD_BYTES} bytes")
         data = WAL_HEADER.pack(crc32(payload), len(payload)) + payload
         view = memoryview(data)
         while view:
@@ -68,6 +73,31 @@ class LogReadResult:
         self.file_length = file_length
 
 
+def _valid_record_at(data: bytes, off: int) -> bool:
+    size = len(data)
+    if size - off < WAL_HEADER_SIZE:
+        return False
+    crc, length = WAL_HEADER.unpack_from(data, off)
+    end = off + WAL_HEADER_SIZE + length
+    return 0 < length <= MAX_RECORD_BYTES and end <= size and \
+        crc32(data[off + WAL_HEADER_SIZE:end]) == crc
+
+
+def _bad_record(data: bytes, off: int, records: list[tuple[int, bytes]], path: str,
+                why: str) -> LogReadResult:
+    """A record at ``off`` is unreadable: a torn tail, unless good records follow it.
+
+    A write torn by a crash can only be the last thing in the file, so if any
+    valid record starts after ``off`` the damage is in the middle of the log:
+    corruption, never silently skipped.  (A record is valid when its length
+    fits and its CRC-32 matches: chance matches in garbage are 2**-32 rare.)
+    """
+    for start in range(off + 1, len(data) - WAL_HEADER_SIZE):
+        if _valid_record_at(data, start):
+            raise CorruptionError(f"WAL {why} followed by valid records", path, off)
+    return LogReadResult(records, off, True, len(data))
+
+
 def read_log(data: bytes, path: str = "<memory>") -> LogReadResult:
     """Parse every record of a segment's bytes (see module docstring for torn tails)."""
     records: list[tuple[int, bytes]] = []
@@ -79,16 +109,12 @@ def read_log(data: bytes, path: str = "<memory>") -> LogReadResult:
         crc, length = WAL_HEADER.unpack_from(data, off)
         end = off + WAL_HEADER_SIZE + length
         if length == 0 or length > MAX_RECORD_BYTES:
-            if not any(data[off:]):  # zero-filled tail of a torn write
-                return LogReadResult(records, off, True, size)
-            raise CorruptionError(f"WAL record with invalid length {length}", path, off)
+            return _bad_record(data, off, records, path, f"record with invalid length {length}")
         if end > size:
-            return LogReadResult(records, off, True, size)
+            return _bad_record(data, off, records, path, "record running past the end of the file")
         payload = data[off + WAL_HEADER_SIZE:end]
         if crc32(payload) != crc:
-            if end == size:  # the last write was torn: never acknowledged
-                return LogReadResult(records, off, True, size)
-            raise CorruptionError("WAL record checksum mismatch", path, off)
+            return _bad_record(data, off, records, path, "record checksum mismatch")
         records.append((off, payload))
         off = end
     return LogReadResult(records, off, False, size)

@@ -1,0 +1,50 @@
+"""The per-database secret behind keyed filter hashing (``bloom_filter_hash="keyed"``).
+
+``FILTER_KEY`` holds 32 random bytes, created with mode 0600 the first time
+a table asks for keyed hashing.  It is never written into an SSTable: filter
+headers record only the hash algorithm and a 4-byte key id derived from it.
+Losing or replacing the file makes keyed filters fail open ("maybe"), never
+answer wrongly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from .bloom import Hasher, keyed_hasher
+from .coding import fsync_dir
+
+log = logging.getLogger("lsmdb")
+
+SECRET_NAME = "FILTER_KEY"
+SECRET_SIZE_BYTES = 32
+
+
+def load_secret(directory: str) -> Hasher | None:
+    """The keyed hasher of the database at ``directory``, or None if it has no secret."""
+    path = os.path.join(directory, SECRET_NAME)
+    try:
+        with open(path, "rb") as f:
+            secret = f.read()
+    except FileNotFoundError:
+        return None
+    if len(secret) != SECRET_SIZE_BYTES:
+        log.warning("%s: filter secret has %d bytes, expected %d; keyed filters fail open",
+                    path, len(secret), SECRET_SIZE_BYTES)
+        return None
+    return keyed_hasher(secret)
+
+
+def create_secret(directory: str) -> Hasher:
+    """Create ``FILTER_KEY`` (mode 0600, fsynced) and return its hasher."""
+    path = os.path.join(directory, SECRET_NAME)
+    secret = os.urandom(SECRET_SIZE_BYTES)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, secret)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(directory)
+    return keyed_hasher(secret)

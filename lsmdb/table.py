@@ -120,10 +120,8 @@ class SSTableInfo:
         return self.false_positives / total if total else None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: keys as hex strings, derived rates included."""
+        """Every field plus the derived rates (keys stay bytes; the CLI prints them as hex)."""
         d = asdict(self)
-        d["min_key"] = self.min_key.hex()
-        d["max_key"] = self.max_key.hex()
         d["measured_fpr"] = self.measured_fpr
         d["false_ratio"] = self.false_ratio
         if math.isinf(d["estimated_keys_from_fill"]):

@@ -31,6 +31,7 @@ import msgpack
 from . import bloom as _bloom
 from . import compaction as _compaction
 from . import stats as _stats
+from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
 from .errors import (CorruptionError, DatabaseClosedError, DatabaseLockedError, LsmdbError,
                      NoSuchTableError, NotADatabaseError, ReadOnlyError, TableExistsError)
 from .keys import MAX_BATCH_SIZE_BYTES, MAX_KEY_SIZE_BYTES, as_key
@@ -90,11 +91,17 @@ class DB:
 
     def __init__(self, path: str | os.PathLike[str], *, create_if_missing: bool = True,
                  sync: bool = False, read_only: bool = False,
-                 auto_compaction: bool = True) -> None:
+                 auto_compaction: bool = True,
+                 block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self._sync = bool(sync)
         self._read_only = bool(read_only)
         self._auto_compaction = bool(auto_compaction)
+        if isinstance(block_cache_size_bytes, bool) or not isinstance(block_cache_size_bytes, int):
+            raise TypeError("block_cache_size_bytes must be an int")
+        if block_cache_size_bytes < 0:
+            raise ValueError("block_cache_size_bytes must be >= 0 (0 disables the cache)")
+        self._block_cache = BlockCache(block_cache_size_bytes) if block_cache_size_bytes else None
         self._lock = threading.RLock()
         self._closed = True
         self._lock_fd = -1
@@ -118,6 +125,8 @@ class DB:
         self._closed = False
         self._default = self._handles[DEFAULT_TABLE]
         self._default_state = self._tables[DEFAULT_TABLE]
+        # The hot path: an instance attribute, so db.get(k) is one closure call.
+        setattr(self, "get", state_getter(self, self._default_state))
         if not self._read_only:
             self._bg_thread = threading.Thread(target=self._background, name="lsmdb-background",
                                                daemon=True)
@@ -240,8 +249,7 @@ class DB:
                 except FileNotFoundError:
                     raise CorruptionError("SSTable listed in the manifest is missing",
                                           file_path) from None
-                reader.level = fm.level
-                reader.attach_hasher(self._keyed)
+                self._adopt(reader, fm.level)
                 readers.append(reader)
                 self._next_file = max(self._next_file, fm.number + 1)
             state.files = tuple(readers)
@@ -304,6 +312,13 @@ class DB:
         self._wal_number = self._alloc_file_number()
         self._wal = LogWriter(os.path.join(self.path, wal_name(self._wal_number)))
         self._wal_max_seq = 0
+
+    def _adopt(self, reader: SSTableReader, level: int) -> SSTableReader:
+        """Make a freshly opened reader part of this database (level, hash, cache)."""
+        reader.level = level
+        reader.attach_hasher(self._keyed)
+        reader.cache = self._block_cache
+        return reader
 
     def _hasher_for(self, state: TableState) -> _bloom.Hasher:
         """The hash new filters of ``state`` are built with (creates the secret if needed)."""
@@ -457,9 +472,7 @@ class DB:
                           block_size=state.options.block_size_bytes, table=state.name,
                           min_seq=mem.min_seq, max_seq=mem.max_seq,
                           hasher=self._hasher_for(state))
-            reader = SSTableReader(file_path, number)
-            reader.level = 0
-            reader.attach_hasher(self._keyed)
+            reader = self._adopt(SSTableReader(file_path, number), 0)
         except BaseException:
             # Keep serving from the frozen memtable; its records stay in the WAL.
             state.mem, state.imms = mem, state.imms[1:]
@@ -503,92 +516,19 @@ class DB:
 
     # ----------------------------------------------------------------- reads
     def get(self, key: Any, default: Any = None) -> Any:
-        """The value of ``key`` in the default table, or ``default``."""
-        value = self._get(self._default_state, key)
-        return default if value is None else value
+        """The value of ``key`` in the default table, or ``default``.
+
+        (Replaced per instance by the table's compiled getter, which does the
+        same: see :func:`make_getter`.)
+        """
+        return state_getter(self, self._default_state)(key, default)
 
     def _get(self, state: TableState, key: Any) -> bytes | None:
-        """Newest value of ``key`` or None.
+        """Newest value of ``key`` in ``state`` or None (see :func:`make_getter`)."""
+        return state_getter(self, state)(key)
 
-        Memtables, then level-0 files newest first, then at most one file per
-        deeper level (bisect on key ranges).  The key is hashed at most once
-        and the hash reused for every filter; a "maybe" reads exactly one
-        data block.
-        """
-        if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
-            key = as_key(key)
-        if self._closed:
-            raise DatabaseClosedError(f"database {self.path} is closed")
-        mem, imms, l0, deeper = state.view
-        state.gets += 1
-        value = mem.data.get(key, MISSING)
-        if value is MISSING:
-            for imm in imms:
-                value = imm.data.get(key, MISSING)
-                if value is not MISSING:
-                    break
-        if value is not MISSING:
-            if value is None:
-                state.gets_absent += 1
-            return value
-        if deeper:
-            files = list(l0)
-            for max_keys, readers in deeper:
-                i = bisect_left(max_keys, key)
-                if i < len(readers):
-                    files.append(readers[i])
-        else:
-            files = l0
-        h1 = k1 = -1
-        h2 = k2 = 0
-        for reader in files:
-            if key < reader.min_key or key > reader.max_key:
-                reader.range_skips += 1
-                continue
-            if reader.keyed_fn is None:
-                if h1 < 0:
-                    h = _key_hash(key)
-                    h1 = h & _MASK32
-                    h2 = h >> 32
-                maybe = reader.bloom.may_contain_hash(h1, h2)
-            else:
-                if k1 < 0:  # one keyed hash per get, reused for every keyed filter
-                    h = reader.keyed_fn(key)
-                    k1 = h & _MASK32
-                    k2 = h >> 32
-                maybe = reader.bloom.may_contain_hash(k1, k2)
-            if not maybe:
-                if state.shadow:
-                    value = self._shadow_check(reader, key)
-                    if value is not MISSING:
-                        return self._found(state, value)
-                reader.filter_negatives += 1
-                continue
-            value = reader.find(key)
-            if value is MISSING:
-                reader.false_positives += 1
-                continue
-            reader.true_positives += 1
-            return self._found(state, value)
-        state.gets_absent += 1
-        return None
-
-    @staticmethod
-    def _found(state: TableState, value: bytes | None) -> bytes | None:
-        if value is None:
-            state.gets_absent += 1
-        return value
-
-    @staticmethod
-    def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
-        """Shadow mode: read the block the filter would have skipped."""
-        value = reader.find(key)
-        if value is not MISSING:
-            reader.false_negatives += 1
-            log.error("%s: Bloom filter false negative for key %r -- the filter said absent "
-                      "but the key is in the file (answer still correct: shadow mode)",
-                      reader.path, key)
-        return value
+    def _get_default(self, state: TableState, key: Any, default: Any) -> Any:
+        return state_getter(self, state)(key, default)
 
     def __getitem__(self, key: Any) -> bytes:
         return self._default[key]
@@ -838,8 +778,9 @@ class DB:
                     with self._lock:
                         number = self._alloc_file_number()
                     path = os.path.join(self.path, sst_name(number))
-                    new = rewrite_filter(reader, path, number, fp, self._hasher_for(state))
-                    new.attach_hasher(self._keyed)
+                    new = self._adopt(
+                        rewrite_filter(reader, path, number, fp, self._hasher_for(state)),
+                        reader.level)
                     job = _compaction.CompactionJob(state, [reader], reader.level, False, None,
                                                     "rebuild filter")
                     self._install(job, [new])
@@ -853,7 +794,7 @@ class DB:
                                   lambda n: os.path.join(self.path, sst_name(n)),
                                   self._hasher_for(job.state))
         for reader in outputs:
-            reader.attach_hasher(self._keyed)
+            self._adopt(reader, job.output_level)
         self._install(job, outputs)
         log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
                  job.state.name, len(outputs), job.output_level, time.monotonic() - started,
@@ -889,6 +830,8 @@ class DB:
                 state.compact_pointer[job.pointer[0]] = job.pointer[1]
         for r in job.inputs:
             _unlink_quietly(r.path)  # readers still holding it keep their descriptor
+            if self._block_cache is not None:
+                self._block_cache.evict_file(r.number)
         self._save_counters()
         with self._bg_cond:
             self._bg_cond.notify_all()
@@ -995,6 +938,121 @@ class DB:
         return f"<lsmdb.DB {self.path!r}{' closed' if self._closed else ''}>"
 
 
+def state_getter(db: DB, state: TableState) -> Any:
+    """The compiled getter of ``state`` (made once per table state)."""
+    getter = state.getter
+    if getter is None:
+        getter = state.getter = make_getter(db, state)
+    return getter
+
+
+def make_getter(db: DB, state: TableState) -> Any:
+    """Compile the point-read path of one table into a closure.
+
+    ``get(key, default=None)``: memtables, then level-0 files newest first,
+    then at most one file per deeper level (bisect on key ranges).  Per file:
+    key range check, then the filter, probed inline from a hash computed at
+    most once per get (one fast and at most one keyed hash), then on a
+    "maybe" exactly one data block (or a cache hit).  Every step is counted
+    on the file (see SSTableInfo).
+    """
+    missing = MISSING
+    key_hash = _key_hash
+    mask = _MASK32
+    max_key = MAX_KEY_SIZE_BYTES
+    _bisect = bisect_left
+
+    def get(key: Any, default: Any = None) -> Any:
+        if type(key) is not bytes or len(key) > max_key:
+            key = as_key(key)
+        if db._closed:
+            raise DatabaseClosedError(f"database {db.path} is closed")
+        data, imms, l0, deeper = state.fast
+        state.gets += 1
+        value = data.get(key, missing)
+        if value is missing and imms:
+            for imm in imms:
+                value = imm.get(key, missing)
+                if value is not missing:
+                    break
+        if value is not missing:
+            if value is None:
+                state.gets_absent += 1
+                return default
+            return value
+        if deeper:
+            files = list(l0)
+            for max_keys, probes in deeper:
+                i = _bisect(max_keys, key)
+                if i < len(probes):
+                    files.append(probes[i])
+        else:
+            files = l0
+        h1 = k1 = -1
+        h2 = k2 = 0
+        for reader, lo, hi, bits, m, ks, kf in files:
+            if key < lo or key > hi:
+                reader.range_skips += 1
+                continue
+            if m:
+                if kf is None:
+                    if h1 < 0:
+                        h = key_hash(key)
+                        h1 = h & mask
+                        h2 = h >> 32
+                    pos = h1 % m
+                    step = h2 % m
+                else:
+                    if k1 < 0:  # one keyed hash per get, reused for every keyed filter
+                        h = kf(key)
+                        k1 = h & mask
+                        k2 = h >> 32
+                    pos = k1 % m
+                    step = k2 % m
+                negative = False
+                for _ in ks:
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        negative = True
+                        break
+                    pos += step
+                    if pos >= m:
+                        pos -= m
+                if negative:
+                    if state.shadow:
+                        value = _shadow_check(reader, key)
+                        if value is not missing:
+                            if value is None:
+                                state.gets_absent += 1
+                                return default
+                            return value
+                    reader.filter_negatives += 1
+                    continue
+            value = reader.find(key)
+            if value is missing:
+                reader.false_positives += 1
+                continue
+            reader.true_positives += 1
+            if value is None:
+                state.gets_absent += 1
+                return default
+            return value
+        state.gets_absent += 1
+        return default
+
+    return get
+
+
+def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
+    """Shadow mode: read the block the filter would have skipped."""
+    value = reader.find(key)
+    if value is not MISSING:
+        reader.false_negatives += 1
+        log.error("%s: Bloom filter false negative for key %r -- the filter said absent "
+                  "but the key is in the file (answer still correct: shadow mode)",
+                  reader.path, key)
+    return value
+
+
 def _unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
@@ -1003,15 +1061,19 @@ def _unlink_quietly(path: str) -> None:
 
 
 def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: bool = False,
-         read_only: bool = False, auto_compaction: bool = True) -> DB:
+         read_only: bool = False, auto_compaction: bool = True,
+         block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES) -> DB:
     """Open (or create) the database in directory ``path``.
 
     ``sync=True`` fsyncs the WAL before every write returns (per call:
     ``put(..., sync=...)``).  ``read_only=True`` takes no lock, so it can read
     a database another process has open; it sees the data as of opening.
+    ``auto_compaction`` runs compactions on a background thread after
+    flushes.  ``block_cache_size_bytes`` bounds the shared cache of decoded
+    data blocks (0 disables it; cache hits are counted apart from disk reads).
     """
     return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
-              auto_compaction=auto_compaction)
+              auto_compaction=auto_compaction, block_cache_size_bytes=block_cache_size_bytes)
 
 
 __all__ = ["DB", "open", "LsmdbError"]

@@ -53,7 +53,8 @@ PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 #: Names of the files lsmdb keeps in a database directory (and their ``.tmp``
 #: siblings written during an atomic replace).  Flag ``"n"`` deletes a
 #: directory's contents only when every entry matches this.
-_LSMDB_FILE_RE = re.compile(r"(?:LOCK|MANIFEST|STATS|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
+_LSMDB_FILE_RE = re.compile(
+    r"(?:LOCK|MANIFEST|STATS|FILTER_KEY|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
 
 # clear() deletes in batches of at most this many keys / bytes of keys.
 _CLEAR_BATCH_KEYS = 10_000
@@ -428,7 +429,8 @@ def open(file: PathArg, flag: str = "r", mode: int = 0o666) -> Database:
         - nothing at ``file``: it is created;
         - an lsmdb database (or an empty directory), i.e. a directory whose
           entries are all lsmdb's own files (``MANIFEST``, ``LOCK``, ``STATS``,
-          ``NNNNNN.sst``, ``wal-NNNNNN.log``, their ``.tmp`` files): those files
+          ``FILTER_KEY``, ``NNNNNN.sst``, ``wal-NNNNNN.log``, their ``.tmp``
+          files): those files
           are deleted (while holding the database's lock, so a database open
           in another process is left alone and :class:`error` is raised); the
           directory itself is kept;

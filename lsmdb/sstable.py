@@ -227,6 +227,9 @@ class SSTableReader:
         self.false_positives = 0
         self.false_negatives = 0
         self.block_reads = 0
+        self.block_cache_hits = 0
+        #: Shared decoded-block cache (set by the DB), or None.
+        self.cache: Any = None
         self._fd = -1
         self._data: bytes | None = None
         if data is None:
@@ -380,11 +383,26 @@ class SSTableReader:
         return bisect_left(self.index_keys, key)
 
     def find(self, key: bytes) -> Any:
-        """The value, None for a tombstone, or MISSING; reads exactly one block."""
-        i = bisect_left(self.index_keys, key)
-        if i == len(self.index_keys):
+        """The value, None for a tombstone, or MISSING; reads at most one block.
+
+        The block comes from the shared cache when it holds it, else from
+        disk with exactly one ``os.pread``.
+        """
+        index_keys = self.index_keys
+        i = bisect_left(index_keys, key)
+        if i == len(index_keys):
             return MISSING
-        keys, values = self.read_data_block(i)
+        cache = self.cache
+        if cache is not None:
+            block = cache.get((self.number, i))
+            if block is None:
+                block = self.read_data_block(i)
+                cache.put((self.number, i), block, self.index_sizes[i])
+            else:
+                self.block_cache_hits += 1
+            keys, values = block
+        else:
+            keys, values = self.read_data_block(i)
         j = bisect_left(keys, key)
         if j < len(keys) and keys[j] == key:
             return values[j]
@@ -459,6 +477,7 @@ class SSTableReader:
             "false_positives": self.false_positives,
             "false_negatives": self.false_negatives,
             "block_reads": self.block_reads,
+            "block_cache_hits": self.block_cache_hits,
         }
 
     def close(self) -> None:

@@ -8,7 +8,8 @@ most one interval of counts::
     magic b"LSMDBSTA" | format_version u32 | crc32 u32 | length u32 | payload
 
 payload (msgpack): ``{"files": {number: [range_skips, filter_negatives,
-true_positives, false_positives, false_negatives, block_reads]},
+true_positives, false_positives, false_negatives, block_reads,
+block_cache_hits]},
 "tables": {table_id: [gets, gets_absent]}}``.
 
 Counters are statistics, not data: a STATS file that fails its checksum is
@@ -36,7 +37,7 @@ STATS_INTERVAL_SECONDS = 10.0
 
 #: Order of the per-file counters on disk.  DO NOT CHANGE: on disk (append only).
 FILE_COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
-                 "false_negatives", "block_reads")
+                 "false_negatives", "block_reads", "block_cache_hits")
 
 
 def encode_stats(readers: Iterable[Any], tables: Iterable[Any]) -> bytes:

@@ -30,7 +30,7 @@ class TableState:
     """
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
-                 "view", "dropped", "gets", "gets_absent", "shadow", "compact_pointer", "__weakref__")
+                 "view", "dropped", "gets", "gets_absent", "shadow", "compact_pointer", "fast", "getter", "__weakref__")
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
         self.name = name
@@ -42,7 +42,8 @@ class TableState:
         self.dropped = False
         self.gets = 0          # point reads answered
         self.gets_absent = 0   # ... that found nothing
-        self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
+        self.compact_pointer: dict[int, bytes] = {}
+        self.getter: Any = None  # the compiled point-read closure (db.make_getter)  # leveled: last key compacted per level
         self.set_options(explicit)
         self.publish()
 
@@ -61,6 +62,11 @@ class TableState:
             readers = sorted((r for r in self.files if r.level == level), key=lambda r: r.min_key)
             deeper.append(([r.max_key for r in readers], readers))
         self.view = (self.mem, self.imms, tuple(l0), tuple(deeper))
+        # The same, flattened for the get fast path: per file one tuple
+        # (reader, min_key, max_key, filter bits, m, range(k), keyed hash fn).
+        self.fast = (self.mem.data, tuple(m.data for m in self.imms),
+                     tuple(_probe(r) for r in l0),
+                     tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper))
 
     def readers_in_order(self) -> list["SSTableReader"]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
@@ -69,6 +75,12 @@ class TableState:
         for _keys, readers in deeper:
             out.extend(readers)
         return out
+
+
+def _probe(r: "SSTableReader") -> tuple[Any, ...]:
+    bloom = r.bloom
+    m = bloom.m
+    return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(bloom.k), r.keyed_fn)
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,8 @@ class SSTableInfo:
     true_positives: int = 0
     false_positives: int = 0
     false_negatives: int = 0     # shadow mode only; must stay 0
-    block_reads: int = 0
+    block_reads: int = 0         # data blocks read from disk
+    block_cache_hits: int = 0    # data blocks served by the block cache
 
     @property
     def measured_fpr(self) -> float | None:
@@ -187,8 +200,9 @@ class Table:
         self._db._write([(self._live(), as_key(key), None)], sync)
 
     def get(self, key: Any, default: Any = None) -> Any:
-        value = self._db._get(self._live(), key)
-        return default if value is None else value
+        """The value of ``key``, or ``default`` when it is absent."""
+        return self._db._get(self._live(), key) if default is None else \
+            self._db._get_default(self._live(), key, default)
 
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
              reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:

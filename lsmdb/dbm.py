@@ -142,6 +142,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
         self._read_only = bool(read_only)
         self._closed = False
         self._count: int | None = None
+        self._dirty = False  # written since opening or the last sync()
         # Serialises writes with the bookkeeping of the cached count.
         self._lock = threading.RLock()
 
@@ -246,6 +247,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
         v = _as_bytes(value, "value")
         with self._lock:
             db = self._check_writable()
+            self._dirty = True
             try:
                 existed = True if self._count is None else db.get(k) is not None
                 db.put(k, v)
@@ -263,6 +265,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
             db = self._check_writable()
             if self._lookup(k) is None:
                 raise KeyError(key)
+            self._dirty = True
             try:
                 db.delete(k)
             except BaseException as exc:
@@ -308,6 +311,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
         """
         with self._lock:
             db = self._check_writable()
+            self._dirty = True
             try:
                 batch = db.batch()
                 size = 0
@@ -331,7 +335,9 @@ class Database(MutableMapping):  # type: ignore[type-arg]
 
         Writes already survive a crash of the process without it (they are
         in the write-ahead log); ``sync()`` makes them survive a crash of the
-        machine too, as ``close()`` does.  A no-op for a read-only database.
+        machine too, as ``close()`` does.  A no-op for a read-only database
+        and when nothing was written since opening or the last ``sync()``
+        (``shelve`` calls it on every close: an unchanged shelf writes nothing).
 
             >>> import lsmdb.dbm, tempfile
             >>> tmp = tempfile.TemporaryDirectory()
@@ -342,10 +348,11 @@ class Database(MutableMapping):  # type: ignore[type-arg]
         """
         with self._lock:
             db = self._check_open()
-            if self._read_only:
+            if self._read_only or not self._dirty:
                 return
             try:
                 db.flush()
+                self._dirty = False
             except error:
                 raise
             except (LsmdbError, OSError) as exc:

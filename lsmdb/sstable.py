@@ -392,21 +392,24 @@ class SSTableReader:
         i = bisect_left(index_keys, key)
         if i == len(index_keys):
             return MISSING
-        cache = self.cache
-        if cache is not None:
-            block = cache.get((self.number, i))
-            if block is None:
-                block = self.read_data_block(i)
-                cache.put((self.number, i), block, self.index_sizes[i])
-            else:
-                self.block_cache_hits += 1
-            keys, values = block
-        else:
-            keys, values = self.read_data_block(i)
+        keys, values = self.load_block(i)
         j = bisect_left(keys, key)
         if j < len(keys) and keys[j] == key:
             return values[j]
         return MISSING
+
+    def load_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
+        """Data block ``i`` from the cache, or from disk (then cached)."""
+        cache = self.cache
+        if cache is None:
+            return self.read_data_block(i)
+        block = cache.get((self.number, i))
+        if block is None:
+            block = self.read_data_block(i)
+            cache.put((self.number, i), block, self.index_sizes[i])
+        else:
+            self.block_cache_hits += 1
+        return block
 
     def iter_range(self, start: bytes | None, end: bytes | None,
                    reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:

@@ -204,6 +204,11 @@ class Table:
         return self._db._get(self._live(), key) if default is None else \
             self._db._get_default(self._live(), key, default)
 
+    def get_many(self, keys: Any) -> list[bytes | None]:
+        """Values of many keys at once, None where absent (see ``DB.get_many``)."""
+        from .readpath import get_many
+        return get_many(self._db, self._live(), keys)
+
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
              reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
         return self._db._scan(self._live(), start, end, prefix, reverse)

@@ -1,0 +1,297 @@
+"""The point-read path: compiled per-table getters and ``get_many``.
+
+A get consults the memtables, then every level-0 file newest first, then at
+most one file per deeper level (bisect on the level's key ranges).  Per file:
+the key range, then the Bloom filter -- probed inline from one hash per get,
+reused for every file -- and only on a "maybe" exactly one data block (or a
+block-cache hit).  Every step is counted on the file (SSTableInfo).
+"""
+
+from __future__ import annotations
+
+import logging
+from bisect import bisect_left
+from typing import TYPE_CHECKING, Any, Iterable
+
+from .bloom import MASK32, key_hash as _key_hash
+from .errors import DatabaseClosedError
+from .keys import MAX_KEY_SIZE_BYTES, as_key
+from .sstable import MISSING, SSTableReader
+from .table import TableState
+
+if TYPE_CHECKING:
+    from .db import DB
+
+log = logging.getLogger("lsmdb")
+_MASK32 = MASK32
+
+
+def state_getter(db: "DB", state: TableState) -> Any:
+    """The compiled getter of ``state`` (made once per table state)."""
+    getter = state.getter
+    if getter is None:
+        getter = state.getter = make_getter(db, state)
+    return getter
+
+
+def make_getter(db: "DB", state: TableState) -> Any:
+    """Compile the point-read path of one table into a closure.
+
+    ``get(key, default=None)``: memtables, then level-0 files newest first,
+    then at most one file per deeper level (bisect on key ranges).  Per file:
+    key range check, then the filter, probed inline from a hash computed at
+    most once per get (one fast and at most one keyed hash), then on a
+    "maybe" exactly one data block (or a cache hit).  Every step is counted
+    on the file (see SSTableInfo).
+    """
+    missing = MISSING
+    key_hash = _key_hash
+    mask = _MASK32
+    max_key = MAX_KEY_SIZE_BYTES
+    _bisect = bisect_left
+
+    def get(key: Any, default: Any = None) -> Any:
+        if type(key) is not bytes or len(key) > max_key:
+            key = as_key(key)
+        if db._closed:
+            raise DatabaseClosedError(f"database {db.path} is closed")
+        data, imms, l0, deeper = state.fast
+        state.gets += 1
+        value = data.get(key, missing)
+        if value is missing and imms:
+            for imm in imms:
+                value = imm.get(key, missing)
+                if value is not missing:
+                    break
+        if value is not missing:
+            if value is None:
+                state.gets_absent += 1
+                return default
+            return value
+        if deeper:
+            files = list(l0)
+            for max_keys, probes in deeper:
+                i = _bisect(max_keys, key)
+                if i < len(probes):
+                    files.append(probes[i])
+        else:
+            files = l0
+        h1 = k1 = -1
+        h2 = k2 = 0
+        for reader, lo, hi, bits, m, ks, kf in files:
+            if key < lo or key > hi:
+                reader.range_skips += 1
+                continue
+            if m:
+                if kf is None:
+                    if h1 < 0:
+                        h = key_hash(key)
+                        h1 = h & mask
+                        h2 = h >> 32
+                    pos = h1 % m
+                    step = h2 % m
+                else:
+                    if k1 < 0:  # one keyed hash per get, reused for every keyed filter
+                        h = kf(key)
+                        k1 = h & mask
+                        k2 = h >> 32
+                    pos = k1 % m
+                    step = k2 % m
+                negative = False
+                for _ in ks:
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        negative = True
+                        break
+                    pos += step
+                    if pos >= m:
+                        pos -= m
+                if negative:
+                    if state.shadow:
+                        value = _shadow_check(reader, key)
+                        if value is not missing:
+                            if value is None:
+                                state.gets_absent += 1
+                                return default
+                            return value
+                    reader.filter_negatives += 1
+                    continue
+            value = reader.find(key)
+            if value is missing:
+                reader.false_positives += 1
+                continue
+            reader.true_positives += 1
+            if value is None:
+                state.gets_absent += 1
+                return default
+            return value
+        state.gets_absent += 1
+        return default
+
+    return get
+
+
+def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
+    """Shadow mode: read the block the filter would have skipped."""
+    value = reader.find(key)
+    if value is not MISSING:
+        reader.false_negatives += 1
+        log.error("%s: Bloom filter false negative for key %r -- the filter said absent "
+                  "but the key is in the file (answer still correct: shadow mode)",
+                  reader.path, key)
+    return value
+
+
+def _probe_filter(bits: Any, m: int, ks: range, a: int, b: int) -> bool:
+    """True when the filter says "maybe" for hash halves (a, b)."""
+    pos = a % m
+    step = b % m
+    for _ in ks:
+        if not bits[pos >> 3] & (1 << (pos & 7)):
+            return False
+        pos += step
+        if pos >= m:
+            pos -= m
+    return True
+
+
+def get_many(db: "DB", state: TableState, keys: Iterable[Any]) -> list[Any]:
+    """Values of ``keys`` (None where absent), in the order given.
+
+    Each key is hashed once; files are visited once each, in read order, with
+    every still-unanswered key that falls in their range; keys the filter
+    lets through are grouped by data block so each distinct block is read
+    (or fetched from the cache) once per call.  Counters are kept exactly as
+    for ``get``.
+    """
+    ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in keys]
+    if db._closed:
+        raise DatabaseClosedError(f"database {db.path} is closed")
+    data, imms, l0, deeper = state.fast
+    n = len(ks)
+    state.gets += n
+    out: list[Any] = [data.get(key, MISSING) for key in ks]
+    for imm in imms:
+        for i in range(n):
+            if out[i] is MISSING:
+                out[i] = imm.get(ks[i], MISSING)
+    pending = [i for i in range(n) if out[i] is MISSING]
+    hashes: dict[Any, tuple[list[int], list[int]]] = {}
+
+    def halves(kf: Any) -> tuple[list[int], list[int]]:
+        """(h1, h2) of every key under one hash function, computed once per call."""
+        hv = hashes.get(kf)
+        if hv is None:
+            fn = _key_hash if kf is None else kf
+            full = [fn(key) for key in ks]
+            hv = hashes[kf] = ([h & _MASK32 for h in full], [h >> 32 for h in full])
+        return hv
+
+    def visit(probe: tuple[Any, ...], idx: list[int]) -> list[int]:
+        """Answer what ``probe``'s file can; returns the indexes still open."""
+        reader, lo, hi, bits, m, krange, kf = probe
+        maybe: list[int] = []
+        still: list[int] = []
+        skipped = 0
+        negatives: list[int] = []
+        if m:
+            h1s, h2s = halves(kf)
+        for i in idx:
+            key = ks[i]
+            if key < lo or key > hi:
+                skipped += 1
+                still.append(i)
+                continue
+            if m:
+                pos = h1s[i] % m
+                step = h2s[i] % m
+                for _ in krange:
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        negatives.append(i)
+                        break
+                    pos += step
+                    if pos >= m:
+                        pos -= m
+                else:
+                    maybe.append(i)
+            else:
+                maybe.append(i)
+        reader.range_skips += skipped
+        if negatives:
+            if state.shadow:
+                return _shadow_many(reader, ks, negatives, maybe, still, out)
+            reader.filter_negatives += len(negatives)
+            still += negatives
+        if maybe:
+            _read_blocks(reader, ks, maybe, still, out)
+        return still
+
+    for probe in l0:
+        if not pending:
+            break
+        pending = visit(probe, pending)
+    for max_keys, probes in deeper:
+        if not pending:
+            break
+        groups: dict[int, list[int]] = {}
+        rest: list[int] = []
+        for i in pending:
+            f = bisect_left(max_keys, ks[i])
+            if f < len(probes):
+                groups.setdefault(f, []).append(i)
+            else:
+                rest.append(i)
+        for f, idx in groups.items():
+            rest += visit(probes[f], idx)
+        pending = rest
+    absent = 0
+    for i in range(n):
+        if out[i] is MISSING or out[i] is None:
+            out[i] = None
+            absent += 1
+    state.gets_absent += absent
+    return out
+
+
+def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still: list[int],
+                 out: list[Any]) -> None:
+    """Look ``maybe`` keys up in ``reader``, one read per distinct block."""
+    index_keys = reader.index_keys
+    nblocks = len(index_keys)
+    by_block: dict[int, list[int]] = {}
+    for i in maybe:
+        b = bisect_left(index_keys, ks[i])
+        if b < nblocks:
+            by_block.setdefault(b, []).append(i)
+        else:
+            reader.false_positives += 1
+            still.append(i)
+    tp = fp = 0
+    for b, members in by_block.items():
+        block_keys, values = reader.load_block(b)
+        nkeys = len(block_keys)
+        for i in members:
+            key = ks[i]
+            j = bisect_left(block_keys, key)
+            if j < nkeys and block_keys[j] == key:
+                tp += 1
+                out[i] = values[j]
+            else:
+                fp += 1
+                still.append(i)
+    reader.true_positives += tp
+    reader.false_positives += fp
+
+
+def _shadow_many(reader: SSTableReader, ks: list[bytes], negatives: list[int], maybe: list[int],
+                 still: list[int], out: list[Any]) -> list[int]:
+    """Shadow mode: read what the filter rejected too, and count its mistakes."""
+    if maybe:
+        _read_blocks(reader, ks, maybe, still, out)
+    for i in negatives:
+        value = _shadow_check(reader, ks[i])
+        if value is MISSING:
+            reader.filter_negatives += 1
+            still.append(i)
+        else:
+            out[i] = value
+    return still

@@ -36,7 +36,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 db.drop_table(name)
             table = db.create_table(name, bloom_filter_fp_chance=fp)
             start = time.perf_counter()
-            per_file = max(1, n // args.sstables)
+            per_file = max(1, -(-n // args.sstables))  # ceil: exactly --sstables files
             # Present keys are the even numbers; odd numbers inside the range are absent.
             # Loaded in random order, so every SSTable spans the whole key range and
             # only its filter can turn an absent key away.

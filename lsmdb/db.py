@@ -26,7 +26,6 @@ import time
 from bisect import bisect_left
 from typing import Any, Iterable, Iterator
 
-import msgpack
 
 from . import bloom as _bloom
 from . import compaction as _compaction
@@ -44,23 +43,18 @@ from .table import SSTableInfo, Table, TableState, WriteBatch
 from .readpath import get_many, state_getter
 from .trace import trace_read
 from .secret import create_secret, load_secret
-from .wal import LogWriter, read_log_file, truncate_file
+from .logset import LogSet, encode_record
 
 log = logging.getLogger("lsmdb")
 
 LOCK_NAME = "LOCK"
 SST_RE = re.compile(r"(\d{6,})\.sst\Z")
-WAL_RE = re.compile(r"wal-(\d{6,})\.log\Z")
 _key_hash = _bloom.key_hash
 _MASK32 = _bloom.MASK32
 
 
 def sst_name(number: int) -> str:
     return f"{number:06d}.sst"
-
-
-def wal_name(number: int) -> str:
-    return f"wal-{number:06d}.log"
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -106,8 +100,7 @@ class DB:
         self._lock = threading.RLock()
         self._closed = True
         self._lock_fd = -1
-        self._wal: LogWriter | None = None
-        self._segments: list[list[int]] = []   # closed segments: [number, max_seq]
+        self._log = LogSet(self.path)
         self._tables: dict[str, TableState] = {}
         self._handles: dict[str, Table] = {}
         self._last_seq = 0
@@ -260,37 +253,17 @@ class DB:
         self._by_id = {s.id: s for s in self._tables.values()}
 
     def _recover_wal(self) -> None:
-        numbers = sorted(int(m.group(1)) for n in os.listdir(self.path)
-                         if (m := WAL_RE.match(n)))
-        for number in numbers:
-            seg_path = os.path.join(self.path, wal_name(number))
-            result = read_log_file(seg_path)
-            max_seq = 0
-            for offset, payload in result.records:
-                try:
-                    seq, ops = msgpack.unpackb(payload, raw=False)
-                    if type(seq) is not int or type(ops) is not list:
-                        raise ValueError
-                    decoded = []
-                    for tid, key, value in ops:
-                        if type(tid) is not int or type(key) is not bytes or not (
-                                value is None or type(value) is bytes):
-                            raise ValueError
-                        decoded.append((tid, key, value))
-                except Exception:
-                    raise CorruptionError("WAL record undecodable", seg_path, offset) from None
-                max_seq = max(max_seq, seq)
-                for tid, key, value in decoded:
-                    state = self._by_id.get(tid)
-                    if state is not None and seq > state.flushed_seq:
-                        state.mem.apply(seq, key, value)
-            if result.torn and not self._read_only:
-                log.warning("%s: dropping a torn last record at offset %d (never acknowledged)",
-                            seg_path, result.valid_length)
-                truncate_file(seg_path, result.valid_length)
-            self._last_seq = max(self._last_seq, max_seq)
-            self._segments.append([number, max_seq])
-            self._next_file = max(self._next_file, number + 1)
+        by_id = self._by_id
+
+        def apply(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
+            for tid, key, value in ops:
+                state = by_id.get(tid)  # records of dropped tables are ignored
+                if state is not None and seq > state.flushed_seq:
+                    state.mem.apply(seq, key, value)
+
+        top_seq, top_number = self._log.replay(apply, repair=not self._read_only)
+        self._last_seq = max(self._last_seq, top_seq)
+        self._next_file = max(self._next_file, top_number + 1)
         for state in self._tables.values():
             state.publish()
 
@@ -307,12 +280,7 @@ class DB:
 
     def _new_segment(self) -> None:
         """Start a new WAL segment; the previous one is closed for good."""
-        if self._wal is not None:
-            self._wal.close()
-            self._segments.append([self._wal_number, self._wal_max_seq])
-        self._wal_number = self._alloc_file_number()
-        self._wal = LogWriter(os.path.join(self.path, wal_name(self._wal_number)))
-        self._wal_max_seq = 0
+        self._log.start(self._alloc_file_number())
 
     def _adopt(self, reader: SSTableReader, level: int) -> SSTableReader:
         """Make a freshly opened reader part of this database (level, hash, cache)."""
@@ -393,17 +361,15 @@ class DB:
                 if state.dropped:
                     raise NoSuchTableError(f"table {state.name!r} was dropped")
             seq = self._last_seq + 1
-            payload = msgpack.packb([seq, [[s.id, k, v] for s, k, v in ops]], use_bin_type=True)
-            assert self._wal is not None
+            payload = encode_record(seq, [[s.id, k, v] for s, k, v in ops])
             try:
-                self._wal.add_record(payload, do_sync)
+                self._log.append(seq, payload, do_sync)
             except OSError:
                 # The segment may end in a partial record: continue in a new one
                 # (a torn tail is dropped at recovery), and report the error.
                 self._new_segment()
                 raise
             self._last_seq = seq
-            self._wal_max_seq = seq
             touched = []
             for state, key, value in ops:
                 state.mem.apply(seq, key, value)
@@ -411,7 +377,12 @@ class DB:
                     touched.append(state)
             for state in touched:
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
-                    self._flush_locked(state)
+                    try:
+                        self._flush_locked(state)
+                    except OSError as exc:
+                        # The write itself is durable and applied; the flush is
+                        # retried by the next write (or an explicit flush()).
+                        log.error("automatic flush of table %r failed: %s", state.name, exc)
 
     def _maybe_stall(self, ops: list[tuple[TableState, bytes, bytes | None]]) -> None:
         """Hold a writer while level 0 is past its bound and compaction can reduce it."""
@@ -507,13 +478,7 @@ class DB:
             for mem in (s.mem,) + s.imms:
                 if mem.min_seq is not None and (low is None or mem.min_seq < low):
                     low = mem.min_seq
-        keep = []
-        for number, max_seq in self._segments:
-            if low is None or max_seq < low:
-                _unlink_quietly(os.path.join(self.path, wal_name(number)))
-            else:
-                keep.append([number, max_seq])
-        self._segments = keep
+        self._log.retire(low)
 
     # ----------------------------------------------------------------- reads
     def get(self, key: Any, default: Any = None) -> Any:
@@ -918,16 +883,13 @@ class DB:
                 return
             try:
                 self._save_counters()
-                if self._wal is not None:
-                    self._wal.sync()
+                self._log.sync()
             finally:
                 self._closed = True
                 self._release()
 
     def _release(self) -> None:
-        if self._wal is not None:
-            self._wal.close()
-            self._wal = None
+        self._log.close()
         self._close_readers()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # releases the flock

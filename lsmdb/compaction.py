@@ -3,9 +3,10 @@
 Two strategies (table option ``compaction``):
 
 * ``size_tiered`` -- every file lives in level 0.  Files adjacent in age
-  whose sizes are within 0.5x-1.5x of their bucket's average form a bucket;
-  a bucket of ``min_threshold`` files (at most ``max_threshold`` taken) is
-  merged into one file.  Only files adjacent in age are merged, because a
+  whose sizes are within 0.5x-1.5x of their bucket's average (or all below
+  ``min_sstable_size_bytes``) form a bucket; a bucket of ``min_threshold``
+  files (at most ``max_threshold`` taken) is merged into one file.  Past
+  ``SIZE_TIERED_MAX_FILES`` files the cheapest adjacent run is merged anyway.  Only files adjacent in age are merged, because a
   read stops at the newest file holding a key: merging an old and a new file
   around a middle one would let the old file's versions shadow the middle
   one's.
@@ -38,6 +39,9 @@ L0_COMPACTION_TRIGGER = 4
 #: compaction that would reduce them is possible (auto_compaction only).
 L0_STALL_FILES = 24
 LEVEL_SIZE_MULTIPLIER = 10
+#: size_tiered: past this many files, adjacent files are merged even when no
+#: bucket of similar sizes has filled.
+SIZE_TIERED_MAX_FILES = 12
 
 
 @dataclass
@@ -88,13 +92,17 @@ def _pick_size_tiered(state: "TableState") -> CompactionJob | None:
     files = sorted(state.files, key=_age_key)  # oldest first
     if len(files) < opts.min_threshold:
         return None
+    small = opts.min_sstable_size_bytes
     buckets: list[list[SSTableReader]] = []
     current: list[SSTableReader] = []
     total = 0
     for reader in files:
         if current:
             avg = total / len(current)
-            if 0.5 * avg <= reader.size_bytes <= 1.5 * avg:
+            # Files below min_sstable_size_bytes all count as one size (as in
+            # Cassandra), so flushes of varied small sizes still gather.
+            if (reader.size_bytes < small and avg < small) or \
+                    0.5 * avg <= reader.size_bytes <= 1.5 * avg:
                 current.append(reader)
                 total += reader.size_bytes
                 continue
@@ -105,7 +113,18 @@ def _pick_size_tiered(state: "TableState") -> CompactionJob | None:
         buckets.append(current)
     eligible = [b for b in buckets if len(b) >= opts.min_threshold]
     if not eligible:
-        return None
+        if len(files) < SIZE_TIERED_MAX_FILES:
+            return None
+        # Sizes interleave so that no bucket fills: merge the cheapest run of
+        # adjacent files anyway, so the file count (and the filters an absent
+        # key meets) stays bounded.
+        width = opts.min_threshold
+        start = min(range(len(files) - width + 1),
+                    key=lambda i: sum(r.size_bytes for r in files[i:i + width]))
+        inputs = files[start:start + width]
+        return CompactionJob(state, inputs, 0, start == 0, None,
+                             f"size_tiered: {len(files)} files, merging the {width} cheapest "
+                             "adjacent ones")
     # The bucket of the smallest files first: it is the cheapest to merge and
     # removes the most files per byte written (as Cassandra prefers).
     bucket = min(eligible, key=lambda b: sum(r.size_bytes for r in b) / len(b))

@@ -418,6 +418,12 @@ class DB:
         self._check_writable()
         return WriteBatch(self, sync)
 
+    def sync(self) -> None:
+        """fsync the write-ahead log: every write so far survives a machine crash."""
+        with self._lock:
+            self._check_writable()
+            self._log.sync()
+
     # ---------------------------------------------------------------- flush
     def flush(self, table: str | None = None) -> None:
         """Write the memtable of ``table`` (None: every table) to an SSTable now."""

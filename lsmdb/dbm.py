@@ -39,14 +39,14 @@ import re
 import shelve
 import stat
 import threading
-from collections.abc import MutableMapping
-from typing import Any, Iterator, Union
+from collections.abc import Iterator, MutableMapping
+from typing import Any, Union
 
 from .db import DB
 from .db import open as _open_db
 from .errors import LsmdbError
 
-__all__ = ["error", "open", "open_shelf", "Database"]
+__all__ = ["Database", "error", "open", "open_shelf"]
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
@@ -276,7 +276,8 @@ class Database(MutableMapping):  # type: ignore[type-arg]
             if self._count is not None:
                 self._count -= 1
 
-    def setdefault(self, key: bytes | str, default: bytes | str = b"") -> Any:
+    def setdefault(self, key: bytes | str,  # type: ignore[override]
+                   default: bytes | str = b"") -> Any:
         """``d[key]`` if ``key`` is present, else store ``default`` and return it.
 
             >>> import lsmdb.dbm, tempfile
@@ -331,13 +332,12 @@ class Database(MutableMapping):  # type: ignore[type-arg]
             self._count = 0
 
     def sync(self) -> None:
-        """Make every write so far durable: flush the memtable to an fsynced SSTable.
+        """Make every write so far durable: fsync the write-ahead log.
 
         Writes already survive a crash of the process without it (they are
         in the write-ahead log); ``sync()`` makes them survive a crash of the
         machine too, as ``close()`` does.  A no-op for a read-only database
-        and when nothing was written since opening or the last ``sync()``
-        (``shelve`` calls it on every close: an unchanged shelf writes nothing).
+        and when nothing was written since opening or the last ``sync()``.
 
             >>> import lsmdb.dbm, tempfile
             >>> tmp = tempfile.TemporaryDirectory()
@@ -351,7 +351,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
             if self._read_only or not self._dirty:
                 return
             try:
-                db.flush()
+                db.sync()
                 self._dirty = False
             except error:
                 raise
@@ -396,7 +396,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
     def __enter__(self) -> "Database":
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -406,8 +406,8 @@ class Database(MutableMapping):  # type: ignore[type-arg]
             return
         try:
             self.close()
-        except Exception:
-            pass
+        except (LsmdbError, OSError):
+            pass  # nothing to report to at garbage collection
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("read-only" if self._read_only else "read-write")
@@ -435,12 +435,12 @@ def open(file: PathArg, flag: str = "r", mode: int = 0o666) -> Database:
 
         - nothing at ``file``: it is created;
         - an lsmdb database (or an empty directory), i.e. a directory whose
-          entries are all lsmdb's own files (``MANIFEST``, ``LOCK``, ``STATS``,
-          ``FILTER_KEY``, ``NNNNNN.sst``, ``wal-NNNNNN.log``, their ``.tmp``
-          files): those files
-          are deleted (while holding the database's lock, so a database open
-          in another process is left alone and :class:`error` is raised); the
-          directory itself is kept;
+          entries are all lsmdb's own files (``MANIFEST``, ``LOCK``,
+          ``STATS``, ``FILTER_KEY``, ``NNNNNN.sst``, ``wal-NNNNNN.log``, their
+          ``.tmp`` files): those files are deleted while holding the
+          database's lock, so a database open for writing (in this or another
+          process) is left alone and :class:`error` is raised; the directory
+          itself is kept;
         - a regular file (a database is a directory; the stdlib modules
           would overwrite the file too): it is removed;
         - a symbolic link: one to a directory counts as that directory (as

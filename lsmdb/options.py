@@ -57,6 +57,9 @@ class TableOptions:
     min_threshold: int = 4
     #: size_tiered: merge at most this many files at once.
     max_threshold: int = 32
+    #: size_tiered: files smaller than this all fall in one bucket (Cassandra's
+    #: min_sstable_size), so flushes of varied small sizes still get merged.
+    min_sstable_size_bytes: int = 50 * 1024 * 1024
     #: leveled: size an output file is cut at in levels >= 1.
     target_file_size_bytes: int = 2 * 1024 * 1024
     #: Files in the last (bottom) level get no filter (RocksDB's
@@ -128,6 +131,8 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _int_option(name, value, 2, 32)
         elif name == "max_threshold":
             out[name] = _int_option(name, value, 2, 32)
+        elif name == "min_sstable_size_bytes":
+            out[name] = _int_option(name, value, 0, 1 << 40)
         elif name == "target_file_size_bytes":
             out[name] = _int_option(name, value, 64 * 1024, 1024 * 1024 * 1024)
         elif name == "bloom_filter_skip_last_level":

@@ -46,13 +46,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Callable, Iterable, Optional, TextIO, Union
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
 
 from .db import DB
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import DEFAULT_TABLE
 
-__all__ = ["FORMATS", "export_table", "import_jsonl", "cql_create_table"]
+__all__ = ["FORMATS", "cql_create_table", "export_table", "import_jsonl"]
 
 #: The formats :func:`export_table` writes.
 FORMATS = ("jsonl", "csv", "cql")
@@ -154,8 +155,8 @@ def cql_create_table(table_name: str, options: Any) -> str:
     return "\n".join(lines)
 
 
-def export_table(db: DB, table: Optional[str], fmt: str, out: TextIO, *,
-                 progress: Optional[ProgressCallback] = None,
+def export_table(db: DB, table: str | None, fmt: str, out: TextIO, *,
+                 progress: ProgressCallback | None = None,
                  progress_every: int = DEFAULT_PROGRESS_EVERY) -> int:
     """Write every live row of ``table`` to the text stream ``out`` in key order.
 
@@ -228,14 +229,15 @@ def _decode_field(obj: dict, name: str, lineno: int) -> bytes:
         raise ValueError(f"line {lineno}: field {name!r} is not valid base64: {exc}") from None
 
 
-def import_jsonl(db: DB, table: Optional[str], infile: Iterable[Union[str, bytes]],
+def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
                  batch_size: int = 10_000,
-                 progress: Optional[ProgressCallback] = None) -> int:
+                 progress: ProgressCallback | None = None) -> int:
     """Load a JSON Lines export (see :func:`export_table`) into ``table``; returns rows loaded.
 
     ``infile`` is a text stream or a binary one (UTF-8), or any iterable of
-    lines (``str`` or ``bytes``).  Each line must be a JSON object with base64 strings ``"key"`` and ``"value"`` (other fields
-    are ignored; blank lines are skipped).  Rows are written in atomic
+    lines (``str`` or ``bytes``).  Each line must be a JSON object with
+    base64 strings ``"key"`` and ``"value"`` (other fields are ignored; blank
+    lines are skipped).  Rows are written in atomic
     batches (``db.batch()``) of ``batch_size`` rows -- fewer if they reach
     64 MiB -- and ``progress``, if given, is called with the number of rows
     loaded so far after each batch.  Existing keys are overwritten; keys not

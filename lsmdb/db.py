@@ -24,12 +24,13 @@ import re
 import threading
 import time
 from bisect import bisect_left
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 
 from . import bloom as _bloom
 from . import compaction as _compaction
 from . import stats as _stats
+from .background import Background
 from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
 from .errors import (CorruptionError, DatabaseClosedError, DatabaseLockedError, LsmdbError,
                      NoSuchTableError, NotADatabaseError, ReadOnlyError, TableExistsError)
@@ -107,11 +108,7 @@ class DB:
         self._next_file = 1
         self._next_table_id = 1
         self._compaction_lock = threading.Lock()   # one compaction (or rebuild) at a time
-        self._bg_cond = threading.Condition()
-        self._bg_busy = False
-        self._bg_error: BaseException | None = None
-        self._bg_stop = False
-        self._bg_thread: threading.Thread | None = None
+        self._bg: Background | None = None
         self._stats_lock = threading.Lock()
         self._keyed: _bloom.Hasher | None = None
         self._stats_saved_at = time.monotonic()
@@ -122,9 +119,8 @@ class DB:
         # The hot path: an instance attribute, so db.get(k) is one closure call.
         setattr(self, "get", state_getter(self, self._default_state))
         if not self._read_only:
-            self._bg_thread = threading.Thread(target=self._background, name="lsmdb-background",
-                                               daemon=True)
-            self._bg_thread.start()
+            self._bg = Background("lsmdb-background", self._background)
+            self._bg.start()
 
     # ------------------------------------------------------------------ open
     def _open(self, create_if_missing: bool) -> None:
@@ -353,8 +349,8 @@ class DB:
         if total > MAX_BATCH_SIZE_BYTES:
             raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
         do_sync = self._sync if sync is None else bool(sync)
-        if self._bg_thread is not None:
-            self._maybe_stall(ops)
+        if self._bg is not None and self._auto_compaction:
+            self._maybe_stall(ops, self._bg)
         with self._lock:
             self._check_writable()
             for state, _k, _v in ops:
@@ -384,7 +380,8 @@ class DB:
                         # retried by the next write (or an explicit flush()).
                         log.error("automatic flush of table %r failed: %s", state.name, exc)
 
-    def _maybe_stall(self, ops: list[tuple[TableState, bytes, bytes | None]]) -> None:
+    def _maybe_stall(self, ops: list[tuple[TableState, bytes, bytes | None]],
+                     bg: Background) -> None:
         """Hold a writer while level 0 is past its bound and compaction can reduce it."""
         seen = set()
         for state, _k, _v in ops:
@@ -393,17 +390,15 @@ class DB:
             seen.add(id(state))
             announced = False
             while (len(state.view[2]) >= _compaction.L0_STALL_FILES and not self._closed
-                   and self._auto_compaction and _compaction.pick(state) is not None):
-                if self._bg_error is not None:
+                   and _compaction.pick(state) is not None):
+                if bg.error is not None:
                     raise LsmdbError(f"writes to table {state.name!r} are stalled and background "
-                                     f"compaction is failing: {self._bg_error}")
+                                     f"compaction is failing: {bg.error}")
                 if not announced:
                     log.warning("write stall: table %r has %d files in level 0; waiting for "
                                 "compaction", state.name, len(state.view[2]))
                     announced = True
-                with self._bg_cond:
-                    self._bg_cond.notify_all()
-                    self._bg_cond.wait(0.05)
+                bg.wait_round(0.05)
 
     def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
         """Set ``key`` to ``value`` in the default table (fsync first if ``sync``)."""
@@ -722,14 +717,15 @@ class DB:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             self._check_open()
-            with self._bg_cond:
-                error, self._bg_error = self._bg_error, None
-                if error is not None:
-                    raise error
-                if not self._auto_compaction or (not self._bg_busy and not self._pending()):
-                    return
-                self._bg_cond.notify_all()
-                self._bg_cond.wait(0.05)
+            bg = self._bg
+            if bg is None or not self._auto_compaction:
+                return
+            error = bg.take_error()
+            if error is not None:
+                raise error
+            if not bg.busy and not self._pending():
+                return
+            bg.wait_round(0.05)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("compactions still running")
 
@@ -813,46 +809,20 @@ class DB:
             if self._block_cache is not None:
                 self._block_cache.evict_file(r.number)
         self._save_counters()
-        with self._bg_cond:
-            self._bg_cond.notify_all()
 
     # ------------------------------------------------------------ background
     def _wake_background(self) -> None:
-        with self._bg_cond:
-            self._bg_cond.notify_all()
+        if self._bg is not None:
+            self._bg.wake()
 
-    def _background(self) -> None:
-        """Compactions after flushes (auto_compaction) and periodic counter saves."""
-        while True:
-            with self._bg_cond:
-                if self._bg_stop:
-                    return
-                self._bg_cond.wait(1.0)
-                if self._bg_stop:
-                    return
-                self._bg_busy = True
-            try:
-                if time.monotonic() - self._stats_saved_at >= _stats.STATS_INTERVAL_SECONDS:
-                    self._save_counters()
-                if self._auto_compaction:
-                    self._compact_pending()
-            except BaseException as exc:  # reported to wait_for_compactions and the log
-                log.exception("background compaction failed; will retry")
-                with self._bg_cond:
-                    self._bg_error = exc
-                    self._bg_busy = False
-                    self._bg_cond.notify_all()
-                    self._bg_cond.wait(1.0)
-                continue
-            with self._bg_cond:
-                self._bg_busy = False
-                self._bg_cond.notify_all()
-
-    def _compact_pending(self) -> None:
-        while not self._bg_stop:
+    def _background(self, should_stop: Callable[[], bool]) -> None:
+        """One background round: counters when due, then every pending compaction."""
+        if time.monotonic() - self._stats_saved_at >= _stats.STATS_INTERVAL_SECONDS:
+            self._save_counters()
+        while self._auto_compaction and not should_stop():
             did = False
             for state in list(self._tables.values()):
-                if self._bg_stop:
+                if should_stop():
                     return
                 with self._compaction_lock:
                     if state.dropped:
@@ -879,11 +849,8 @@ class DB:
     # ----------------------------------------------------------------- close
     def close(self) -> None:
         """Stop background work, save counters, sync the WAL, release the lock.  Idempotent."""
-        with self._bg_cond:
-            self._bg_stop = True
-            self._bg_cond.notify_all()
-        if self._bg_thread is not None and self._bg_thread is not threading.current_thread():
-            self._bg_thread.join()
+        if self._bg is not None:
+            self._bg.stop()
         with self._lock:
             if self._closed:
                 return

@@ -52,8 +52,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"-> {len(db.sstables(name))} SSTables", file=out)
         print(file=out)
         header = (f"  {'table':<8} {'reads':>8} {'found':>8} {'absent':>8} {'files checked':>14} "
-                  f"{'filter no':>10} {'false pos':>10} {'block reads':>12} {'skipped':>8} "
-                  f"{'meas FPR':>9} {'pred FPR':>9}")
+                  f"{'filter no':>10} {'false pos':>10} {'disk reads':>11} {'cache hits':>11} "
+                  f"{'skipped':>8} {'meas FPR':>9} {'pred FPR':>9}")
         print(header, file=out)
         for name, n, fp in specs:
             table = db.table(name)
@@ -71,7 +71,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             after = db.sstables(name)
             d = {f: sum(getattr(i, f) - getattr(before[i.file], f) for i in after)
                  for f in ("filter_negatives", "false_positives", "true_positives", "block_reads",
-                           "range_skips")}
+                           "block_cache_hits", "range_skips")}
             checked = d["filter_negatives"] + d["false_positives"] + d["true_positives"]
             absent_checks = d["filter_negatives"] + d["false_positives"]
             skipped = d["filter_negatives"]
@@ -79,14 +79,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             pred = sum(i.predicted_fpr for i in after) / len(after)
             print(f"  {name:<8} {queries:>8,} {found:>8,} {queries - found:>8,} {checked:>14,} "
                   f"{d['filter_negatives']:>10,} {d['false_positives']:>10,} "
-                  f"{d['block_reads']:>12,} {skipped / checked:>8.1%} {meas:>9.4%} {pred:>9.4%}"
+                  f"{d['block_reads']:>11,} {d['block_cache_hits']:>11,} "
+                  f"{skipped / checked:>8.1%} {meas:>9.4%} {pred:>9.4%}"
                   f"   ({queries / elapsed:,.0f} gets/s)", file=out)
         print(file=out)
         total_skipped = sum(i.filter_negatives for i in db.sstables())
         total_reads = sum(i.block_reads for i in db.sstables())
-        print(f"  The filters skipped {total_skipped:,} disk reads; {total_reads:,} data blocks "
-              f"were read.", file=out)
-        print("  'filter no' = a disk read skipped; 'false pos' = a block read for nothing.",
+        total_hits = sum(i.block_cache_hits for i in db.sstables())
+        print(f"  The filters skipped {total_skipped:,} block reads; {total_reads:,} data blocks "
+              f"were read from disk and {total_hits:,} served by the block cache.", file=out)
+        print("  'filter no' = a block read skipped; 'false pos' = a block read for nothing.",
               file=out)
     return 0
 

@@ -1,4 +1,4 @@
-"""lsmdb: an embedded log-structured merge key-value store with Bloom filters that earn their memory.
+"""lsmdb: an embedded LSM key-value store with Bloom filters that earn their memory.
 
     >>> import lsmdb, tempfile
     >>> db = lsmdb.open(tempfile.mkdtemp())
@@ -10,9 +10,17 @@
 
 from .bloom import BloomFilter
 from .db import DB, open
-from .errors import (CorruptionError, DatabaseClosedError, DatabaseLockedError, LsmdbError,
-                     NoSuchTableError, NotADatabaseError, ReadOnlyError, TableExistsError,
-                     UnsupportedFormatError)
+from .errors import (
+                     CorruptionError,
+                     DatabaseClosedError,
+                     DatabaseLockedError,
+                     LsmdbError,
+                     NoSuchTableError,
+                     NotADatabaseError,
+                     ReadOnlyError,
+                     TableExistsError,
+                     UnsupportedFormatError,
+)
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import TableOptions
 from .table import SSTableInfo, Table, WriteBatch

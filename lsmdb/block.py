@@ -49,7 +49,8 @@ def unpack(payload: bytes, path: str, offset: int, what: str) -> Any:
         raise CorruptionError(f"{what} undecodable ({type(exc).__name__})", path, offset) from None
 
 
-def decode_data_block(payload: bytes, path: str, offset: int) -> tuple[list[bytes], list[bytes | None]]:
+def decode_data_block(payload: bytes, path: str,
+                      offset: int) -> tuple[list[bytes], list[bytes | None]]:
     obj = unpack(payload, path, offset, "data block")
     if (type(obj) is not list or len(obj) != 2 or type(obj[0]) is not list
             or type(obj[1]) is not list or len(obj[0]) != len(obj[1])):
@@ -60,7 +61,7 @@ def decode_data_block(payload: bytes, path: str, offset: int) -> tuple[list[byte
 def validate_data_block(keys: list[Any], values: list[Any], path: str, offset: int) -> None:
     """Full structural check (types and order) -- used by verify, not per read."""
     prev = None
-    for key, value in zip(keys, values):
+    for key, value in zip(keys, values, strict=True):
         if type(key) is not bytes or (value is not None and type(value) is not bytes):
             raise CorruptionError("data block entry of the wrong type", path, offset)
         if prev is not None and key <= prev:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import xxhash
 
@@ -159,7 +159,7 @@ class BloomFilter:
         self._capacity = 0
 
     @classmethod
-    def with_size(cls, m: int, k: int) -> "BloomFilter":
+    def with_size(cls, m: int, k: int) -> BloomFilter:
         """A filter of exactly ``m`` bits probed ``k`` times (for experiments)."""
         if m < 1 or k < 1:
             raise ValueError("m and k must be >= 1")
@@ -263,7 +263,8 @@ class BloomFilter:
         return header + bytes(self._bits)
 
     @classmethod
-    def from_bytes(cls, data: bytes, path: str | None = None, offset: int | None = None) -> "BloomFilter":
+    def from_bytes(cls, data: bytes, path: str | None = None,
+                   offset: int | None = None) -> BloomFilter:
         """Decode ``to_bytes`` output.
 
         Raises UnsupportedFormatError for an unknown version or hash algorithm

@@ -10,7 +10,7 @@ import random
 import sys
 import tempfile
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from . import __version__
 from .db import open as open_db
@@ -55,7 +55,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                   f"{'filter no':>10} {'false pos':>10} {'disk reads':>11} {'cache hits':>11} "
                   f"{'skipped':>8} {'meas FPR':>9} {'pred FPR':>9}")
         print(header, file=out)
-        for name, n, fp in specs:
+        for name, n, _fp in specs:
             table = db.table(name)
             before = {i.file: i for i in db.sstables(name)}
             queries = args.queries
@@ -114,7 +114,7 @@ def _print_table(rows: list[list[str]], header: list[str], out=None) -> None:
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.rjust(w) if num else c.ljust(w)
-                         for c, w, num in zip(cells, widths, numeric)).rstrip()
+                         for c, w, num in zip(cells, widths, numeric, strict=True)).rstrip()
     print(line(header), file=out)
     print("  ".join("-" * w for w in widths), file=out)
     for r in rows:
@@ -270,8 +270,9 @@ def cmd_sstable(args: argparse.Namespace) -> int:
     for k, v in report["properties"].items():
         print(f"  {k:<16} {v!r}")
     f = report["filter"]
+    error = f"  ERROR: {f['error']}" if f["error"] else ""
     print(f"  filter: m={f['m']} bits, k={f['k']}, n={f['n']}, built with fp {f['fp_chance']:g}, "
-          f"hash algorithm {f['hash_algorithm']}" + (f"  ERROR: {f['error']}" if f["error"] else ""))
+          f"hash algorithm {f['hash_algorithm']}{error}")
     st = report["stats"]
     print(f"  bits/key {st['bits_per_key']:.2f}  fill {st['fill_ratio']:.4f}  "
           f"predicted FPR {_fmt_rate(st['predicted_fpr'])}  "
@@ -311,8 +312,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         if step["outcome"] == "range_skip":
             print(f"{where} range skip (key outside [{step['min_key']}, {step['max_key']}] hex)")
         elif step["outcome"] == "filter_absent":
-            print(f"{where} filter says absent: probe {step['probe']} of {step['filter_hashes']} "
-                  f"hit bit {step['bit']} of {step['filter_bits']}, which is 0 -> disk read skipped")
+            print(f"{where} filter says absent: probe {step['probe']} of "
+                  f"{step['filter_hashes']} hit bit {step['bit']} of {step['filter_bits']}, "
+                  "which is 0 -> disk read skipped")
         else:
             blk = step.get("block")
             said = "filter says maybe" if step["outcome"] == "filter_maybe" else "no filter"
@@ -437,9 +439,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "present and absent keys, and prints how many disk reads the filters skipped.",
         epilog="example: lsmdb demo /tmp/demo-db --keys 300000")
     demo.add_argument("path", nargs="?", help="database directory (default: a new temporary one)")
-    demo.add_argument("--keys", type=int, default=300_000, help="keys over both tables (default 300000)")
+    demo.add_argument("--keys", type=int, default=300_000,
+                      help="keys over both tables (default 300000)")
     demo.add_argument("--sstables", type=int, default=4, help="SSTables per table (default 4)")
-    demo.add_argument("--queries", type=int, default=100_000, help="gets per table (default 100000)")
+    demo.add_argument("--queries", type=int, default=100_000,
+                      help="gets per table (default 100000)")
     demo.add_argument("--seed", type=int, default=1, help="random seed for the queries")
     demo.set_defaults(func=cmd_demo)
 

@@ -6,9 +6,10 @@ Two strategies (table option ``compaction``):
   whose sizes are within 0.5x-1.5x of their bucket's average (or all below
   ``min_sstable_size_bytes``) form a bucket; a bucket of ``min_threshold``
   files (at most ``max_threshold`` taken) is merged into one file.  Past
-  ``SIZE_TIERED_MAX_FILES`` files the cheapest adjacent run is merged anyway.  Only files adjacent in age are merged, because a
-  read stops at the newest file holding a key: merging an old and a new file
-  around a middle one would let the old file's versions shadow the middle
+  ``SIZE_TIERED_MAX_FILES`` files the cheapest adjacent run is merged
+  anyway.  Only files adjacent in age are merged, because a read stops at
+  the newest file holding a key: merging an old and a new file around a
+  middle one would let the old file's versions shadow the middle
   one's.
 * ``leveled`` -- flushes land in L0; when L0 holds ``L0_COMPACTION_TRIGGER``
   files they are merged with the overlapping L1 files into L1.  Level L >= 1
@@ -24,8 +25,9 @@ when the output is the bottom of the tree for its key range.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
 from .merge import merge_newest
@@ -46,7 +48,7 @@ SIZE_TIERED_MAX_FILES = 12
 
 @dataclass
 class CompactionJob:
-    state: "TableState"
+    state: TableState
     inputs: list[SSTableReader]
     output_level: int
     bottom: bool                 # no older data outside the inputs for this key range
@@ -60,18 +62,18 @@ def _age_key(r: SSTableReader) -> tuple[int, int]:
     return (r.max_seq, r.number)
 
 
-def bottom_level_of(state: "TableState") -> int:
+def bottom_level_of(state: TableState) -> int:
     return max((r.level for r in state.files), default=0)
 
 
-def target_fp_chance(state: "TableState", bottom: bool) -> float:
+def target_fp_chance(state: TableState, bottom: bool) -> float:
     """The fp chance a file written now should get (1.0: no filter)."""
     if bottom and state.options.bloom_filter_skip_last_level:
         return 1.0
     return state.options.bloom_filter_fp_chance
 
 
-def reader_is_bottom(state: "TableState", reader: SSTableReader) -> bool:
+def reader_is_bottom(state: TableState, reader: SSTableReader) -> bool:
     """Is ``reader`` in the last level (size_tiered: does it hold the oldest data)?"""
     if state.options.compaction == "leveled":
         depth = bottom_level_of(state)
@@ -80,14 +82,14 @@ def reader_is_bottom(state: "TableState", reader: SSTableReader) -> bool:
     return oldest is reader
 
 
-def pick(state: "TableState") -> CompactionJob | None:
+def pick(state: TableState) -> CompactionJob | None:
     """The next compaction this table needs, or None."""
     if state.options.compaction == "leveled":
         return _pick_leveled(state)
     return _pick_size_tiered(state)
 
 
-def _pick_size_tiered(state: "TableState") -> CompactionJob | None:
+def _pick_size_tiered(state: TableState) -> CompactionJob | None:
     opts = state.options
     files = sorted(state.files, key=_age_key)  # oldest first
     if len(files) < opts.min_threshold:
@@ -138,7 +140,7 @@ def _overlapping(readers: list[SSTableReader], lo: bytes, hi: bytes) -> list[SST
     return [r for r in readers if not (r.max_key < lo or r.min_key > hi)]
 
 
-def _finish_leveled(state: "TableState", inputs: list[SSTableReader], out_level: int,
+def _finish_leveled(state: TableState, inputs: list[SSTableReader], out_level: int,
                     reason: str) -> CompactionJob:
     lo = min(r.min_key for r in inputs)
     hi = max(r.max_key for r in inputs)
@@ -148,7 +150,7 @@ def _finish_leveled(state: "TableState", inputs: list[SSTableReader], out_level:
                          state.options.target_file_size_bytes, reason)
 
 
-def _pick_leveled(state: "TableState") -> CompactionJob | None:
+def _pick_leveled(state: TableState) -> CompactionJob | None:
     opts = state.options
     l0 = [r for r in state.files if r.level == 0]
     if len(l0) >= L0_COMPACTION_TRIGGER:
@@ -175,7 +177,7 @@ def _pick_leveled(state: "TableState") -> CompactionJob | None:
     return None
 
 
-def full_compaction(state: "TableState") -> CompactionJob | None:
+def full_compaction(state: TableState) -> CompactionJob | None:
     """Merge every file of the table; the output is the bottom of the tree."""
     if not state.files:
         return None
@@ -203,7 +205,8 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     fp = target_fp_chance(state, job.bottom)
-    sources = [r.iter_range(None, None) for r in newest_first(job.inputs)]
+    sources: list[Iterable[tuple[bytes, bytes | None]]] = [
+        r.iter_range(None, None) for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
     max_seq = max(r.max_seq for r in job.inputs)

@@ -23,28 +23,35 @@ import os
 import re
 import threading
 import time
-from bisect import bisect_left
-from typing import Any, Callable, Iterable, Iterator
-
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from . import bloom as _bloom
 from . import compaction as _compaction
 from . import stats as _stats
 from .background import Background
 from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
-from .errors import (CorruptionError, DatabaseClosedError, DatabaseLockedError, LsmdbError,
-                     NoSuchTableError, NotADatabaseError, ReadOnlyError, TableExistsError)
-from .keys import MAX_BATCH_SIZE_BYTES, MAX_KEY_SIZE_BYTES, as_key
+from .errors import (
+    CorruptionError,
+    DatabaseClosedError,
+    DatabaseLockedError,
+    LsmdbError,
+    NoSuchTableError,
+    NotADatabaseError,
+    ReadOnlyError,
+    TableExistsError,
+)
+from .keys import MAX_BATCH_SIZE_BYTES, as_key
+from .logset import LogSet, encode_record
 from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .merge import merge_newest
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
-from .sstable import MISSING, SSTableReader, rewrite_filter, write_sstable
-from .table import SSTableInfo, Table, TableState, WriteBatch
 from .readpath import get_many, state_getter
-from .trace import trace_read
 from .secret import create_secret, load_secret
-from .logset import LogSet, encode_record
+from .sstable import SSTableReader, rewrite_filter, write_sstable
+from .table import SSTableInfo, Table, TableState, WriteBatch
+from .trace import trace_read
 
 log = logging.getLogger("lsmdb")
 
@@ -441,7 +448,8 @@ class DB:
         number = self._alloc_file_number()
         file_path = os.path.join(self.path, sst_name(number))
         try:
-            write_sstable(file_path, mem.data.items(), fp_chance=state.options.bloom_filter_fp_chance,
+            write_sstable(file_path, mem.data.items(),
+                          fp_chance=state.options.bloom_filter_fp_chance,
                           block_size=state.options.block_size_bytes, table=state.name,
                           min_seq=mem.min_seq, max_seq=mem.max_seq,
                           hasher=self._hasher_for(state))
@@ -872,7 +880,7 @@ class DB:
     def closed(self) -> bool:
         return self._closed
 
-    def __enter__(self) -> "DB":
+    def __enter__(self) -> DB:
         return self
 
     def __exit__(self, *exc: Any) -> None:

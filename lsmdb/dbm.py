@@ -100,7 +100,7 @@ def _wrap(exc: BaseException) -> error:
     return error(str(exc))
 
 
-class Database(MutableMapping):  # type: ignore[type-arg]
+class Database(MutableMapping):
     """An open :mod:`lsmdb.dbm` database; create it with :func:`lsmdb.dbm.open`.
 
     A mutable mapping over the default table of an lsmdb database with the
@@ -393,7 +393,7 @@ class Database(MutableMapping):  # type: ignore[type-arg]
         """Absolute path of the database directory."""
         return self._db.path
 
-    def __enter__(self) -> "Database":
+    def __enter__(self) -> Database:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -547,7 +547,7 @@ def _empty_database_dir(path: str) -> None:
 
 
 def open_shelf(file: PathArg, flag: str = "c", protocol: int | None = None,
-               writeback: bool = False) -> shelve.Shelf:  # type: ignore[type-arg]
+               writeback: bool = False) -> shelve.Shelf:
     """A :class:`shelve.Shelf` (values are pickled objects) stored in an lsmdb database.
 
     The same as ``shelve.Shelf(lsmdb.dbm.open(file, flag), protocol, writeback)``;

@@ -46,7 +46,7 @@ class FileMeta:
                 self.min_seq, self.max_seq]
 
     @classmethod
-    def from_obj(cls, obj: Any) -> "FileMeta":
+    def from_obj(cls, obj: Any) -> FileMeta:
         number, level, size, entries, min_key, max_key, min_seq, max_seq = obj
         for v in (number, level, size, entries, min_seq, max_seq):
             if type(v) is not int or v < 0:
@@ -86,7 +86,7 @@ class Manifest:
                                     len(payload)) + payload
 
     @classmethod
-    def decode(cls, data: bytes, path: str) -> "Manifest":
+    def decode(cls, data: bytes, path: str) -> Manifest:
         if len(data) < MANIFEST_HEADER.size:
             raise CorruptionError("manifest truncated", path, 0)
         magic, version, crc, length = MANIFEST_HEADER.unpack_from(data, 0)
@@ -120,6 +120,6 @@ class Manifest:
         write_file_durably(path, self.encode())
 
     @classmethod
-    def read(cls, path: str) -> "Manifest":
+    def read(cls, path: str) -> Manifest:
         with open(path, "rb") as f:
             return cls.decode(f.read(), path)

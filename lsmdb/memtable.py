@@ -7,7 +7,7 @@ Tombstones are stored as ``None``.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from sortedcontainers import SortedDict
 

@@ -8,7 +8,7 @@ over S sources, one entry per source in memory.
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 def merge_newest(sources: list[Iterable[tuple[bytes, bytes | None]]], reverse: bool = False,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 # A filter below this false-positive chance would need more than ~29 bits per
 # key; nothing in an LSM read path gains from that, and it catches typos such
@@ -70,7 +71,7 @@ class TableOptions:
         return asdict(self)
 
     @classmethod
-    def resolve(cls, explicit: Mapping[str, Any]) -> "TableOptions":
+    def resolve(cls, explicit: Mapping[str, Any]) -> TableOptions:
         """Effective options from the explicitly set ones (validated).
 
         An unset ``bloom_filter_fp_chance`` follows the compaction strategy as
@@ -114,7 +115,8 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in options.items():
         if name not in OPTION_NAMES:
-            raise TypeError(f"unknown table option {name!r}; known options: {', '.join(OPTION_NAMES)}")
+            raise TypeError(
+                f"unknown table option {name!r}; known options: {', '.join(OPTION_NAMES)}")
         if name == "bloom_filter_fp_chance":
             out[name] = validate_fp_chance(value)
         elif name == "block_size_bytes":

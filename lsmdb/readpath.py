@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from .bloom import MASK32, key_hash as _key_hash
+from .bloom import MASK32
+from .bloom import key_hash as _key_hash
 from .errors import DatabaseClosedError
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .sstable import MISSING, SSTableReader
@@ -26,7 +28,7 @@ log = logging.getLogger("lsmdb")
 _MASK32 = MASK32
 
 
-def state_getter(db: "DB", state: TableState) -> Any:
+def state_getter(db: DB, state: TableState) -> Any:
     """The compiled getter of ``state`` (made once per table state)."""
     getter = state.getter
     if getter is None:
@@ -34,7 +36,7 @@ def state_getter(db: "DB", state: TableState) -> Any:
     return getter
 
 
-def make_getter(db: "DB", state: TableState) -> Any:
+def make_getter(db: DB, state: TableState) -> Any:
     """Compile the point-read path of one table into a closure.
 
     ``get(key, default=None)``: memtables, then level-0 files newest first,
@@ -68,6 +70,7 @@ def make_getter(db: "DB", state: TableState) -> Any:
                 state.gets_absent += 1
                 return default
             return value
+        files: Any
         if deeper:
             files = list(l0)
             for max_keys, probes in deeper:
@@ -154,7 +157,7 @@ def _probe_filter(bits: Any, m: int, ks: range, a: int, b: int) -> bool:
     return True
 
 
-def get_many(db: "DB", state: TableState, keys: Iterable[Any]) -> list[Any]:
+def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     """Values of ``keys`` (None where absent), in the order given.
 
     Each key is hashed once; files are visited once each, in read order, with

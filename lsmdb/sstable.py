@@ -22,7 +22,8 @@ import logging
 import os
 import struct
 from bisect import bisect_left
-from typing import Any, BinaryIO, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO
 
 from . import block as blk
 from .bloom import FAST_HASHER, BloomFilter, Hasher
@@ -251,7 +252,10 @@ class SSTableReader:
         return os.pread(self._fd, size, offset)
 
     def _slice(self, size: int, offset: int) -> bytes:
-        return self._data[offset:offset + size]
+        data = self._data
+        if data is None:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        return data[offset:offset + size]
 
     def _read_block(self, read: Any, offset: int, size: int, what: str) -> bytes:
         if offset < 0 or size < 0 or offset + size + BLOCK_TRAILER_SIZE > self._data_end:
@@ -277,7 +281,8 @@ class SSTableReader:
             raise CorruptionError("footer checksum mismatch", path, foot_off)
         if version != SSTABLE_FORMAT_VERSION:
             raise UnsupportedFormatError(
-                f"{path}: SSTable format version {version}; this lsmdb reads {SSTABLE_FORMAT_VERSION}")
+                f"{path}: SSTable format version {version}; "
+                f"this lsmdb reads {SSTABLE_FORMAT_VERSION}")
         self._data_end = foot_off
         self.index_handle = (idx_off, idx_size)
         self.filter_handle = (flt_off, flt_size)
@@ -311,7 +316,7 @@ class SSTableReader:
         self.index_keys: list[bytes] = index[0]
         self.index_offsets: list[int] = index[1]
         self.index_sizes: list[int] = index[2]
-        for key, off, size in zip(*index):
+        for key, off, size in zip(*index, strict=True):
             if (type(key) is not bytes or type(off) is not int or type(size) is not int
                     or off < 0 or size < 0 or off + size + BLOCK_TRAILER_SIZE > idx_off):
                 raise CorruptionError("index block entry invalid", path, idx_off)
@@ -419,8 +424,8 @@ class SSTableReader:
             i = 0 if start is None else bisect_left(self.index_keys, start)
             while i < nblocks:
                 keys, values = self.read_data_block(i)
-                j = 0 if start is None else bisect_left(keys, start)
-                for j in range(j, len(keys)):
+                first = 0 if start is None else bisect_left(keys, start)
+                for j in range(first, len(keys)):
                     key = keys[j]
                     if end is not None and key >= end:
                         return
@@ -430,8 +435,8 @@ class SSTableReader:
             i = nblocks - 1 if end is None else min(bisect_left(self.index_keys, end), nblocks - 1)
             while i >= 0:
                 keys, values = self.read_data_block(i)
-                j = len(keys) if end is None else bisect_left(keys, end)
-                for j in range(j - 1, -1, -1):
+                stop = len(keys) if end is None else bisect_left(keys, end)
+                for j in range(stop - 1, -1, -1):
                     key = keys[j]
                     if start is not None and key < start:
                         return

@@ -21,7 +21,8 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
 
@@ -77,7 +78,7 @@ def load_stats(directory: str) -> tuple[dict[int, list[int]], dict[int, list[int
 
 
 def apply_file_counters(reader: Any, values: list[int]) -> None:
-    for name, value in zip(FILE_COUNTERS, values):
+    for name, value in zip(FILE_COUNTERS, values):  # noqa: B905 (older files: fewer counters)
         setattr(reader, name, value)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from .bloom import predicted_fpr_for
 from .errors import NoSuchTableError
@@ -30,7 +31,8 @@ class TableState:
     """
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
-                 "view", "dropped", "gets", "gets_absent", "shadow", "compact_pointer", "fast", "getter", "__weakref__")
+                 "view", "dropped", "gets", "gets_absent", "shadow", "compact_pointer", "fast",
+                 "getter", "__weakref__")
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
         self.name = name
@@ -42,8 +44,8 @@ class TableState:
         self.dropped = False
         self.gets = 0          # point reads answered
         self.gets_absent = 0   # ... that found nothing
-        self.compact_pointer: dict[int, bytes] = {}
-        self.getter: Any = None  # the compiled point-read closure (db.make_getter)  # leveled: last key compacted per level
+        self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
+        self.getter: Any = None  # the compiled point-read closure (readpath.make_getter)
         self.set_options(explicit)
         self.publish()
 
@@ -68,7 +70,7 @@ class TableState:
                      tuple(_probe(r) for r in l0),
                      tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper))
 
-    def readers_in_order(self) -> list["SSTableReader"]:
+    def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
         _mem, _imms, l0, deeper = self.view
         out = list(l0)
@@ -77,7 +79,7 @@ class TableState:
         return out
 
 
-def _probe(r: "SSTableReader") -> tuple[Any, ...]:
+def _probe(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
     return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(bloom.k), r.keyed_fn)
@@ -142,8 +144,8 @@ class SSTableInfo:
         return d
 
     @classmethod
-    def from_reader(cls, table: str, reader: "SSTableReader",
-                    table_fp_chance: float | None = None) -> "SSTableInfo":
+    def from_reader(cls, table: str, reader: SSTableReader,
+                    table_fp_chance: float | None = None) -> SSTableInfo:
         bloom = reader.bloom
         stats = reader.filter_stats()
         current = reader.fp_chance if table_fp_chance is None else table_fp_chance
@@ -178,7 +180,7 @@ class Table:
 
     __slots__ = ("_db", "_state", "name")
 
-    def __init__(self, db: "DB", state: TableState) -> None:
+    def __init__(self, db: DB, state: TableState) -> None:
         self._db = db
         self._state = state
         self.name = state.name
@@ -244,7 +246,7 @@ class WriteBatch:
     discarded if the block raises.
     """
 
-    def __init__(self, db: "DB", sync: bool | None = None) -> None:
+    def __init__(self, db: DB, sync: bool | None = None) -> None:
         self._db = db
         self._sync = sync
         self._ops: list[tuple[TableState, bytes, bytes | None]] = []
@@ -275,7 +277,7 @@ class WriteBatch:
         self._done = True
         self._ops = []
 
-    def __enter__(self) -> "WriteBatch":
+    def __enter__(self) -> WriteBatch:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

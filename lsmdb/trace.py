@@ -25,7 +25,8 @@ def _file_step(reader: Any, key: bytes, h1: int, h2: int) -> tuple[dict[str, Any
         h1, h2 = split_hash(reader.keyed_fn(key))
         step["hash"] = "keyed"
     if key < reader.min_key or key > reader.max_key:
-        step.update(outcome="range_skip", min_key=reader.min_key.hex(), max_key=reader.max_key.hex())
+        step.update(outcome="range_skip", min_key=reader.min_key.hex(),
+                    max_key=reader.max_key.hex())
         return step, MISSING
     bloom = reader.bloom
     step.update(filter_bits=bloom.m, filter_hashes=bloom.k)
@@ -52,7 +53,7 @@ def _file_step(reader: Any, key: bytes, h1: int, h2: int) -> tuple[dict[str, Any
     return step, MISSING
 
 
-def trace_read(state: "TableState", key: bytes) -> dict[str, Any]:
+def trace_read(state: TableState, key: bytes) -> dict[str, Any]:
     """A JSON-ready account of how ``get(key)`` is answered in this table."""
     h = key_hash(key)
     h1, h2 = split_hash(h)

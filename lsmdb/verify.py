@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from . import block as blk
 from .bloom import BloomFilter, Hasher, key_hash, split_hash
-from .secret import load_secret
 from .errors import CorruptionError, LsmdbError
 from .manifest import MANIFEST_NAME, Manifest
+from .secret import load_secret
 from .sstable import SSTableReader
 from .stats import STATS_NAME, decode_stats
 from .wal import read_log_file

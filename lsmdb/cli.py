@@ -516,7 +516,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args))
+    from .errors import LsmdbError
+    try:
+        return int(args.func(args))
+    except LsmdbError as exc:  # a clear one-line message, not a traceback
+        print(f"lsmdb: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

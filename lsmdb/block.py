@@ -10,7 +10,7 @@ index or footer is (offset, payload size).  Payloads are msgpack:
 
 Worked example: the data block holding ``b"a" -> b"1"`` and a tombstone for
 ``b"b"`` is the msgpack ``92 92 c4 01 61 c4 01 62 92 c4 01 31 c0`` (13 bytes)
-followed by its CRC-32 ``…``; see docs/FORMAT.md.
+followed by its CRC-32 ``90 83 be 5d``; see docs/FORMAT.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,13 @@ def decode_data_block(payload: bytes, path: str,
     if (type(obj) is not list or len(obj) != 2 or type(obj[0]) is not list
             or type(obj[1]) is not list or len(obj[0]) != len(obj[1])):
         raise CorruptionError("data block has the wrong shape", path, offset)
-    return obj[0], obj[1]
+    keys, values = obj
+    # A block that passed its checksum can still have been written wrongly;
+    # a non-bytes key or value must never reach a caller.
+    if not all(type(k) is bytes for k in keys) or \
+            not all(v is None or type(v) is bytes for v in values):
+        raise CorruptionError("data block entry of the wrong type", path, offset)
+    return keys, values
 
 
 def validate_data_block(keys: list[Any], values: list[Any], path: str, offset: int) -> None:

@@ -55,6 +55,8 @@ FILTER_HEADER_SIZE = FILTER_HEADER.size
 assert FILTER_HEADER_SIZE == 36
 
 LN2_SQUARED = math.log(2) ** 2
+#: Most probes a filter may use (p = 1e-19 would need 64); more is a corrupt header.
+MAX_HASHES = 64
 MASK32 = 0xFFFFFFFF
 
 #: The 64-bit key hash every filter of algorithm 1 probes with.
@@ -145,7 +147,10 @@ class BloomFilter:
         if math.isnan(fp_chance) or not 0.0 < fp_chance <= 1.0:
             raise ValueError("fp_chance must satisfy 0 < fp_chance <= 1")
         m = optimal_bits(max(capacity, 1), float(fp_chance))
-        self._init(m, optimal_hashes(max(capacity, 1), m), float(fp_chance))
+        k = optimal_hashes(max(capacity, 1), m)
+        if k > MAX_HASHES:
+            raise ValueError(f"fp_chance {fp_chance:g} needs {k} hashes; at most {MAX_HASHES}")
+        self._init(m, k, float(fp_chance))
         self._capacity = capacity
 
     def _init(self, m: int, k: int, fp_chance: float) -> None:
@@ -161,8 +166,8 @@ class BloomFilter:
     @classmethod
     def with_size(cls, m: int, k: int) -> BloomFilter:
         """A filter of exactly ``m`` bits probed ``k`` times (for experiments)."""
-        if m < 1 or k < 1:
-            raise ValueError("m and k must be >= 1")
+        if m < 1 or not 1 <= k <= MAX_HASHES:
+            raise ValueError(f"need m >= 1 and 1 <= k <= {MAX_HASHES}")
         f = cls.__new__(cls)
         f._init(m, k, 0.0)
         return f
@@ -282,7 +287,7 @@ class BloomFilter:
             raise CorruptionError(
                 f"filter of {m} bits needs {(m + 7) // 8} bytes, block holds "
                 f"{len(data) - FILTER_HEADER_SIZE}", path, offset)
-        if (m == 0) != (k == 0) or k > 64:
+        if (m == 0) != (k == 0) or k > MAX_HASHES:
             raise CorruptionError(f"filter header has m={m}, k={k}", path, offset)
         f = cls.__new__(cls)
         f.m, f.k, f.n, f.fp_chance = m, k, n, fp

@@ -6,7 +6,8 @@ Files in a database directory (docs/FORMAT.md, "Files")::
     MANIFEST          tables, their options and their SSTables (atomic switch)
     NNNNNN.sst        an SSTable
     wal-NNNNNN.log    a write-ahead-log segment
-    STATS             per-SSTable filter counters
+    STATS             per-SSTable filter counters and per-table read counters
+    FILTER_KEY        the secret of keyed filter hashing (mode 0600; only if used)
 
 Writes: WAL record (fsync if ``sync``) -> memtable; a full memtable is
 flushed: SSTable written and fsynced -> manifest switched -> WAL segments no
@@ -96,7 +97,7 @@ class DB:
                  sync: bool = False, read_only: bool = False,
                  auto_compaction: bool = True,
                  block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+        self.path = os.path.abspath(os.fsdecode(os.fspath(path)))
         self._sync = bool(sync)
         self._read_only = bool(read_only)
         self._auto_compaction = bool(auto_compaction)
@@ -149,7 +150,6 @@ class DB:
                 self._create(manifest_path, create_if_missing)
             self._keyed = load_secret(self.path)
             manifest = self._load_with_retry(manifest_path)
-            self._recover_wal()
             self._load_counters()
             if not self._read_only:
                 self._sweep(manifest)
@@ -189,25 +189,27 @@ class DB:
         manifest.write(manifest_path)
 
     def _load_with_retry(self, manifest_path: str) -> Manifest:
-        """Read the manifest and open its files.
+        """Read the manifest, open its files and replay the WAL.
 
-        A read-only open races with the writer's compactions, which may delete
-        a file between our reading the manifest and opening the file: read the
-        (new) manifest again then.
+        A read-only open races with the writer, whose flushes and compactions
+        may delete a file or WAL segment between our reading the manifest and
+        opening it: then everything is read again from the new manifest.
         """
         attempts = 20 if self._read_only else 1
         for attempt in range(attempts):
             manifest = Manifest.read(manifest_path)
             try:
-                self._load(manifest)
+                self._load(manifest, vanished_ok=attempt < attempts - 1)
+                self._recover_wal()
                 return manifest
-            except CorruptionError:
+            except (_Vanished, FileNotFoundError):
                 if attempt == attempts - 1:
                     raise
                 self._close_readers()
                 self._tables.clear()
                 self._handles.clear()
-                time.sleep(0.05)
+                self._log = LogSet(self.path)
+                time.sleep(0.01)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _load_counters(self) -> None:
@@ -224,7 +226,7 @@ class DB:
             for reader in state.files:
                 reader.close()
 
-    def _load(self, manifest: Manifest) -> None:
+    def _load(self, manifest: Manifest, vanished_ok: bool = False) -> None:
         self._last_seq = manifest.last_seq
         self._next_file = manifest.next_file_number
         self._next_table_id = manifest.next_table_id
@@ -244,6 +246,8 @@ class DB:
                 try:
                     reader = SSTableReader(file_path, fm.number)
                 except FileNotFoundError:
+                    if self._read_only and vanished_ok:
+                        raise _Vanished(file_path) from None
                     raise CorruptionError("SSTable listed in the manifest is missing",
                                           file_path) from None
                 self._adopt(reader, fm.level)
@@ -309,7 +313,10 @@ class DB:
             return True
         want = _bloom.HASH_BLAKE2B_KEYED if state.options.bloom_filter_hash == "keyed" \
             else _bloom.HASH_XXH3_64
-        return fp < 1.0 and reader.hash_algorithm != want
+        if fp < 1.0 and reader.hash_algorithm != want:
+            return True
+        # A keyed filter whose secret is gone fails open: rebuilding it pays.
+        return reader.hash_algorithm == _bloom.HASH_BLAKE2B_KEYED and reader.keyed_fn is None
 
     def _alloc_file_number(self) -> int:
         number = self._next_file
@@ -888,6 +895,10 @@ class DB:
 
     def __repr__(self) -> str:
         return f"<lsmdb.DB {self.path!r}{' closed' if self._closed else ''}>"
+
+
+class _Vanished(Exception):
+    """A file the manifest named was deleted by a concurrent writer (read-only open)."""
 
 
 def _unlink_quietly(path: str) -> None:

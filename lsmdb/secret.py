@@ -37,8 +37,16 @@ def load_secret(directory: str) -> Hasher | None:
 
 
 def create_secret(directory: str) -> Hasher:
-    """Create ``FILTER_KEY`` (mode 0600, fsynced) and return its hasher."""
+    """Create ``FILTER_KEY`` (mode 0600, fsynced) and return its hasher.
+
+    An unusable one already there is moved aside to ``FILTER_KEY.damaged``
+    first: filters built with it fail open either way.
+    """
     path = os.path.join(directory, SECRET_NAME)
+    if os.path.exists(path):
+        log.warning("%s: replacing an unusable filter secret (kept as %s.damaged)", path,
+                    SECRET_NAME)
+        os.replace(path, path + ".damaged")
     secret = os.urandom(SECRET_SIZE_BYTES)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:

@@ -10,7 +10,7 @@ Layout (docs/FORMAT.md, "SSTable")::
 
 Footer: index (offset u64, size u64), filter (offset u64, size u64),
 properties (offset u64, size u64), format_version u32, crc32 u32 of the
-preceding 56 bytes, magic ``b"LSMDBSST"``.  Sizes exclude the 4-byte trailer.
+preceding 52 bytes, magic ``b"LSMDBSST"``.  Sizes exclude the 4-byte trailer.
 
 The filter covers every key in the file, tombstones included: a tombstone the
 filter skipped would let an older value in an older file resurface.

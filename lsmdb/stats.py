@@ -59,9 +59,12 @@ def decode_stats(data: bytes) -> tuple[dict[int, list[int]], dict[int, list[int]
     if magic != STATS_MAGIC or version != STATS_FORMAT_VERSION or len(payload) != length \
             or crc32(payload) != crc:
         raise ValueError("bad header or checksum")
-    obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    files = {int(k): [int(x) for x in v] for k, v in obj["files"].items()}
-    tables = {int(k): [int(x) for x in v] for k, v in obj["tables"].items()}
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        files = {int(k): [int(x) for x in v] for k, v in obj["files"].items()}
+        tables = {int(k): [int(x) for x in v] for k, v in obj["tables"].items()}
+    except Exception as exc:  # any shape msgpack can produce
+        raise ValueError(f"undecodable counters ({type(exc).__name__})") from None
     return files, tables
 
 

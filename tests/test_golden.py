@@ -1,0 +1,396 @@
+"""Golden files: the on-disk formats must not change by accident.
+
+* ``tests/data/golden.sst`` was written by ``tools/make_golden.py``.  The code
+  under test must rebuild it byte for byte, and must read it back exactly.
+* A WAL segment, a MANIFEST and a STATS file are pinned as byte literals
+  below, both as the codecs encode them and as a real database writes them.
+
+A failure here means the bytes lsmdb writes have changed.  If that was not
+intended, it is a bug.  If it was intended, it is a format change: bump the
+format version concerned, keep a reader for the old version, update
+docs/FORMAT.md, and only then regenerate the golden data
+(``python tools/make_golden.py``) and the literals here.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import math
+import os
+import struct
+import zlib
+
+import msgpack
+import pytest
+
+import lsmdb
+from lsmdb import bloom as bloom_mod
+from lsmdb.coding import BLOCK_TRAILER_SIZE, WAL_HEADER_SIZE
+from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, FileMeta, Manifest, TableMeta
+from lsmdb.sstable import FOOTER_SIZE, MISSING, SSTABLE_FORMAT_VERSION, SSTABLE_MAGIC, SSTableReader
+from lsmdb.wal import LogWriter, read_log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GOLDEN_SST = os.path.join(ROOT, "tests", "data", "golden.sst")
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location(
+        "lsmdb_make_golden", os.path.join(ROOT, "tools", "make_golden.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_golden = _load_generator()
+
+# What the golden file holds, stated here independently of the generator so
+# that an edit to the generator cannot silently change what is checked.
+EXPECTED_ITEMS = {
+    b"key000": b"value-0-", b"key001": b"value-1-*", b"key002": b"value-2-**",
+    b"key003": b"value-3-***", b"key004": b"value-4-****", b"key005": None,
+    b"key006": b"value-6-*", b"key007": b"value-7-**", b"key008": b"value-8-***",
+    b"key009": b"value-9-****", b"key010": b"value-10-", b"key011": b"value-11-*",
+    b"key012": b"value-12-**", b"key013": None, b"key014": b"value-14-****",
+    b"key015": b"value-15-", b"key016": b"value-16-*", b"key017": b"value-17-**",
+    b"key018": b"value-18-***", b"key019": b"value-19-****",
+}
+EXPECTED_PROPERTIES = {
+    "format_version": 1, "table": "golden", "entries": 20, "tombstones": 2, "data_blocks": 5,
+    "data_bytes": 423, "min_key": b"key000", "max_key": b"key019", "min_seq": 1000,
+    "max_seq": 1019, "fp_chance": 0.01, "filter_bits": 192, "filter_hashes": 7,
+}
+# (last key, offset, payload size) of each data block.
+EXPECTED_INDEX = [
+    (b"key003", 0, 81), (b"key007", 85, 73), (b"key011", 162, 85), (b"key015", 251, 75),
+    (b"key019", 330, 89),
+]
+EXPECTED_FILE_SIZE = 797
+EXPECTED_HANDLES = {"index": (423, 58), "filter": (485, 60), "properties": (549, 180)}
+
+
+@pytest.fixture(scope="module")
+def golden_bytes() -> bytes:
+    with open(GOLDEN_SST, "rb") as f:
+        return f.read()
+
+
+# -- (a) the code writes the golden file byte for byte ---------------------
+
+def test_generator_inputs_match_expectations():
+    assert dict(make_golden.golden_items()) == EXPECTED_ITEMS
+    assert [k for k, _ in make_golden.golden_items()] == sorted(EXPECTED_ITEMS)
+
+
+def test_sstable_builder_reproduces_golden_file(golden_bytes):
+    rebuilt = make_golden.build_golden()
+    if rebuilt != golden_bytes:
+        first = next((i for i, (a, b) in enumerate(zip(rebuilt, golden_bytes, strict=False))
+                      if a != b),
+                     min(len(rebuilt), len(golden_bytes)))
+        pytest.fail(f"SSTable bytes changed: first difference at offset {first} "
+                    f"(rebuilt {len(rebuilt)} bytes, golden {len(golden_bytes)} bytes); "
+                    "see the module docstring before regenerating")
+
+
+def test_write_sstable_to_disk_reproduces_golden_file(tmp_path, golden_bytes):
+    from lsmdb.sstable import write_sstable
+    path = str(tmp_path / "000001.sst")
+    props = write_sstable(path, make_golden.golden_items(), fp_chance=0.01, block_size=64,
+                          table="golden", min_seq=1000, max_seq=1019)
+    with open(path, "rb") as f:
+        assert f.read() == golden_bytes
+    assert props["size_bytes"] == EXPECTED_FILE_SIZE
+
+
+# -- (b) the golden file reads back exactly ---------------------------------
+
+@pytest.fixture(params=["pread", "memory"])
+def golden_reader(request, golden_bytes):
+    if request.param == "pread":
+        reader = SSTableReader(GOLDEN_SST, 7)
+    else:
+        reader = SSTableReader("golden.sst", 7, data=golden_bytes)
+    yield reader
+    reader.close()
+
+
+def test_golden_layout(golden_bytes):
+    assert len(golden_bytes) == EXPECTED_FILE_SIZE
+    assert golden_bytes[-8:] == b"LSMDBSST"
+    footer = golden_bytes[-FOOTER_SIZE:]
+    fields = struct.unpack("<QQQQQQII8s", footer)
+    assert fields[:6] == (*EXPECTED_HANDLES["index"], *EXPECTED_HANDLES["filter"],
+                          *EXPECTED_HANDLES["properties"])
+    assert fields[6] == 1
+    assert fields[7] == zlib.crc32(footer[:52])
+    # The regions tile the file: data blocks, index, filter, properties, footer.
+    pos = 0
+    for _last, off, size in EXPECTED_INDEX:
+        assert off == pos
+        pos += size + BLOCK_TRAILER_SIZE
+    for name in ("index", "filter", "properties"):
+        off, size = EXPECTED_HANDLES[name]
+        assert off == pos
+        payload = golden_bytes[off:off + size]
+        assert golden_bytes[off + size:off + size + 4] == zlib.crc32(payload).to_bytes(4, "little")
+        pos += size + BLOCK_TRAILER_SIZE
+    assert pos == len(golden_bytes) - FOOTER_SIZE
+
+
+def test_golden_properties(golden_reader):
+    r = golden_reader
+    assert r.properties == EXPECTED_PROPERTIES
+    assert (r.entries, r.tombstones) == (20, 2)
+    assert (r.min_key, r.max_key) == (b"key000", b"key019")
+    assert (r.min_seq, r.max_seq) == (1000, 1019)
+    assert r.table == "golden"
+    assert r.fp_chance == 0.01
+    assert r.size_bytes == EXPECTED_FILE_SIZE
+    assert r.index_handle == EXPECTED_HANDLES["index"]
+    assert r.filter_handle == EXPECTED_HANDLES["filter"]
+    assert r.props_handle == EXPECTED_HANDLES["properties"]
+    assert list(zip(r.index_keys, r.index_offsets, r.index_sizes, strict=True)) == EXPECTED_INDEX
+
+
+def test_golden_filter_parameters(golden_reader):
+    r = golden_reader
+    assert r.filter_error is None
+    f = r.bloom
+    assert isinstance(f, lsmdb.BloomFilter)
+    n, p = 20, 0.01
+    m = math.ceil(-n * math.log(p) / math.log(2) ** 2)
+    assert (f.m, f.k, f.n) == (m, max(1, round(m / n * math.log(2))), n) == (192, 7, 20)
+    assert f.fp_chance == 0.01
+    assert f.hash_algorithm == bloom_mod.HASH_XXH3_64 == 1
+    assert f.key_id == 0
+    assert f.size_bytes == 24
+    for key in EXPECTED_ITEMS:  # tombstones included
+        assert key in f
+    # The exact bits, so that a change of hash or probe order fails here too.
+    assert bytes(f._bits).hex() == (
+        "98a99b05c318873541cd4d4d01fa73fef31aebcf7fd74636")
+
+
+def test_golden_every_key_and_value(golden_reader):
+    r = golden_reader
+    for key, value in EXPECTED_ITEMS.items():
+        assert r.find(key) == value, key  # None: a tombstone
+    assert list(r.iter_range(None, None)) == list(EXPECTED_ITEMS.items())
+    assert list(r.iter_range(None, None, reverse=True)) == list(reversed(EXPECTED_ITEMS.items()))
+    for absent in (b"", b"key", b"key0000", b"key020", b"kez", b"\xff"):
+        assert r.find(absent) is MISSING
+    blocks = [r.read_data_block(i) for i in range(len(r.index_keys))]
+    assert [len(keys) for keys, _ in blocks] == [4, 4, 4, 4, 4]
+    assert [keys[-1] for keys, _ in blocks] == [last for last, _, _ in EXPECTED_INDEX]
+
+
+def test_golden_data_block_bytes(golden_bytes):
+    # Data block 1 holds the tombstone of key005; pin its exact encoding.
+    off, size = 85, 73
+    payload = golden_bytes[off:off + size]
+    assert payload == msgpack.packb(
+        [[b"key004", b"key005", b"key006", b"key007"],
+         [b"value-4-****", None, b"value-6-*", b"value-7-**"]], use_bin_type=True)
+    assert payload[:2] == b"\x92\x94"  # array(2) of array(4): keys, then values
+    assert b"\xc0" in payload          # msgpack nil: the tombstone
+    assert golden_bytes[off + size:off + size + 4] == bytes.fromhex("af6dd75a")
+
+
+
+def test_format_doc_worked_example_matches_the_code():
+    """docs/FORMAT.md section 10 pastes a hex dump; it must be what the builder writes."""
+    import re
+    with open(os.path.join(ROOT, "docs", "FORMAT.md"), encoding="utf-8") as f:
+        doc = f.read()
+    section = doc[doc.index("## 10. Worked example"):]
+    example = make_golden.build_example()
+    covered: set[int] = set()
+    for m in re.finditer(r"^  ([0-9a-f]{6})  ([0-9a-f]{2}(?: [0-9a-f]{2})*)", section, re.M):
+        offset = int(m.group(1), 16)
+        chunk = bytes.fromhex(m.group(2))
+        assert example[offset:offset + len(chunk)] == chunk, f"docs/FORMAT.md at 0x{offset:x}"
+        covered.update(range(offset, offset + len(chunk)))
+    assert covered == set(range(len(example))), "the dump must show every byte of the file"
+
+# -- on-disk constants -------------------------------------------------------
+
+def test_format_constants_are_pinned():
+    assert SSTABLE_MAGIC == b"LSMDBSST"
+    assert SSTABLE_FORMAT_VERSION == 1
+    assert FOOTER_SIZE == 64
+    assert BLOCK_TRAILER_SIZE == 4
+    assert WAL_HEADER_SIZE == 8
+    assert MANIFEST_MAGIC == b"LSMDBMAN"
+    assert MANIFEST_FORMAT_VERSION == 1
+    assert bloom_mod.FILTER_FORMAT_VERSION == 1
+    assert bloom_mod.FILTER_HEADER_SIZE == 36
+    # Hash algorithm ids are on disk: an id may be added, never renumbered or reused.
+    assert bloom_mod.HASH_XXH3_64 == 1
+    assert bloom_mod.HASH_BLAKE2B_KEYED == 2
+    assert bloom_mod.KNOWN_HASH_ALGORITHMS[1] == "xxh3_64"
+    assert bloom_mod.KNOWN_HASH_ALGORITHMS[2] == "blake2b_keyed"
+
+
+def test_hash_algorithm_1_is_xxh3_64_seed_0():
+    # Filters on disk depend on these exact values (hash algorithm id 1).
+    assert bloom_mod.key_hash(b"") == 0x2D06800538D394C2
+    assert bloom_mod.key_hash(b"a") == 0xE6C632B61E964E1F
+    assert bloom_mod.key_hash(b"key000") == 0x981540A6F984FDCB
+    assert bloom_mod.split_hash(0x981540A6F984FDCB) == (0xF984FDCB, 0x981540A6)
+
+
+def test_hash_algorithm_2_is_keyed_blake2b():
+    # Algorithm 2: blake2b(key, digest_size=8, key=secret) read as a little-endian
+    # u64; the header's key_id is blake2b(secret, digest_size=4, person=b"lsmdb-id")
+    # read as a little-endian u32.
+    hasher = bloom_mod.keyed_hasher(bytes(range(32)))
+    assert hasher.algorithm == 2
+    assert hasher.key_id == 0x8618331A
+    assert hasher.fn(b"") == 0xDA23B69E45E0FBB6
+    assert hasher.fn(b"key000") == 0x608DD77F99A2A308
+
+
+# -- WAL -----------------------------------------------------------------------
+
+# One record: crc32 u32 | length u32 | msgpack [7, [[1, b"k", b"v"], [2, b"gone", nil]]].
+GOLDEN_WAL_RECORD = bytes.fromhex(
+    "ff106159" "14000000"
+    "92" "07" "92" "93" "01" "c4016b" "c40176" "93" "02" "c404676f6e65" "c0")
+
+# A fresh database after put(k, v), delete(gone), and a batch put(x, 1) + delete(y),
+# all in the default table (id 1): three records with seq 1, 2, 3.
+GOLDEN_DB_WAL = bytes.fromhex(
+    "58a24db2" "0b000000" "9201919301c4016bc40176"
+    "61f0b598" "0c000000" "9202919301c404676f6e65c0"
+    "632d5214" "11000000" "9203929301c40178c401319301c40179c0")
+
+
+def test_wal_record_encoding(tmp_path):
+    payload = msgpack.packb([7, [[1, b"k", b"v"], [2, b"gone", None]]], use_bin_type=True)
+    path = str(tmp_path / "wal-000001.log")
+    w = LogWriter(path)
+    w.add_record(payload)
+    w.close()
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data == GOLDEN_WAL_RECORD
+    result = read_log(GOLDEN_WAL_RECORD)
+    assert result.records == [(0, payload)] and not result.torn
+    assert msgpack.unpackb(result.records[0][1], raw=False) == [7, [[1, b"k", b"v"],
+                                                                    [2, b"gone", None]]]
+
+
+def test_database_writes_golden_wal(tmp_path):
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    try:
+        db.put(b"k", b"v")
+        db.delete(b"gone")
+        with db.batch() as b:
+            b.put(b"x", b"1")
+            b.delete(b"y")
+    finally:
+        db.close()
+    segments = sorted(glob.glob(os.path.join(path, "wal-*.log")))
+    assert len(segments) == 1
+    with open(segments[0], "rb") as f:
+        assert f.read() == GOLDEN_DB_WAL
+    # ... and the pinned bytes are what recovery understands.
+    with lsmdb.open(path, read_only=True) as db:
+        assert (db.get(b"k"), db.get(b"x"), db.get(b"gone"), db.get(b"y")) == (
+            b"v", b"1", None, None)
+
+
+# -- MANIFEST --------------------------------------------------------------------
+
+GOLDEN_MANIFEST_OBJ = Manifest(next_file_number=9, next_table_id=3, last_seq=42, tables={
+    "default": TableMeta(1, {}, 40, [FileMeta(7, 0, 797, 20, b"key000", b"key019", 1000, 1019)]),
+    "events": TableMeta(2, {"bloom_filter_fp_chance": 0.001, "block_size_bytes": 256}, 0, []),
+})
+GOLDEN_MANIFEST = bytes.fromhex(
+    # magic "LSMDBMAN" | version 1 | crc32 | length 216
+    "4c534d44424d414e" "01000000" "bfcd741a" "d8000000"
+    # {"next_file_number": 9, "next_table_id": 3, "last_seq": 42, "tables": {...}}
+    "84b06e6578745f66696c655f6e756d62657209ad6e6578745f7461626c655f696403a86c6173745f7365712a"
+    "a67461626c657382"
+    # "default": {"id": 1, "options": {}, "flushed_seq": 40, "files": [[7, 0, 797, 20,
+    #             b"key000", b"key019", 1000, 1019]]}
+    "a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657128a566696c657391"
+    "980700cd031d14c4066b6579303030c4066b6579303139cd03e8cd03fb"
+    # "events": {"id": 2, "options": {"bloom_filter_fp_chance": 0.001,
+    #            "block_size_bytes": 256}, "flushed_seq": 0, "files": []}
+    "a66576656e747384a2696402a76f7074696f6e7382b6626c6f6f6d5f66696c7465725f66705f6368616e6365"
+    "cb3f50624dd2f1a9fcb0626c6f636b5f73697a655f6279746573cd0100ab666c75736865645f73657100"
+    "a566696c657390")
+
+# The MANIFEST a new, empty database starts with.
+GOLDEN_EMPTY_DB_MANIFEST = bytes.fromhex(
+    "4c534d44424d414e" "01000000" "5db5f7b1" "5e000000"
+    "84b06e6578745f66696c655f6e756d62657201ad6e6578745f7461626c655f696402a86c6173745f73657100"
+    "a67461626c657381a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657100"
+    "a566696c657390")
+
+
+def test_manifest_encoding():
+    assert GOLDEN_MANIFEST_OBJ.encode() == GOLDEN_MANIFEST
+    decoded = Manifest.decode(GOLDEN_MANIFEST, "MANIFEST")
+    assert decoded == GOLDEN_MANIFEST_OBJ
+
+
+def test_new_database_manifest(tmp_path):
+    path = str(tmp_path / "db")
+    lsmdb.open(path).close()
+    with open(os.path.join(path, "MANIFEST"), "rb") as f:
+        assert f.read() == GOLDEN_EMPTY_DB_MANIFEST
+
+
+# -- STATS -----------------------------------------------------------------------
+
+class _FakeReader:
+    number = 7
+    range_skips, filter_negatives, true_positives = 1, 2, 3
+    false_positives, false_negatives, block_reads, block_cache_hits = 4, 5, 6, 7
+
+
+class _FakeTable:
+    id, gets, gets_absent = 1, 10, 4
+
+
+# magic "LSMDBSTA" | version 1 | crc32 | length 29 |
+# {"files": {7: [1, 2, 3, 4, 5, 6, 7]}, "tables": {1: [10, 4]}}
+GOLDEN_STATS = bytes.fromhex(
+    "4c534d4442535441" "01000000" "498b3fc5" "1d000000"
+    "82a566696c657381079701020304050607a67461626c65738101920a04")
+
+# The same file as written before block_cache_hits was appended to the
+# per-file counters (still format version 1: the list is append-only).
+GOLDEN_STATS_6_COUNTERS = bytes.fromhex(
+    "4c534d4442535441" "01000000" "7bf0173a" "1c000000"
+    "82a566696c6573810796010203040506a67461626c65738101920a04")
+
+
+def test_stats_encoding():
+    from lsmdb.stats import FILE_COUNTERS, decode_stats, encode_stats
+    # Append only: the first counters keep their positions forever.
+    assert FILE_COUNTERS[:7] == ("range_skips", "filter_negatives", "true_positives",
+                                 "false_positives", "false_negatives", "block_reads",
+                                 "block_cache_hits")
+    assert encode_stats([_FakeReader()], [_FakeTable()]) == GOLDEN_STATS
+    assert decode_stats(GOLDEN_STATS) == ({7: [1, 2, 3, 4, 5, 6, 7]}, {1: [10, 4]})
+
+
+def test_stats_with_fewer_counters_still_load():
+    from lsmdb.stats import apply_file_counters, decode_stats
+
+    class Reader:
+        range_skips = block_reads = block_cache_hits = -1
+
+    files, tables = decode_stats(GOLDEN_STATS_6_COUNTERS)
+    assert (files, tables) == ({7: [1, 2, 3, 4, 5, 6]}, {1: [10, 4]})
+    reader = Reader()
+    reader.block_cache_hits = 0
+    apply_file_counters(reader, files[7])
+    assert (reader.range_skips, reader.block_reads, reader.block_cache_hits) == (1, 6, 0)

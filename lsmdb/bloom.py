@@ -190,6 +190,25 @@ class BloomFilter:
             if pos >= m:
                 pos -= m
 
+    def add_hashes(self, hashes: Iterable[int]) -> None:
+        """``add_hash`` for many hashes (the SSTable writer's path), loop inlined."""
+        m = self.m
+        bits = self._bits
+        rk = range(self.k)
+        count = 0
+        for h in hashes:
+            count += 1
+            if not m:
+                continue
+            pos = (h & MASK32) % m
+            step = (h >> 32) % m
+            for _ in rk:
+                bits[pos >> 3] |= 1 << (pos & 7)
+                pos += step
+                if pos >= m:
+                    pos -= m
+        self.n += count
+
     def update(self, keys: Iterable[bytes]) -> None:
         for key in keys:
             self.add_hash(key_hash(key))

@@ -32,8 +32,21 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class SwitchedButNotSynced(OSError):
+    """The new file replaced the old one, but fsyncing the directory failed.
+
+    The switch is visible (and is what a reopen reads unless the machine
+    crashes), so the caller must keep the new state -- never roll back to a
+    state that deletes files the new file names -- and must keep anything the
+    old state needs, since a machine crash could still bring it back.
+    """
+
+
 def write_file_durably(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync dir."""
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync dir.
+
+    Raises SwitchedButNotSynced when only the last step failed.
+    """
     directory = os.path.dirname(path) or "."
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -46,4 +59,8 @@ def write_file_durably(path: str, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(directory)
+    try:
+        fsync_dir(directory)
+    except OSError as exc:
+        raise SwitchedButNotSynced(exc.errno, f"{path} replaced, but fsync of its directory "
+                                              f"failed: {exc.strerror}") from exc

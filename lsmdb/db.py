@@ -32,6 +32,7 @@ from . import compaction as _compaction
 from . import stats as _stats
 from .background import Background
 from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
+from .coding import SwitchedButNotSynced
 from .errors import (
     CorruptionError,
     DatabaseClosedError,
@@ -175,7 +176,9 @@ class DB:
         self._lock_fd = fd
 
     def _check_creatable(self, create_if_missing: bool) -> None:
-        entries = [n for n in os.listdir(self.path) if n != LOCK_NAME]
+        # LOCK and MANIFEST.tmp are what a crash inside the very first open leaves.
+        entries = [n for n in os.listdir(self.path)
+                   if n not in (LOCK_NAME, MANIFEST_NAME + ".tmp")]
         if entries:
             raise NotADatabaseError(
                 f"{self.path} is not an lsmdb database (no {MANIFEST_NAME}, directory not empty)")
@@ -334,6 +337,8 @@ class DB:
             raise ReadOnlyError(f"database {self.path} was opened read-only")
 
     def _table_state(self, name: str | None) -> TableState:
+        if name is None and not self._closed:
+            return self._default_state
         self._check_open()
         if name is None:
             return self._default_state
@@ -380,11 +385,20 @@ class DB:
                 self._new_segment()
                 raise
             self._last_seq = seq
-            touched = []
-            for state, key, value in ops:
+            if len(ops) == 1:
+                state, key, value = ops[0]
                 state.mem.apply(seq, key, value)
-                if state not in touched:
-                    touched.append(state)
+                touched = [state]
+            else:
+                per_table: dict[TableState, dict[bytes, bytes | None]] = {}
+                for state, key, value in ops:
+                    items = per_table.get(state)
+                    if items is None:
+                        items = per_table[state] = {}
+                    items[key] = value  # later ops of the batch win
+                for state, items in per_table.items():
+                    state.mem.apply_many(seq, items)
+                touched = list(per_table)
             for state in touched:
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     try:
@@ -446,12 +460,12 @@ class DB:
         mem = state.mem
         if not len(mem):
             return
+        self._new_segment()  # records of ``mem`` are all in closed segments now
         mem.frozen = True
         state.mem = Memtable()
         state.imms = (mem,) + state.imms
         state.publish()
         flushed_seq = self._last_seq
-        self._new_segment()  # records of ``mem`` are all in closed segments now
         number = self._alloc_file_number()
         file_path = os.path.join(self.path, sst_name(number))
         try:
@@ -473,6 +487,12 @@ class DB:
         state.flushed_seq = flushed_seq
         try:
             self._write_manifest()
+        except SwitchedButNotSynced:
+            # The new manifest names the file: keep it.  Keep the WAL too (no
+            # retirement): a machine crash could bring the old manifest back.
+            state.imms = state.imms[1:]
+            state.publish()
+            raise
         except BaseException:
             state.files, state.flushed_seq = old_files, old_flushed
             state.mem, state.imms = mem, state.imms[1:]
@@ -595,14 +615,19 @@ class DB:
             self._tables[name] = state
             try:
                 self._write_manifest()
+            except SwitchedButNotSynced:
+                self._register(state)
+                raise
             except BaseException:
                 del self._tables[name]
                 self._next_table_id -= 1
                 raise
-            self._by_id[state.id] = state
-            handle = Table(self, state)
-            self._handles[name] = handle
-            return handle
+            return self._register(state)
+
+    def _register(self, state: TableState) -> Table:
+        self._by_id[state.id] = state
+        handle = self._handles[state.name] = Table(self, state)
+        return handle
 
     def alter_table(self, name: str, **table_options: Any) -> None:
         """Change options of ``name``; they apply to SSTables written from now on."""
@@ -615,6 +640,8 @@ class DB:
             state.set_options({**state.explicit, **changes})  # validates first
             try:
                 self._write_manifest()
+            except SwitchedButNotSynced:
+                raise  # the new options are on disk: keep them
             except BaseException:
                 state.set_options(old)
                 raise
@@ -628,15 +655,18 @@ class DB:
             self._check_writable()
             state = self._table_state(name)
             del self._tables[name]
+            synced = True
             try:
                 self._write_manifest()
+            except SwitchedButNotSynced:
+                synced = False  # dropped on disk; keep its files for the old manifest
             except BaseException:
                 self._tables[name] = state
                 raise
             state.dropped = True
             del self._handles[name]
             self._by_id.pop(state.id, None)
-            for reader in state.files:
+            for reader in state.files if synced else ():
                 # Not closed here: a concurrent get may still hold it; the
                 # descriptor is released when the last reference goes.
                 _unlink_quietly(reader.path)
@@ -644,6 +674,9 @@ class DB:
             state.imms = ()
             state.files = ()
             state.publish()
+            if not synced:
+                raise SwitchedButNotSynced(errno.EIO, f"table {name!r} dropped, but the manifest "
+                                                      "switch may not be durable")
             self._retire_segments()
 
     def sstables(self, table: str | None = None) -> list[SSTableInfo]:
@@ -810,6 +843,12 @@ class DB:
             state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
             try:
                 self._write_manifest()
+            except SwitchedButNotSynced:
+                # The new manifest names the outputs: serve them, but keep the
+                # inputs on disk (the old manifest may come back after a crash;
+                # the next open sweeps them).
+                state.publish()
+                raise
             except BaseException:
                 state.files = old
                 for r in outputs:

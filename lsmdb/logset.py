@@ -91,11 +91,11 @@ class LogSet:
 
     def start(self, number: int) -> None:
         """Close the current segment (if any) and open segment ``number`` for appends."""
+        writer = LogWriter(self.path(number))  # if this fails, the current one stays open
         if self.writer is not None:
             self.writer.close()
             self.closed.append([self.number, self.max_seq])
-        self.writer = None
-        self.writer = LogWriter(self.path(number))
+        self.writer = writer
         self.number = number
         self.max_seq = 0
 

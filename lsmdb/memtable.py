@@ -49,6 +49,31 @@ class Memtable:
         if seq > self.max_seq:
             self.max_seq = seq
 
+    def apply_many(self, seq: int, items: dict[bytes, bytes | None]) -> None:
+        """``apply`` for many keys at once (one batch): a large batch is merged
+        into the sorted keys with one sort instead of one insertion per key."""
+        if len(items) < 64:
+            for key, value in items.items():
+                self.apply(seq, key, value)
+            return
+        data = self.data
+        grow = 0
+        missing = _MISSING
+        for key, value in items.items():
+            old = data.get(key, missing)
+            if old is missing:
+                grow += len(key) + ENTRY_OVERHEAD_BYTES
+            elif old is not None:
+                grow -= len(old)
+            if value is not None:
+                grow += len(value)
+        data.update(items)
+        self.size_bytes += grow
+        if self.min_seq is None:
+            self.min_seq = seq
+        if seq > self.max_seq:
+            self.max_seq = seq
+
     def items_range(self, start: bytes | None, end: bytes | None,
                     reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
         """(key, value|None) for start <= key < end, in order."""

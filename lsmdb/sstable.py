@@ -98,6 +98,44 @@ class SSTableBuilder:
         if self._block_bytes >= self._block_size:
             self._flush_block()
 
+    def add_many(self, items: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """``add`` for a whole sorted stream, with the per-entry work inlined."""
+        keys, values = self._keys, self._values
+        hashes = self._hashes if self._fp_chance < 1.0 else None
+        hash_fn = self._hash
+        block_size = self._block_size
+        block_bytes = self._block_bytes
+        last = self._last
+        entries = tombstones = 0
+        for key, value in items:
+            if last is not None and key <= last:
+                raise ValueError("SSTable keys must be added in strictly increasing order")
+            last = key
+            entries += 1
+            if value is None:
+                tombstones += 1
+                block_bytes += len(key) + _ENTRY_OVERHEAD
+            else:
+                block_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
+            keys.append(key)
+            values.append(value)
+            if hashes is not None:
+                hashes.append(hash_fn(key))
+            if block_bytes >= block_size:
+                if self.min_key is None:
+                    self.min_key = keys[0]
+                self._flush_block()
+                keys, values = self._keys, self._values
+                block_bytes = 0
+        if entries:
+            if self.min_key is None:  # no block was cut: the first key is still pending
+                self.min_key = keys[0]
+            self.max_key = last
+        self._last = last
+        self._block_bytes = block_bytes
+        self.entries += entries
+        self.tombstones += tombstones
+
     def note_seq(self, min_seq: int | None, max_seq: int) -> None:
         """Record the WAL sequence range the entries came from (properties only)."""
         if min_seq is not None and (self.min_seq is None or min_seq < self.min_seq):
@@ -127,9 +165,7 @@ class SSTableBuilder:
         bloom.hash_algorithm = self._hasher.algorithm
         bloom.key_id = self._hasher.key_id
         if self._fp_chance < 1.0:
-            add = bloom.add_hash
-            for h in self._hashes:
-                add(h)
+            bloom.add_hashes(self._hashes)
         bloom.n = n
         return bloom
 
@@ -181,8 +217,7 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
     with open(path, "wb") as f:
         builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
                                  hasher=hasher)
-        for key, value in items:
-            builder.add(key, value)
+        builder.add_many(items)
         builder.note_seq(min_seq, max_seq)
         props = builder.finish()
         f.flush()

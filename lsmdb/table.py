@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .bloom import predicted_fpr_for
 from .errors import NoSuchTableError
-from .keys import as_key, as_value
+from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
 from .memtable import Memtable
 from .options import TableOptions
 
@@ -253,8 +253,13 @@ class WriteBatch:
         self._done = False
 
     def put(self, key: Any, value: Any, table: str | None = None) -> None:
-        self._check()
-        self._ops.append((self._db._table_state(table), as_key(key), as_value(value)))
+        if self._done:
+            self._check()
+        if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
+            key = as_key(key)
+        if type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES:
+            value = as_value(value)
+        self._ops.append((self._db._table_state(table), key, value))
 
     def delete(self, key: Any, table: str | None = None) -> None:
         self._check()

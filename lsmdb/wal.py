@@ -34,7 +34,11 @@ class LogWriter:
         self._f: BinaryIO = open(path, "ab", buffering=0)
         self.size = self._f.tell()
         if not existed and sync_dir:
-            fsync_dir(os.path.dirname(path) or ".")
+            try:
+                fsync_dir(os.path.dirname(path) or ".")
+            except BaseException:
+                self._f.close()
+                raise
 
     def add_record(self, payload: bytes, sync: bool = False) -> None:
         if not payload:

@@ -91,6 +91,13 @@ def pick(state: TableState) -> CompactionJob | None:
 
 def _pick_size_tiered(state: TableState) -> CompactionJob | None:
     opts = state.options
+    deeper = [r for r in state.files if r.level > 0]
+    if deeper:
+        # Levels left by a switch from leveled: their data is older than every
+        # L0 file, but their seq ranges interleave, so they cannot be ordered
+        # by age among themselves.  Merge them all into one oldest L0 file.
+        return CompactionJob(state, deeper, 0, True, None,
+                             f"size_tiered: merging {len(deeper)} files left in levels >= 1")
     files = sorted(state.files, key=_age_key)  # oldest first
     if len(files) < opts.min_threshold:
         return None
@@ -188,6 +195,18 @@ def full_compaction(state: TableState) -> CompactionJob | None:
     return CompactionJob(state, list(state.files), 0, True, None, "full compaction")
 
 
+def _output_in_last_level(job: CompactionJob) -> bool:
+    """Do the outputs land in the last level (what bloom_filter_skip_last_level means)?
+
+    Not the same as ``job.bottom`` (no older data for the key range, which is
+    what lets tombstones go): an L0 -> L1 merge over keys no L2 file holds is
+    the bottom for those keys, but L1 is not the last level.
+    """
+    if job.state.options.compaction == "leveled":
+        return job.output_level >= max(1, bottom_level_of(job.state))
+    return job.bottom
+
+
 def newest_first(inputs: list[SSTableReader]) -> list[SSTableReader]:
     """Inputs in the order a read would consult them."""
     l0 = sorted((r for r in inputs if r.level == 0), key=_age_key, reverse=True)
@@ -204,7 +223,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     """
     state = job.state
     opts = state.options
-    fp = target_fp_chance(state, job.bottom)
+    fp = target_fp_chance(state, _output_in_last_level(job))
     sources: list[Iterable[tuple[bytes, bytes | None]]] = [
         r.iter_range(None, None) for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)

@@ -33,6 +33,7 @@ from . import stats as _stats
 from .background import Background
 from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
 from .coding import SwitchedButNotSynced
+from .compactor import Compactor
 from .errors import (
     CorruptionError,
     DatabaseClosedError,
@@ -51,7 +52,7 @@ from .merge import merge_newest
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
 from .readpath import get_many, state_getter
 from .secret import create_secret, load_secret
-from .sstable import SSTableReader, rewrite_filter, write_sstable
+from .sstable import SSTableReader, write_sstable
 from .table import SSTableInfo, Table, TableState, WriteBatch
 from .trace import trace_read
 
@@ -116,7 +117,7 @@ class DB:
         self._last_seq = 0
         self._next_file = 1
         self._next_table_id = 1
-        self._compaction_lock = threading.Lock()   # one compaction (or rebuild) at a time
+        self._compactor = Compactor(self)
         self._bg: Background | None = None
         self._stats_lock = threading.Lock()
         self._keyed: _bloom.Hasher | None = None
@@ -309,18 +310,6 @@ class DB:
                     self._keyed = create_secret(self.path)
         return self._keyed
 
-    def _filter_stale(self, state: TableState, reader: SSTableReader) -> bool:
-        """Was ``reader``'s filter built otherwise than a file written now would be?"""
-        fp = _compaction.target_fp_chance(state, _compaction.reader_is_bottom(state, reader))
-        if reader.fp_chance != fp:
-            return True
-        want = _bloom.HASH_BLAKE2B_KEYED if state.options.bloom_filter_hash == "keyed" \
-            else _bloom.HASH_XXH3_64
-        if fp < 1.0 and reader.hash_algorithm != want:
-            return True
-        # A keyed filter whose secret is gone fails open: rebuilding it pays.
-        return reader.hash_algorithm == _bloom.HASH_BLAKE2B_KEYED and reader.keyed_fn is None
-
     def _alloc_file_number(self) -> int:
         number = self._next_file
         self._next_file += 1
@@ -390,6 +379,7 @@ class DB:
                 state.mem.apply(seq, key, value)
                 touched = [state]
             else:
+                # Per table, the batch becomes visible to point reads at once.
                 per_table: dict[TableState, dict[bytes, bytes | None]] = {}
                 for state, key, value in ops:
                     items = per_table.get(state)
@@ -469,7 +459,7 @@ class DB:
         number = self._alloc_file_number()
         file_path = os.path.join(self.path, sst_name(number))
         try:
-            write_sstable(file_path, mem.data.items(),
+            write_sstable(file_path, mem.items(),
                           fp_chance=state.options.bloom_filter_fp_chance,
                           block_size=state.options.block_size_bytes, table=state.name,
                           min_seq=mem.min_seq, max_seq=mem.max_seq,
@@ -691,7 +681,7 @@ class DB:
             fp = state.options.bloom_filter_fp_chance
             for reader in state.readers_in_order():
                 info = SSTableInfo.from_reader(state.name, reader, fp)
-                stale = self._filter_stale(state, reader)
+                stale = self._compactor.filter_stale(state, reader)
                 if info.filter_stale != stale:
                     info = dataclasses.replace(info, filter_stale=stale)
                 out.append(info)
@@ -750,12 +740,7 @@ class DB:
         """
         self.flush(table)
         for state in self._states(table):
-            with self._compaction_lock:
-                if state.dropped:
-                    continue
-                job = _compaction.full_compaction(state)
-                if job is not None:
-                    self._run_job(job)
+            self._compactor.compact_all(state)
 
     def wait_for_compactions(self, timeout: float | None = None) -> None:
         """Block until background compaction has nothing left to do.
@@ -771,98 +756,33 @@ class DB:
             error = bg.take_error()
             if error is not None:
                 raise error
-            if not bg.busy and not self._pending():
+            if not bg.busy and not self._compactor.pending():
                 return
             bg.wait_round(0.05)
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError("compactions still running")
 
-    def _pending(self) -> bool:
-        return any(_compaction.pick(s) is not None for s in list(self._tables.values()))
-
     def rebuild_filters(self, table: str | None = None, only_stale: bool = True) -> int:
-        """Rewrite the filter of each SSTable whose fp chance differs from the table's.
+        """Rewrite the filter of each SSTable built otherwise than the table's options say.
 
-        Data blocks and index are copied byte for byte; a new filter,
-        properties block and footer are written, and the new file replaces
-        the old one through the manifest.  ``only_stale=False`` rewrites every
-        file.  Returns the number of files rewritten.
+        Stale means another fp chance than the table's current one (or the
+        last level's under ``bloom_filter_skip_last_level``), another hash, or
+        a keyed filter whose secret is gone.  Data blocks and index are
+        copied byte for byte; a new filter, properties block and footer are
+        written, and the new file replaces the old one through the manifest.
+        ``only_stale=False`` rewrites every file.  Returns the number of
+        files rewritten.
         """
         self._check_writable()
-        count = 0
-        for state in self._states(table):
-            with self._compaction_lock:
-                for reader in list(state.files):
-                    if state.dropped:
-                        break
-                    if only_stale and not self._filter_stale(state, reader):
-                        continue
-                    fp = _compaction.target_fp_chance(
-                        state, _compaction.reader_is_bottom(state, reader))
-                    with self._lock:
-                        number = self._alloc_file_number()
-                    path = os.path.join(self.path, sst_name(number))
-                    new = self._adopt(
-                        rewrite_filter(reader, path, number, fp, self._hasher_for(state)),
-                        reader.level)
-                    job = _compaction.CompactionJob(state, [reader], reader.level, False, None,
-                                                    "rebuild filter")
-                    self._install(job, [new])
-                    count += 1
-        return count
-
-    def _run_job(self, job: _compaction.CompactionJob) -> None:
-        """Run one compaction (caller holds the compaction lock)."""
-        started = time.monotonic()
-        outputs = _compaction.run(job, self._locked_alloc,
-                                  lambda n: os.path.join(self.path, sst_name(n)),
-                                  self._hasher_for(job.state))
-        for reader in outputs:
-            self._adopt(reader, job.output_level)
-        self._install(job, outputs)
-        log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
-                 job.state.name, len(outputs), job.output_level, time.monotonic() - started,
-                 job.reason)
+        return sum(self._compactor.rebuild_filters(state, only_stale)
+                   for state in self._states(table))
 
     def _locked_alloc(self) -> int:
         with self._lock:
             return self._alloc_file_number()
 
-    def _install(self, job: _compaction.CompactionJob, outputs: list[SSTableReader]) -> None:
-        """Switch the manifest from the job's inputs to its outputs, then delete the inputs."""
-        state = job.state
-        with self._lock:
-            inputs = {id(r) for r in job.inputs}
-            if state.dropped or self._closed or not all(
-                    any(id(r) == i for r in state.files) for i in inputs):
-                for r in outputs:
-                    r.close()
-                    _unlink_quietly(r.path)
-                return
-            old = state.files
-            state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
-            try:
-                self._write_manifest()
-            except SwitchedButNotSynced:
-                # The new manifest names the outputs: serve them, but keep the
-                # inputs on disk (the old manifest may come back after a crash;
-                # the next open sweeps them).
-                state.publish()
-                raise
-            except BaseException:
-                state.files = old
-                for r in outputs:
-                    r.close()
-                    _unlink_quietly(r.path)
-                raise
-            state.publish()
-            if job.pointer is not None:
-                state.compact_pointer[job.pointer[0]] = job.pointer[1]
-        for r in job.inputs:
-            _unlink_quietly(r.path)  # readers still holding it keep their descriptor
-            if self._block_cache is not None:
-                self._block_cache.evict_file(r.number)
-        self._save_counters()
+    def _sst_path(self, number: int) -> str:
+        return os.path.join(self.path, sst_name(number))
 
     # ------------------------------------------------------------ background
     def _wake_background(self) -> None:
@@ -873,21 +793,8 @@ class DB:
         """One background round: counters when due, then every pending compaction."""
         if time.monotonic() - self._stats_saved_at >= _stats.STATS_INTERVAL_SECONDS:
             self._save_counters()
-        while self._auto_compaction and not should_stop():
-            did = False
-            for state in list(self._tables.values()):
-                if should_stop():
-                    return
-                with self._compaction_lock:
-                    if state.dropped:
-                        continue
-                    job = _compaction.pick(state)
-                    if job is None:
-                        continue
-                    self._run_job(job)
-                    did = True
-            if not did:
-                return
+        if self._auto_compaction:
+            self._compactor.run_pending(should_stop)
 
     def _save_counters(self) -> None:
         if self._read_only:

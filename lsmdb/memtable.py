@@ -1,7 +1,11 @@
 """The in-memory table: newest value (or tombstone) of each key, sorted bytewise.
 
-A memtable is mutable until it is frozen for a flush; a frozen memtable is
-never changed again, so readers and iterators may use it without locks.
+Two structures: a plain ``dict`` (``data``) that point reads use without any
+lock, and a ``SortedList`` of the keys (``keys``) that scans and flushes
+walk in order (they hold the database lock, or use a frozen memtable).  A
+batch becomes visible to point reads in one ``dict.update`` -- a single C
+call under the GIL -- so no reader sees half of it.  A memtable is mutable
+until frozen for a flush; a frozen memtable never changes again.
 Tombstones are stored as ``None``.
 """
 
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedList
 
 # Rough per-entry bookkeeping cost (dict slot, sorted-list slot, objects).
 ENTRY_OVERHEAD_BYTES = 64
@@ -18,13 +22,14 @@ ENTRY_OVERHEAD_BYTES = 64
 class Memtable:
     """Sorted map ``key -> value | None`` with size accounting.
 
-    ``put``/``delete`` are O(log n); ``get`` is a dict lookup, O(1).
+    ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
-    __slots__ = ("data", "size_bytes", "min_seq", "max_seq", "frozen")
+    __slots__ = ("data", "keys", "size_bytes", "min_seq", "max_seq", "frozen")
 
     def __init__(self) -> None:
-        self.data: SortedDict = SortedDict()
+        self.data: dict[bytes, bytes | None] = {}
+        self.keys: SortedList = SortedList()
         self.size_bytes = 0
         self.min_seq: int | None = None  # smallest WAL sequence number held
         self.max_seq = 0
@@ -33,52 +38,62 @@ class Memtable:
     def __len__(self) -> int:
         return len(self.data)
 
-    def apply(self, seq: int, key: bytes, value: bytes | None) -> None:
-        """Record ``value`` (None = tombstone) for ``key`` at sequence ``seq``."""
-        data = self.data
-        old = data.get(key, _MISSING)
-        if old is _MISSING:
-            self.size_bytes += len(key) + ENTRY_OVERHEAD_BYTES
-        elif old is not None:
-            self.size_bytes -= len(old)
-        if value is not None:
-            self.size_bytes += len(value)
-        data[key] = value
+    def _note_seq(self, seq: int) -> None:
         if self.min_seq is None:
             self.min_seq = seq
         if seq > self.max_seq:
             self.max_seq = seq
 
+    def apply(self, seq: int, key: bytes, value: bytes | None) -> None:
+        """Record ``value`` (None = tombstone) for ``key`` at sequence ``seq``."""
+        data = self.data
+        if key not in data:
+            self.size_bytes += len(key) + ENTRY_OVERHEAD_BYTES
+            self.keys.add(key)
+        else:
+            old = data[key]
+            if old is not None:
+                self.size_bytes -= len(old)
+        if value is not None:
+            self.size_bytes += len(value)
+        data[key] = value
+        self._note_seq(seq)
+
     def apply_many(self, seq: int, items: dict[bytes, bytes | None]) -> None:
-        """``apply`` for many keys at once (one batch): a large batch is merged
-        into the sorted keys with one sort instead of one insertion per key."""
-        if len(items) < 64:
-            for key, value in items.items():
-                self.apply(seq, key, value)
-            return
+        """``apply`` for every key of one batch, made visible to point reads at once.
+
+        New keys join the sorted list in one ``SortedList.update`` (a sort,
+        for large batches) instead of one insertion each.
+        """
         data = self.data
         grow = 0
-        missing = _MISSING
+        new_keys = []
         for key, value in items.items():
-            old = data.get(key, missing)
-            if old is missing:
+            if key not in data:
                 grow += len(key) + ENTRY_OVERHEAD_BYTES
-            elif old is not None:
-                grow -= len(old)
+                new_keys.append(key)
+            else:
+                old = data[key]
+                if old is not None:
+                    grow -= len(old)
             if value is not None:
                 grow += len(value)
-        data.update(items)
+        data.update(items)  # the whole batch, atomically for lock-free readers
+        if new_keys:
+            self.keys.update(new_keys)
         self.size_bytes += grow
-        if self.min_seq is None:
-            self.min_seq = seq
-        if seq > self.max_seq:
-            self.max_seq = seq
+        self._note_seq(seq)
+
+    def items(self) -> Iterator[tuple[bytes, bytes | None]]:
+        """Every (key, value|None) in key order."""
+        data = self.data
+        return ((k, data[k]) for k in self.keys)
 
     def items_range(self, start: bytes | None, end: bytes | None,
                     reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
         """(key, value|None) for start <= key < end, in order."""
         data = self.data
-        keys = data.irange(start, end, inclusive=(True, False), reverse=reverse)
+        keys = self.keys.irange(start, end, inclusive=(True, False), reverse=reverse)
         return ((k, data[k]) for k in keys)
 
     def snapshot_range(self, start: bytes | None, end: bytes | None,
@@ -86,13 +101,8 @@ class Memtable:
         return list(self.items_range(start, end, reverse))
 
     def _check(self) -> None:
-        keys = list(self.data.keys())
-        if keys != sorted(keys):
-            raise AssertionError("memtable keys out of order")
+        """Invariants: the sorted keys are exactly the dict's keys, in order."""
+        keys = list(self.keys)
+        if keys != sorted(self.data):
+            raise AssertionError("memtable sorted keys and dict disagree")
 
-
-class _Missing:
-    __slots__ = ()
-
-
-_MISSING = _Missing()

@@ -1,0 +1,158 @@
+"""Running compactions and filter rebuilds for one database, and installing their outputs.
+
+:mod:`lsmdb.compaction` decides *what* to merge and writes the new files;
+the :class:`Compactor` serialises jobs (one at a time per database), hands
+the outputs to the database and switches the manifest from inputs to
+outputs.  Inputs are deleted only after the switch is durable; readers that
+still hold an input keep reading it through their open descriptor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from . import bloom as _bloom
+from . import compaction as _compaction
+from .coding import SwitchedButNotSynced
+from .sstable import SSTableReader, rewrite_filter
+from .table import TableState
+
+if TYPE_CHECKING:
+    from .db import DB
+
+log = logging.getLogger("lsmdb")
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class Compactor:
+    """Compactions, filter rebuilds and their installation for one :class:`DB`."""
+
+    def __init__(self, db: DB) -> None:
+        self._db = db
+        self.lock = threading.Lock()   # one compaction (or rebuild) at a time
+
+    # -- what is due ------------------------------------------------------
+    def pending(self) -> bool:
+        return any(_compaction.pick(s) is not None for s in list(self._db._tables.values()))
+
+    def filter_stale(self, state: TableState, reader: SSTableReader) -> bool:
+        """Was ``reader``'s filter built otherwise than a file written now would be?"""
+        fp = _compaction.target_fp_chance(state, _compaction.reader_is_bottom(state, reader))
+        if reader.fp_chance != fp:
+            return True
+        want = _bloom.HASH_BLAKE2B_KEYED if state.options.bloom_filter_hash == "keyed" \
+            else _bloom.HASH_XXH3_64
+        if fp < 1.0 and reader.hash_algorithm != want:
+            return True
+        # A keyed filter whose secret is gone fails open: rebuilding it pays.
+        return reader.hash_algorithm == _bloom.HASH_BLAKE2B_KEYED and reader.keyed_fn is None
+
+    # -- running ----------------------------------------------------------
+    def compact_all(self, state: TableState) -> None:
+        """Full compaction of one table (synchronous)."""
+        with self.lock:
+            if state.dropped:
+                return
+            job = _compaction.full_compaction(state)
+            if job is not None:
+                self.run(job)
+
+    def run_pending(self, should_stop: Callable[[], bool]) -> None:
+        """Every compaction the tables need, until none is due (background thread)."""
+        while not should_stop():
+            did = False
+            for state in list(self._db._tables.values()):
+                if should_stop():
+                    return
+                with self.lock:
+                    if state.dropped:
+                        continue
+                    job = _compaction.pick(state)
+                    if job is None:
+                        continue
+                    self.run(job)
+                    did = True
+            if not did:
+                return
+
+    def rebuild_filters(self, state: TableState, only_stale: bool) -> int:
+        """Rewrite the filters of ``state``'s files (see ``DB.rebuild_filters``)."""
+        db = self._db
+        count = 0
+        with self.lock:
+            for reader in list(state.files):
+                if state.dropped:
+                    break
+                if only_stale and not self.filter_stale(state, reader):
+                    continue
+                fp = _compaction.target_fp_chance(
+                    state, _compaction.reader_is_bottom(state, reader))
+                number = db._locked_alloc()
+                path = db._sst_path(number)
+                new = db._adopt(rewrite_filter(reader, path, number, fp, db._hasher_for(state)),
+                                reader.level)
+                self.install(_compaction.CompactionJob(state, [reader], reader.level, False, None,
+                                                       "rebuild filter"), [new])
+                count += 1
+        return count
+
+    def run(self, job: _compaction.CompactionJob) -> None:
+        """Run one compaction (the caller holds ``self.lock``)."""
+        db = self._db
+        started = time.monotonic()
+        outputs = _compaction.run(job, db._locked_alloc, db._sst_path, db._hasher_for(job.state))
+        for reader in outputs:
+            db._adopt(reader, job.output_level)
+        self.install(job, outputs)
+        log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
+                 job.state.name, len(outputs), job.output_level, time.monotonic() - started,
+                 job.reason)
+
+    def install(self, job: _compaction.CompactionJob, outputs: list[SSTableReader]) -> None:
+        """Switch the manifest from the job's inputs to its outputs, then delete the inputs."""
+        db = self._db
+        state = job.state
+        with db._lock:
+            inputs = {id(r) for r in job.inputs}
+            if state.dropped or db._closed or not all(
+                    any(id(r) == i for r in state.files) for i in inputs):
+                for r in outputs:
+                    r.close()
+                    _unlink_quietly(r.path)
+                return
+            old = state.files
+            state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
+            try:
+                db._write_manifest()
+            except SwitchedButNotSynced:
+                # The new manifest names the outputs: serve them, but keep the
+                # inputs on disk (the old manifest may come back after a crash;
+                # the next open sweeps them).
+                state.publish()
+                raise
+            except BaseException:
+                state.files = old
+                for r in outputs:
+                    r.close()
+                    _unlink_quietly(r.path)
+                raise
+            state.publish()
+            if job.pointer is not None:
+                state.compact_pointer[job.pointer[0]] = job.pointer[1]
+        cache = db._block_cache
+        for r in job.inputs:
+            _unlink_quietly(r.path)  # readers still holding it keep their descriptor
+            if cache is not None:
+                cache.evict_file(r.number)
+        db._save_counters()

@@ -1,0 +1,213 @@
+"""The benchmarks run end to end at a tiny size; their JSON holds together.
+
+Only structure and invariants are checked -- never speed: the machines are
+shared and noisy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KEYS = 4_000
+SSTABLES = 4
+QUERIES = 1_000
+PRICE_LIST_FP_CHANCES = [1.0, 0.1, 0.01, 0.001, 0.0001]
+K_SWEEP = [1, 2, 4, 6, 8, 12, 20]
+ABSENT_SHARES = [0.0, 0.5, 0.9, 0.99]
+WORKLOADS = ["bulk_load", "get_present", "get_absent_in_range", "get_absent_out_of_range", "scan"]
+STORES = ["lsmdb", "sqlite3", "leveldb", "rocksdb", "lmdb"]
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from the repository root, as bench/README.md runs it."""
+    path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT,
+                          env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    done = run(module, *args)
+    assert done.returncode == 0, f"{module} failed:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def absent_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("absent") / "absent.json"
+    done = run_module("bench.absent_keys", "--keys", str(KEYS), "--sstables", str(SSTABLES),
+                      "--queries", str(QUERIES), "--json", str(out))
+    return json.loads(out.read_text()), done.stdout
+
+
+def in_unit_interval(x: float) -> bool:
+    return 0.0 <= x <= 1.0
+
+
+def check_fpr_fields(row: dict[str, Any]) -> None:
+    """Every measured rate carries its interval and its prediction."""
+    assert row["filter_probes"] > 0
+    assert row["measured_fpr"] == row["false_positives"] / row["filter_probes"]
+    assert in_unit_interval(row["predicted_fpr"])
+    assert row["ci99_low"] <= row["measured_fpr"] <= row["ci99_high"]
+    assert row["predicted_in_ci99"] == (row["ci99_low"] <= row["predicted_fpr"]
+                                        <= row["ci99_high"])
+
+
+def test_absent_keys_report_shape(absent_keys: tuple[dict[str, Any], str]) -> None:
+    report, stdout = absent_keys
+    for part in ("guarantee", "price_list", "k_sweep", "overfill", "absent_share"):
+        assert report[part]["rows"], part
+        assert isinstance(report[part]["title"], str)
+        assert report[part]["title"].split(":")[0] in stdout
+    assert report["config"] == {**report["config"], "keys": KEYS, "sstables": SSTABLES,
+                                "queries": QUERIES}
+    assert report["machine"]["cores"] >= 1
+
+
+def test_guarantee_no_false_negatives(absent_keys: tuple[dict[str, Any], str]) -> None:
+    rows = absent_keys[0]["guarantee"]["rows"]
+    assert rows[0]["files"] == SSTABLES
+    for row in rows:
+        assert row["false_negatives"] == 0
+        assert row["wrong_values"] == 0
+        assert row["absent_found"] == 0
+        assert row["present_found"] == row["present_gets"] == QUERIES
+        assert row["range_skips"] == 0  # only the filters can turn the absent keys away
+        assert row["filter_probes"] == QUERIES * row["files"]
+        check_fpr_fields(row)
+    if len(rows) == 2:  # the engine can compact
+        assert rows[1]["layout"] == "after full compaction"
+        assert rows[1]["files"] < SSTABLES
+
+
+def test_price_list_block_reads(absent_keys: tuple[dict[str, Any], str]) -> None:
+    rows = absent_keys[0]["price_list"]["rows"]
+    assert [r["fp_chance"] for r in rows] == PRICE_LIST_FP_CHANCES
+    no_filter = rows[0]
+    # Without a filter every absent get reads one block in every file.
+    assert no_filter["block_reads"] == QUERIES * SSTABLES
+    assert no_filter["bits_per_key"] == 0
+    assert no_filter["reads_skipped"] == 0
+    for row in rows:
+        assert row["files"] == SSTABLES
+        assert row["absent_found"] == 0
+        assert row["range_skips"] == 0
+        assert row["present_found"] == QUERIES
+        check_fpr_fields(row)
+        if row["read_syscalls"] is not None:  # the kernel agrees with the engine
+            assert row["read_syscalls"] >= row["block_reads"]
+    for row in rows[1:]:
+        assert row["block_reads"] < no_filter["block_reads"]
+        assert row["filter_bytes"] > no_filter["filter_bytes"]
+    bits = [r["bits_per_key"] for r in rows]
+    assert bits == sorted(bits)
+
+
+def test_k_sweep_and_overfill(absent_keys: tuple[dict[str, Any], str]) -> None:
+    sweep = absent_keys[0]["k_sweep"]
+    assert [r["k"] for r in sweep["rows"]] == K_SWEEP
+    assert sweep["k_best_predicted"] == 6
+    for row in sweep["rows"]:
+        assert row["bits_per_key"] == 8
+        assert row["false_negatives"] == 0
+        check_fpr_fields(row)
+    overfill = absent_keys[0]["overfill"]["rows"]
+    assert [r["load"] for r in overfill] == [1, 2, 3]
+    predicted = [r["predicted_fpr"] for r in overfill]
+    assert predicted == sorted(predicted)
+    for row in overfill:
+        assert row["false_negatives"] == 0
+        check_fpr_fields(row)
+
+
+def test_absent_share(absent_keys: tuple[dict[str, Any], str]) -> None:
+    part = absent_keys[0]["absent_share"]
+    rows = part["rows"]
+    assert [r["absent_share"] for r in rows[:4]] == ABSENT_SHARES
+    assert len(rows) in (4, 8)
+    for row in rows:
+        assert row["no_filter_found"] == row["filter_found"] == row["expected_found"]
+        assert row["speedup"] > 0
+        assert row["filter_block_reads_per_get"] <= row["no_filter_block_reads_per_get"]
+        assert row["no_filter_block_reads_per_get"] == pytest.approx(
+            row["no_filter_predicted_block_reads_per_get"], rel=0.25)
+    assert len(part["verdicts"]) == len(rows) // 4
+
+
+def test_absent_keys_rejects_bad_options() -> None:
+    done = run("bench.absent_keys", "--keys", "5", "--sstables", "4")
+    assert done.returncode == 2
+    assert "too few" in done.stderr
+
+
+def test_absent_keys_plot(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "out.png"
+    run_module("bench.absent_keys", "--keys", "2000", "--sstables", "2", "--queries", "200",
+               "--plot", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_peers(tmp_path: Path) -> None:
+    out = tmp_path / "peers.json"
+    done = run_module("bench.peers", "--keys", "3000", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert [e["store"] for e in report["stores"]] == STORES
+    by_name = {e["store"]: e for e in report["stores"]}
+    for name in ("lsmdb", "sqlite3"):  # always present: lsmdb itself and the stdlib
+        assert by_name[name]["available"]
+    for entry in report["stores"]:
+        if not entry["available"]:
+            assert entry["skipped"] and entry["skipped"] in done.stdout
+            continue
+        assert list(entry["workloads"]) == WORKLOADS
+        for name, w in entry["workloads"].items():
+            assert w["correct"], (entry["store"], name, w)
+            assert w["ops_per_s"] > 0
+            assert w["found"] == w["expected_found"]
+        assert entry["workloads"]["get_present"]["found"] == 3000
+        assert entry["workloads"]["get_absent_in_range"]["found"] == 0
+        assert entry["workloads"]["get_absent_out_of_range"]["found"] == 0
+        assert entry["workloads"]["scan"]["found"] == 3000
+    assert by_name["lsmdb"]["workloads"]["get_present"]["ratio_to_lsmdb"] == 1.0
+    if by_name["rocksdb"]["available"]:
+        assert any("filter in use after reopen" in n for n in by_name["rocksdb"]["notes"])
+
+
+def test_peers_only_some_stores(tmp_path: Path) -> None:
+    out = tmp_path / "peers.json"
+    run_module("bench.peers", "--keys", "500", "--stores", "sqlite3", "--json", str(out))
+    report = json.loads(out.read_text())
+    assert [e["store"] for e in report["stores"]] == ["sqlite3"]
+    # Without lsmdb in the run there is nothing to divide by.
+    assert report["stores"][0]["workloads"]["scan"]["ratio_to_lsmdb"] is None
+
+
+def test_peers_reports_a_wrong_store_not_its_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from bench import peers
+    from bench.common import Progress
+
+    class Liar(peers.SqliteStore):
+        """sqlite3, except that it claims every absent key exists."""
+
+        name = label = "liar"
+
+        def getter(self) -> peers.Getter:
+            real = super().getter()
+            return lambda key: real(key) or b"made up"
+
+    entry = peers.bench_store(Liar, peers.Data(300), Progress(enabled=False))
+    lie = entry["workloads"]["get_absent_in_range"]
+    assert lie["correct"] is False and lie["ops_per_s"] is None and lie["found"] == 299
+    assert entry["workloads"]["get_present"]["correct"]
+    assert any("WRONG ANSWER in get absent in range" in note for note in entry["notes"])

@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 
 from . import block as blk
 from .bloom import FAST_HASHER, BloomFilter, Hasher
+from .cache import cache_key
 from .coding import BLOCK_TRAILER_SIZE, crc32
 from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
 
@@ -443,10 +444,11 @@ class SSTableReader:
         cache = self.cache
         if cache is None:
             return self.read_data_block(i)
-        block = cache.get((self.number, i))
+        key = cache_key(self.number, i)
+        block = cache.get(key)
         if block is None:
             block = self.read_data_block(i)
-            cache.put((self.number, i), block, self.index_sizes[i])
+            cache.put(key, block, self.index_sizes[i])
         else:
             self.block_cache_hits += 1
         return block

@@ -23,6 +23,8 @@ from .coding import BLOCK_TRAILER, BLOCK_TRAILER_SIZE, crc32
 from .errors import CorruptionError
 
 _packb = msgpack.packb
+_BYTES = {bytes}
+_VALUE_TYPES = {bytes, type(None)}
 
 
 def encode_block(payload_obj: Any) -> bytes:
@@ -58,8 +60,8 @@ def decode_data_block(payload: bytes, path: str,
     keys, values = obj
     # A block that passed its checksum can still have been written wrongly;
     # a non-bytes key or value must never reach a caller.
-    if not all(type(k) is bytes for k in keys) or \
-            not all(v is None or type(v) is bytes for v in values):
+    # (set(map(type, ...)) runs in C: a few hundred ns per block.)
+    if not set(map(type, keys)) <= _BYTES or not set(map(type, values)) <= _VALUE_TYPES:
         raise CorruptionError("data block entry of the wrong type", path, offset)
     return keys, values
 

@@ -48,6 +48,9 @@ def make_getter(db: DB, state: TableState) -> Any:
     """
     missing = MISSING
     key_hash = _key_hash
+    cache = db._block_cache
+    lookup: Any = cache.lookup if cache is not None else None
+    touch: Any = cache.touch if cache is not None else None
     mask = _MASK32
     max_key = MAX_KEY_SIZE_BYTES
     _bisect = bisect_left
@@ -81,7 +84,7 @@ def make_getter(db: DB, state: TableState) -> Any:
             files = l0
         h1 = k1 = -1
         h2 = k2 = 0
-        for reader, lo, hi, bits, m, ks, kf in files:
+        for reader, lo, hi, bits, m, ks, kf, index_keys, base in files:
             if key < lo or key > hi:
                 reader.range_skips += 1
                 continue
@@ -100,14 +103,16 @@ def make_getter(db: DB, state: TableState) -> Any:
                         k2 = h >> 32
                     pos = k1 % m
                     step = k2 % m
-                negative = False
-                for _ in ks:
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        negative = True
-                        break
-                    pos += step
-                    if pos >= m:
-                        pos -= m
+                # Probe 0 unrolled: most absent keys stop here.
+                negative = not bits[pos >> 3] & (1 << (pos & 7))
+                if not negative:
+                    for _ in ks:
+                        pos += step
+                        if pos >= m:
+                            pos -= m
+                        if not bits[pos >> 3] & (1 << (pos & 7)):
+                            negative = True
+                            break
                 if negative:
                     if state.shadow:
                         value = _shadow_check(reader, key)
@@ -118,10 +123,23 @@ def make_getter(db: DB, state: TableState) -> Any:
                             return value
                     reader.filter_negatives += 1
                     continue
-            value = reader.find(key)
-            if value is missing:
+            # "maybe": the one data block that can hold the key, cache first.
+            i = _bisect(index_keys, key)
+            if i == len(index_keys):
                 reader.false_positives += 1
                 continue
+            block = lookup(base | i) if lookup is not None else None
+            if block is None:
+                block = reader.load_block(i)
+            else:
+                touch(base | i)
+                reader.block_cache_hits += 1
+            block_keys = block[0]
+            j = _bisect(block_keys, key)
+            if j == len(block_keys) or block_keys[j] != key:
+                reader.false_positives += 1
+                continue
+            value = block[1][j]
             reader.true_positives += 1
             if value is None:
                 state.gets_absent += 1
@@ -142,19 +160,6 @@ def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
                   "but the key is in the file (answer still correct: shadow mode)",
                   reader.path, key)
     return value
-
-
-def _probe_filter(bits: Any, m: int, ks: range, a: int, b: int) -> bool:
-    """True when the filter says "maybe" for hash halves (a, b)."""
-    pos = a % m
-    step = b % m
-    for _ in ks:
-        if not bits[pos >> 3] & (1 << (pos & 7)):
-            return False
-        pos += step
-        if pos >= m:
-            pos -= m
-    return True
 
 
 def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
@@ -191,7 +196,7 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
 
     def visit(probe: tuple[Any, ...], idx: list[int]) -> list[int]:
         """Answer what ``probe``'s file can; returns the indexes still open."""
-        reader, lo, hi, bits, m, krange, kf = probe
+        reader, lo, hi, bits, m, krange, kf = probe[:7]
         maybe: list[int] = []
         still: list[int] = []
         skipped = 0
@@ -207,13 +212,16 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
             if m:
                 pos = h1s[i] % m
                 step = h2s[i] % m
-                for _ in krange:
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        negatives.append(i)
-                        break
+                if not bits[pos >> 3] & (1 << (pos & 7)):
+                    negatives.append(i)
+                    continue
+                for _ in krange:  # the probes after the first
                     pos += step
                     if pos >= m:
                         pos -= m
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        negatives.append(i)
+                        break
                 else:
                     maybe.append(i)
             else:

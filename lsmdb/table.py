@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .bloom import predicted_fpr_for
+from .cache import cache_key
 from .errors import NoSuchTableError
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
 from .memtable import Memtable
@@ -64,8 +65,7 @@ class TableState:
             readers = sorted((r for r in self.files if r.level == level), key=lambda r: r.min_key)
             deeper.append(([r.max_key for r in readers], readers))
         self.view = (self.mem, self.imms, tuple(l0), tuple(deeper))
-        # The same, flattened for the get fast path: per file one tuple
-        # (reader, min_key, max_key, filter bits, m, range(k), keyed hash fn).
+        # The same, flattened for the get fast path: per file one tuple (_probe).
         self.fast = (self.mem.data, tuple(m.data for m in self.imms),
                      tuple(_probe(r) for r in l0),
                      tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper))
@@ -80,9 +80,13 @@ class TableState:
 
 
 def _probe(r: SSTableReader) -> tuple[Any, ...]:
+    """What the read path needs of one file, flattened: (reader, min_key, max_key,
+    filter bits, m, range(k - 1) -- the probes after the first --, keyed hash fn,
+    index keys, the file's block-cache key base)."""
     bloom = r.bloom
     m = bloom.m
-    return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(bloom.k), r.keyed_fn)
+    return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(max(0, bloom.k - 1)),
+            r.keyed_fn, r.index_keys, cache_key(r.number, 0))
 
 
 @dataclass(frozen=True)

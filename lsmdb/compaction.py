@@ -224,8 +224,8 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     fp = target_fp_chance(state, _output_in_last_level(job))
-    sources: list[Iterable[tuple[bytes, bytes | None]]] = [
-        r.iter_range(None, None) for r in newest_first(job.inputs)]
+    sources: list[Iterable[tuple[bytes, int, bytes | None]]] = [
+        r.iter_range(None, None, tag=age) for age, r in enumerate(newest_first(job.inputs))]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
     max_seq = max(r.max_seq for r in job.inputs)

@@ -48,7 +48,7 @@ from .keys import MAX_BATCH_SIZE_BYTES, as_key
 from .logset import LogSet, encode_record
 from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
 from .memtable import Memtable
-from .merge import merge_newest
+from .merge import merge_newest, tag_for
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
 from .readpath import get_many, state_getter
 from .secret import create_secret, load_secret
@@ -566,15 +566,22 @@ class DB:
                 hi = pe
         if lo is not None and hi is not None and lo >= hi:
             return iter(())
-        with self._lock:  # a consistent snapshot of the active memtable
+        with self._lock:  # a consistent snapshot of the active memtable (age 0)
             mem, imms, l0, deeper = state.view
-            sources: list[Any] = [mem.snapshot_range(lo, hi, reverse)]
+            snapshot = mem.snapshot_range(lo, hi, reverse, tag=0)
+        sources: list[Any] = [snapshot] if snapshot else []
+        for imm in imms:  # frozen: never change, read lazily
+            if len(imm):
+                sources.append(imm.items_range(lo, hi, reverse,
+                                               tag=tag_for(len(sources), reverse)))
         files = list(l0)
         for _keys, readers in deeper:
             files.extend(readers)
-        sources += [imm.items_range(lo, hi, reverse) for imm in imms]
-        sources += [r.iter_range(lo, hi, reverse) for r in files
-                    if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo)]
+        for r in files:
+            if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
+                sources.append(r.iter_range(lo, hi, reverse, tag=tag_for(len(sources), reverse)))
+        if not sources:
+            return iter(())
         return merge_newest(sources, reverse)  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- tables

@@ -12,6 +12,8 @@ Tombstones are stored as ``None``.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import repeat
+from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -89,16 +91,19 @@ class Memtable:
         data = self.data
         return ((k, data[k]) for k in self.keys)
 
-    def items_range(self, start: bytes | None, end: bytes | None,
-                    reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
-        """(key, value|None) for start <= key < end, in order."""
-        data = self.data
-        keys = self.keys.irange(start, end, inclusive=(True, False), reverse=reverse)
-        return ((k, data[k]) for k in keys)
+    def items_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
+                    tag: int | None = None) -> Iterator[Any]:
+        """(key, value|None) -- or (key, tag, value|None) -- for start <= key < end."""
+        keys = list(self.keys.irange(start, end, inclusive=(True, False), reverse=reverse))
+        values = map(self.data.__getitem__, keys)
+        if tag is None:
+            return zip(keys, values, strict=True)
+        return zip(keys, repeat(tag, len(keys)), values, strict=True)
 
-    def snapshot_range(self, start: bytes | None, end: bytes | None,
-                       reverse: bool = False) -> list[tuple[bytes, bytes | None]]:
-        return list(self.items_range(start, end, reverse))
+    def snapshot_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
+                       tag: int | None = None) -> list[Any]:
+        """``items_range`` copied now (for the active memtable, under the DB lock)."""
+        return list(self.items_range(start, end, reverse, tag))
 
     def _check(self) -> None:
         """Invariants: the sorted keys are exactly the dict's keys, in order."""

@@ -23,6 +23,7 @@ import os
 import struct
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any, BinaryIO
 
 from . import block as blk
@@ -453,32 +454,37 @@ class SSTableReader:
             self.block_cache_hits += 1
         return block
 
-    def iter_range(self, start: bytes | None, end: bytes | None,
-                   reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
-        """Entries with start <= key < end, one block in memory at a time."""
-        nblocks = len(self.index_keys)
-        if not reverse:
-            i = 0 if start is None else bisect_left(self.index_keys, start)
-            while i < nblocks:
-                keys, values = self.read_data_block(i)
-                first = 0 if start is None else bisect_left(keys, start)
-                for j in range(first, len(keys)):
-                    key = keys[j]
-                    if end is not None and key >= end:
-                        return
-                    yield key, values[j]
-                i += 1
-        else:
-            i = nblocks - 1 if end is None else min(bisect_left(self.index_keys, end), nblocks - 1)
-            while i >= 0:
-                keys, values = self.read_data_block(i)
-                stop = len(keys) if end is None else bisect_left(keys, end)
-                for j in range(stop - 1, -1, -1):
-                    key = keys[j]
-                    if start is not None and key < start:
-                        return
-                    yield key, values[j]
-                i -= 1
+    def iter_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
+                   tag: int | None = None) -> Iterator[Any]:
+        """Entries with start <= key < end, one block in memory at a time.
+
+        Yields (key, value|None), or (key, tag, value|None) when ``tag`` is
+        given (what :func:`lsmdb.merge.merge_newest` takes).  The per-entry
+        work runs in C (``zip`` over block slices).
+        """
+        return chain.from_iterable(self._block_slices(start, end, reverse, tag))
+
+    def _block_slices(self, start: bytes | None, end: bytes | None, reverse: bool,
+                      tag: int | None) -> Iterator[Iterator[Any]]:
+        index_keys = self.index_keys
+        nblocks = len(index_keys)
+        i = 0 if start is None else bisect_left(index_keys, start)
+        last = nblocks - 1 if end is None else min(bisect_left(index_keys, end), nblocks - 1)
+        order = range(i, last + 1) if not reverse else range(last, i - 1, -1)
+        for b in order:
+            keys, values = self.read_data_block(b)
+            lo = 0 if start is None else bisect_left(keys, start)
+            hi = len(keys) if end is None else bisect_left(keys, end)
+            if lo >= hi:
+                continue
+            if lo or hi < len(keys):
+                keys, values = keys[lo:hi], values[lo:hi]
+            if reverse:
+                keys, values = keys[::-1], values[::-1]
+            if tag is None:
+                yield zip(keys, values, strict=True)
+            else:
+                yield zip(keys, repeat(tag, len(keys)), values, strict=True)
 
     def bloom_memory_bytes(self) -> int:
         """Bytes the filter's bit array holds in memory."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
@@ -232,24 +233,21 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     outputs: list[SSTableReader] = []
     paths: list[str] = []
     f = None
-    builder: SSTableBuilder | None = None
+    entries = iter(merged)
     try:
-        for key, value in merged:
-            if builder is None:
-                number = alloc_number()
-                path = path_for(number)
-                paths.append(path)
-                f = open(path, "wb")
-                builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
-                                         table=state.name, hasher=hasher)
-                builder.note_seq(min_seq, max_seq)
-            builder.add(key, value)
-            if job.split_bytes is not None and builder.file_size >= job.split_bytes:
-                outputs.append(_seal(builder, f, path, number, job.output_level))
-                builder = None
-        if builder is not None:
+        while True:
+            first = next(entries, None)
+            if first is None:
+                break
+            number = alloc_number()
+            path = path_for(number)
+            paths.append(path)
+            f = open(path, "wb")
+            builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
+                                     table=state.name, hasher=hasher)
+            builder.note_seq(min_seq, max_seq)
+            builder.add_many(chain((first,), entries), job.split_bytes)
             outputs.append(_seal(builder, f, path, number, job.output_level))
-            builder = None
     except BaseException:
         if f is not None and not f.closed:
             f.close()

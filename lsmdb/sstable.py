@@ -100,8 +100,15 @@ class SSTableBuilder:
         if self._block_bytes >= self._block_size:
             self._flush_block()
 
-    def add_many(self, items: Iterable[tuple[bytes, bytes | None]]) -> None:
-        """``add`` for a whole sorted stream, with the per-entry work inlined."""
+    def add_many(self, items: Iterable[tuple[bytes, bytes | None]],
+                 max_file_bytes: int | None = None) -> bool:
+        """``add`` for a sorted stream, with the per-entry work inlined.
+
+        With ``max_file_bytes``, stops once the file has grown past it (at a
+        block boundary) and returns True; the rest of ``items`` is left for
+        the next file.  Returns False when ``items`` ran out.
+        """
+        full = False
         keys, values = self._keys, self._values
         hashes = self._hashes if self._fp_chance < 1.0 else None
         hash_fn = self._hash
@@ -129,6 +136,9 @@ class SSTableBuilder:
                 self._flush_block()
                 keys, values = self._keys, self._values
                 block_bytes = 0
+                if max_file_bytes is not None and self._offset >= max_file_bytes:
+                    full = True
+                    break
         if entries:
             if self.min_key is None:  # no block was cut: the first key is still pending
                 self.min_key = keys[0]
@@ -137,6 +147,7 @@ class SSTableBuilder:
         self._block_bytes = block_bytes
         self.entries += entries
         self.tombstones += tombstones
+        return full
 
     def note_seq(self, min_seq: int | None, max_seq: int) -> None:
         """Record the WAL sequence range the entries came from (properties only)."""
@@ -561,8 +572,7 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     for i in range(len(reader.index_keys)):
         keys, _values = reader.read_data_block(i, count=False)
         if bloom.m:
-            for key in keys:
-                bloom.add_hash(hash_fn(key))
+            bloom.add_hashes(map(hash_fn, keys))
     bloom.n = reader.entries
     props = dict(reader.properties)
     props.update(fp_chance=bloom.fp_chance if bloom.m else 1.0, filter_bits=bloom.m,

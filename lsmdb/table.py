@@ -255,6 +255,7 @@ class WriteBatch:
         self._sync = sync
         self._ops: list[tuple[TableState, bytes, bytes | None]] = []
         self._done = False
+        self._default = db._table_state(None)
 
     def put(self, key: Any, value: Any, table: str | None = None) -> None:
         if self._done:
@@ -263,7 +264,8 @@ class WriteBatch:
             key = as_key(key)
         if type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES:
             value = as_value(value)
-        self._ops.append((self._db._table_state(table), key, value))
+        self._ops.append((self._default if table is None else self._db._table_state(table),
+                          key, value))
 
     def delete(self, key: Any, table: str | None = None) -> None:
         self._check()

@@ -364,10 +364,10 @@ def cmd_advise(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_rw(path: str):
+def _open_rw(path: str, create: bool = False):
     from .errors import LsmdbError
     try:
-        return open_db(path, create_if_missing=False, auto_compaction=False)
+        return open_db(path, create_if_missing=create, auto_compaction=create)
     except LsmdbError as exc:
         print(f"lsmdb: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -414,9 +414,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    """Load a JSONL export back into a table."""
+    """Load a JSONL export into a table (the database and table are created if missing)."""
     from .transfer import import_jsonl
-    with _open_rw(args.path) as db:
+    with _open_rw(args.path, create=True) as db:
         if args.table not in db.tables():
             db.create_table(args.table)
         with builtins_open(args.file, "r", encoding="utf-8") as infile:

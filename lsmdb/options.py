@@ -50,7 +50,7 @@ class TableOptions:
     bloom_filter_mode: str = "active"
     #: "fast" (xxh3_64, default) or "keyed": filter positions from blake2b keyed
     #: with a per-database secret, so nobody can craft keys offline that all
-    #: hit the same bits (one blake2b per lookup: ~10-15x the cost of xxh3_64).
+    #: hit the same bits (one blake2b per lookup: ~10x the cost of xxh3_64).
     bloom_filter_hash: str = "fast"
     #: "size_tiered" or "leveled" (see docs and README, "Compaction").
     compaction: str = "size_tiered"

@@ -134,9 +134,10 @@ def child_main(path: str, seed: int, fd: int, tag: str) -> int:
     logger.handlers = [handler]
     logger.propagate = False   # not into handlers a forking parent had installed
     logger.setLevel(logging.INFO)
+    from lsmdb import compactor as compmod
     from lsmdb import db as dbmod
     _observe(dbmod.DB, "_flush_locked", pipe, "F", _has_data)
-    _observe(dbmod.DB, "_run_job", pipe, "C")
+    _observe(compmod.Compactor, "run", pipe, "C")
     _observe(dbmod.DB, "_write_manifest", pipe, "M")
     rng = random.Random(seed)
     counter = 0

@@ -179,9 +179,11 @@ class BloomFilter:
 
     # -- building ---------------------------------------------------------
     def add(self, key: bytes) -> None:
+        """Add ``key`` (hashed with xxh3-64).  O(k)."""
         self.add_hash(key_hash(key))
 
     def add_hash(self, h: int) -> None:
+        """Add a key by its precomputed 64-bit hash (see ``key_hash``).  O(k)."""
         m = self.m
         self.n += 1
         if not m:
@@ -216,6 +218,7 @@ class BloomFilter:
                 bits[p >> 3] |= 1 << (p & 7)
 
     def update(self, keys: Iterable[bytes]) -> None:
+        """Add every key of ``keys``."""
         for key in keys:
             self.add_hash(key_hash(key))
 
@@ -252,10 +255,12 @@ class BloomFilter:
     # -- statistics -------------------------------------------------------
     @property
     def size_bytes(self) -> int:
+        """Bytes of the bit array (ceil(m / 8))."""
         return len(self._bits)
 
     @property
     def bits_set(self) -> int:
+        """Number of bits set (a popcount of the bit array)."""
         return int.from_bytes(self._bits, "little").bit_count()
 
     @property
@@ -281,11 +286,13 @@ class BloomFilter:
         return -self.m / self.k * math.log(1.0 - fill)
 
     def bits_per_key(self, n: int | None = None) -> float:
+        """m / n for ``n`` keys (default: the keys added); 0 when there are none."""
         count = self.n if n is None else n
         return self.m / count if count else 0.0
 
     # -- serialisation ----------------------------------------------------
     def to_bytes(self) -> bytes:
+        """The serialised filter: 36-byte header, then the bit array (docs/FORMAT.md)."""
         header = FILTER_HEADER.pack(
             FILTER_FORMAT_VERSION, self.hash_algorithm, 0, self.k, self.m, self.n,
             self.fp_chance, self.key_id,

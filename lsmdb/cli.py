@@ -375,8 +375,16 @@ def _open_rw(path: str, create: bool = False):
 
 def cmd_rebuild_filters(args: argparse.Namespace) -> int:
     """Rewrite stale filters (data blocks copied byte for byte)."""
+    tty = sys.stderr.isatty()
+    n = 0
     with _open_rw(args.path) as db:
-        n = db.rebuild_filters(args.table, only_stale=not args.all)
+        for name in [args.table] if args.table else db.tables():
+            if tty:
+                print(f"rebuilding the filters of table {name!r}...", file=sys.stderr)
+            done = db.rebuild_filters(name, only_stale=not args.all)
+            n += done
+            if tty:
+                print(f"  {done} SSTables rewritten", file=sys.stderr)
     print(f"rebuilt the filters of {n} SSTables")
     return 0
 

@@ -839,6 +839,7 @@ class DB:
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` was called."""
         return self._closed
 
     def __enter__(self) -> DB:

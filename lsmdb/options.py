@@ -68,6 +68,7 @@ class TableOptions:
     bloom_filter_skip_last_level: bool = False
 
     def to_dict(self) -> dict[str, Any]:
+        """Every option and its value."""
         return asdict(self)
 
     @classmethod

@@ -197,12 +197,15 @@ class Table:
 
     @property
     def options(self) -> TableOptions:
+        """The table's effective options (defaults resolved)."""
         return self._live().options
 
     def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
+        """Set ``key`` to ``value`` (fsync the WAL first if ``sync``)."""
         self._db._write([(self._live(), as_key(key), as_value(value))], sync)
 
     def delete(self, key: Any, sync: bool | None = None) -> None:
+        """Delete ``key`` (a tombstone; no error when it is absent)."""
         self._db._write([(self._live(), as_key(key), None)], sync)
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -217,9 +220,11 @@ class Table:
 
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
              reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs with start <= key < end in key order (see ``DB.scan``)."""
         return self._db._scan(self._live(), start, end, prefix, reverse)
 
     def flush(self) -> None:
+        """Write this table's memtable to an SSTable now."""
         self._db.flush(self.name)
 
     def __getitem__(self, key: Any) -> bytes:
@@ -258,6 +263,7 @@ class WriteBatch:
         self._default = db._table_state(None)
 
     def put(self, key: Any, value: Any, table: str | None = None) -> None:
+        """Add a put of ``key`` in ``table`` (None: the default table) to the batch."""
         if self._done:
             self._check()
         if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
@@ -268,6 +274,7 @@ class WriteBatch:
                           key, value))
 
     def delete(self, key: Any, table: str | None = None) -> None:
+        """Add a delete of ``key`` in ``table`` (None: the default table) to the batch."""
         self._check()
         self._ops.append((self._db._table_state(table), as_key(key), None))
 
@@ -279,12 +286,14 @@ class WriteBatch:
             raise ValueError("this batch was already committed or discarded")
 
     def commit(self) -> None:
+        """Apply every operation as one WAL record; the batch cannot be reused."""
         self._check()
         self._done = True
         if self._ops:
             self._db._write(self._ops, self._sync)
 
     def discard(self) -> None:
+        """Drop every operation; nothing is written."""
         self._done = True
         self._ops = []
 

@@ -5,54 +5,100 @@ passes over 100,000 absent keys that fall inside every file's key range.  The la
 floor a pure-Python read path can reach for this layout: the hash, the range checks and the
 inline filter probes, without any counter, check or call.
 """
+
+from __future__ import annotations
+
 import random
 import tempfile
 import time
+from collections.abc import Callable
 
 import lsmdb
-from lsmdb.bloom import key_hash
+from lsmdb.bloom import MASK32, key_hash
 
-n=200_000
-d=tempfile.mkdtemp()
-db=lsmdb.open(d, auto_compaction=False)
-keys=list(range(n)); random.Random(1).shuffle(keys)
-for part in range(3):
-    with db.batch() as b:
-        for i in keys[part*n//3:(part+1)*n//3]: b.put(b"user:%010d"%(2*i), b"x"*100)
-    db.flush()
-db.close(); db=lsmdb.open(d, auto_compaction=False)
-rng=random.Random(2)
-q=[b"user:%010d"%(2*rng.randrange(n)+1) for _ in range(100000)]
-g=db.get
-def rate(fn):
-    best=0
+N_KEYS = 200_000
+N_QUERIES = 100_000
+N_FILES = 3
+
+
+def build(path: str) -> lsmdb.DB:
+    db = lsmdb.open(path, auto_compaction=False)
+    order = list(range(N_KEYS))
+    random.Random(1).shuffle(order)
+    per_file = N_KEYS // N_FILES
+    for part in range(N_FILES):
+        with db.batch() as b:
+            for i in order[part * per_file:(part + 1) * per_file]:
+                b.put(b"user:%010d" % (2 * i), b"x" * 100)
+        db.flush()
+    db.close()
+    return lsmdb.open(path, auto_compaction=False)
+
+
+def best_rate(fn: Callable[[], None], n: int) -> float:
+    best = 0.0
     for _ in range(5):
-        t0=time.perf_counter(); fn(); r=len(q)/(time.perf_counter()-t0); best=max(best,r)
+        start = time.perf_counter()
+        fn()
+        best = max(best, n / (time.perf_counter() - start))
     return best
-def full():
-    for k in q: g(k)
-data=db._default_state.fast[0]
-def call_only():
-    f=lambda key, default=None: default
-    for k in q: f(k)
-def dict_only():
-    for k in q: data.get(k)
-probes=db._default_state.fast[2]
-M=0xffffffff
-def hash_probe():
-    for key in q:
-        h=key_hash(key); h1=h&M; h2=h>>32
-        for r, lo, hi, bits, m, ks, kf, ik, base in probes:
-            if key < lo or key > hi: continue
-            pos=h1%m; step=h2%m
-            if not bits[pos>>3] & (1<<(pos&7)): continue
-            for _ in ks:
-                pos+=step
-                if pos>=m: pos-=m
-                if not bits[pos>>3] & (1<<(pos&7)): break
-def hash_only():
-    for key in q: key_hash(key)
-res={}
-for name, fn in [("db.get (3 files)", full), ("a Python call returning default", call_only), ("memtable dict lookup", dict_only), ("xxh3_64 hash", hash_only), ("hash + 3 range checks + 3 filter probes, no counters", hash_probe)]:
-    r=rate(fn); res[name]=r
-    print(f"{name:<55} {r/1e3:8.0f}k/s  {1e9/r:6.0f} ns/get")
+
+
+def main() -> None:
+    db = build(tempfile.mkdtemp(prefix="lsmdb-profile-"))
+    rng = random.Random(2)
+    queries = [b"user:%010d" % (2 * rng.randrange(N_KEYS) + 1) for _ in range(N_QUERIES)]
+    get = db.get
+    data = db._default_state.fast[0]
+    probes = db._default_state.fast[2]
+
+    def full() -> None:
+        for key in queries:
+            get(key)
+
+    def call_only() -> None:
+        def f(key: bytes, default: object = None) -> object:
+            return default
+        for key in queries:
+            f(key)
+
+    def dict_only() -> None:
+        for key in queries:
+            data.get(key)
+
+    def hash_only() -> None:
+        for key in queries:
+            key_hash(key)
+
+    def hash_probe() -> None:
+        for key in queries:
+            h = key_hash(key)
+            h1 = h & MASK32
+            h2 = h >> 32
+            for _r, lo, hi, bits, m, ks, _kf, _ik, _base in probes:
+                if key < lo or key > hi:
+                    continue
+                pos = h1 % m
+                step = h2 % m
+                if not bits[pos >> 3] & (1 << (pos & 7)):
+                    continue
+                for _ in ks:
+                    pos += step
+                    if pos >= m:
+                        pos -= m
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        break
+
+    for name, fn in [(f"db.get ({N_FILES} files)", full),
+                     ("a Python call returning default", call_only),
+                     ("memtable dict lookup", dict_only),
+                     ("xxh3_64 hash", hash_only),
+                     (f"hash + {N_FILES} range checks + {N_FILES} filter probes, no counters",
+                      hash_probe)]:
+        rate = best_rate(fn, len(queries))
+        print(f"{name:<55} {rate / 1e3:8.0f}k/s  {1e9 / rate:6.0f} ns/get")
+    db.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -6,6 +6,7 @@ import argparse
 import builtins
 import json
 import math
+import os
 import random
 import sys
 import tempfile
@@ -194,7 +195,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"mode={opts['bloom_filter_mode']}  ({len(files)} SSTables)")
         header = ["lvl", "file", "entries", "tombs", "size", "filter", "bits/key", "k", "fp built",
                   "fp now", "fill", "pred FPR", "FPR(fill)", "keys(fill)", "range skip",
-                  "skipped", "true pos", "false pos", "blocks", "meas FPR"]
+                  "skipped", "true pos", "false pos", "disk reads", "cache hits", "meas FPR"]
         rows = []
         for f in files:
             keys_fill = f["estimated_keys_from_fill"]
@@ -209,6 +210,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 "-" if keys_fill is None else f"{keys_fill:,.0f}",
                 f"{f['range_skips']:,}", f"{f['filter_negatives']:,}",
                 f"{f['true_positives']:,}", f"{f['false_positives']:,}", f"{f['block_reads']:,}",
+                f"{f['block_cache_hits']:,}",
                 _fmt_rate(f["measured_fpr"]),
             ])
             if f.get("filter_error"):
@@ -530,6 +532,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LsmdbError as exc:  # a clear one-line message, not a traceback
         print(f"lsmdb: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `lsmdb inspect PATH --json | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

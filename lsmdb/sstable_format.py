@@ -1,0 +1,31 @@
+"""SSTable format constants shared by the writer and the reader (docs/FORMAT.md, "SSTable").
+
+Footer (the last 64 bytes): index (offset u64, size u64), filter (offset u64,
+size u64), properties (offset u64, size u64), format_version u32, crc32 u32 of
+the preceding 52 bytes, magic ``b"LSMDBSST"``.  Sizes exclude the 4-byte
+block trailer.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .coding import crc32
+
+SSTABLE_FORMAT_VERSION = 1  # DO NOT CHANGE: on disk.
+SSTABLE_MAGIC = b"LSMDBSST"  # DO NOT CHANGE: on disk.
+FOOTER = struct.Struct("<QQQQQQII8s")
+FOOTER_SIZE = FOOTER.size
+assert FOOTER_SIZE == 64
+FOOTER_CRC_SPAN = FOOTER_SIZE - 12  # bytes covered by the footer checksum
+_FOOTER_HEAD = struct.Struct("<QQQQQQI")
+assert _FOOTER_HEAD.size == FOOTER_CRC_SPAN
+
+MISSING = object()  # "not in this file" (distinct from a tombstone, None)
+
+
+def pack_footer(index: tuple[int, int], filter_: tuple[int, int],
+                props: tuple[int, int]) -> bytes:
+    """The 64-byte footer for the three (offset, size) handles."""
+    head = _FOOTER_HEAD.pack(*index, *filter_, *props, SSTABLE_FORMAT_VERSION)
+    return head + crc32(head).to_bytes(4, "little") + SSTABLE_MAGIC

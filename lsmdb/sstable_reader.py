@@ -1,0 +1,346 @@
+"""Reading SSTables: ``SSTableReader`` keeps footer, index, properties and filter in
+memory and reads data blocks with one ``os.pread`` each.
+
+See :mod:`lsmdb.sstable` for the layout.  A filter that cannot be decoded (or
+a keyed filter without its secret) fails open: every probe answers "maybe".
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import chain, repeat
+from typing import Any
+
+from . import block as blk
+from .bloom import FAST_HASHER, BloomFilter, Hasher
+from .cache import cache_key
+from .coding import BLOCK_TRAILER_SIZE, crc32
+from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
+from .sstable_format import (
+    FOOTER,
+    FOOTER_CRC_SPAN,
+    FOOTER_SIZE,
+    MISSING,
+    SSTABLE_FORMAT_VERSION,
+    SSTABLE_MAGIC,
+)
+
+log = logging.getLogger("lsmdb")
+
+
+class _FailOpenFilter:
+    """Stands in for a filter that cannot be decoded: always "maybe"."""
+
+    m = 0
+    k = 0
+    n = 0
+    fp_chance = 1.0
+
+    def may_contain_hash(self, h1: int, h2: int) -> bool:
+        return True
+
+
+class SSTableReader:
+    """An open SSTable: footer, index, properties and filter held in memory.
+
+    ``get`` is a range check, one filter probe (by the caller) and, on a
+    "maybe", one ``os.pread`` of a single data block.  The file descriptor
+    stays open until ``close()``, so a file unlinked by compaction can still
+    serve readers that hold this object.
+    """
+
+    def __init__(self, path: str, number: int = 0, data: bytes | None = None) -> None:
+        self.path = path
+        self.number = number
+        self.filter_error: str | None = None
+        self.level = 0
+        #: Hash function for this file's filter when it is keyed (set by the DB
+        #: once it knows the secret); None for the fast hash.
+        self.keyed_fn: Any = None
+        self._filter_stats: dict[str, float] | None = None
+        # Counters (#4): cumulative, never reset on read.
+        self.range_skips = 0
+        self.filter_negatives = 0
+        self.true_positives = 0
+        self.false_positives = 0
+        self.false_negatives = 0
+        self.block_reads = 0
+        self.block_cache_hits = 0
+        #: Shared decoded-block cache (set by the DB), or None.
+        self.cache: Any = None
+        self._fd = -1
+        self._data: bytes | None = None
+        if data is None:
+            self._fd = os.open(path, os.O_RDONLY)
+            try:
+                self.size_bytes = os.fstat(self._fd).st_size
+                self._load(self._pread_all)
+            except BaseException:
+                os.close(self._fd)
+                self._fd = -1
+                raise
+        else:
+            self._data = data
+            self.size_bytes = len(data)
+            self._load(self._slice)
+
+    # -- low-level reads --------------------------------------------------
+    def _pread_all(self, size: int, offset: int) -> bytes:
+        return os.pread(self._fd, size, offset)
+
+    def _slice(self, size: int, offset: int) -> bytes:
+        data = self._data
+        if data is None:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        return data[offset:offset + size]
+
+    def _read_block(self, read: Any, offset: int, size: int, what: str) -> bytes:
+        if offset < 0 or size < 0 or offset + size + BLOCK_TRAILER_SIZE > self._data_end:
+            raise CorruptionError(f"{what} handle out of bounds", self.path, offset)
+        raw = read(size + BLOCK_TRAILER_SIZE, offset)
+        if len(raw) != size + BLOCK_TRAILER_SIZE:
+            raise CorruptionError(f"{what} truncated", self.path, offset)
+        return blk.check_block(raw, self.path, offset, what)
+
+    def _load(self, read: Any) -> None:
+        path = self.path
+        if self.size_bytes < FOOTER_SIZE:
+            raise CorruptionError("file shorter than an SSTable footer", path, 0)
+        foot_off = self.size_bytes - FOOTER_SIZE
+        footer = read(FOOTER_SIZE, foot_off)
+        if len(footer) != FOOTER_SIZE:
+            raise CorruptionError("footer truncated", path, foot_off)
+        (idx_off, idx_size, flt_off, flt_size, prop_off, prop_size, version, crc,
+         magic) = FOOTER.unpack(footer)
+        if magic != SSTABLE_MAGIC:
+            raise CorruptionError("bad SSTable magic (not an lsmdb SSTable?)", path, foot_off)
+        if crc32(footer[:FOOTER_CRC_SPAN]) != crc:
+            raise CorruptionError("footer checksum mismatch", path, foot_off)
+        if version != SSTABLE_FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{path}: SSTable format version {version}; "
+                f"this lsmdb reads {SSTABLE_FORMAT_VERSION}")
+        self._data_end = foot_off
+        self.index_handle = (idx_off, idx_size)
+        self.filter_handle = (flt_off, flt_size)
+        self.props_handle = (prop_off, prop_size)
+
+        props = blk.unpack(self._read_block(read, prop_off, prop_size, "properties block"),
+                           path, prop_off, "properties block")
+        if type(props) is not dict:
+            raise CorruptionError("properties block has the wrong shape", path, prop_off)
+        try:
+            self.entries = int(props["entries"])
+            self.tombstones = int(props["tombstones"])
+            self.min_key = props["min_key"]
+            self.max_key = props["max_key"]
+            self.min_seq = int(props["min_seq"])
+            self.max_seq = int(props["max_seq"])
+            self.table = str(props["table"])
+            self.fp_chance = float(props["fp_chance"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptionError("properties block is missing fields", path, prop_off) from None
+        if type(self.min_key) is not bytes or type(self.max_key) is not bytes:
+            raise CorruptionError("properties block key range of the wrong type", path, prop_off)
+        self.properties = props
+
+        index = blk.unpack(self._read_block(read, idx_off, idx_size, "index block"),
+                           path, idx_off, "index block")
+        if (type(index) is not list or len(index) != 3
+                or not all(type(part) is list for part in index)
+                or not len(index[0]) == len(index[1]) == len(index[2])):
+            raise CorruptionError("index block has the wrong shape", path, idx_off)
+        self.index_keys: list[bytes] = index[0]
+        self.index_offsets: list[int] = index[1]
+        self.index_sizes: list[int] = index[2]
+        for key, off, size in zip(*index, strict=True):
+            if (type(key) is not bytes or type(off) is not int or type(size) is not int
+                    or off < 0 or size < 0 or off + size + BLOCK_TRAILER_SIZE > idx_off):
+                raise CorruptionError("index block entry invalid", path, idx_off)
+        if not self.index_keys or self.index_keys[-1] != self.max_key:
+            raise CorruptionError("index block does not match the key range", path, idx_off)
+
+        self.bloom: Any
+        self._keyed_bloom: BloomFilter | None = None
+        try:
+            raw = self._read_block(read, flt_off, flt_size, "filter block")
+            self.bloom = BloomFilter.from_bytes(raw, path, flt_off)
+            if self.bloom.m and self.bloom.hash_algorithm != FAST_HASHER.algorithm:
+                # Probing with any other hash would give false negatives.
+                self._keyed_bloom = self.bloom
+                self.bloom = _FailOpenFilter()
+                self.filter_error = "keyed filter: no secret attached yet"
+        except LsmdbError as exc:
+            # A filter can only make reads slower, never wrong: fail open.
+            self.filter_error = str(exc)
+            self.bloom = _FailOpenFilter()
+            log.warning("%s: filter unusable, every read will check the data (%s)", path, exc)
+
+    @property
+    def hash_algorithm(self) -> int:
+        bloom = self._keyed_bloom or self.bloom
+        return getattr(bloom, "hash_algorithm", FAST_HASHER.algorithm)
+
+    def attach_hasher(self, keyed: Hasher | None) -> None:
+        """Give a keyed filter its hash function, or leave it failing open.
+
+        A keyed filter answers "maybe" until this is called with the secret
+        it was built with: forgetting to attach costs speed, never a key.
+        """
+        bloom = self._keyed_bloom
+        if bloom is None:
+            return
+        if keyed is not None and keyed.algorithm == bloom.hash_algorithm \
+                and keyed.key_id == bloom.key_id:
+            self.keyed_fn = keyed.fn
+            self.bloom = bloom
+            self.filter_error = None
+            return
+        self.filter_error = (f"keyed filter (key id {bloom.key_id}) built with a secret this "
+                             "database does not have; the filter fails open")
+        log.warning("%s: %s", self.path, self.filter_error)
+
+    # -- reads ------------------------------------------------------------
+    def read_data_block(self, i: int, count: bool = True) -> tuple[list[bytes], list[bytes | None]]:
+        """Read, check and decode data block ``i`` (one ``os.pread``)."""
+        offset = self.index_offsets[i]
+        size = self.index_sizes[i]
+        if self._fd >= 0:
+            raw = os.pread(self._fd, size + BLOCK_TRAILER_SIZE, offset)
+        elif self._data is not None:
+            raw = self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
+        else:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        if count:
+            self.block_reads += 1
+        if len(raw) != size + BLOCK_TRAILER_SIZE:
+            raise CorruptionError("data block truncated", self.path, offset)
+        payload = raw[:-BLOCK_TRAILER_SIZE]
+        if crc32(payload) != int.from_bytes(raw[-BLOCK_TRAILER_SIZE:], "little"):
+            raise CorruptionError("data block checksum mismatch", self.path, offset)
+        return blk.decode_data_block(payload, self.path, offset)
+
+    def block_for(self, key: bytes) -> int:
+        """Index of the only data block that can hold ``key`` (len(index) if none)."""
+        return bisect_left(self.index_keys, key)
+
+    def find(self, key: bytes) -> Any:
+        """The value, None for a tombstone, or MISSING; reads at most one block.
+
+        The block comes from the shared cache when it holds it, else from
+        disk with exactly one ``os.pread``.
+        """
+        index_keys = self.index_keys
+        i = bisect_left(index_keys, key)
+        if i == len(index_keys):
+            return MISSING
+        keys, values = self.load_block(i)
+        j = bisect_left(keys, key)
+        if j < len(keys) and keys[j] == key:
+            return values[j]
+        return MISSING
+
+    def load_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
+        """Data block ``i`` from the cache, or from disk (then cached)."""
+        cache = self.cache
+        if cache is None:
+            return self.read_data_block(i)
+        key = cache_key(self.number, i)
+        block = cache.get(key)
+        if block is None:
+            block = self.read_data_block(i)
+            cache.put(key, block, self.index_sizes[i])
+        else:
+            self.block_cache_hits += 1
+        return block
+
+    def iter_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
+                   tag: int | None = None) -> Iterator[Any]:
+        """Entries with start <= key < end, one block in memory at a time.
+
+        Yields (key, value|None), or (key, tag, value|None) when ``tag`` is
+        given (what :func:`lsmdb.merge.merge_newest` takes).  The per-entry
+        work runs in C (``zip`` over block slices).
+        """
+        return chain.from_iterable(self._block_slices(start, end, reverse, tag))
+
+    def _block_slices(self, start: bytes | None, end: bytes | None, reverse: bool,
+                      tag: int | None) -> Iterator[Iterator[Any]]:
+        index_keys = self.index_keys
+        nblocks = len(index_keys)
+        i = 0 if start is None else bisect_left(index_keys, start)
+        last = nblocks - 1 if end is None else min(bisect_left(index_keys, end), nblocks - 1)
+        order = range(i, last + 1) if not reverse else range(last, i - 1, -1)
+        for b in order:
+            keys, values = self.read_data_block(b)
+            lo = 0 if start is None else bisect_left(keys, start)
+            hi = len(keys) if end is None else bisect_left(keys, end)
+            if lo >= hi:
+                continue
+            if lo or hi < len(keys):
+                keys, values = keys[lo:hi], values[lo:hi]
+            if reverse:
+                keys, values = keys[::-1], values[::-1]
+            if tag is None:
+                yield zip(keys, values, strict=True)
+            else:
+                yield zip(keys, repeat(tag, len(keys)), values, strict=True)
+
+    def bloom_memory_bytes(self) -> int:
+        """Bytes the filter's bit array holds in memory."""
+        return getattr(self.bloom, "size_bytes", 0)
+
+    def copy_prefix(self, length: int) -> bytes:
+        """The file's first ``length`` bytes, verbatim."""
+        if self._fd >= 0:
+            out = bytearray()
+            while len(out) < length:
+                chunk = os.pread(self._fd, min(1 << 20, length - len(out)), len(out))
+                if not chunk:
+                    raise CorruptionError("file shorter than its index says", self.path, len(out))
+                out += chunk
+            return bytes(out)
+        if self._data is None:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        return self._data[:length]
+
+    def filter_stats(self) -> dict[str, float]:
+        """fill ratio and what it implies; computed once (the bits never change)."""
+        if self._filter_stats is None:
+            bloom = self.bloom
+            if isinstance(bloom, BloomFilter) and bloom.m:
+                est = bloom.estimated_keys_from_fill()
+                self._filter_stats = {
+                    "fill_ratio": bloom.fill_ratio,
+                    "estimated_fpr_from_fill": bloom.estimated_fpr_from_fill(),
+                    "estimated_keys_from_fill": est,
+                }
+            else:
+                self._filter_stats = {"fill_ratio": 0.0, "estimated_fpr_from_fill": 1.0,
+                                      "estimated_keys_from_fill": 0.0}
+        return self._filter_stats
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "range_skips": self.range_skips,
+            "filter_negatives": self.filter_negatives,
+            "true_positives": self.true_positives,
+            "false_positives": self.false_positives,
+            "false_negatives": self.false_negatives,
+            "block_reads": self.block_reads,
+            "block_cache_hits": self.block_cache_hits,
+        }
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass

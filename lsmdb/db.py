@@ -1,4 +1,4 @@
-"""The ``DB`` facade: open and recover, tables, reads, writes, flushes.
+"""The ``DB`` facade: tables, reads, writes, flushes (opening: :mod:`lsmdb.recovery`).
 
 Files in a database directory (docs/FORMAT.md, "Files")::
 
@@ -11,17 +11,18 @@ Files in a database directory (docs/FORMAT.md, "Files")::
 
 Writes: WAL record (fsync if ``sync``) -> memtable; a full memtable is
 flushed: SSTable written and fsynced -> manifest switched -> WAL segments no
-memtable needs any more deleted.
+memtable needs any more deleted.  Reads: :mod:`lsmdb.readpath`.  Compactions:
+:mod:`lsmdb.compaction` (what to merge) and :mod:`lsmdb.compactor` (running
+and installing them) on the thread of :mod:`lsmdb.background`.  WAL segments:
+:mod:`lsmdb.logset`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import logging
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -36,12 +37,9 @@ from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
 from .coding import SwitchedButNotSynced
 from .compactor import Compactor
 from .errors import (
-    CorruptionError,
     DatabaseClosedError,
-    DatabaseLockedError,
     LsmdbError,
     NoSuchTableError,
-    NotADatabaseError,
     ReadOnlyError,
     TableExistsError,
 )
@@ -52,21 +50,16 @@ from .memtable import Memtable
 from .merge import merge_newest, tag_for
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
 from .readpath import get_many, state_getter
-from .secret import create_secret, load_secret
+from .recovery import open_database, sst_name
+from .secret import create_secret
 from .sstable import SSTableReader, write_sstable
 from .table import SSTableInfo, Table, TableState, WriteBatch
 from .trace import trace_read
 
 log = logging.getLogger("lsmdb")
 
-LOCK_NAME = "LOCK"
-SST_RE = re.compile(r"(\d{6,})\.sst\Z")
 _key_hash = _bloom.key_hash
 _MASK32 = _bloom.MASK32
-
-
-def sst_name(number: int) -> str:
-    return f"{number:06d}.sst"
 
 
 _first = itemgetter(0)
@@ -119,6 +112,7 @@ class DB:
         self._lock_fd = -1
         self._log = LogSet(self.path)
         self._tables: dict[str, TableState] = {}
+        self._by_id: dict[int, TableState] = {}
         self._handles: dict[str, Table] = {}
         self._last_seq = 0
         self._next_file = 1
@@ -128,7 +122,7 @@ class DB:
         self._stats_lock = threading.Lock()
         self._keyed: _bloom.Hasher | None = None
         self._stats_saved_at = time.monotonic()
-        self._open(create_if_missing)
+        open_database(self, create_if_missing)
         self._closed = False
         self._default = self._handles[DEFAULT_TABLE]
         self._default_state = self._tables[DEFAULT_TABLE]
@@ -138,162 +132,10 @@ class DB:
             self._bg = Background("lsmdb-background", self._background)
             self._bg.start()
 
-    # ------------------------------------------------------------------ open
-    def _open(self, create_if_missing: bool) -> None:
-        path = self.path
-        if not os.path.isdir(path):
-            if os.path.exists(path):
-                raise NotADatabaseError(f"{path} exists and is not a directory")
-            if not create_if_missing or self._read_only:
-                raise NotADatabaseError(f"no database at {path} (create_if_missing=False)")
-            os.makedirs(path, exist_ok=True)
-        manifest_path = os.path.join(path, MANIFEST_NAME)
-        if not os.path.exists(manifest_path):
-            # Refuse before creating anything (not even LOCK) in a foreign directory.
-            self._check_creatable(create_if_missing)
-        if not self._read_only:
-            self._acquire_lock()
-        try:
-            if not os.path.exists(manifest_path):
-                self._create(manifest_path, create_if_missing)
-            self._keyed = load_secret(self.path)
-            manifest = self._load_with_retry(manifest_path)
-            self._load_counters()
-            if not self._read_only:
-                self._sweep(manifest)
-                self._new_segment()
-                for state in list(self._tables.values()):
-                    if state.mem.size_bytes >= state.options.memtable_size_bytes:
-                        self._flush_locked(state)
-        except BaseException:
-            self._release()
-            raise
-
-    def _acquire_lock(self) -> None:
-        fd = os.open(os.path.join(self.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise DatabaseLockedError(
-                    f"{self.path} is open in another lsmdb.open() (this or another process)"
-                ) from None
-            raise
-        self._lock_fd = fd
-
-    def _check_creatable(self, create_if_missing: bool) -> None:
-        # LOCK and MANIFEST.tmp are what a crash inside the very first open leaves.
-        entries = [n for n in os.listdir(self.path)
-                   if n not in (LOCK_NAME, MANIFEST_NAME + ".tmp")]
-        if entries:
-            raise NotADatabaseError(
-                f"{self.path} is not an lsmdb database (no {MANIFEST_NAME}, directory not empty)")
-        if not create_if_missing or self._read_only:
-            raise NotADatabaseError(f"no database at {self.path} (create_if_missing=False)")
-
-    def _create(self, manifest_path: str, create_if_missing: bool) -> None:
-        self._check_creatable(create_if_missing)
-        manifest = Manifest(next_file_number=1, next_table_id=2,
-                            tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
-        manifest.write(manifest_path)
-
-    def _load_with_retry(self, manifest_path: str) -> Manifest:
-        """Read the manifest, open its files and replay the WAL.
-
-        A read-only open races with the writer, whose flushes and compactions
-        may delete a file or WAL segment between our reading the manifest and
-        opening it: then everything is read again from the new manifest.
-        """
-        attempts = 20 if self._read_only else 1
-        for attempt in range(attempts):
-            manifest = Manifest.read(manifest_path)
-            try:
-                self._load(manifest, vanished_ok=attempt < attempts - 1)
-                self._recover_wal()
-                return manifest
-            except (_Vanished, FileNotFoundError):
-                if attempt == attempts - 1:
-                    raise
-                self._close_readers()
-                self._tables.clear()
-                self._handles.clear()
-                self._log = LogSet(self.path)
-                time.sleep(0.01)
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _load_counters(self) -> None:
-        files, tables = _stats.load_stats(self.path)
-        for state in self._tables.values():
-            if state.id in tables and len(tables[state.id]) == 2:
-                state.gets, state.gets_absent = tables[state.id]
-            for reader in state.files:
-                if reader.number in files:
-                    _stats.apply_file_counters(reader, files[reader.number])
-
     def _close_readers(self) -> None:
         for state in self._tables.values():
             for reader in state.files:
                 reader.close()
-
-    def _load(self, manifest: Manifest, vanished_ok: bool = False) -> None:
-        self._last_seq = manifest.last_seq
-        self._next_file = manifest.next_file_number
-        self._next_table_id = manifest.next_table_id
-        if DEFAULT_TABLE not in manifest.tables:
-            raise CorruptionError("manifest has no default table",
-                                  os.path.join(self.path, MANIFEST_NAME))
-        for name, meta in manifest.tables.items():
-            try:
-                state = TableState(name, meta.id, meta.options)
-            except (TypeError, ValueError) as exc:
-                raise CorruptionError(f"manifest options of table {name!r} invalid: {exc}",
-                                      os.path.join(self.path, MANIFEST_NAME)) from None
-            state.flushed_seq = meta.flushed_seq
-            readers = []
-            for fm in meta.files:
-                file_path = os.path.join(self.path, sst_name(fm.number))
-                try:
-                    reader = SSTableReader(file_path, fm.number)
-                except FileNotFoundError:
-                    if self._read_only and vanished_ok:
-                        raise _Vanished(file_path) from None
-                    raise CorruptionError("SSTable listed in the manifest is missing",
-                                          file_path) from None
-                self._adopt(reader, fm.level)
-                readers.append(reader)
-                self._next_file = max(self._next_file, fm.number + 1)
-            state.files = tuple(readers)
-            state.publish()
-            self._tables[name] = state
-            self._handles[name] = Table(self, state)
-        self._by_id = {s.id: s for s in self._tables.values()}
-
-    def _recover_wal(self) -> None:
-        by_id = self._by_id
-
-        def apply(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
-            for tid, key, value in ops:
-                state = by_id.get(tid)  # records of dropped tables are ignored
-                if state is not None and seq > state.flushed_seq:
-                    state.mem.apply(seq, key, value)
-
-        top_seq, top_number = self._log.replay(apply, repair=not self._read_only)
-        self._last_seq = max(self._last_seq, top_seq)
-        self._next_file = max(self._next_file, top_number + 1)
-        for state in self._tables.values():
-            state.publish()
-
-    def _sweep(self, manifest: Manifest) -> None:
-        """Remove files a crash left behind: only ever after a valid manifest was read."""
-        live = {fm.number for t in manifest.tables.values() for fm in t.files}
-        for name in os.listdir(self.path):
-            m = SST_RE.match(name)
-            if (m and int(m.group(1)) not in live) or name.endswith(".tmp"):
-                log.info("removing leftover file %s", name)
-                os.unlink(os.path.join(self.path, name))
-                if m:
-                    self._next_file = max(self._next_file, int(m.group(1)) + 1)
 
     def _new_segment(self) -> None:
         """Start a new WAL segment; the previous one is closed for good."""
@@ -850,10 +692,6 @@ class DB:
 
     def __repr__(self) -> str:
         return f"<lsmdb.DB {self.path!r}{' closed' if self._closed else ''}>"
-
-
-class _Vanished(Exception):
-    """A file the manifest named was deleted by a concurrent writer (read-only open)."""
 
 
 def _unlink_quietly(path: str) -> None:

@@ -118,6 +118,7 @@ class DB:
         self._next_file = 1
         self._next_table_id = 1
         self._compactor = Compactor(self)
+        self._flush_mutex = threading.Lock()   # one flush at a time, installed in order
         self._bg: Background | None = None
         self._stats_lock = threading.Lock()
         self._keyed: _bloom.Hasher | None = None
@@ -237,14 +238,14 @@ class DB:
                 for state, items in per_table.items():
                     state.mem.apply_many(seq, items)
                 touched = list(per_table)
-            for state in touched:
-                if state.mem.size_bytes >= state.options.memtable_size_bytes:
-                    try:
-                        self._flush_locked(state)
-                    except OSError as exc:
-                        # The write itself is durable and applied; the flush is
-                        # retried by the next write (or an explicit flush()).
-                        log.error("automatic flush of table %r failed: %s", state.name, exc)
+            full = [s for s in touched if s.mem.size_bytes >= s.options.memtable_size_bytes]
+        for state in full:  # outside the lock: the SSTable is written without it
+            try:
+                self._flush_table(state)
+            except OSError as exc:
+                # The write itself is durable and applied; the flush is
+                # retried by the next write (or an explicit flush()).
+                log.error("automatic flush of table %r failed: %s", state.name, exc)
 
     def _maybe_stall(self, states: set[TableState], bg: Background) -> None:
         """Hold a writer while level 0 is past its bound and compaction can reduce it."""
@@ -286,57 +287,73 @@ class DB:
         with self._lock:
             self._check_writable()
             states = list(self._tables.values()) if table is None else [self._table_state(table)]
-            for state in states:
-                self._flush_locked(state)
+        for state in states:
+            self._flush_table(state)
 
-    def _flush_locked(self, state: TableState) -> None:
-        mem = state.mem
-        if not len(mem):
-            return
-        self._new_segment()  # records of ``mem`` are all in closed segments now
-        mem.frozen = True
-        state.mem = Memtable()
-        state.imms = (mem,) + state.imms
-        state.publish()
-        flushed_seq = self._last_seq
-        number = self._alloc_file_number()
+    def _flush_table(self, state: TableState, opening: bool = False) -> None:
+        """Freeze the table's memtable and write every frozen memtable to an SSTable.
+
+        The database lock is held only to freeze (a new WAL segment, a new
+        memtable) and to install each file (manifest switch); the SSTable is
+        written and fsynced without it, so writers and readers go on.
+        Flushes are serialised by their own lock and install oldest first.
+        A memtable whose flush fails stays frozen -- still served and still
+        in the WAL -- and the next flush tries it again.
+        """
+        with self._flush_mutex:
+            with self._lock:
+                if (self._closed and not opening) or state.dropped:
+                    return
+                if len(state.mem):
+                    self._new_segment()  # the memtable's records all sit in closed segments
+                    mem = state.mem
+                    mem.frozen = True
+                    mem.flush_seq = self._last_seq
+                    state.mem = Memtable()
+                    state.imms = (mem,) + state.imms
+                    state.publish()
+                pending = list(reversed(state.imms))  # oldest first
+            for mem in pending:
+                self._flush_frozen(state, mem, opening)
+
+    def _flush_frozen(self, state: TableState, mem: Memtable, opening: bool = False) -> None:
+        with self._lock:
+            number = self._alloc_file_number()
+            hasher = self._hasher_for(state)
+            options = state.options
         file_path = os.path.join(self.path, sst_name(number))
         try:
-            write_sstable(file_path, mem.items(),
-                          fp_chance=state.options.bloom_filter_fp_chance,
-                          block_size=state.options.block_size_bytes, table=state.name,
-                          min_seq=mem.min_seq, max_seq=mem.max_seq,
-                          hasher=self._hasher_for(state))
+            write_sstable(file_path, mem.items(), fp_chance=options.bloom_filter_fp_chance,
+                          block_size=options.block_size_bytes, table=state.name,
+                          min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher)
             reader = self._adopt(SSTableReader(file_path, number), 0)
         except BaseException:
-            # Keep serving from the frozen memtable; its records stay in the WAL.
-            state.mem, state.imms = mem, state.imms[1:]
-            mem.frozen = False
-            state.publish()
-            _unlink_quietly(file_path)
+            _unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL
             raise
-        old_files, old_flushed = state.files, state.flushed_seq
-        state.files = (reader,) + state.files
-        state.flushed_seq = flushed_seq
-        try:
-            self._write_manifest()
-        except SwitchedButNotSynced:
-            # The new manifest names the file: keep it.  Keep the WAL too (no
-            # retirement): a machine crash could bring the old manifest back.
-            state.imms = state.imms[1:]
+        with self._lock:
+            if state.dropped or (self._closed and not opening):
+                reader.close()
+                _unlink_quietly(file_path)
+                return
+            old_files, old_flushed = state.files, state.flushed_seq
+            state.files = (reader,) + state.files
+            state.flushed_seq = mem.flush_seq
+            try:
+                self._write_manifest()
+            except SwitchedButNotSynced:
+                # The new manifest names the file: keep it.  Keep the WAL too (no
+                # retirement): a machine crash could bring the old manifest back.
+                state.imms = tuple(m for m in state.imms if m is not mem)
+                state.publish()
+                raise
+            except BaseException:
+                state.files, state.flushed_seq = old_files, old_flushed
+                reader.close()
+                _unlink_quietly(file_path)
+                raise
+            state.imms = tuple(m for m in state.imms if m is not mem)
             state.publish()
-            raise
-        except BaseException:
-            state.files, state.flushed_seq = old_files, old_flushed
-            state.mem, state.imms = mem, state.imms[1:]
-            mem.frozen = False
-            state.publish()
-            reader.close()
-            _unlink_quietly(file_path)
-            raise
-        state.imms = state.imms[1:]
-        state.publish()
-        self._retire_segments()
+            self._retire_segments()
         self._save_counters()
         self._wake_background()
 
@@ -662,7 +679,7 @@ class DB:
         """Stop background work, save counters, sync the WAL, release the lock.  Idempotent."""
         if self._bg is not None:
             self._bg.stop()
-        with self._lock:
+        with self._flush_mutex, self._lock:  # no flush is half done past this point
             if self._closed:
                 return
             try:

@@ -27,7 +27,7 @@ class Memtable:
     ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
-    __slots__ = ("data", "keys", "size_bytes", "min_seq", "max_seq", "frozen")
+    __slots__ = ("data", "keys", "size_bytes", "min_seq", "max_seq", "frozen", "flush_seq")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
@@ -36,6 +36,7 @@ class Memtable:
         self.min_seq: int | None = None  # smallest WAL sequence number held
         self.max_seq = 0
         self.frozen = False
+        self.flush_seq = 0  # set when frozen: every record of the table up to it is here or older
 
     def __len__(self) -> int:
         return len(self.data)

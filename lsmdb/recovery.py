@@ -75,7 +75,7 @@ def open_database(db: DB, create_if_missing: bool) -> None:
             db._new_segment()
             for state in list(db._tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
-                    db._flush_locked(state)
+                    db._flush_table(state, opening=True)
     except BaseException:
         db._release()
         raise

@@ -136,7 +136,7 @@ def child_main(path: str, seed: int, fd: int, tag: str) -> int:
     logger.setLevel(logging.INFO)
     from lsmdb import compactor as compmod
     from lsmdb import db as dbmod
-    _observe(dbmod.DB, "_flush_locked", pipe, "F", _has_data)
+    _observe(dbmod.DB, "_flush_frozen", pipe, "F")
     _observe(compmod.Compactor, "run", pipe, "C")
     _observe(dbmod.DB, "_write_manifest", pipe, "M")
     rng = random.Random(seed)

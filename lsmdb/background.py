@@ -46,10 +46,6 @@ class Background:
             self._thread.join()
 
     @property
-    def stopping(self) -> bool:
-        return self._stop
-
-    @property
     def busy(self) -> bool:
         return self._busy or self._woken
 

@@ -375,11 +375,8 @@ class DB:
         """
         return state_getter(self, self._default_state)(key, default)
 
-    def _get(self, state: TableState, key: Any) -> bytes | None:
-        """Newest value of ``key`` in ``state`` or None (see :func:`make_getter`)."""
-        return state_getter(self, state)(key)
-
-    def _get_default(self, state: TableState, key: Any, default: Any) -> Any:
+    def _get(self, state: TableState, key: Any, default: Any = None) -> Any:
+        """Newest value of ``key`` in ``state`` or ``default`` (see :func:`make_getter`)."""
         return state_getter(self, state)(key, default)
 
     def get_many(self, keys: Iterable[Any]) -> list[bytes | None]:

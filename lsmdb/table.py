@@ -210,8 +210,7 @@ class Table:
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when it is absent."""
-        return self._db._get(self._live(), key) if default is None else \
-            self._db._get_default(self._live(), key, default)
+        return self._db._get(self._live(), key, default)
 
     def get_many(self, keys: Any) -> list[bytes | None]:
         """Values of many keys at once, None where absent (see ``DB.get_many``)."""

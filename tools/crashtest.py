@@ -118,13 +118,6 @@ def _observe(cls: Any, name: str, pipe: _Pipe, mark: str,
     setattr(cls, name, wrapper)
 
 
-def _has_data(state: Any = None, *_: Any) -> bool:
-    try:
-        return bool(len(state.mem))
-    except Exception:
-        return True
-
-
 def child_main(path: str, seed: int, fd: int, tag: str) -> int:
     """Write random operations to ``path`` forever (until killed), reporting on ``fd``."""
     pipe = _Pipe(fd)

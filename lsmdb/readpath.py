@@ -14,12 +14,26 @@ from bisect import bisect_left
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from . import table
 from .bloom import MASK32
 from .bloom import key_hash as _key_hash
 from .errors import DatabaseClosedError
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .sstable import MISSING, SSTableReader
+from .sstable_reader import (
+    BLOCK_CACHE_HITS,
+    FALSE_POSITIVES,
+    FILTER_NEGATIVES,
+    RANGE_SKIPS,
+    TRUE_POSITIVES,
+)
 from .table import TableState
+
+try:
+    from ._speedups import Getter
+    USE_C_GETTER = True
+except ImportError:  # pragma: no cover - built without a C compiler
+    USE_C_GETTER = False
 
 if TYPE_CHECKING:
     from .db import DB
@@ -55,12 +69,34 @@ def make_getter(db: DB, state: TableState) -> Any:
     max_key = MAX_KEY_SIZE_BYTES
     _bisect = bisect_left
 
+    def lookup_block(reader: SSTableReader, index_keys: list[bytes], base: int, counts: Any,
+                     key: bytes) -> Any:
+        """After a "maybe": the key's value (None: tombstone) from the one data
+        block that can hold it -- cache first -- or MISSING (a false positive)."""
+        i = _bisect(index_keys, key)
+        if i == len(index_keys):
+            counts[FALSE_POSITIVES] += 1
+            return missing
+        block = lookup(base | i) if lookup is not None else None
+        if block is None:
+            block = reader.load_block(i)
+        else:
+            touch(base | i)
+            counts[BLOCK_CACHE_HITS] += 1
+        block_keys = block[0]
+        j = _bisect(block_keys, key)
+        if j == len(block_keys) or block_keys[j] != key:
+            counts[FALSE_POSITIVES] += 1
+            return missing
+        counts[TRUE_POSITIVES] += 1
+        return block[1][j]
+
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
         if db._closed:
             raise DatabaseClosedError(f"database {db.path} is closed")
-        data, imms, l0, deeper = state.fast
+        data, imms, l0, deeper, probes, flat = state.fast
         state.gets += 1
         value = data.get(key, missing)
         if value is missing and imms:
@@ -73,20 +109,34 @@ def make_getter(db: DB, state: TableState) -> Any:
                 state.gets_absent += 1
                 return default
             return value
+        if probes is not None and not state.shadow:
+            # C: range checks and filter probes (counted there) up to the
+            # first file that may hold the key; resumed after a false positive.
+            f = probes.first(key, 0)
+            while f >= 0:
+                reader, index_keys, base, counts = flat[f]
+                value = lookup_block(reader, index_keys, base, counts, key)
+                if value is not missing:
+                    if value is None:
+                        break
+                    return value
+                f = probes.first(key, f + 1)
+            state.gets_absent += 1
+            return default
         files: Any
         if deeper:
             files = list(l0)
-            for max_keys, probes in deeper:
+            for max_keys, level_files in deeper:
                 i = _bisect(max_keys, key)
-                if i < len(probes):
-                    files.append(probes[i])
+                if i < len(level_files):
+                    files.append(level_files[i])
         else:
             files = l0
         h1 = k1 = -1
         h2 = k2 = 0
-        for reader, lo, hi, bits, m, ks, kf, index_keys, base in files:
+        for reader, lo, hi, bits, m, ks, kf, index_keys, base, counts in files:
             if key < lo or key > hi:
-                reader.range_skips += 1
+                counts[RANGE_SKIPS] += 1
                 continue
             if m:
                 if kf is None:
@@ -121,33 +171,22 @@ def make_getter(db: DB, state: TableState) -> Any:
                                 state.gets_absent += 1
                                 return default
                             return value
-                    reader.filter_negatives += 1
+                    counts[FILTER_NEGATIVES] += 1
                     continue
-            # "maybe": the one data block that can hold the key, cache first.
-            i = _bisect(index_keys, key)
-            if i == len(index_keys):
-                reader.false_positives += 1
+            value = lookup_block(reader, index_keys, base, counts, key)
+            if value is missing:
                 continue
-            block = lookup(base | i) if lookup is not None else None
-            if block is None:
-                block = reader.load_block(i)
-            else:
-                touch(base | i)
-                reader.block_cache_hits += 1
-            block_keys = block[0]
-            j = _bisect(block_keys, key)
-            if j == len(block_keys) or block_keys[j] != key:
-                reader.false_positives += 1
-                continue
-            value = block[1][j]
-            reader.true_positives += 1
             if value is None:
-                state.gets_absent += 1
-                return default
+                break
             return value
         state.gets_absent += 1
         return default
 
+    if USE_C_GETTER and table.USE_SPEEDUPS:
+        # The same read with the per-file steps and the bookkeeping in C;
+        # unusual calls (non-bytes keys, keywords, closed database, shadow
+        # mode) go to ``get`` above, and block reads to ``lookup_block``.
+        return Getter(db, state, missing, lookup_block, get, max_key)
     return get
 
 
@@ -174,7 +213,7 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in keys]
     if db._closed:
         raise DatabaseClosedError(f"database {db.path} is closed")
-    data, imms, l0, deeper = state.fast
+    data, imms, l0, deeper, _probes, _flat = state.fast
     n = len(ks)
     state.gets += n
     out: list[Any] = [data.get(key, MISSING) for key in ks]

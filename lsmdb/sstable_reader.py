@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 from itertools import chain, repeat
@@ -27,6 +28,7 @@ from .sstable_format import (
     SSTABLE_FORMAT_VERSION,
     SSTABLE_MAGIC,
 )
+from .stats import FILE_COUNTERS, ArrayCounter
 
 log = logging.getLogger("lsmdb")
 
@@ -41,6 +43,10 @@ class _FailOpenFilter:
 
     def may_contain_hash(self, h1: int, h2: int) -> bool:
         return True
+
+
+RANGE_SKIPS, FILTER_NEGATIVES, TRUE_POSITIVES, FALSE_POSITIVES = 0, 1, 2, 3
+FALSE_NEGATIVES, BLOCK_READS, BLOCK_CACHE_HITS = 4, 5, 6  # slots of ``counts`` (FILE_COUNTERS)
 
 
 class SSTableReader:
@@ -61,14 +67,9 @@ class SSTableReader:
         #: once it knows the secret); None for the fast hash.
         self.keyed_fn: Any = None
         self._filter_stats: dict[str, float] | None = None
-        # Counters (#4): cumulative, never reset on read.
-        self.range_skips = 0
-        self.filter_negatives = 0
-        self.true_positives = 0
-        self.false_positives = 0
-        self.false_negatives = 0
-        self.block_reads = 0
-        self.block_cache_hits = 0
+        # Counters (#4): cumulative, never reset on read; named by the
+        # ArrayCounter attributes below (the C read path counts into slots 0, 1).
+        self.counts = array("Q", bytes(8 * len(FILE_COUNTERS)))
         #: Shared decoded-block cache (set by the DB), or None.
         self.cache: Any = None
         self._fd = -1
@@ -86,6 +87,14 @@ class SSTableReader:
             self._data = data
             self.size_bytes = len(data)
             self._load(self._slice)
+
+    range_skips = ArrayCounter(RANGE_SKIPS)
+    filter_negatives = ArrayCounter(FILTER_NEGATIVES)  # the filter said no: a read skipped
+    true_positives = ArrayCounter(TRUE_POSITIVES)
+    false_positives = ArrayCounter(FALSE_POSITIVES)
+    false_negatives = ArrayCounter(FALSE_NEGATIVES)    # shadow mode only; must stay 0
+    block_reads = ArrayCounter(BLOCK_READS)            # data blocks read from disk
+    block_cache_hits = ArrayCounter(BLOCK_CACHE_HITS)  # data blocks served by the cache
 
     # -- low-level reads --------------------------------------------------
     def _pread_all(self, size: int, offset: int) -> bytes:
@@ -324,15 +333,8 @@ class SSTableReader:
         return self._filter_stats
 
     def counters(self) -> dict[str, int]:
-        return {
-            "range_skips": self.range_skips,
-            "filter_negatives": self.filter_negatives,
-            "true_positives": self.true_positives,
-            "false_positives": self.false_positives,
-            "false_negatives": self.false_negatives,
-            "block_reads": self.block_reads,
-            "block_cache_hits": self.block_cache_hits,
-        }
+        """Every counter by name (see FILE_COUNTERS)."""
+        return dict(zip(FILE_COUNTERS, self.counts.tolist(), strict=True))
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -36,9 +36,30 @@ STATS_FORMAT_VERSION = 1   # DO NOT CHANGE: on disk.
 STATS_HEADER = struct.Struct("<8sIII")
 STATS_INTERVAL_SECONDS = 10.0
 
-#: Order of the per-file counters on disk.  DO NOT CHANGE: on disk (append only).
+#: Order of the per-file counters on disk and in ``SSTableReader.counts``.
+#: DO NOT CHANGE: on disk (append only); lsmdb/_speedups.c counts into slots 0 and 1.
 FILE_COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
                  "false_negatives", "block_reads", "block_cache_hits")
+#: Order of the per-table read counters (``TableState.counts``, STATS); the C getter
+#: counts into both.
+TABLE_COUNTERS = ("gets", "gets_absent")
+
+
+class ArrayCounter:
+    """A counter attribute kept in slot ``index`` of the object's ``counts``
+    array('Q'), so the read path (Python or C) increments an array slot."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __get__(self, obj: Any, owner: Any = None) -> int:
+        return int(obj.counts[self.index])
+
+    def __set__(self, obj: Any, value: int) -> None:
+        obj.counts[self.index] = value
+
 
 
 def encode_stats(readers: Iterable[Any], tables: Iterable[Any]) -> bytes:
@@ -63,6 +84,9 @@ def decode_stats(data: bytes) -> tuple[dict[int, list[int]], dict[int, list[int]
         obj = msgpack.unpackb(payload, raw=False, strict_map_key=False)
         files = {int(k): [int(x) for x in v] for k, v in obj["files"].items()}
         tables = {int(k): [int(x) for x in v] for k, v in obj["tables"].items()}
+        for counts in (*files.values(), *tables.values()):
+            if any(x < 0 or x >= 1 << 64 for x in counts):
+                raise ValueError("counter out of range")
     except Exception as exc:  # any shape msgpack can produce
         raise ValueError(f"undecodable counters ({type(exc).__name__})") from None
     return files, tables

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+from array import array
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from .bloom import predicted_fpr_for
+from .bloom import key_hash, predicted_fpr_for
 from .cache import cache_key
 from .errors import NoSuchTableError
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
 from .memtable import Memtable
 from .options import TableOptions
+from .stats import TABLE_COUNTERS, ArrayCounter
 
 if TYPE_CHECKING:
     from .db import DB
     from .sstable import SSTableReader
+
+try:  # optional C speedups for the per-file steps of a get (lsmdb/_speedups.c)
+    from ._speedups import Probes
+except ImportError:  # pragma: no cover - no C compiler when installed
+    Probes = None  # type: ignore[assignment,misc]
+
+log = logging.getLogger("lsmdb")
+
+#: Whether the read path uses lsmdb._speedups (tests switch it off to run the
+#: Python path; both give the same answers and counts).
+USE_SPEEDUPS = Probes is not None
 
 
 class TableState:
@@ -32,8 +46,11 @@ class TableState:
     """
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
-                 "view", "dropped", "gets", "gets_absent", "shadow", "compact_pointer", "fast",
+                 "view", "dropped", "counts", "shadow", "compact_pointer", "fast",
                  "getter", "__weakref__")
+
+    gets = ArrayCounter(0)         # point reads answered
+    gets_absent = ArrayCounter(1)  # ... that found nothing
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
         self.name = name
@@ -43,18 +60,17 @@ class TableState:
         self.files: tuple[SSTableReader, ...] = ()
         self.flushed_seq = 0
         self.dropped = False
-        self.gets = 0          # point reads answered
-        self.gets_absent = 0   # ... that found nothing
+        self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))  # gets, gets_absent
         self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
         self.getter: Any = None  # the compiled point-read closure (readpath.make_getter)
-        self.set_options(explicit)
-        self.publish()
+        self.set_options(explicit)  # publishes
 
     def set_options(self, explicit: dict[str, Any]) -> None:
         options = TableOptions.resolve(explicit)  # raises before anything changes
         self.explicit = dict(explicit)
         self.options = options
         self.shadow = options.bloom_filter_mode == "shadow"
+        self.publish()  # shadow mode decides the read path
 
     def publish(self) -> None:
         l0 = sorted((r for r in self.files if r.level == 0),
@@ -65,10 +81,18 @@ class TableState:
             readers = sorted((r for r in self.files if r.level == level), key=lambda r: r.min_key)
             deeper.append(([r.max_key for r in readers], readers))
         self.view = (self.mem, self.imms, tuple(l0), tuple(deeper))
-        # The same, flattened for the get fast path: per file one tuple (_probe).
+        # The same, flattened for the get fast path: per file one tuple (_probe),
+        # and -- with the C speedups -- the files' range and filter steps in one
+        # Probes object (None: the Python path; always in shadow mode) plus, by
+        # its flat file index, what a block read needs.
+        probes = (_c_probes(l0, deeper) if USE_SPEEDUPS and self.files and not self.shadow
+                  else None)
+        flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
         self.fast = (self.mem.data, tuple(m.data for m in self.imms),
                      tuple(_probe(r) for r in l0),
-                     tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper))
+                     tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper),
+                     probes,
+                     tuple((r, r.index_keys, cache_key(r.number, 0), r.counts) for r in flat))
 
     def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
@@ -82,11 +106,29 @@ class TableState:
 def _probe(r: SSTableReader) -> tuple[Any, ...]:
     """What the read path needs of one file, flattened: (reader, min_key, max_key,
     filter bits, m, range(k - 1) -- the probes after the first --, keyed hash fn,
-    index keys, the file's block-cache key base)."""
+    index keys, the file's block-cache key base, its counters array)."""
     bloom = r.bloom
     m = bloom.m
     return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(max(0, bloom.k - 1)),
-            r.keyed_fn, r.index_keys, cache_key(r.number, 0))
+            r.keyed_fn, r.index_keys, cache_key(r.number, 0), r.counts)
+
+
+def _c_entry(r: SSTableReader) -> tuple[Any, ...]:
+    bloom = r.bloom
+    m = bloom.m
+    return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn)
+
+
+def _c_probes(l0: list[SSTableReader], deeper: list[tuple[list[bytes], list[SSTableReader]]]
+              ) -> Any:
+    """The C Probes of these files, or None (then the Python path serves)."""
+    try:
+        return Probes([_c_entry(r) for r in l0],
+                      [(keys, [_c_entry(r) for r in readers]) for keys, readers in deeper],
+                      key_hash)
+    except (TypeError, ValueError, OverflowError) as exc:  # should not happen: be slow, not wrong
+        log.warning("C read path unavailable for these files (%s); using the Python path", exc)
+        return None
 
 
 @dataclass(frozen=True)

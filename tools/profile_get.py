@@ -1,9 +1,10 @@
 """Where an absent in-range get spends its time (3 SSTables, as after bench.peers' load).
 
 Run from the repository root: ``python tools/profile_get.py``.  Each line is the best of five
-passes over 100,000 absent keys that fall inside every file's key range.  The last line is the
-floor a pure-Python read path can reach for this layout: the hash, the range checks and the
-inline filter probes, without any counter, check or call.
+passes over 100,000 absent keys that fall inside every file's key range.  "C Probes.first" is the
+C part of a get with lsmdb._speedups (hash, range checks, filter probes, counters); the last line
+is the floor a pure-Python read path can reach for this layout: the hash, the range checks and
+the inline filter probes, without any counter, check or call.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import lsmdb
+import lsmdb.table
 from lsmdb.bloom import MASK32, key_hash
 
 N_KEYS = 200_000
@@ -21,7 +23,7 @@ N_QUERIES = 100_000
 N_FILES = 3
 
 
-def build(path: str) -> lsmdb.DB:
+def build(path: str) -> str:
     db = lsmdb.open(path, auto_compaction=False)
     order = list(range(N_KEYS))
     random.Random(1).shuffle(order)
@@ -32,7 +34,7 @@ def build(path: str) -> lsmdb.DB:
                 b.put(b"user:%010d" % (2 * i), b"x" * 100)
         db.flush()
     db.close()
-    return lsmdb.open(path, auto_compaction=False)
+    return path
 
 
 def best_rate(fn: Callable[[], None], n: int) -> float:
@@ -45,16 +47,31 @@ def best_rate(fn: Callable[[], None], n: int) -> float:
 
 
 def main() -> None:
-    db = build(tempfile.mkdtemp(prefix="lsmdb-profile-"))
+    path = build(tempfile.mkdtemp(prefix="lsmdb-profile-"))
+    lsmdb.table.USE_SPEEDUPS = False
+    pydb = lsmdb.open(path, auto_compaction=False, read_only=True)
+    lsmdb.table.USE_SPEEDUPS = lsmdb.table.Probes is not None
+    db = lsmdb.open(path, auto_compaction=False)
     rng = random.Random(2)
     queries = [b"user:%010d" % (2 * rng.randrange(N_KEYS) + 1) for _ in range(N_QUERIES)]
     get = db.get
+    pyget = pydb.get
     data = db._default_state.fast[0]
     probes = db._default_state.fast[2]
+    c_probes = db._default_state.fast[4]
 
     def full() -> None:
         for key in queries:
             get(key)
+
+    def python_path() -> None:
+        for key in queries:
+            pyget(key)
+
+    def c_first() -> None:
+        first = c_probes.first
+        for key in queries:
+            first(key, 0)
 
     def call_only() -> None:
         def f(key: bytes, default: object = None) -> object:
@@ -75,7 +92,7 @@ def main() -> None:
             h = key_hash(key)
             h1 = h & MASK32
             h2 = h >> 32
-            for _r, lo, hi, bits, m, ks, _kf, _ik, _base in probes:
+            for _r, lo, hi, bits, m, ks, _kf, _ik, _base, _counts in probes:
                 if key < lo or key > hi:
                     continue
                 pos = h1 % m
@@ -89,7 +106,11 @@ def main() -> None:
                     if not bits[pos >> 3] & (1 << (pos & 7)):
                         break
 
-    for name, fn in [(f"db.get ({N_FILES} files)", full),
+    runs = [(f"db.get ({N_FILES} files)", full),
+            (f"db.get, Python read path ({N_FILES} files)", python_path)]
+    if c_probes is not None:
+        runs.append(("C Probes.first alone", c_first))
+    for name, fn in [*runs,
                      ("a Python call returning default", call_only),
                      ("memtable dict lookup", dict_only),
                      ("xxh3_64 hash", hash_only),
@@ -98,6 +119,7 @@ def main() -> None:
         rate = best_rate(fn, len(queries))
         print(f"{name:<55} {rate / 1e3:8.0f}k/s  {1e9 / rate:6.0f} ns/get")
     db.close()
+    pydb.close()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,668 @@
+/* lsmdb._speedups: the per-file part of a point read, in C.
+ *
+ * Optional: lsmdb works without it (lsmdb.readpath falls back to the same
+ * logic in Python, and the tests run both).  It does exactly what the
+ * Python read path does for each SSTable a get consults, in the same order:
+ *
+ *   key range check            -> counts[RANGE_SKIPS] += 1 when outside
+ *   Bloom filter probe         -> counts[FILTER_NEGATIVES] += 1 on a "no"
+ *   "maybe" (or no filter)     -> return the file's index to the caller,
+ *                                 which reads the one data block in Python
+ *
+ * The filter layout is the one in docs/FORMAT.md: h = xxh3_64(key) (or the
+ * table's keyed hash), h1 = h & 0xFFFFFFFF, h2 = h >> 32, probe i at bit
+ * (h1 + i * h2) mod m, bit b of the array at byte b >> 3, mask 1 << (b & 7).
+ * The hashes are computed at most once per key and reused for every file,
+ * also across calls that resume after a false positive (the last key and
+ * its hashes are kept, compared by identity while a reference is held).
+ *
+ * Probes(l0, deeper, fast_hash)
+ *   l0:     sequence of file entries, newest first
+ *   deeper: sequence of (max_keys, entries) per level >= 1, sorted by key
+ *   entry:  (counts, min_key, max_key, bits, m, k, keyed_fn)
+ *           counts: array('Q') of the file's counters (sstable_reader.FILE_COUNTERS)
+ *           bits:   the filter's bit array (any buffer), None when m == 0
+ *           keyed_fn: None for xxh3_64, else the keyed hash function
+ * Probes.first(key, start) -> index of the first file at or after flat
+ *   index `start` (level-0 files, then the deeper levels' files in order)
+ *   whose range holds key and whose filter says "maybe"; -1 when none.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define RANGE_SKIPS 0
+#define FILTER_NEGATIVES 1
+#define MIN_COUNTERS 7
+
+typedef struct {
+    PyObject *lo;        /* bytes */
+    PyObject *hi;        /* bytes */
+    PyObject *kf;        /* NULL: the fast hash */
+    Py_buffer bits;      /* valid when m > 0 */
+    Py_buffer counts;    /* array('Q') */
+    uint64_t m;
+    Py_ssize_t k;
+    int have_bits;
+    int have_counts;
+} Entry;
+
+typedef struct {
+    PyObject_HEAD
+    Entry *e;
+    Py_ssize_t n;         /* entries in all */
+    Py_ssize_t n0;        /* level-0 entries */
+    Py_ssize_t nlevels;
+    Py_ssize_t *off;      /* nlevels + 1 offsets of each level's entries */
+    PyObject **max_keys;  /* per level: tuple of bytes */
+    PyObject *fast_hash;
+    /* The last key hashed, held, and its hashes. */
+    PyObject *last_key;
+    PyObject *last_kf;    /* borrowed from an entry (entries hold it) */
+    uint64_t last_fast;
+    uint64_t last_keyed;
+    int have_fast;
+    int have_keyed;
+} Probes;
+
+static inline int
+bytes_cmp(PyObject *a, PyObject *b)
+{
+    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b);
+    int c = memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t)(la < lb ? la : lb));
+    if (c)
+        return c;
+    return (la > lb) - (la < lb);
+}
+
+static void
+entry_clear(Entry *e)
+{
+    Py_CLEAR(e->lo);
+    Py_CLEAR(e->hi);
+    Py_CLEAR(e->kf);
+    if (e->have_bits) {
+        PyBuffer_Release(&e->bits);
+        e->have_bits = 0;
+    }
+    if (e->have_counts) {
+        PyBuffer_Release(&e->counts);
+        e->have_counts = 0;
+    }
+}
+
+static int
+entry_init(Entry *e, PyObject *item)
+{
+    PyObject *t = PySequence_Tuple(item);
+    if (t == NULL)
+        return -1;
+    if (PyTuple_GET_SIZE(t) != 7) {
+        PyErr_SetString(PyExc_ValueError,
+                        "a file entry is (counts, min_key, max_key, bits, m, k, keyed_fn)");
+        goto fail;
+    }
+    PyObject *counts = PyTuple_GET_ITEM(t, 0), *lo = PyTuple_GET_ITEM(t, 1),
+             *hi = PyTuple_GET_ITEM(t, 2), *bits = PyTuple_GET_ITEM(t, 3),
+             *m = PyTuple_GET_ITEM(t, 4), *k = PyTuple_GET_ITEM(t, 5),
+             *kf = PyTuple_GET_ITEM(t, 6);
+    if (!PyBytes_CheckExact(lo) || !PyBytes_CheckExact(hi)) {
+        PyErr_SetString(PyExc_TypeError, "min_key and max_key must be bytes");
+        goto fail;
+    }
+    e->lo = Py_NewRef(lo);
+    e->hi = Py_NewRef(hi);
+    if (PyObject_GetBuffer(counts, &e->counts, PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        goto fail;
+    e->have_counts = 1;
+    if (e->counts.itemsize != 8 || e->counts.format == NULL || strcmp(e->counts.format, "Q") != 0
+        || e->counts.len < 8 * MIN_COUNTERS) {
+        PyErr_SetString(PyExc_TypeError, "counts must be an array('Q') of the file counters");
+        goto fail;
+    }
+    unsigned long long mv = PyLong_AsUnsignedLongLong(m);
+    if (mv == (unsigned long long)-1 && PyErr_Occurred())
+        goto fail;
+    Py_ssize_t kv = PyLong_AsSsize_t(k);
+    if (kv == -1 && PyErr_Occurred())
+        goto fail;
+    if (kv < 0 || kv > 1024) {
+        PyErr_SetString(PyExc_ValueError, "hash count out of range");
+        goto fail;
+    }
+    e->m = mv;
+    e->k = kv;
+    if (mv) {
+        if (PyObject_GetBuffer(bits, &e->bits, PyBUF_SIMPLE) < 0)
+            goto fail;
+        e->have_bits = 1;
+        if ((uint64_t)e->bits.len < (mv + 7) / 8) {
+            PyErr_SetString(PyExc_ValueError, "filter bit array shorter than m bits");
+            goto fail;
+        }
+    }
+    if (kf != Py_None) {
+        if (!PyCallable_Check(kf)) {
+            PyErr_SetString(PyExc_TypeError, "keyed_fn must be callable or None");
+            goto fail;
+        }
+        e->kf = Py_NewRef(kf);
+    }
+    Py_DECREF(t);
+    return 0;
+fail:
+    Py_DECREF(t);
+    return -1;
+}
+
+static void
+Probes_dealloc(Probes *self)
+{
+    if (self->e) {
+        for (Py_ssize_t i = 0; i < self->n; i++)
+            entry_clear(&self->e[i]);
+        PyMem_Free(self->e);
+    }
+    if (self->max_keys) {
+        for (Py_ssize_t i = 0; i < self->nlevels; i++)
+            Py_XDECREF(self->max_keys[i]);
+        PyMem_Free(self->max_keys);
+    }
+    PyMem_Free(self->off);
+    Py_XDECREF(self->fast_hash);
+    Py_XDECREF(self->last_key);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Probes_init(Probes *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *l0_arg, *deeper_arg, *fast_hash;
+    static char *kwlist[] = {"l0", "deeper", "fast_hash", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Probes", kwlist, &l0_arg, &deeper_arg,
+                                     &fast_hash))
+        return -1;
+    if (self->e != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Probes cannot be initialised twice");
+        return -1;
+    }
+    if (!PyCallable_Check(fast_hash)) {
+        PyErr_SetString(PyExc_TypeError, "fast_hash must be callable");
+        return -1;
+    }
+    PyObject *l0 = PySequence_Tuple(l0_arg);
+    if (l0 == NULL)
+        return -1;
+    PyObject *deeper = PySequence_Tuple(deeper_arg);
+    if (deeper == NULL) {
+        Py_DECREF(l0);
+        return -1;
+    }
+    Py_ssize_t n0 = PyTuple_GET_SIZE(l0), nlevels = PyTuple_GET_SIZE(deeper);
+    PyObject *levels = PyTuple_New(nlevels); /* per level: tuple of entries */
+    if (levels == NULL)
+        goto fail_early;
+    self->max_keys = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(PyObject *));
+    self->off = PyMem_Calloc(nlevels + 1, sizeof(Py_ssize_t));
+    if (self->max_keys == NULL || self->off == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    self->nlevels = nlevels;
+    Py_ssize_t n = n0;
+    for (Py_ssize_t L = 0; L < nlevels; L++) {
+        PyObject *pair = PySequence_Tuple(PyTuple_GET_ITEM(deeper, L));
+        if (pair == NULL)
+            goto fail;
+        if (PyTuple_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_ValueError, "a level is (max_keys, entries)");
+            goto fail;
+        }
+        PyObject *keys = PySequence_Tuple(PyTuple_GET_ITEM(pair, 0));
+        PyObject *entries = keys ? PySequence_Tuple(PyTuple_GET_ITEM(pair, 1)) : NULL;
+        Py_DECREF(pair);
+        if (entries == NULL) {
+            Py_XDECREF(keys);
+            goto fail;
+        }
+        self->max_keys[L] = keys;
+        PyTuple_SET_ITEM(levels, L, entries);
+        if (PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(entries)) {
+            PyErr_SetString(PyExc_ValueError, "one max key per file of a level");
+            goto fail;
+        }
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(keys); j++) {
+            if (!PyBytes_CheckExact(PyTuple_GET_ITEM(keys, j))) {
+                PyErr_SetString(PyExc_TypeError, "max keys must be bytes");
+                goto fail;
+            }
+        }
+        self->off[L] = n;
+        n += PyTuple_GET_SIZE(entries);
+    }
+    self->off[nlevels] = n;
+    self->e = PyMem_Calloc(n ? n : 1, sizeof(Entry));
+    if (self->e == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    self->n = n;
+    self->n0 = n0;
+    for (Py_ssize_t i = 0; i < n0; i++)
+        if (entry_init(&self->e[i], PyTuple_GET_ITEM(l0, i)) < 0)
+            goto fail;
+    for (Py_ssize_t L = 0; L < nlevels; L++) {
+        PyObject *entries = PyTuple_GET_ITEM(levels, L);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(entries); j++)
+            if (entry_init(&self->e[self->off[L] + j], PyTuple_GET_ITEM(entries, j)) < 0)
+                goto fail;
+    }
+    self->fast_hash = Py_NewRef(fast_hash);
+    Py_DECREF(levels);
+    Py_DECREF(l0);
+    Py_DECREF(deeper);
+    return 0;
+fail:
+    Py_XDECREF(levels);
+fail_early:
+    Py_DECREF(l0);
+    Py_DECREF(deeper);
+    return -1;
+}
+
+/* The 64-bit hash of key under fn (the fast hash when fn is NULL), cached. */
+static int
+key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
+{
+    if (self->last_key == key) {
+        if (kf == NULL && self->have_fast) {
+            *out = self->last_fast;
+            return 0;
+        }
+        if (kf != NULL && self->have_keyed && self->last_kf == kf) {
+            *out = self->last_keyed;
+            return 0;
+        }
+    }
+    PyObject *r = PyObject_CallOneArg(kf ? kf : self->fast_hash, key);
+    if (r == NULL)
+        return -1;
+    unsigned long long h = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    /* The call may have let another thread in: decide about the cache now. */
+    if (self->last_key != key) {
+        Py_INCREF(key);
+        Py_XSETREF(self->last_key, key);
+        self->have_fast = self->have_keyed = 0;
+    }
+    if (kf == NULL) {
+        self->last_fast = h;
+        self->have_fast = 1;
+    } else {
+        self->last_kf = kf;
+        self->last_keyed = h;
+        self->have_keyed = 1;
+    }
+    *out = h;
+    return 0;
+}
+
+/* 1: the file may hold key (or has no filter); 0: certainly not; -1: error. */
+static inline int
+check(Probes *self, Entry *e, PyObject *key)
+{
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    if (bytes_cmp(key, e->lo) < 0 || bytes_cmp(key, e->hi) > 0) {
+        counts[RANGE_SKIPS]++;
+        return 0;
+    }
+    uint64_t m = e->m;
+    if (!m)
+        return 1;
+    uint64_t h;
+    if (key_hash(self, key, e->kf, &h) < 0)
+        return -1;
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    uint64_t pos = (h & 0xFFFFFFFFu) % m, step = (h >> 32) % m;
+    Py_ssize_t rest = e->k > 1 ? e->k - 1 : 0;
+    if (bits[pos >> 3] & (1u << (pos & 7))) {
+        for (;;) {
+            if (rest-- == 0)
+                return 1;
+            pos += step;
+            if (pos >= m)
+                pos -= m;
+            if (!(bits[pos >> 3] & (1u << (pos & 7))))
+                break;
+        }
+    }
+    counts[FILTER_NEGATIVES]++;
+    return 0;
+}
+
+/* The first file from `start` that may hold key (bytes); -1: none; -2: error set. */
+static Py_ssize_t
+probes_first(Probes *self, PyObject *key, Py_ssize_t start)
+{
+    if (start < 0)
+        start = 0;
+    for (Py_ssize_t i = start; i < self->n0; i++) {
+        int r = check(self, &self->e[i], key);
+        if (r)
+            return r < 0 ? -2 : i;
+    }
+    for (Py_ssize_t L = 0; L < self->nlevels; L++) {
+        Py_ssize_t off = self->off[L], count = self->off[L + 1] - off;
+        if (start > off || count == 0)
+            continue; /* this level was consulted before the resume */
+        PyObject *keys = self->max_keys[L];
+        Py_ssize_t lo = 0, hi = count; /* bisect_left(max_keys, key) */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo == count)
+            continue;
+        int r = check(self, &self->e[off + lo], key);
+        if (r)
+            return r < 0 ? -2 : off + lo;
+    }
+    return -1;
+}
+
+static PyObject *
+Probes_first(Probes *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first(key, start) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *key = args[0];
+    if (!PyBytes_CheckExact(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t f = probes_first(self, key, start);
+    return f == -2 ? NULL : PyLong_FromSsize_t(f);
+}
+
+static PyObject *
+Probes_first_many(Probes *self, PyObject *keys)
+{
+    /* [first(key, 0) for key in keys], in one call. */
+    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    PyObject *zero = PyLong_FromLong(0);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *args[2] = {PySequence_Fast_GET_ITEM(seq, i), zero};
+        PyObject *r = Probes_first(self, args, 2);
+        if (r == NULL) {
+            Py_DECREF(zero);
+            Py_DECREF(out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+    Py_DECREF(zero);
+    Py_DECREF(seq);
+    return out;
+}
+
+static PyMethodDef Probes_methods[] = {
+    {"first", (PyCFunction)(void (*)(void))Probes_first, METH_FASTCALL,
+     "first(key, start) -> index of the first file from start that may hold key, or -1"},
+    {"first_many", (PyCFunction)Probes_first_many, METH_O,
+     "first_many(keys) -> [first(key, 0) for key in keys]"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ProbesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Probes",
+    .tp_basicsize = sizeof(Probes),
+    .tp_dealloc = (destructor)Probes_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The files a point read consults: range checks and Bloom filter probes in C.",
+    .tp_methods = Probes_methods,
+    .tp_init = (initproc)Probes_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- Getter: a table's whole point read, falling back to Python ------- */
+
+#define GETS 0
+#define GETS_ABSENT 1
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *db;           /* for db._closed */
+    PyObject *state;        /* TableState: .fast */
+    Py_buffer counts;       /* state.counts: gets, gets_absent */
+    int have_counts;
+    PyObject *missing;      /* the MISSING sentinel */
+    PyObject *lookup_block; /* (reader, index_keys, base, counts, key) -> value/None/MISSING */
+    PyObject *slow_get;     /* the Python getter: anything unusual goes there */
+    Py_ssize_t max_key;
+} Getter;
+
+static PyObject *str_closed, *str_fast;
+
+static void
+Getter_dealloc(Getter *self)
+{
+    if (self->have_counts)
+        PyBuffer_Release(&self->counts);
+    Py_XDECREF(self->db);
+    Py_XDECREF(self->state);
+    Py_XDECREF(self->missing);
+    Py_XDECREF(self->lookup_block);
+    Py_XDECREF(self->slow_get);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames);
+
+static int
+Getter_init(Getter *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *db, *state, *missing, *lookup_block, *slow_get;
+    Py_ssize_t max_key;
+    static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOn:Getter", kwlist, &db, &state, &missing,
+                                     &lookup_block, &slow_get, &max_key))
+        return -1;
+    if (self->db != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
+        return -1;
+    }
+    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)) {
+        PyErr_SetString(PyExc_TypeError, "lookup_block and slow_get must be callable");
+        return -1;
+    }
+    PyObject *counts = PyObject_GetAttrString(state, "counts");
+    if (counts == NULL)
+        return -1;
+    int r = PyObject_GetBuffer(counts, &self->counts, PyBUF_WRITABLE | PyBUF_FORMAT);
+    Py_DECREF(counts);
+    if (r < 0)
+        return -1;
+    self->have_counts = 1;
+    if (self->counts.itemsize != 8 || self->counts.format == NULL
+        || strcmp(self->counts.format, "Q") != 0 || self->counts.len < 16) {
+        PyErr_SetString(PyExc_TypeError, "state.counts must be an array('Q') of 2 counters");
+        return -1;
+    }
+    self->db = Py_NewRef(db);
+    self->state = Py_NewRef(state);
+    self->missing = Py_NewRef(missing);
+    self->lookup_block = Py_NewRef(lookup_block);
+    self->slow_get = Py_NewRef(slow_get);
+    self->max_key = max_key;
+    self->vectorcall = Getter_vectorcall;
+    return 0;
+}
+
+static PyObject *
+Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Getter *self = (Getter *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->db == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
+        return NULL;
+    }
+    if (kwnames != NULL || nargs < 1 || nargs > 2)
+        return PyObject_Vectorcall(self->slow_get, args, nargsf, kwnames);
+    PyObject *key = args[0];
+    PyObject *dflt = nargs > 1 ? args[1] : Py_None;
+    if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
+        return PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
+    PyObject *closed = PyObject_GetAttr(self->db, str_closed);
+    if (closed == NULL)
+        return NULL;
+    int is_closed = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    if (is_closed)  /* 1: the Python getter raises DatabaseClosedError; -1: error set */
+        return is_closed < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
+    PyObject *fast = PyObject_GetAttr(self->state, str_fast);
+    if (fast == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 6
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(fast, 4), &ProbesType)
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(fast, 0))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 1))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 5))) {
+        /* No C probes for this state (shadow mode, no files, ...). */
+        Py_DECREF(fast);
+        return PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
+    }
+    uint64_t *counts = (uint64_t *)self->counts.buf;
+    PyObject *result = NULL, *value;
+    counts[GETS]++;
+    value = PyDict_GetItemWithError(PyTuple_GET_ITEM(fast, 0), key);
+    if (value == NULL && PyErr_Occurred())
+        goto done;
+    PyObject *imms = PyTuple_GET_ITEM(fast, 1);
+    for (Py_ssize_t i = 0; value == NULL && i < PyTuple_GET_SIZE(imms); i++) {
+        PyObject *imm = PyTuple_GET_ITEM(imms, i);
+        if (!PyDict_CheckExact(imm)) {
+            PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
+            goto done;
+        }
+        value = PyDict_GetItemWithError(imm, key);
+        if (value == NULL && PyErr_Occurred())
+            goto done;
+    }
+    if (value != NULL) {
+        if (value == Py_None)
+            goto absent;
+        result = Py_NewRef(value);
+        goto done;
+    }
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
+    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
+    Py_ssize_t f = probes_first(probes, key, 0);
+    while (f >= 0) {
+        if (f >= PyTuple_GET_SIZE(flat)) {
+            PyErr_SetString(PyExc_IndexError, "file index beyond the table's files");
+            goto done;
+        }
+        PyObject *item = PyTuple_GET_ITEM(flat, f);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_TypeError, "bad file entry");
+            goto done;
+        }
+        PyObject *callargs[5] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
+                                 PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key};
+        value = PyObject_Vectorcall(self->lookup_block, callargs, 5, NULL);
+        if (value == NULL)
+            goto done;
+        if (value == Py_None) {  /* a tombstone: newest version says deleted */
+            Py_DECREF(value);
+            goto absent;
+        }
+        if (value != self->missing) {
+            result = value;
+            goto done;
+        }
+        Py_DECREF(value);
+        f = probes_first(probes, key, f + 1);
+    }
+    if (f == -2)  /* error in a probe */
+        goto done;
+absent:
+    counts[GETS_ABSENT]++;
+    result = Py_NewRef(dflt);
+done:
+    Py_DECREF(fast);
+    return result;
+}
+
+static PyTypeObject GetterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Getter",
+    .tp_basicsize = sizeof(Getter),
+    .tp_dealloc = (destructor)Getter_dealloc,
+    .tp_vectorcall_offset = offsetof(Getter, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "get(key, default=None): a table's point read with the per-file steps in C;\n"
+              "anything but a plain bytes key on an open database with C probes goes to\n"
+              "the Python getter (slow_get).",
+    .tp_init = (initproc)Getter_init,
+    .tp_new = PyType_GenericNew,
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "lsmdb._speedups",
+    "Optional C speedups for lsmdb's point-read path (see lsmdb/_speedups.c).", -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (PyType_Ready(&ProbesType) < 0 || PyType_Ready(&GetterType) < 0)
+        return NULL;
+    str_closed = PyUnicode_InternFromString("_closed");
+    str_fast = PyUnicode_InternFromString("fast");
+    if (str_closed == NULL || str_fast == NULL)
+        return NULL;
+    PyObject *mod = PyModule_Create(&speedups_module);
+    if (mod == NULL)
+        return NULL;
+    Py_INCREF(&ProbesType);
+    if (PyModule_AddObject(mod, "Probes", (PyObject *)&ProbesType) < 0) {
+        Py_DECREF(&ProbesType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    Py_INCREF(&GetterType);
+    if (PyModule_AddObject(mod, "Getter", (PyObject *)&GetterType) < 0) {
+        Py_DECREF(&GetterType);
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,11 @@
+"""Build hook for the optional C speedups; everything else is in pyproject.toml.
+
+``lsmdb._speedups`` (lsmdb/_speedups.c) runs the per-file range checks and
+Bloom filter probes of a point read.  It is optional: when no C compiler is
+at hand the build goes on without it and lsmdb uses the same logic in Python.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("lsmdb._speedups", ["lsmdb/_speedups.c"], optional=True,
+                             extra_compile_args=["-O2"])])

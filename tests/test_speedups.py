@@ -1,0 +1,310 @@
+"""The optional C read path (lsmdb/_speedups.c) against the Python one.
+
+Both must give the same answers and the same counters, read for read: the
+range checks and filter probes (``Probes``) and the whole get (``Getter``).
+Also: a key is hashed once per get even across the calls that resume after a
+false positive, bad construction input is refused, unusual calls fall back
+to the Python getter, and threads sharing a getter never see another key's
+hash.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import lsmdb
+import lsmdb.readpath
+import lsmdb.table
+from lsmdb.bloom import BloomFilter, key_hash, keyed_hasher
+from lsmdb.errors import DatabaseClosedError
+from lsmdb.stats import FILE_COUNTERS
+
+speedups = pytest.importorskip("lsmdb._speedups", reason="built without a C compiler")
+Probes = speedups.Probes
+
+SMALL = {"memtable_size_bytes": 16 * 1024, "block_size_bytes": 512}
+
+
+def counts() -> array:
+    return array("Q", bytes(8 * len(FILE_COUNTERS)))
+
+
+def entry(keys: list[bytes], fp: float, kf=None, c=None):
+    """A C file entry and its Python twin (BloomFilter) for ``keys``."""
+    bloom = BloomFilter(len(keys), fp)
+    hash_fn = kf or key_hash
+    for key in keys:
+        bloom.add_hash(hash_fn(key))
+    c = counts() if c is None else c
+    lo, hi = min(keys), max(keys)
+    return (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf), bloom
+
+
+def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]]:
+    """The Python rule: first file from start in range whose filter says maybe."""
+    deltas = [[0, 0] for _ in files]
+    for i in range(start, len(files)):
+        (_c, lo, hi, _bits, m, _k, kf), bloom = files[i]
+        if key < lo or key > hi:
+            deltas[i][0] += 1
+            continue
+        if not m:
+            return i, deltas
+        h = (kf or key_hash)(key)
+        if bloom.may_contain_hash(h & 0xFFFFFFFF, h >> 32):
+            return i, deltas
+        deltas[i][1] += 1
+    return -1, deltas
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.binary(min_size=0, max_size=6), min_size=1, max_size=40),
+                min_size=1, max_size=5),
+       st.lists(st.sampled_from([0.5, 0.1, 0.01, 1.0]), min_size=5, max_size=5),
+       st.lists(st.binary(min_size=0, max_size=6), min_size=1, max_size=60),
+       st.booleans())
+def test_probes_match_the_python_filter(file_keys, fps, queries, keyed):
+    kf = keyed_hasher(b"k" * 32).fn if keyed else None
+    files = [entry(keys, fps[i], kf) for i, keys in enumerate(file_keys)]
+    probes = Probes([f[0] for f in files], [], key_hash)
+    for key in queries + [k for keys in file_keys for k in keys]:
+        start = 0
+        while True:
+            before = [list(f[0][0][:2]) for f in files]
+            got = probes.first(key, start)
+            want, deltas = reference_first(files, key, start)
+            assert got == want, (key, start)
+            after = [list(f[0][0][:2]) for f in files]
+            assert [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)] == deltas
+            if got < 0:
+                break
+            start = got + 1
+    # No false negative: every key is found in (at least) the first file holding it.
+    for i, keys in enumerate(file_keys):
+        for key in keys:
+            f = probes.first(key, 0)
+            while f != i:
+                assert f >= 0 and f < i, "a filter said no to a key it holds"
+                f = probes.first(key, f + 1)
+
+
+def test_levels_bisect_and_resume_after_a_level():
+    a = [b"a%04d" % i for i in range(0, 100)]
+    b = [b"a%04d" % i for i in range(100, 200)]
+    c = [b"a%04d" % i for i in range(200, 300)]
+    ea, eb, ec = (entry(k, 1.0)[0] for k in (a, b, c))  # no filters: every in-range file is "maybe"
+    e0 = entry([b"a0150", b"a0250"], 1.0)[0]
+    p = Probes([e0], [([a[-1], b[-1], c[-1]], [ea, eb, ec])], key_hash)
+    assert p.first(b"a0150", 0) == 0          # level 0 first
+    assert p.first(b"a0150", 1) == 2          # then level 1's second file (flat index 1 + 1)
+    assert p.first(b"a0150", 3) == -1         # level 1 was consulted
+    assert p.first(b"a0050", 0) == 1          # range skip in level 0, level 1 file 0
+    assert e0[0][0] == 1
+    assert p.first(b"z", 0) == -1             # beyond every level's max key: no file at all
+
+
+def test_hash_computed_once_per_key_across_resumes():
+    calls = []
+
+    def counting_hash(key: bytes) -> int:
+        calls.append(key)
+        return key_hash(key)
+
+    keys = [b"k%03d" % i for i in range(100)]
+    files = [entry(keys, 0.5)[0] for _ in range(4)]
+    for f in files:  # every bit set: every filter says "maybe"
+        f[3][:] = b"\xff" * len(f[3])
+    p = Probes(files, [], counting_hash)
+    key = b"k050x"
+    assert [p.first(key, s) for s in range(5)] == [0, 1, 2, 3, -1]
+    assert calls == [key]
+    # A different key is hashed afresh (and an equal but distinct object too).
+    p.first(b"k051x", 0)
+    assert calls == [key, b"k051x"]
+
+    kcalls = []
+    kf = keyed_hasher(b"s" * 32).fn
+
+    def counting_kf(key: bytes) -> int:
+        kcalls.append(key)
+        return kf(key)
+
+    kfiles = [entry(keys, 0.5, counting_kf)[0] for _ in range(3)]
+    for f in kfiles:
+        f[3][:] = b"\xff" * len(f[3])
+    kcalls.clear()
+    p = Probes(kfiles + [files[0]], [], counting_hash)
+    calls.clear()
+    assert [p.first(key, s) for s in range(4)] == [0, 1, 2, 3]
+    assert kcalls == [key] and calls == [key]
+
+
+@pytest.mark.parametrize("bad, error", [
+    (lambda e: (e[0], "lo", *e[2:]), TypeError),                       # str key range
+    (lambda e: (e[0], e[1], e[2], b"\x00", 10_000, 7, None), ValueError),  # bits shorter than m
+    (lambda e: (array("l", [0] * 7), *e[1:]), TypeError),               # wrong counter array
+    (lambda e: (array("Q", [0] * 3), *e[1:]), TypeError),               # too few counters
+    (lambda e: (*e[:5], -1, None), ValueError),                          # negative k
+    (lambda e: (*e[:6], 42), TypeError),                                 # keyed fn not callable
+    (lambda e: e[:5], ValueError),                                       # wrong arity
+])
+def test_bad_entries_are_refused(bad, error):
+    e, _ = entry([b"a", b"b"], 0.01)
+    with pytest.raises(error):
+        Probes([bad(e)], [], key_hash)
+    with pytest.raises((TypeError, ValueError)):
+        Probes([], [([b"a"], [])], key_hash)       # one max key per file
+    with pytest.raises(TypeError):
+        Probes([], [(["a"], [e])], key_hash)       # max keys must be bytes
+    p = Probes([e], [], key_hash)
+    with pytest.raises(TypeError):
+        p.first("a", 0)
+    with pytest.raises(TypeError):
+        p.first(b"a")
+
+
+# ----------------------------------------------------------------- whole DB
+def build(path: str) -> None:
+    """A database whose tables exercise every branch of a get."""
+    rng = random.Random(7)
+    db = lsmdb.open(path, auto_compaction=False)
+    db.create_table("keyed", bloom_filter_hash="keyed", **SMALL)
+    db.create_table("lev", compaction="leveled", target_file_size_bytes=65536,
+                    memtable_size_bytes=65536, block_size_bytes=1024)
+    db.create_table("nofilter", bloom_filter_fp_chance=1.0, **SMALL)
+    for name in ("keyed", "lev", "nofilter", None):
+        t = db.table(name) if name else None
+        pad = 300 if name == "lev" else 0
+        for round_ in range(6):
+            with db.batch() as b:
+                for _ in range(300):
+                    i = rng.randrange(2000)
+                    if rng.random() < 0.15:
+                        b.delete(b"key%05d" % i, table=name)
+                    else:
+                        b.put(b"key%05d" % i, b"v%d-%d" % (i, round_) + b"." * pad, table=name)
+            db.flush(name)
+        if name == "lev":
+            db.compact(name)
+            assert len({i.level for i in db.sstables(name)} - {0}) >= 1
+            # and newer level-0 files on top of the levels
+            for j in range(2):
+                with db.batch() as b:
+                    for _ in range(200):
+                        b.put(b"key%05d" % rng.randrange(2000), b"new%d" % j, table=name)
+                db.flush(name)
+        assert t is None or len(db.sstables(name)) >= 2
+    # leave something in the memtable too
+    for i in range(0, 2000, 97):
+        db.put(b"key%05d" % i, b"mem")
+    db.close()
+
+
+def queries() -> list[bytes]:
+    rng = random.Random(8)
+    qs = [b"key%05d" % rng.randrange(2000) for _ in range(1500)]      # present or deleted
+    qs += [b"key%05d5" % rng.randrange(2000) for _ in range(1500)]    # absent, in range
+    qs += [b"zz%d" % i for i in range(200)] + [b"", b"a"]             # out of range
+    return qs
+
+
+def run_all(path: str, use_c: bool, monkeypatch) -> tuple[list, dict]:
+    monkeypatch.setattr(lsmdb.table, "USE_SPEEDUPS", use_c)
+    db = lsmdb.open(path, read_only=True)
+    try:
+        getter_kind = type(db.get).__name__
+        assert (getter_kind == "Getter") == use_c
+        answers = []
+        for name in ("keyed", "lev", "nofilter", None):
+            get = db.get if name is None else db.table(name).get
+            answers.append([get(q) for q in queries()])
+            answers.append(db.get_many(queries()) if name is None else None)
+        counters = {(i.table, i.file): tuple(getattr(i, c) for c in FILE_COUNTERS)
+                    for i in db.sstables()}
+        for name in ("keyed", "lev", "nofilter", "default"):
+            s = db.table_stats(name)
+            counters[name] = (s["gets"], s["gets_absent"])
+        return answers, counters
+    finally:
+        db.close()
+
+
+def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path, monkeypatch):
+    path = str(tmp_path / "db")
+    build(path)
+    c_answers, c_counters = run_all(path, True, monkeypatch)
+    py_answers, py_counters = run_all(path, False, monkeypatch)
+    assert c_answers == py_answers
+    assert c_counters == py_counters
+    # and the answers are right: against a fresh read of every file's contents
+    db = lsmdb.open(path, read_only=True)
+    try:
+        expected = dict(db.scan())
+    finally:
+        db.close()
+    assert c_answers[6] == [expected.get(q) for q in queries()]
+    # the counters moved: the read path did count
+    assert sum(v[1] for k, v in c_counters.items() if isinstance(k, tuple)) > 0
+
+
+def test_getter_falls_back_for_unusual_calls(tmp_path):
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    db.put(b"a", b"1")
+    db.flush()
+    db.put(b"b", b"2")
+    assert type(db.get).__name__ == "Getter"
+    assert db.get(b"a") == b"1" and db.get(b"b") == b"2"
+    assert db.get(b"c", b"dflt") == b"dflt"
+    assert db.get(key=b"a") == b"1"
+    assert db.get(b"zz", default=3) == 3
+    assert db.get(bytearray(b"a")) == b"1"
+    assert db.get(memoryview(b"b")) == b"2"
+    with pytest.raises(TypeError):
+        db.get("a")
+    with pytest.raises(TypeError):
+        db.get()
+    with pytest.raises(ValueError):
+        db.get(b"x" * (64 * 1024 + 1))
+    db.alter_table("default", bloom_filter_mode="shadow")  # shadow: the Python path serves
+    assert db.get(b"a") == b"1" and db.get(b"q") is None
+    db.close()
+    with pytest.raises(DatabaseClosedError):
+        db.get(b"a")
+
+
+def test_threads_sharing_a_keyed_getter_get_their_own_hashes(tmp_path):
+    """Keyed hashing of long keys releases the GIL inside blake2b: another
+    thread's get runs in between; each must still use its own key's hash."""
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    db.create_table("k", bloom_filter_hash="keyed", bloom_filter_fp_chance=0.01)
+    t = db.table("k")
+    present = [b"%06d" % i + b"p" * 5000 for i in range(300)]
+    for part in range(3):
+        for key in present[part::3]:
+            t.put(key, key[:6])
+        db.flush("k")
+    errors: list[str] = []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(1500):
+            key = rng.choice(present)
+            if t.get(key) != key[:6]:
+                errors.append(f"lost {key[:6]!r}")
+            absent = b"%06d" % rng.randrange(300) + b"q" * 5000
+            if t.get(absent) is not None:
+                errors.append("phantom")
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    db.close()
+    assert errors == []

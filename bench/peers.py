@@ -42,6 +42,7 @@ from .common import (
     write_json,
 )
 from .keys import KEY_FORMAT, VALUE_BYTES, key_of, value_of
+from .many import CHUNK_KEYS, time_get_many
 from .stores import BATCH_KEYS, FILTER_BITS_PER_KEY, STORE_NAMES, STORES, LsmdbStore, Store
 from .stores import Getter as Getter  # re-exported: tests wrap a store's getter
 from .stores import SqliteStore as SqliteStore  # re-exported: tests subclass it
@@ -160,6 +161,8 @@ def bench_store(cls: type[Store], data: Data, progress: Progress) -> dict[str, A
             bad_scan = check_scan(store, data)
             if isinstance(store, LsmdbStore):
                 entry["notes"].append(f"lsmdb: {store.files()} SSTables after reopen")
+                entry["get_many"] = {name: time_get_many(store.db, keys, expected)
+                                     for name, keys, expected in data.get_sets()}
         finally:
             store.close()
         if bad_values:
@@ -219,6 +222,14 @@ def print_report(report: dict[str, Any]) -> None:
     for e in ran:
         for note in e["notes"]:
             print(f"  {note}")
+    many = next((e["get_many"] for e in ran if "get_many" in e), None)
+    if many:
+        print_section(f"lsmdb get_many (chunks of {CHUNK_KEYS:,} keys) against a loop of get, "
+                      "same keys, slices interleaved; keys/s", ["query set", "loop of get",
+                                                                "get_many", "ratio", "answers"],
+                      [[WORKLOAD_TITLES[name], fmt_rate(r["loop_ops_per_s"]),
+                        fmt_rate(r["many_ops_per_s"]), fmt_ratio(r["ratio"]),
+                        "right" if r["correct"] else "WRONG"] for name, r in many.items()])
     print()
     print(f"total {report['seconds']:.1f}s")
 

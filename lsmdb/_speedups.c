@@ -35,6 +35,9 @@
 
 #define RANGE_SKIPS 0
 #define FILTER_NEGATIVES 1
+#define TRUE_POSITIVES 2
+#define FALSE_POSITIVES 3
+#define BLOCK_CACHE_HITS 6
 #define MIN_COUNTERS 7
 
 typedef struct {
@@ -312,6 +315,13 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     return 0;
 }
 
+/* h mod m; a 32-bit division when m fits (both halves of h always do). */
+static inline uint64_t
+mod_m(uint64_t h, uint64_t m)
+{
+    return m <= 0xFFFFFFFFu ? (uint64_t)((uint32_t)h % (uint32_t)m) : h % m;
+}
+
 /* 1: the file may hold key (or has no filter); 0: certainly not; -1: error. */
 static inline int
 check(Probes *self, Entry *e, PyObject *key)
@@ -328,7 +338,7 @@ check(Probes *self, Entry *e, PyObject *key)
     if (key_hash(self, key, e->kf, &h) < 0)
         return -1;
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    uint64_t pos = (h & 0xFFFFFFFFu) % m, step = (h >> 32) % m;
+    uint64_t pos = mod_m(h & 0xFFFFFFFFu, m), step = mod_m(h >> 32, m);
     Py_ssize_t rest = e->k > 1 ? e->k - 1 : 0;
     if (bits[pos >> 3] & (1u << (pos & 7))) {
         for (;;) {
@@ -345,6 +355,24 @@ check(Probes *self, Entry *e, PyObject *key)
     return 0;
 }
 
+/* The file of level L that may hold key (flat index), or -1: bisect_left on
+ * the level's max keys. */
+static inline Py_ssize_t
+level_pick(Probes *self, Py_ssize_t L, PyObject *key)
+{
+    Py_ssize_t off = self->off[L], count = self->off[L + 1] - off;
+    PyObject *keys = self->max_keys[L];
+    Py_ssize_t lo = 0, hi = count;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo == count ? -1 : off + lo;
+}
+
 /* The first file from `start` that may hold key (bytes); -1: none; -2: error set. */
 static Py_ssize_t
 probes_first(Probes *self, PyObject *key, Py_ssize_t start)
@@ -357,23 +385,14 @@ probes_first(Probes *self, PyObject *key, Py_ssize_t start)
             return r < 0 ? -2 : i;
     }
     for (Py_ssize_t L = 0; L < self->nlevels; L++) {
-        Py_ssize_t off = self->off[L], count = self->off[L + 1] - off;
-        if (start > off || count == 0)
+        if (start > self->off[L])
             continue; /* this level was consulted before the resume */
-        PyObject *keys = self->max_keys[L];
-        Py_ssize_t lo = 0, hi = count; /* bisect_left(max_keys, key) */
-        while (lo < hi) {
-            Py_ssize_t mid = (lo + hi) / 2;
-            if (bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0)
-                lo = mid + 1;
-            else
-                hi = mid;
-        }
-        if (lo == count)
+        Py_ssize_t f = level_pick(self, L, key);
+        if (f < 0)
             continue;
-        int r = check(self, &self->e[off + lo], key);
+        int r = check(self, &self->e[f], key);
         if (r)
-            return r < 0 ? -2 : off + lo;
+            return r < 0 ? -2 : f;
     }
     return -1;
 }
@@ -397,41 +416,111 @@ Probes_first(Probes *self, PyObject *const *args, Py_ssize_t nargs)
     return f == -2 ? NULL : PyLong_FromSsize_t(f);
 }
 
+/* The hashes held for the last key, as an opaque seed: (fast, keyed, keyed_fn),
+ * -1 for a hash not computed. */
 static PyObject *
-Probes_first_many(Probes *self, PyObject *keys)
+hash_seed(Probes *self)
 {
-    /* [first(key, 0) for key in keys], in one call. */
-    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        Py_DECREF(seq);
-        return NULL;
+    return Py_BuildValue("(LLO)", self->have_fast ? (long long)self->last_fast : -1LL,
+                         self->have_keyed ? (long long)self->last_keyed : -1LL,
+                         self->have_keyed ? self->last_kf : Py_None);
+}
+
+/* Make `key` the held key with the hashes of `seed` (from hash_seed). */
+static int
+use_seed(Probes *self, PyObject *key, PyObject *seed)
+{
+    long long fast, keyed;
+    PyObject *kf;
+    if (!PyTuple_CheckExact(seed) || !PyArg_ParseTuple(seed, "LLO", &fast, &keyed, &kf)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "a hash seed is what first_many wrote");
+        return -1;
     }
-    PyObject *zero = PyLong_FromLong(0);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *args[2] = {PySequence_Fast_GET_ITEM(seq, i), zero};
-        PyObject *r = Probes_first(self, args, 2);
-        if (r == NULL) {
-            Py_DECREF(zero);
-            Py_DECREF(out);
-            Py_DECREF(seq);
-            return NULL;
+    Py_INCREF(key);
+    Py_XSETREF(self->last_key, key);
+    self->have_fast = fast != -1;
+    self->last_fast = (uint64_t)fast;
+    self->have_keyed = 0;
+    for (Py_ssize_t i = 0; keyed != -1 && i < self->n; i++) {
+        if (self->e[i].kf == kf) {  /* only a function these files hold */
+            self->have_keyed = 1;
+            self->last_keyed = (uint64_t)keyed;
+            self->last_kf = kf;
+            break;
         }
-        PyList_SET_ITEM(out, i, r);
     }
-    Py_DECREF(zero);
-    Py_DECREF(seq);
+    return 0;
+}
+
+static PyObject *
+Probes_first_many(Probes *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* first_many(keys, starts=None, seeds=None): [first(key, start) ...] in one
+     * call.  seeds, a list as long as keys, carries each key's hashes from
+     * one call to the next: where a key may be in a file, its seed is
+     * written; where a seed is given, the key is not hashed again. */
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "first_many(keys, starts=None, seeds=None)");
+        return NULL;
+    }
+    PyObject *keys = args[0];
+    PyObject *starts = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
+    PyObject *seeds = nargs > 2 && args[2] != Py_None ? args[2] : NULL;
+    if (!PyList_CheckExact(keys) || (starts && !PyList_CheckExact(starts))
+        || (seeds && !PyList_CheckExact(seeds))) {
+        PyErr_SetString(PyExc_TypeError, "keys, starts and seeds must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if ((starts && PyList_GET_SIZE(starts) != n) || (seeds && PyList_GET_SIZE(seeds) != n)) {
+        PyErr_SetString(PyExc_ValueError, "keys, starts and seeds must be as long");
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_SetString(PyExc_TypeError, "key must be bytes");
+            goto fail;
+        }
+        Py_ssize_t start = 0;
+        if (starts) {
+            start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, i));
+            if (start == -1 && PyErr_Occurred())
+                goto fail;
+        }
+        if (seeds && PyList_GET_ITEM(seeds, i) != Py_None
+            && use_seed(self, key, PyList_GET_ITEM(seeds, i)) < 0)
+            goto fail;
+        Py_ssize_t f = probes_first(self, key, start);
+        if (f == -2)
+            goto fail;
+        PyObject *r = PyLong_FromSsize_t(f);
+        if (r == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, r);
+        if (seeds && f >= 0 && self->last_key == key) {
+            PyObject *seed = hash_seed(self);
+            if (seed == NULL)
+                goto fail;
+            if (PyList_SetItem(seeds, i, seed) < 0)  /* steals seed */
+                goto fail;
+        }
+    }
     return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
 }
 
 static PyMethodDef Probes_methods[] = {
     {"first", (PyCFunction)(void (*)(void))Probes_first, METH_FASTCALL,
      "first(key, start) -> index of the first file from start that may hold key, or -1"},
-    {"first_many", (PyCFunction)Probes_first_many, METH_O,
-     "first_many(keys) -> [first(key, 0) for key in keys]"},
+    {"first_many", (PyCFunction)(void (*)(void))Probes_first_many, METH_FASTCALL,
+     "first_many(keys, starts=None, seeds=None) -> [first(key, start) for each key]"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -451,6 +540,12 @@ static PyTypeObject ProbesType = {
 
 #define GETS 0
 #define GETS_ABSENT 1
+#define PREFETCH_AHEAD 8
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
 
 typedef struct {
     PyObject_HEAD
@@ -462,6 +557,8 @@ typedef struct {
     PyObject *missing;      /* the MISSING sentinel */
     PyObject *lookup_block; /* (reader, index_keys, base, counts, key) -> value/None/MISSING */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
+    PyObject *cache_map;    /* the block cache's dict (cache key -> (keys, values)), or NULL */
+    PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
     Py_ssize_t max_key;
 } Getter;
 
@@ -477,6 +574,8 @@ Getter_dealloc(Getter *self)
     Py_XDECREF(self->missing);
     Py_XDECREF(self->lookup_block);
     Py_XDECREF(self->slow_get);
+    Py_XDECREF(self->cache_map);
+    Py_XDECREF(self->cache_marked);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -486,13 +585,18 @@ static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, si
 static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *db, *state, *missing, *lookup_block, *slow_get;
+    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache_map, *cache_marked;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOn:Getter", kwlist, &db, &state, &missing,
-                                     &lookup_block, &slow_get, &max_key))
+                             "cache_map", "cache_marked", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOO:Getter", kwlist, &db, &state,
+                                     &missing, &lookup_block, &slow_get, &max_key, &cache_map,
+                                     &cache_marked))
         return -1;
+    if (cache_map != Py_None && (!PyDict_CheckExact(cache_map) || !PySet_Check(cache_marked))) {
+        PyErr_SetString(PyExc_TypeError, "cache_map must be a dict and cache_marked a set");
+        return -1;
+    }
     if (self->db != NULL) {
         PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
         return -1;
@@ -519,9 +623,92 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     self->missing = Py_NewRef(missing);
     self->lookup_block = Py_NewRef(lookup_block);
     self->slow_get = Py_NewRef(slow_get);
+    if (cache_map != Py_None) {
+        self->cache_map = Py_NewRef(cache_map);
+        self->cache_marked = Py_NewRef(cache_marked);
+    }
     self->max_key = max_key;
     self->vectorcall = Getter_vectorcall;
     return 0;
+}
+
+/* bisect_left over a list of bytes; -2 when an item is not bytes. */
+static Py_ssize_t
+bisect_bytes(PyObject *list, PyObject *key)
+{
+    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(list);
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        PyObject *item = PyList_GET_ITEM(list, mid);
+        if (!PyBytes_CheckExact(item))
+            return -2;
+        if (bytes_cmp(item, key) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* After a "maybe" from file entry `item` (reader, index_keys, base, counts):
+ * answer from the block cache when it holds the block.  1: found, *value set
+ * (a new reference; None for a tombstone); 0: a false positive (counted);
+ * 2: not answerable here (block not cached, no cache, odd types): the caller
+ * asks the Python lookup_block; -1: error. */
+static int
+cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value)
+{
+    if (self->cache_map == NULL)
+        return 2;
+    PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
+    if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
+        return 2;
+    Py_ssize_t i = bisect_bytes(index_keys, key);
+    if (i == -2)
+        return 2;
+    if (i == PyList_GET_SIZE(index_keys))
+        return 2; /* past the last block: let the Python side count it */
+    unsigned long long b = PyLong_AsUnsignedLongLong(base);
+    if (b == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *ck = PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
+    if (ck == NULL)
+        return -1;
+    PyObject *block = PyDict_GetItemWithError(self->cache_map, ck);
+    if (block == NULL) {
+        Py_DECREF(ck);
+        return PyErr_Occurred() ? -1 : 2;
+    }
+    if (!PyTuple_CheckExact(block) || PyTuple_GET_SIZE(block) != 2
+        || !PyList_CheckExact(PyTuple_GET_ITEM(block, 0))
+        || !PyList_CheckExact(PyTuple_GET_ITEM(block, 1))) {
+        Py_DECREF(ck);
+        return 2;
+    }
+    Py_INCREF(block);  /* the dict may change under the set insertion below */
+    int r = PySet_Add(self->cache_marked, ck);
+    Py_DECREF(ck);
+    if (r < 0) {
+        Py_DECREF(block);
+        return -1;
+    }
+    PyObject *keys = PyTuple_GET_ITEM(block, 0), *values = PyTuple_GET_ITEM(block, 1);
+    Py_ssize_t j = bisect_bytes(keys, key);
+    if (j == -2 || PyList_GET_SIZE(values) != PyList_GET_SIZE(keys)) {
+        Py_DECREF(block);
+        return 2;
+    }
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_CACHE_HITS]++;
+    int found = j < PyList_GET_SIZE(keys) && bytes_cmp(PyList_GET_ITEM(keys, j), key) == 0;
+    if (found) {
+        counts[TRUE_POSITIVES]++;
+        *value = Py_NewRef(PyList_GET_ITEM(values, j));
+    } else {
+        counts[FALSE_POSITIVES]++;
+    }
+    Py_DECREF(block);
+    return found;
 }
 
 static PyObject *
@@ -594,11 +781,24 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             PyErr_SetString(PyExc_TypeError, "bad file entry");
             goto done;
         }
-        PyObject *callargs[5] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
-                                 PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key};
-        value = PyObject_Vectorcall(self->lookup_block, callargs, 5, NULL);
-        if (value == NULL)
+        if (f >= probes->n) {
+            PyErr_SetString(PyExc_IndexError, "file index beyond the probes");
             goto done;
+        }
+        int c = cached_lookup(self, &probes->e[f], item, key, &value);
+        if (c < 0)
+            goto done;
+        if (c == 0) {  /* a false positive, answered from the cache */
+            f = probes_first(probes, key, f + 1);
+            continue;
+        }
+        if (c == 2) {  /* not in the cache: the Python side reads the block */
+            PyObject *callargs[5] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
+                                     PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key};
+            value = PyObject_Vectorcall(self->lookup_block, callargs, 5, NULL);
+            if (value == NULL)
+                goto done;
+        }
         if (value == Py_None) {  /* a tombstone: newest version says deleted */
             Py_DECREF(value);
             goto absent;
@@ -620,6 +820,138 @@ done:
     return result;
 }
 
+static PyObject *
+Getter_many(Getter *self, PyObject *keys)
+{
+    /* many(keys) -> None, or (out, maybes, fast): the first steps of get_many.
+     * keys: a list of bytes.  out[i] is the answer where the memtables or
+     * the filters settle it (None: absent), else MISSING; maybes lists
+     * (file, i, seed) for those, to be read by the Python side (which
+     * counts their absences); fast is the state.fast tuple this answer used
+     * (its files are what the indexes in maybes refer to).  None when the Python path must serve (keys
+     * not all plain bytes within the size limit, closed database, no C
+     * probes for this state). */
+    if (self->db == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
+        return NULL;
+    }
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
+            Py_RETURN_NONE;
+    }
+    PyObject *closed = PyObject_GetAttr(self->db, str_closed);
+    if (closed == NULL)
+        return NULL;
+    int is_closed = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    if (is_closed)
+        return is_closed < 0 ? NULL : Py_NewRef(Py_None);
+    PyObject *fast = PyObject_GetAttr(self->state, str_fast);
+    if (fast == NULL)
+        return NULL;
+    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 6
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(fast, 4), &ProbesType)
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(fast, 0))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 1))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 5))) {
+        Py_DECREF(fast);
+        Py_RETURN_NONE;
+    }
+    PyObject *data = PyTuple_GET_ITEM(fast, 0), *imms = PyTuple_GET_ITEM(fast, 1);
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
+    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
+    PyObject *out = PyList_New(n), *maybes = PyList_New(0), *result = NULL;
+    if (out == NULL || maybes == NULL)
+        goto done;
+    uint64_t *counts = (uint64_t *)self->counts.buf;
+    uint64_t absent = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (i + PREFETCH_AHEAD < n) {  /* keys scattered in memory: fetch ahead */
+            const char *ahead = (const char *)PyList_GET_ITEM(keys, i + PREFETCH_AHEAD);
+            PREFETCH(ahead);
+            PREFETCH(ahead + 63);
+        }
+        PyObject *value = PyDict_GetItemWithError(data, key);
+        if (value == NULL && PyErr_Occurred())
+            goto done;
+        for (Py_ssize_t j = 0; value == NULL && j < PyTuple_GET_SIZE(imms); j++) {
+            PyObject *imm = PyTuple_GET_ITEM(imms, j);
+            if (!PyDict_CheckExact(imm)) {
+                PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
+                goto done;
+            }
+            value = PyDict_GetItemWithError(imm, key);
+            if (value == NULL && PyErr_Occurred())
+                goto done;
+        }
+        if (value != NULL) {
+            absent += value == Py_None;
+            PyList_SET_ITEM(out, i, Py_NewRef(value));
+            continue;
+        }
+        Py_ssize_t f = probes_first(probes, key, 0);
+        value = NULL;
+        while (f >= 0) {  /* blocks the cache holds are read here; others wait */
+            if (f >= PyTuple_GET_SIZE(flat) || f >= probes->n
+                || !PyTuple_CheckExact(PyTuple_GET_ITEM(flat, f))
+                || PyTuple_GET_SIZE(PyTuple_GET_ITEM(flat, f)) != 4) {
+                PyErr_SetString(PyExc_IndexError, "bad file entry");
+                goto done;
+            }
+            int c = cached_lookup(self, &probes->e[f], PyTuple_GET_ITEM(flat, f), key, &value);
+            if (c < 0)
+                goto done;
+            if (c == 1)
+                break;
+            if (c == 2) {  /* the Python side reads this block, once for all keys */
+                PyObject *seed = probes->last_key == key ? hash_seed(probes)
+                                                         : Py_NewRef(Py_None);
+                if (seed == NULL)
+                    goto done;
+                PyObject *item = Py_BuildValue("(nnN)", f, i, seed);
+                if (item == NULL)
+                    goto done;
+                int r = PyList_Append(maybes, item);
+                Py_DECREF(item);
+                if (r < 0)
+                    goto done;
+                value = Py_NewRef(self->missing);
+                break;
+            }
+            f = probes_first(probes, key, f + 1);  /* a false positive: resume */
+        }
+        if (f == -2)
+            goto done;
+        if (value == NULL || value == Py_None) {
+            absent++;
+            Py_XDECREF(value);
+            value = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    counts[GETS] += (uint64_t)n;
+    counts[GETS_ABSENT] += absent;
+    result = PyTuple_Pack(3, out, maybes, fast);
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(maybes);
+    Py_DECREF(fast);
+    return result;
+}
+
+static PyMethodDef Getter_methods[] = {
+    {"many", (PyCFunction)Getter_many, METH_O,
+     "many(keys) -> None or (out, maybes, fast): the memtable and filter steps of get_many"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyTypeObject GetterType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "lsmdb._speedups.Getter",
@@ -632,6 +964,7 @@ static PyTypeObject GetterType = {
               "anything but a plain bytes key on an open database with C probes goes to\n"
               "the Python getter (slow_get).",
     .tp_init = (initproc)Getter_init,
+    .tp_methods = Getter_methods,
     .tp_new = PyType_GenericNew,
 };
 

@@ -185,8 +185,12 @@ def make_getter(db: DB, state: TableState) -> Any:
     if USE_C_GETTER and table.USE_SPEEDUPS:
         # The same read with the per-file steps and the bookkeeping in C;
         # unusual calls (non-bytes keys, keywords, closed database, shadow
-        # mode) go to ``get`` above, and block reads to ``lookup_block``.
-        return Getter(db, state, missing, lookup_block, get, max_key)
+        # mode) go to ``get`` above, and blocks the cache does not hold to
+        # ``lookup_block`` (a cache hit is one dict lookup and a set insertion
+        # in C, exactly what ``lookup``/``touch`` do).
+        return Getter(db, state, missing, lookup_block, get, max_key,
+                      cache._map if cache is not None else None,
+                      cache._marked if cache is not None else None)
     return get
 
 
@@ -210,7 +214,26 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     (or fetched from the cache) once per call.  Counters are kept exactly as
     for ``get``.
     """
-    ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in keys]
+    given = keys if type(keys) is list else list(keys)
+    many = getattr(state_getter(db, state), "many", None)
+    if many is not None:  # the C getter: memtables and filters for every key in one call
+        ks = given
+        res = many(ks)
+        if res is None:
+            ks = [as_key(k) for k in ks]  # raises on a bad key; C declines only odd ones
+            res = many(ks)
+        if res is not None:
+            answers, maybes, fast = res
+            if maybes:
+                _files_many_c(ks, maybes, answers, fast[4], fast[5])
+                absent = 0
+                for _f, i, _seed in maybes:
+                    if answers[i] is MISSING or answers[i] is None:
+                        answers[i] = None
+                        absent += 1
+                state.gets_absent += absent
+            return answers
+    ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db._closed:
         raise DatabaseClosedError(f"database {db.path} is closed")
     data, imms, l0, deeper, _probes, _flat = state.fast
@@ -302,10 +325,43 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     return out
 
 
+def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list[Any],
+                  probes: Any, flat: tuple[tuple[Any, ...], ...]) -> None:
+    """get_many's block reads after the C probes: ``maybes`` holds (file, key
+    index, hash seed) per key some filter let through.  File by file in read
+    order, each distinct block is read once for all the keys that need it;
+    the keys it did not hold resume at the following files with their hashes
+    carried over (seeds), so no key is hashed twice.  Answers go to ``out``
+    (MISSING stays where no file holds the key)."""
+    waiting: dict[int, list[int]] = {}   # file -> keys (indexes into ks) it must answer
+    seed_of: dict[int, Any] = {}
+    for f, i, seed in maybes:
+        waiting.setdefault(f, []).append(i)
+        seed_of[i] = seed
+    for f in range(len(flat)):  # resumes only go forward: one pass in read order
+        idx = waiting.pop(f, None)
+        if not idx:
+            continue
+        idx.sort()
+        still: list[int] = []
+        _read_blocks(flat[f][0], ks, idx, still, out)
+        if still:
+            rseeds = [seed_of[i] for i in still]
+            nexts = probes.first_many([ks[i] for i in still], [f + 1] * len(still), rseeds)
+            for g, i, seed in zip(nexts, still, rseeds, strict=True):
+                if g >= 0:
+                    waiting.setdefault(g, []).append(i)
+                    seed_of[i] = seed
+
+
 def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still: list[int],
                  out: list[Any]) -> None:
-    """Look ``maybe`` keys up in ``reader``, one read per distinct block."""
+    """Look ``maybe`` keys up in ``reader``, one read per distinct block.
+
+    A block the cache holds counts one cache hit per key it answers (as a
+    loop of ``get`` would); one read from disk counts one block read."""
     index_keys = reader.index_keys
+    cache = reader.cache
     nblocks = len(index_keys)
     by_block: dict[int, list[int]] = {}
     for i in maybe:
@@ -317,7 +373,12 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
             still.append(i)
     tp = fp = 0
     for b, members in by_block.items():
-        block_keys, values = reader.load_block(b)
+        block = cache.get(reader.cache_base | b) if cache is not None else None
+        if block is None:
+            block = reader.load_block(b)  # from disk (then cached)
+        else:
+            reader.block_cache_hits += len(members)
+        block_keys, values = block
         nkeys = len(block_keys)
         for i in members:
             key = ks[i]

@@ -61,6 +61,7 @@ class SSTableReader:
     def __init__(self, path: str, number: int = 0, data: bytes | None = None) -> None:
         self.path = path
         self.number = number
+        self.cache_base = cache_key(number, 0)  # | block index: the block's cache key
         self.filter_error: str | None = None
         self.level = 0
         #: Hash function for this file's filter when it is keyed (set by the DB

@@ -10,6 +10,7 @@ hash.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from array import array
@@ -271,11 +272,18 @@ def test_getter_falls_back_for_unusual_calls(tmp_path):
         db.get()
     with pytest.raises(ValueError):
         db.get(b"x" * (64 * 1024 + 1))
+    assert db.get_many([b"a", bytearray(b"b"), b"c"]) == [b"1", b"2", None]
+    assert db.get_many(k for k in (b"b", b"a")) == [b"2", b"1"]   # any iterable
+    with pytest.raises(TypeError):
+        db.get_many([b"a", "b"])
     db.alter_table("default", bloom_filter_mode="shadow")  # shadow: the Python path serves
     assert db.get(b"a") == b"1" and db.get(b"q") is None
+    assert db.get_many(k for k in (b"q", b"a")) == [None, b"1"]
     db.close()
     with pytest.raises(DatabaseClosedError):
         db.get(b"a")
+    with pytest.raises(DatabaseClosedError):
+        db.get_many(k for k in (b"a",))
 
 
 def test_threads_sharing_a_keyed_getter_get_their_own_hashes(tmp_path):
@@ -308,3 +316,38 @@ def test_threads_sharing_a_keyed_getter_get_their_own_hashes(tmp_path):
         th.join()
     db.close()
     assert errors == []
+
+
+def test_get_many_hashes_once_and_reads_each_block_once(tmp_path, monkeypatch):
+    calls: list[bytes] = []
+
+    def counting_hash(key: bytes) -> int:
+        calls.append(key)
+        return key_hash(key)
+
+    monkeypatch.setattr(lsmdb.table, "key_hash", counting_hash)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    db.create_table("t", bloom_filter_fp_chance=0.5, block_size_bytes=4096)
+    t = db.table("t")
+    for part in range(4):  # 4 overlapping files: absent keys meet 4 filters
+        with db.batch() as b:
+            for i in range(part, 2000, 4):
+                b.put(b"k%05d" % (2 * i), b"v", table="t")
+        db.flush("t")
+    before = {i.file: i.block_reads for i in db.sstables("t")}
+    absent = [b"k%05d" % (2 * i + 1) for i in range(1999)]
+    calls.clear()
+    assert t.get_many(absent) == [None] * len(absent)
+    assert len(calls) == len(set(calls)) == len(absent)   # each key hashed exactly once
+    infos = db.sstables("t")
+    assert sum(i.false_positives for i in infos) > 100      # so keys did resume
+    blocks = {os.path.basename(r.path): len(r.index_keys) for r in db._table_state("t").files}
+    for i in infos:  # every block of a file read at most once by the one call
+        assert 0 < i.block_reads - before[i.file] <= blocks[i.file]
+    # present keys of one block: one read of that block, not one per key
+    same_block = [b"k%05d" % (2 * i) for i in range(3, 43, 4)]  # newest file, adjacent
+    reads = sum(i.block_reads for i in db.sstables("t"))
+    assert t.get_many(same_block) == [b"v"] * len(same_block)
+    assert sum(i.block_reads for i in db.sstables("t")) - reads == 1
+    db.close()

@@ -25,13 +25,13 @@ when the output is the bottom of the tree for its key range.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
-from .merge import merge_newest
+from .merge import Chunks, merge_newest
 from .sstable import SSTableBuilder, SSTableReader
 
 if TYPE_CHECKING:
@@ -225,8 +225,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     fp = target_fp_chance(state, _output_in_last_level(job))
-    sources: list[Iterable[tuple[bytes, int, bytes | None]]] = [
-        r.iter_range(None, None, tag=age) for age, r in enumerate(newest_first(job.inputs))]
+    sources: list[Chunks] = [r.chunks(None, None) for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
     max_seq = max(r.max_seq for r in job.inputs)

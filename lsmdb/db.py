@@ -47,7 +47,7 @@ from .keys import MAX_BATCH_SIZE_BYTES, as_key
 from .logset import LogSet, encode_record
 from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
 from .memtable import Memtable
-from .merge import merge_newest, tag_for
+from .merge import merge_newest
 from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
 from .readpath import get_many, state_getter
 from .recovery import open_database, sst_name
@@ -425,18 +425,17 @@ class DB:
             return iter(())
         with self._lock:  # a consistent snapshot of the active memtable (age 0)
             mem, imms, l0, deeper = state.view
-            snapshot = mem.snapshot_range(lo, hi, reverse, tag=0)
+            snapshot = mem.chunk_range(lo, hi, reverse)
         sources: list[Any] = [snapshot] if snapshot else []
-        for imm in imms:  # frozen: never change, read lazily
+        for imm in imms:  # frozen: they never change
             if len(imm):
-                sources.append(imm.items_range(lo, hi, reverse,
-                                               tag=tag_for(len(sources), reverse)))
+                sources.append(imm.chunk_range(lo, hi, reverse))
         files = list(l0)
         for _keys, readers in deeper:
             files.extend(readers)
-        for r in files:
+        for r in files:  # newest first, as the merge wants them
             if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
-                sources.append(r.iter_range(lo, hi, reverse, tag=tag_for(len(sources), reverse)))
+                sources.append(r.chunks(lo, hi, reverse))
         if not sources:
             return iter(())
         return merge_newest(sources, reverse)  # type: ignore[return-value]

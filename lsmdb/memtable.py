@@ -12,8 +12,6 @@ Tombstones are stored as ``None``.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import repeat
-from typing import Any
 
 from sortedcontainers import SortedList
 
@@ -92,19 +90,13 @@ class Memtable:
         data = self.data
         return ((k, data[k]) for k in self.keys)
 
-    def items_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
-                    tag: int | None = None) -> Iterator[Any]:
-        """(key, value|None) -- or (key, tag, value|None) -- for start <= key < end."""
+    def chunk_range(self, start: bytes | None, end: bytes | None,
+                    reverse: bool = False) -> list[tuple[list[bytes], list[bytes | None]]]:
+        """The entries with start <= key < end as one (keys, values) chunk --
+        what :func:`lsmdb.merge.merge_newest` takes -- copied now (the active
+        memtable is read under the DB lock); [] when there are none."""
         keys = list(self.keys.irange(start, end, inclusive=(True, False), reverse=reverse))
-        values = map(self.data.__getitem__, keys)
-        if tag is None:
-            return zip(keys, values, strict=True)
-        return zip(keys, repeat(tag, len(keys)), values, strict=True)
-
-    def snapshot_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
-                       tag: int | None = None) -> list[Any]:
-        """``items_range`` copied now (for the active memtable, under the DB lock)."""
-        return list(self.items_range(start, end, reverse, tag))
+        return [(keys, list(map(self.data.__getitem__, keys)))] if keys else []
 
     def _check(self) -> None:
         """Invariants: the sorted keys are exactly the dict's keys, in order."""

@@ -1,36 +1,61 @@
 """K-way merge of sorted sources: newest version of each key wins, tombstones hidden.
 
-Each source yields ``(key, tag, value|None)`` in key order, where ``tag`` is
-the source's age (0 = newest) -- or minus its age when ``reverse``, so that
-for equal keys the newest version comes first in either direction.  The
-sources produce these triples in C (``zip`` over block slices); the merge is
-``heapq.merge`` plus one comparison per entry.  Complexity O(N log S) for N
-entries over S sources, one block per source in memory.
+Sources come newest first; each yields ``(keys, values)`` chunks (a data
+block, a memtable's range) in key order.  With the C speedups the merge is
+``lsmdb._speedups.Merge``, which walks the chunks in place; without them each
+entry is tagged with its source's age (0 = newest, or minus the age when
+``reverse``, so that for equal keys the newest version comes first either
+way) and merged by ``heapq.merge`` plus one comparison per entry.
+Complexity O(N log S) for N entries over S sources, one block per source in
+memory.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Iterator
+from itertools import chain, repeat
 from typing import Any
+
+try:  # the same merge with the heap in C (lsmdb/_speedups.c)
+    from ._speedups import Merge as _CMerge
+except ImportError:  # pragma: no cover - built without a C compiler
+    _CMerge = None  # type: ignore[assignment,misc]
+
+#: Whether merges use lsmdb._speedups.Merge (tests switch it off to compare).
+USE_SPEEDUPS = _CMerge is not None
 
 _NOTHING = object()
 
 
 def tag_for(age: int, reverse: bool) -> int:
-    """The tag source number ``age`` (0 = newest) must carry."""
+    """The tag source number ``age`` (0 = newest) carries in the Python merge."""
     return -age if reverse else age
 
 
-def merge_newest(sources: list[Iterable[Any]], reverse: bool = False,
+Chunks = Iterable[tuple[list[bytes], list[Any]]]
+
+
+def merge_newest(sources: list[Chunks], reverse: bool = False,
                  keep_tombstones: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
-    """Merge tagged ``sources`` into one stream of (key, value) pairs, newest version first."""
+    """Merge ``sources`` -- newest first, each yielding (keys, values) chunks in
+    key order (descending when ``reverse``) -- into one stream of (key, value)
+    pairs: the newest version of each key, tombstones hidden unless
+    ``keep_tombstones``."""
+    if USE_SPEEDUPS:
+        return _CMerge(sources, reverse, keep_tombstones)
     if len(sources) == 1:
-        only = sources[0]
+        pairs = chain.from_iterable(zip(k, v, strict=True) for k, v in sources[0])
         if keep_tombstones:
-            return ((k, v) for k, _t, v in only)
-        return ((k, v) for k, _t, v in only if v is not None)
-    return _merge(heapq.merge(*sources, reverse=reverse), keep_tombstones)
+            return pairs
+        return ((k, v) for k, v in pairs if v is not None)
+    tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
+    return _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
+
+
+def _tagged(chunks: Chunks, tag: int) -> Iterator[tuple[bytes, int, Any]]:
+    for keys, values in chunks:
+        yield from zip(keys, repeat(tag, len(keys)), values, strict=True)
 
 
 def _merge(merged: Iterator[Any], keep_tombstones: bool) -> Iterator[tuple[bytes, bytes | None]]:

@@ -272,20 +272,38 @@ class SSTableReader:
         """Entries with start <= key < end, one block in memory at a time.
 
         Yields (key, value|None), or (key, tag, value|None) when ``tag`` is
-        given (what :func:`lsmdb.merge.merge_newest` takes).  The per-entry
-        work runs in C (``zip`` over block slices).
+        given.  The per-entry work runs in C (``zip`` over block slices).
         """
-        return chain.from_iterable(self._block_slices(start, end, reverse, tag))
+        if tag is None:
+            return chain.from_iterable(zip(k, v, strict=True)
+                                       for k, v in self.chunks(start, end, reverse))
+        return chain.from_iterable(zip(k, repeat(tag, len(k)), v, strict=True)
+                                   for k, v in self.chunks(start, end, reverse))
 
-    def _block_slices(self, start: bytes | None, end: bytes | None, reverse: bool,
-                      tag: int | None) -> Iterator[Iterator[Any]]:
+    def chunks(self, start: bytes | None, end: bytes | None,
+               reverse: bool = False) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+        """The entries with start <= key < end as (keys, values) lists, a data
+        block at a time, in key order (descending when ``reverse``): what
+        :func:`lsmdb.merge.merge_newest` takes.
+
+        Blocks the cache holds are used as they are (counted as cache hits);
+        the others are read from disk and not cached, so a long scan does not
+        push out the blocks point reads keep hot.
+        """
         index_keys = self.index_keys
         nblocks = len(index_keys)
         i = 0 if start is None else bisect_left(index_keys, start)
         last = nblocks - 1 if end is None else min(bisect_left(index_keys, end), nblocks - 1)
         order = range(i, last + 1) if not reverse else range(last, i - 1, -1)
+        lookup = self.cache.lookup if self.cache is not None else None
+        base = self.cache_base
         for b in order:
-            keys, values = self.read_data_block(b)
+            block = lookup(base | b) if lookup is not None else None
+            if block is None:
+                keys, values = self.read_data_block(b)
+            else:
+                keys, values = block
+                self.block_cache_hits += 1
             lo = 0 if start is None else bisect_left(keys, start)
             hi = len(keys) if end is None else bisect_left(keys, end)
             if lo >= hi:
@@ -294,10 +312,7 @@ class SSTableReader:
                 keys, values = keys[lo:hi], values[lo:hi]
             if reverse:
                 keys, values = keys[::-1], values[::-1]
-            if tag is None:
-                yield zip(keys, values, strict=True)
-            else:
-                yield zip(keys, repeat(tag, len(keys)), values, strict=True)
+            yield keys, values
 
     def bloom_memory_bytes(self) -> int:
         """Bytes the filter's bit array holds in memory."""

@@ -351,3 +351,74 @@ def test_get_many_hashes_once_and_reads_each_block_once(tmp_path, monkeypatch):
     assert t.get_many(same_block) == [b"v"] * len(same_block)
     assert sum(i.block_reads for i in db.sstables("t")) - reads == 1
     db.close()
+
+
+# ------------------------------------------------------------------- merge
+def chunked(entries: dict[bytes, bytes | None], reverse: bool, size: int) -> list[tuple]:
+    keys = sorted(entries, reverse=reverse)
+    return [(keys[i:i + size], [entries[k] for k in keys[i:i + size]])
+            for i in range(0, len(keys), size)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.dictionaries(st.binary(max_size=3), st.one_of(st.none(), st.binary(max_size=3)),
+                                max_size=30), max_size=6),
+       st.booleans(), st.booleans(), st.integers(1, 7))
+def test_c_merge_matches_the_python_merge(sources, reverse, keep, size):
+    import lsmdb.merge
+    chunks = [chunked(src, reverse, size) for src in sources]
+    want = list(lsmdb.merge._merge(
+        __import__("heapq").merge(*[lsmdb.merge._tagged(c, lsmdb.merge.tag_for(age, reverse))
+                                   for age, c in enumerate(chunks)], reverse=reverse), keep))
+    got = list(speedups.Merge([iter(c) for c in chunks], reverse, keep))
+    assert got == want
+    # and what that is: the newest version of every key, in order
+    newest: dict[bytes, bytes | None] = {}
+    for src in reversed(sources):
+        newest.update(src)
+    expect = [(k, v) for k, v in sorted(newest.items(), reverse=reverse) if keep or v is not None]
+    assert got == expect
+
+
+def test_c_merge_errors_end_the_iteration():
+    def broken():
+        yield [b"a"], [b"1"]
+        raise OSError("disk gone")
+
+    m = speedups.Merge([broken(), iter([([b"b", b"c"], [b"2", b"3"])])])
+    assert next(m) == (b"a", b"1")
+    with pytest.raises(OSError):
+        next(m)
+    assert list(m) == []  # finished, never a partial answer after the error
+    with pytest.raises(TypeError):
+        list(speedups.Merge([iter([(["a"], [b"1"])])]))          # str key
+    with pytest.raises(TypeError):
+        list(speedups.Merge([iter([([b"a"], [b"1", b"2"])])]))   # lengths differ
+    with pytest.raises(TypeError):
+        list(speedups.Merge([iter([[b"a"]])]))                   # not a (keys, values) pair
+    assert list(speedups.Merge([])) == []
+    assert list(speedups.Merge([iter([([], [])]), iter([([b"x"], [None])])], False, True)) \
+        == [(b"x", None)]
+
+
+def test_scans_and_compactions_agree_between_the_c_and_python_merges(tmp_path, monkeypatch):
+    import lsmdb.merge
+    results = []
+    for use_c in (True, False):
+        monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", use_c)
+        path = str(tmp_path / f"db-{use_c}")
+        build(path)  # its compactions merge with this merge too
+        db = lsmdb.open(path, read_only=True)
+        try:
+            got = []
+            for name in ("keyed", "lev", "nofilter", "default"):
+                t = db.table(name)
+                got.append(list(t.scan()))
+                got.append(list(t.scan(reverse=True)))
+                got.append(list(t.scan(b"key00500", b"key01500")))
+                got.append(list(t.scan(prefix=b"key010", reverse=True)))
+            results.append(got)
+        finally:
+            db.close()
+    assert results[0] == results[1]
+    assert len(results[0][6]) > 100

@@ -1247,9 +1247,73 @@ static PyTypeObject MergeType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- bloom_add: set the bits of many keys ------------------------------- */
+
+static PyObject *
+speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* bloom_add(bits, m, k, hashes): for each 64-bit hash h, set bits
+     * (h1 + i*h2) mod m for i < k, h1 = h & 0xFFFFFFFF, h2 = h >> 32: the same
+     * bits as BloomFilter.add_hash. */
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "bloom_add(bits, m, k, hashes)");
+        return NULL;
+    }
+    unsigned long long m = PyLong_AsUnsignedLongLong(args[1]);
+    if (m == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    if (k < 0 || k > 1024) {
+        PyErr_SetString(PyExc_ValueError, "hash count out of range");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence of ints");
+    if (seq == NULL)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (m == 0 || (uint64_t)view.len < (m + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "bit array shorter than m bits (or m is 0)");
+        goto done;
+    }
+    unsigned char *bits = (unsigned char *)view.buf;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t j = 0; j < n; j++) {
+        unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
+        if (h == (unsigned long long)-1 && PyErr_Occurred())
+            goto done;
+        uint64_t pos = mod_m(h & 0xFFFFFFFFu, m), step = mod_m(h >> 32, m);
+        for (Py_ssize_t i = 0; i < k; i++) {
+            bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
+            pos += step;
+            if (pos >= m)
+                pos -= m;
+        }
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&view);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyMethodDef speedups_functions[] = {
+    {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
+     "bloom_add(bits, m, k, hashes): set the filter bits of every 64-bit hash"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT, "lsmdb._speedups",
-    "Optional C speedups for lsmdb's point-read path (see lsmdb/_speedups.c).", -1, NULL,
+    "Optional C speedups for lsmdb's read path, merges and filter building "
+    "(see lsmdb/_speedups.c).", -1, speedups_functions,
 };
 
 PyMODINIT_FUNC

@@ -59,6 +59,11 @@ LN2_SQUARED = math.log(2) ** 2
 MAX_HASHES = 64
 MASK32 = 0xFFFFFFFF
 
+try:  # optional C speedups (lsmdb/_speedups.c)
+    from ._speedups import bloom_add as _bloom_add
+except ImportError:  # pragma: no cover - built without a C compiler
+    _bloom_add = None  # type: ignore[assignment]
+
 #: The 64-bit key hash every filter of algorithm 1 probes with.
 key_hash = xxhash.xxh3_64_intdigest
 
@@ -209,6 +214,9 @@ class BloomFilter:
         if not m or not hashes:
             return
         bits = self._bits
+        if _bloom_add is not None:  # the same bits, set in C
+            _bloom_add(bits, m, self.k, hashes)
+            return
         pos = [(h & MASK32) % m for h in hashes]
         step = [(h >> 32) % m for h in hashes]
         for i in range(self.k):

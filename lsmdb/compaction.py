@@ -27,12 +27,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import islice
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
 from .sstable import SSTableBuilder, SSTableReader
+
+_CHUNK_ENTRIES = 4096  # merged entries handed to SSTableBuilder.add_chunk at a time
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -233,11 +238,15 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     paths: list[str] = []
     f = None
     entries = iter(merged)
+    keys: list[bytes] = []
+    values: list[bytes | None] = []
     try:
         while True:
-            first = next(entries, None)
-            if first is None:
-                break
+            if not keys:  # the next chunk of the merged stream
+                chunk = list(islice(entries, _CHUNK_ENTRIES))
+                if not chunk:
+                    break
+                keys, values = list(map(_first, chunk)), list(map(_second, chunk))
             number = alloc_number()
             path = path_for(number)
             paths.append(path)
@@ -245,7 +254,16 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
                                      table=state.name, hasher=hasher)
             builder.note_seq(min_seq, max_seq)
-            builder.add_many(chain((first,), entries), job.split_bytes)
+            while True:  # fill this output until it is full or the input ends
+                added = builder.add_chunk(keys, values, job.split_bytes)
+                keys, values = keys[added:], values[added:]
+                if keys or (job.split_bytes is not None
+                            and builder.file_size >= job.split_bytes):
+                    break  # full: the rest starts the next file
+                chunk = list(islice(entries, _CHUNK_ENTRIES))
+                if not chunk:
+                    break
+                keys, values = list(map(_first, chunk)), list(map(_second, chunk))
             outputs.append(_seal(builder, f, path, number, job.output_level))
     except BaseException:
         if f is not None and not f.closed:

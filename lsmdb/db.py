@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -214,7 +215,12 @@ class DB:
                 if state.dropped:
                     raise NoSuchTableError(f"table {state.name!r} was dropped")
             seq = self._last_seq + 1
-            payload = encode_record(seq, [[s.id, k, v] for s, k, v in ops])
+            if len(states) == 1:  # one table: the WAL ops and the batch dict built in C
+                (only,) = states
+                payload = encode_record(seq, list(zip(repeat(only.id, len(ops)), map(_second, ops),
+                                                      map(_third, ops), strict=True)))
+            else:
+                payload = encode_record(seq, [(s.id, k, v) for s, k, v in ops])
             try:
                 self._log.append(seq, payload, do_sync)
             except OSError:
@@ -227,6 +233,11 @@ class DB:
                 state, key, value = ops[0]
                 state.mem.apply(seq, key, value)
                 touched = [state]
+            elif len(states) == 1:
+                # dict(): later ops of the batch win
+                only.mem.apply_many(seq, dict(zip(map(_second, ops), map(_third, ops),
+                                                  strict=True)))
+                touched = [only]
             else:
                 # Per table, the batch becomes visible to point reads at once.
                 per_table: dict[TableState, dict[bytes, bytes | None]] = {}
@@ -323,7 +334,8 @@ class DB:
             options = state.options
         file_path = os.path.join(self.path, sst_name(number))
         try:
-            write_sstable(file_path, mem.items(), fp_chance=options.bloom_filter_fp_chance,
+            write_sstable(file_path, (), chunks=mem.chunk_range(None, None),
+                          fp_chance=options.bloom_filter_fp_chance,
                           block_size=options.block_size_bytes, table=state.name,
                           min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher)
             reader = self._adopt(SSTableReader(file_path, number), 0)

@@ -12,7 +12,6 @@ import logging
 import os
 import re
 from collections.abc import Callable
-from typing import Any
 
 import msgpack
 
@@ -30,7 +29,9 @@ def wal_name(number: int) -> str:
     return f"wal-{number:06d}.log"
 
 
-def encode_record(seq: int, ops: list[list[Any]]) -> bytes:
+def encode_record(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> bytes:
+    """One WAL record payload: msgpack [seq, [[table_id, key, value|None], ...]]
+    (tuples pack as arrays: the same bytes as lists)."""
     return msgpack.packb([seq, ops], use_bin_type=True)
 
 

@@ -67,18 +67,13 @@ class Memtable:
         for large batches) instead of one insertion each.
         """
         data = self.data
-        grow = 0
-        new_keys = []
-        for key, value in items.items():
-            if key not in data:
-                grow += len(key) + ENTRY_OVERHEAD_BYTES
-                new_keys.append(key)
-            else:
-                old = data[key]
-                if old is not None:
-                    grow -= len(old)
-            if value is not None:
-                grow += len(value)
+        # Set and map operations over the batch run in C.
+        new_keys = items.keys() - data.keys()
+        grow = (sum(map(len, new_keys)) + ENTRY_OVERHEAD_BYTES * len(new_keys)
+                + sum(map(len, filter(None, items.values()))))
+        if len(new_keys) < len(items):  # overwrites: their old values leave
+            grow -= sum(map(len, filter(None, map(data.__getitem__,
+                                                  items.keys() & data.keys()))))
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
             self.keys.update(new_keys)

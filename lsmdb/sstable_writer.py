@@ -9,7 +9,10 @@ the exact entry count, so a file whose length is not known in advance
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
 from collections.abc import Iterable
+from itertools import accumulate, islice, repeat
+from operator import add, itemgetter, lt
 from typing import Any, BinaryIO
 
 from . import block as blk
@@ -20,6 +23,9 @@ from .sstable_reader import SSTableReader
 
 # Per-entry encoding overhead estimate used to cut blocks near block_size.
 _ENTRY_OVERHEAD = 4
+_CHUNK_ENTRIES = 4096  # add_many feeds add_chunk this many entries at a time
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 class SSTableBuilder:
@@ -75,54 +81,69 @@ class SSTableBuilder:
         if self._block_bytes >= self._block_size:
             self._flush_block()
 
-    def add_many(self, items: Iterable[tuple[bytes, bytes | None]],
-                 max_file_bytes: int | None = None) -> bool:
-        """``add`` for a sorted stream, with the per-entry work inlined.
+    def add_many(self, items: Iterable[tuple[bytes, bytes | None]]) -> None:
+        """``add`` for a sorted stream of (key, value|None): taken a chunk at a
+        time through :meth:`add_chunk`."""
+        it = iter(items)
+        while True:
+            chunk = list(islice(it, _CHUNK_ENTRIES))
+            if not chunk:
+                return
+            self.add_chunk(list(map(_first, chunk)), list(map(_second, chunk)))
 
-        With ``max_file_bytes``, stops once the file has grown past it (at a
-        block boundary) and returns True; the rest of ``items`` is left for
-        the next file.  Returns False when ``items`` ran out.
+    def add_chunk(self, keys: list[bytes], values: list[bytes | None],
+                  max_file_bytes: int | None = None) -> int:
+        """Add sorted entries given as two lists; returns how many were added.
+
+        The same blocks as ``add`` one entry at a time -- a block is cut once
+        its estimated size reaches ``block_size`` -- with the work per block,
+        not per entry (cumulative sizes and a bisect find each cut).  With
+        ``max_file_bytes``, stops at the first block boundary at or past it
+        and returns the count added: the rest belongs in the next file.
         """
-        full = False
-        keys, values = self._keys, self._values
-        hashes = self._hashes if self._fp_chance < 1.0 else None
-        hash_fn = self._hash
+        n = len(keys)
+        if n != len(values):
+            raise ValueError("add_chunk: keys and values differ in length")
+        if not n:
+            return 0
+        if (self._last is not None and keys[0] <= self._last) or (
+                n > 1 and not all(map(lt, keys, islice(keys, 1, None)))):
+            raise ValueError("SSTable keys must be added in strictly increasing order")
+        try:
+            value_lens: Iterable[int] = list(map(len, values))  # type: ignore[arg-type]
+        except TypeError:  # tombstones
+            value_lens = [0 if v is None else len(v) for v in values]
+        cum = list(accumulate(map(add, map(add, map(len, keys), value_lens),
+                                  repeat(_ENTRY_OVERHEAD, n)), initial=0))
+        if self.min_key is None:
+            self.min_key = keys[0]
         block_size = self._block_size
-        block_bytes = self._block_bytes
-        last = self._last
-        entries = tombstones = 0
-        for key, value in items:
-            if last is not None and key <= last:
-                raise ValueError("SSTable keys must be added in strictly increasing order")
-            last = key
-            entries += 1
-            if value is None:
-                tombstones += 1
-                block_bytes += len(key) + _ENTRY_OVERHEAD
-            else:
-                block_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
-            keys.append(key)
-            values.append(value)
-            if hashes is not None:
-                hashes.append(hash_fn(key))
-            if block_bytes >= block_size:
-                if self.min_key is None:
-                    self.min_key = keys[0]
-                self._flush_block()
-                keys, values = self._keys, self._values
-                block_bytes = 0
-                if max_file_bytes is not None and self._offset >= max_file_bytes:
-                    full = True
-                    break
-        if entries:
-            if self.min_key is None:  # no block was cut: the first key is still pending
-                self.min_key = keys[0]
-            self.max_key = last
-        self._last = last
-        self._block_bytes = block_bytes
-        self.entries += entries
-        self.tombstones += tombstones
-        return full
+        done = 0        # entries of this chunk placed in flushed blocks
+        base = 0        # cum value where the pending block's chunk part starts
+        need = block_size - self._block_bytes  # bytes that complete the pending block
+        while True:
+            cut = bisect_left(cum, base + need, done + 1)  # block ends after entry cut - 1
+            if cut > n:
+                break
+            self._keys.extend(keys[done:cut])
+            self._values.extend(values[done:cut])
+            self._flush_block()
+            done, base, need = cut, cum[cut], block_size
+            if max_file_bytes is not None and self._offset >= max_file_bytes:
+                break
+        if done < n and not (max_file_bytes is not None and self._offset >= max_file_bytes):
+            self._keys.extend(keys[done:])
+            self._values.extend(values[done:])
+            self._block_bytes += cum[n] - base
+            added = n
+        else:
+            added = done
+        if self._fp_chance < 1.0:
+            self._hashes.extend(map(self._hash, keys[:added] if added < n else keys))
+        self.entries += added
+        self.tombstones += (values[:added] if added < n else values).count(None)
+        self.max_key = self._last = keys[added - 1]
+        return added
 
     def note_seq(self, min_seq: int | None, max_seq: int) -> None:
         """Record the WAL sequence range the entries came from (properties only)."""
@@ -198,12 +219,20 @@ class SSTableBuilder:
 
 def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_chance: float,
                   block_size: int, table: str = "", min_seq: int | None = None,
-                  max_seq: int = 0, hasher: Hasher = FAST_HASHER) -> dict[str, Any]:
-    """Write a complete SSTable to ``path`` and fsync it.  Returns its properties."""
+                  max_seq: int = 0, hasher: Hasher = FAST_HASHER,
+                  chunks: Iterable[tuple[list[bytes], list[bytes | None]]] = ()
+                  ) -> dict[str, Any]:
+    """Write a complete SSTable to ``path`` and fsync it.  Returns its properties.
+
+    The entries are ``items`` (key, value|None) pairs, then ``chunks`` of
+    (keys, values) lists (a memtable's flush), all in increasing key order.
+    """
     with open(path, "wb") as f:
         builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
                                  hasher=hasher)
         builder.add_many(items)
+        for keys, values in chunks:
+            builder.add_chunk(keys, values)
         builder.note_seq(min_seq, max_seq)
         props = builder.finish()
         f.flush()

@@ -422,3 +422,29 @@ def test_scans_and_compactions_agree_between_the_c_and_python_merges(tmp_path, m
             db.close()
     assert results[0] == results[1]
     assert len(results[0][6]) > 100
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.integers(1, 5000),
+       st.integers(1, 20))
+def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k):
+    c_bits = bytearray((m + 7) // 8)
+    speedups.bloom_add(c_bits, m, k, hashes)
+    ref = BloomFilter(1, 0.5)
+    ref.m, ref.k, ref._bits = m, k, bytearray((m + 7) // 8)
+    for h in hashes:
+        ref.add_hash(h)
+    assert c_bits == ref._bits
+
+
+def test_bloom_add_refuses_bad_input():
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(1), 100, 3, [1])     # too few bytes for m
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(1), 0, 3, [1])
+    with pytest.raises(BufferError):
+        speedups.bloom_add(b"\x00" * 20, 100, 3, [1])     # read-only
+    with pytest.raises(OverflowError):
+        speedups.bloom_add(bytearray(20), 100, 3, [-1])
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(20), 100, -1, [1])

@@ -63,6 +63,12 @@ _key_hash = _bloom.key_hash
 _MASK32 = _bloom.MASK32
 
 
+def _check_batch_size(keys: Iterable[bytes], values: Iterable[bytes | None]) -> None:
+    total = sum(map(len, keys)) + sum(map(len, filter(None, values)))
+    if total > MAX_BATCH_SIZE_BYTES:
+        raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
+
+
 _first = itemgetter(0)
 _second = itemgetter(1)
 _third = itemgetter(2)
@@ -201,11 +207,55 @@ class DB:
 
     # ---------------------------------------------------------------- writes
     def _write(self, ops: list[tuple[TableState, bytes, bytes | None]], sync: bool | None) -> None:
-        # (map/itemgetter/sum run in C: batches of many thousand ops stay cheap.)
-        total = sum(map(len, map(_second, ops))) + sum(map(len, filter(None, map(_third, ops))))
-        if total > MAX_BATCH_SIZE_BYTES:
-            raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
+        """Apply (table, key, value|None) ops atomically: one WAL record."""
         states = set(map(_first, ops))
+        if len(states) == 1:
+            (state,) = states
+            self._write_columns(state, list(map(_second, ops)), list(map(_third, ops)), sync)
+            return
+        _check_batch_size(map(_second, ops), map(_third, ops))
+
+        def encode(seq: int) -> bytes:
+            return encode_record(seq, [(s.id, k, v) for s, k, v in ops])
+
+        def apply(seq: int) -> list[TableState]:
+            # Per table, the batch becomes visible to point reads at once.
+            per_table: dict[TableState, dict[bytes, bytes | None]] = {}
+            for state, key, value in ops:
+                items = per_table.get(state)
+                if items is None:
+                    items = per_table[state] = {}
+                items[key] = value  # later ops of the batch win
+            for state, items in per_table.items():
+                state.mem.apply_many(seq, items)
+            return list(per_table)
+
+        self._commit(states, encode, apply, sync)
+
+    def _write_columns(self, state: TableState, keys: list[bytes], values: list[bytes | None],
+                       sync: bool | None) -> None:
+        """Set keys[i] to values[i] (None: delete) in one table, atomically:
+        one WAL record; a later op on the same key wins.  (The per-op work --
+        sizes, the WAL ops, the batch dict -- runs in C: map/zip/sum.)"""
+        _check_batch_size(keys, values)
+        n = len(keys)
+
+        def encode(seq: int) -> bytes:
+            return encode_record(seq, list(zip(repeat(state.id, n), keys, values, strict=True)))
+
+        def apply(seq: int) -> list[TableState]:
+            if n == 1:
+                state.mem.apply(seq, keys[0], values[0])
+            else:
+                state.mem.apply_many(seq, dict(zip(keys, values, strict=True)))
+            return [state]
+
+        self._commit({state}, encode, apply, sync)
+
+    def _commit(self, states: set[TableState], encode: Callable[[int], bytes],
+                apply: Callable[[int], list[TableState]], sync: bool | None) -> None:
+        """Log a batch (``encode(seq)``) and apply it (``apply(seq)``) under the
+        lock; then flush whatever memtable it filled, outside the lock."""
         do_sync = self._sync if sync is None else bool(sync)
         if self._bg is not None and self._auto_compaction:
             self._maybe_stall(states, self._bg)
@@ -215,12 +265,7 @@ class DB:
                 if state.dropped:
                     raise NoSuchTableError(f"table {state.name!r} was dropped")
             seq = self._last_seq + 1
-            if len(states) == 1:  # one table: the WAL ops and the batch dict built in C
-                (only,) = states
-                payload = encode_record(seq, list(zip(repeat(only.id, len(ops)), map(_second, ops),
-                                                      map(_third, ops), strict=True)))
-            else:
-                payload = encode_record(seq, [(s.id, k, v) for s, k, v in ops])
+            payload = encode(seq)
             try:
                 self._log.append(seq, payload, do_sync)
             except OSError:
@@ -229,26 +274,7 @@ class DB:
                 self._new_segment()
                 raise
             self._last_seq = seq
-            if len(ops) == 1:
-                state, key, value = ops[0]
-                state.mem.apply(seq, key, value)
-                touched = [state]
-            elif len(states) == 1:
-                # dict(): later ops of the batch win
-                only.mem.apply_many(seq, dict(zip(map(_second, ops), map(_third, ops),
-                                                  strict=True)))
-                touched = [only]
-            else:
-                # Per table, the batch becomes visible to point reads at once.
-                per_table: dict[TableState, dict[bytes, bytes | None]] = {}
-                for state, key, value in ops:
-                    items = per_table.get(state)
-                    if items is None:
-                        items = per_table[state] = {}
-                    items[key] = value  # later ops of the batch win
-                for state, items in per_table.items():
-                    state.mem.apply_many(seq, items)
-                touched = list(per_table)
+            touched = apply(seq)
             full = [s for s in touched if s.mem.size_bytes >= s.options.memtable_size_bytes]
         for state in full:  # outside the lock: the SSTable is written without it
             try:
@@ -318,7 +344,7 @@ class DB:
                 if len(state.mem):
                     self._new_segment()  # the memtable's records all sit in closed segments
                     mem = state.mem
-                    mem.frozen = True
+                    mem.freeze()
                     mem.flush_seq = self._last_seq
                     state.mem = Memtable()
                     state.imms = (mem,) + state.imms

@@ -4,9 +4,12 @@ Two structures: a plain ``dict`` (``data``) that point reads use without any
 lock, and a ``SortedList`` of the keys (``keys``) that scans and flushes
 walk in order (they hold the database lock, or use a frozen memtable).  A
 batch becomes visible to point reads in one ``dict.update`` -- a single C
-call under the GIL -- so no reader sees half of it.  A memtable is mutable
-until frozen for a flush; a frozen memtable never changes again.
-Tombstones are stored as ``None``.
+call under the GIL -- so no reader sees half of it.  New keys join the sorted
+list lazily: writes only remember them (``_pending``) and the first ordered
+read after them sorts them in, in one ``SortedList.update`` -- so a bulk load
+pays for ordering once per flush instead of once per batch.  A memtable is
+mutable until frozen for a flush (``freeze`` sorts what is pending); a frozen
+memtable never changes again.  Tombstones are stored as ``None``.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ class Memtable:
     ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
-    __slots__ = ("data", "keys", "size_bytes", "min_seq", "max_seq", "frozen", "flush_seq")
+    __slots__ = ("data", "_keys", "_pending", "size_bytes", "min_seq", "max_seq", "frozen",
+                 "flush_seq")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
-        self.keys: SortedList = SortedList()
+        self._keys: SortedList = SortedList()
+        self._pending: list[bytes] = []  # keys in data but not yet in _keys
         self.size_bytes = 0
         self.min_seq: int | None = None  # smallest WAL sequence number held
         self.max_seq = 0
@@ -38,6 +43,21 @@ class Memtable:
 
     def __len__(self) -> int:
         return len(self.data)
+
+    @property
+    def keys(self) -> SortedList:
+        """Every key, sorted (pending new keys are sorted in first).  Call it
+        where writes cannot run: under the database lock, or frozen."""
+        if self._pending:
+            self._keys.update(self._pending)
+            self._pending = []
+        return self._keys
+
+    def freeze(self) -> None:
+        """No more writes: sort what is pending, so readers without the lock
+        (scans of frozen memtables, the flush) never change it."""
+        self.keys  # noqa: B018 -- sorts the pending keys in
+        self.frozen = True
 
     def _note_seq(self, seq: int) -> None:
         if self.min_seq is None:
@@ -50,7 +70,7 @@ class Memtable:
         data = self.data
         if key not in data:
             self.size_bytes += len(key) + ENTRY_OVERHEAD_BYTES
-            self.keys.add(key)
+            self._pending.append(key)
         else:
             old = data[key]
             if old is not None:
@@ -63,8 +83,7 @@ class Memtable:
     def apply_many(self, seq: int, items: dict[bytes, bytes | None]) -> None:
         """``apply`` for every key of one batch, made visible to point reads at once.
 
-        New keys join the sorted list in one ``SortedList.update`` (a sort,
-        for large batches) instead of one insertion each.
+        New keys join the sorted list at the next ordered read, all at once.
         """
         data = self.data
         # Set and map operations over the batch run in C.
@@ -76,7 +95,7 @@ class Memtable:
                                                   items.keys() & data.keys()))))
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
-            self.keys.update(new_keys)
+            self._pending += new_keys
         self.size_bytes += grow
         self._note_seq(seq)
 

@@ -244,11 +244,11 @@ class Table:
 
     def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
         """Set ``key`` to ``value`` (fsync the WAL first if ``sync``)."""
-        self._db._write([(self._live(), as_key(key), as_value(value))], sync)
+        self._db._write_columns(self._live(), [as_key(key)], [as_value(value)], sync)
 
     def delete(self, key: Any, sync: bool | None = None) -> None:
         """Delete ``key`` (a tombstone; no error when it is absent)."""
-        self._db._write([(self._live(), as_key(key), None)], sync)
+        self._db._write_columns(self._live(), [as_key(key)], [None], sync)
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when it is absent."""
@@ -293,13 +293,17 @@ class WriteBatch:
     """Writes collected and applied atomically -- one WAL record -- on ``commit``.
 
     Use as ``with db.batch() as b:``; the batch commits on normal exit and is
-    discarded if the block raises.
+    discarded if the block raises.  Keys and values are kept in two lists
+    (and, once a second table appears, the table of each op in a third), so
+    a put is two appends.
     """
 
     def __init__(self, db: DB, sync: bool | None = None) -> None:
         self._db = db
         self._sync = sync
-        self._ops: list[tuple[TableState, bytes, bytes | None]] = []
+        self._keys: list[bytes] = []
+        self._values: list[bytes | None] = []
+        self._states: list[TableState] | None = None  # None: every op is on the default table
         self._done = False
         self._default = db._table_state(None)
 
@@ -311,16 +315,31 @@ class WriteBatch:
             key = as_key(key)
         if type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES:
             value = as_value(value)
-        self._ops.append((self._default if table is None else self._db._table_state(table),
-                          key, value))
+        if table is None and self._states is None:
+            self._keys.append(key)
+            self._values.append(value)
+        else:
+            self._add(table, key, value)
 
     def delete(self, key: Any, table: str | None = None) -> None:
         """Add a delete of ``key`` in ``table`` (None: the default table) to the batch."""
         self._check()
-        self._ops.append((self._db._table_state(table), as_key(key), None))
+        self._add(table, as_key(key), None)
+
+    def _add(self, table: str | None, key: bytes, value: bytes | None) -> None:
+        state = self._default if table is None else self._db._table_state(table)
+        if self._states is None:
+            if state is self._default:
+                self._keys.append(key)
+                self._values.append(value)
+                return
+            self._states = [self._default] * len(self._keys)
+        self._states.append(state)
+        self._keys.append(key)
+        self._values.append(value)
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return len(self._keys)
 
     def _check(self) -> None:
         if self._done:
@@ -330,13 +349,20 @@ class WriteBatch:
         """Apply every operation as one WAL record; the batch cannot be reused."""
         self._check()
         self._done = True
-        if self._ops:
-            self._db._write(self._ops, self._sync)
+        if not self._keys:
+            return
+        if self._states is None:
+            self._db._write_columns(self._default, self._keys, self._values, self._sync)
+        else:
+            self._db._write(list(zip(self._states, self._keys, self._values, strict=True)),
+                            self._sync)
 
     def discard(self) -> None:
         """Drop every operation; nothing is written."""
         self._done = True
-        self._ops = []
+        self._keys = []
+        self._values = []
+        self._states = None
 
     def __enter__(self) -> WriteBatch:
         return self

@@ -27,9 +27,18 @@ from .table import SSTableInfo, Table, WriteBatch
 
 __version__ = "0.1.0"
 
+try:
+    from . import _speedups  # noqa: F401
+    #: True when the optional C speedups (lsmdb/_speedups.c) were built and are
+    #: in use: per-file read steps, get_many, merges and filter building.
+    #: Without them (no C compiler at install time) the same code runs in Python.
+    SPEEDUPS = True
+except ImportError:  # pragma: no cover - built without a C compiler
+    SPEEDUPS = False
+
 __all__ = [
     "open", "DB", "Table", "WriteBatch", "SSTableInfo", "TableOptions", "BloomFilter",
     "LsmdbError", "CorruptionError", "UnsupportedFormatError", "DatabaseLockedError",
     "DatabaseClosedError", "TableExistsError", "NoSuchTableError", "NotADatabaseError",
-    "ReadOnlyError", "MAX_KEY_SIZE_BYTES", "MAX_VALUE_SIZE_BYTES", "__version__",
+    "ReadOnlyError", "MAX_KEY_SIZE_BYTES", "MAX_VALUE_SIZE_BYTES", "SPEEDUPS", "__version__",
 ]

@@ -79,7 +79,10 @@ def make_getter(db: DB, state: TableState) -> Any:
             return missing
         block = lookup(base | i) if lookup is not None else None
         if block is None:
-            block = reader.load_block(i)
+            block = reader.read_block_for(i, key)  # a disk read; None: not in it
+            if block is None:
+                counts[FALSE_POSITIVES] += 1
+                return missing
         else:
             touch(base | i)
             counts[BLOCK_CACHE_HITS] += 1

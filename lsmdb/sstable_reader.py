@@ -216,6 +216,11 @@ class SSTableReader:
     # -- reads ------------------------------------------------------------
     def read_data_block(self, i: int, count: bool = True) -> tuple[list[bytes], list[bytes | None]]:
         """Read, check and decode data block ``i`` (one ``os.pread``)."""
+        payload, offset = self._read_payload(i, count)
+        return blk.decode_data_block(payload, self.path, offset)
+
+    def _read_payload(self, i: int, count: bool = True) -> tuple[bytes, int]:
+        """Data block ``i``'s payload, checksum verified, and its offset."""
         offset = self.index_offsets[i]
         size = self.index_sizes[i]
         if self._fd >= 0:
@@ -231,7 +236,25 @@ class SSTableReader:
         payload = raw[:-BLOCK_TRAILER_SIZE]
         if crc32(payload) != int.from_bytes(raw[-BLOCK_TRAILER_SIZE:], "little"):
             raise CorruptionError("data block checksum mismatch", self.path, offset)
-        return blk.decode_data_block(payload, self.path, offset)
+        return payload, offset
+
+    def read_block_for(self, i: int, key: bytes) -> tuple[list[bytes], list[bytes | None]] | None:
+        """Data block ``i`` read from disk for a lookup of ``key`` (then cached),
+        or None when it certainly does not hold ``key``.
+
+        A key is stored in a block as a msgpack bin: its bytes verbatim.  So
+        when the checksum-verified payload does not contain the key's bytes
+        anywhere, the key is not in the block -- a false positive of the
+        filter -- and the block is neither decoded nor cached: it costs one
+        read and one checksum, not a decode.
+        """
+        payload, offset = self._read_payload(i)
+        if key not in payload:
+            return None
+        block = blk.decode_data_block(payload, self.path, offset)
+        if self.cache is not None:
+            self.cache.put(self.cache_base | i, block, self.index_sizes[i])
+        return block
 
     def block_for(self, key: bytes) -> int:
         """Index of the only data block that can hold ``key`` (len(index) if none)."""

@@ -1,0 +1,85 @@
+"""SSTableReader.read_block_for: a false positive costs a read and a checksum, not a decode.
+
+A key sits in a data block as its bytes verbatim (a msgpack bin), so a
+checksum-verified payload that does not contain those bytes cannot hold the
+key.  That shortcut must never say "not here" for a key that is there, must
+still count the disk read, must not cache what it did not decode, and must
+not skip the checksum.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lsmdb.cache import BlockCache
+from lsmdb.errors import CorruptionError
+from lsmdb.sstable import SSTableReader, write_sstable
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.binary(min_size=0, max_size=8),
+                       st.one_of(st.none(), st.binary(max_size=30)), min_size=1, max_size=80),
+       st.lists(st.binary(max_size=8), max_size=40), st.integers(32, 400))
+def test_never_misses_a_key_the_block_holds(tmp_path_factory, entries, probes, block_size):
+    path = str(tmp_path_factory.mktemp("r") / "t.sst")
+    write_sstable(path, sorted(entries.items()), fp_chance=0.01, block_size=block_size)
+    r = SSTableReader(path, 1)
+    try:
+        for key in list(entries) + probes:
+            i = r.block_for(key)
+            if i == len(r.index_keys):
+                continue
+            block = r.read_block_for(i, key)
+            keys, values = r.read_data_block(i)
+            if key in keys:
+                assert block == (keys, values)
+            else:  # may be decoded anyway (its bytes occur in the block), never wrong
+                assert block is None or block == (keys, values)
+    finally:
+        r.close()
+
+
+def test_false_positive_reads_and_counts_but_does_not_decode_or_cache(tmp_path):
+    path = str(tmp_path / "t.sst")
+    write_sstable(path, [(b"k%04d" % i, b"v" * 50) for i in range(0, 400, 2)], fp_chance=0.01,
+                  block_size=1024)
+    r = SSTableReader(path, 7)
+    r.cache = BlockCache(1 << 20)
+    try:
+        absent = b"k0101"
+        i = r.block_for(absent)
+        assert r.read_block_for(i, absent) is None
+        assert r.block_reads == 1 and len(r.cache) == 0
+        present = b"k0100"
+        block = r.read_block_for(r.block_for(present), present)
+        assert block is not None and present in block[0]
+        assert r.block_reads == 2 and len(r.cache) == 1
+    finally:
+        r.close()
+
+
+def test_the_checksum_is_checked_before_the_shortcut(tmp_path):
+    path = str(tmp_path / "t.sst")
+    write_sstable(path, [(b"k%04d" % i, b"v" * 50) for i in range(100)], fp_chance=0.01,
+                  block_size=512)
+    r = SSTableReader(path, 1)
+    offset = r.index_offsets[0]
+    r.close()
+    with open(path, "r+b") as f:  # flip a byte inside the first data block's payload
+        f.seek(offset + 20)
+        b = f.read(1)
+        f.seek(offset + 20)
+        f.write(bytes([b[0] ^ 0xFF]))
+        f.flush()
+        os.fsync(f.fileno())
+    r = SSTableReader(path, 1)
+    try:
+        with pytest.raises(CorruptionError) as e:
+            r.read_block_for(0, b"absent-key")
+        assert e.value.path == path
+    finally:
+        r.close()

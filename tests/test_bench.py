@@ -179,6 +179,12 @@ def test_peers(tmp_path: Path) -> None:
         assert entry["workloads"]["get_absent_out_of_range"]["found"] == 0
         assert entry["workloads"]["scan"]["found"] == 3000
     assert by_name["lsmdb"]["workloads"]["get_present"]["ratio_to_lsmdb"] == 1.0
+    many = by_name["lsmdb"]["get_many"]  # get_many against a loop of get, same keys
+    assert list(many) == ["get_present", "get_absent_in_range", "get_absent_out_of_range"]
+    for r in many.values():
+        assert r["correct"] and r["found_loop"] == r["found_many"] == r["expected_found"]
+        assert r["ratio"] > 0 and len(r["slice_rates"]["many"]) == 5
+    assert "get_many" in done.stdout
     if by_name["rocksdb"]["available"]:
         assert any("filter in use after reopen" in n for n in by_name["rocksdb"]["notes"])
 
@@ -211,3 +217,16 @@ def test_peers_reports_a_wrong_store_not_its_speed(monkeypatch: pytest.MonkeyPat
     assert lie["correct"] is False and lie["ops_per_s"] is None and lie["found"] == 299
     assert entry["workloads"]["get_present"]["correct"]
     assert any("WRONG ANSWER in get absent in range" in note for note in entry["notes"])
+
+
+def test_scale(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    done = run_module("bench.scale", "--small", "2000", "--large", "50000", "--queries", "5000",
+                      "--json", str(out))
+    report = json.loads(out.read_text())
+    assert report["sizes"] == [2000, 50000]
+    assert report["files"][0] >= 0 and report["files"][1] >= 1  # 50,000 keys outgrow a memtable
+    assert all(r > 0 for r in report["absent_in_range_per_s"])
+    assert len(report["slice_rates"][0]) == len(report["slice_rates"][1]) == 5
+    assert report["small_over_large"] > 0
+    assert "rate / 50,000-key rate" in done.stdout

@@ -1,0 +1,115 @@
+"""Absent-key gets at two sizes, timed side by side (issue #7's scale goal).
+
+    python -m bench.scale [--small N] [--large N] [--queries Q]
+
+Loads two lsmdb databases the way ``bench.peers`` does (keys
+``b"user:%010d" % 2i`` in random order, 100-byte values, batches of 10,000,
+default options, waiting for compactions), closes and reopens both, then
+times Q absent gets inside each key range (odd numbers), the two databases
+taking turns slice by slice so both meet the same background load.  Reports
+each rate, the files each database has, and the median over slices of
+small-rate / large-rate: how much slower an absent get is at the larger size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import lsmdb
+
+from .common import SLICES, Progress, Timer, describe_machine, machine_info, per_second, write_json
+from .keys import key_of, value_of
+from .stores import BATCH_KEYS
+
+
+def load(path: str, n: int, seed: int) -> None:
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    db = lsmdb.open(path)
+    try:
+        for start in range(0, n, BATCH_KEYS):
+            with db.batch() as batch:
+                for i in order[start:start + BATCH_KEYS]:
+                    batch.put(key_of(2 * i), value_of(2 * i))
+        db.wait_for_compactions()
+    finally:
+        db.close()
+
+
+def absent_keys(n: int, q: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [key_of(2 * rng.randrange(n - 1) + 1) for _ in range(q)]
+
+
+def timed(sizes: Sequence[int], dbs: Sequence[Any], queries: Sequence[Sequence[bytes]],
+          slices: int = SLICES) -> list[list[float]]:
+    """Per database, the rate of each slice; databases take turns (A B, B A, ...)."""
+    rates: list[list[float]] = [[] for _ in dbs]
+    q = len(queries[0])
+    cuts = [q * i // slices for i in range(slices + 1)]
+    for s in range(slices):
+        order = list(range(len(dbs)))
+        for d in (order if s % 2 == 0 else order[::-1]):
+            get = dbs[d].get
+            part = queries[d][cuts[s]:cuts[s + 1]]
+            found = 0
+            with Timer() as t:
+                for key in part:
+                    if get(key) is not None:
+                        found += 1
+            if found:
+                raise AssertionError(f"{found} absent keys found at {sizes[d]:,} keys")
+            rates[d].append(per_second(len(part), t.seconds))
+    return rates
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split(
+        "\n\n")[0], epilog="example: python -m bench.scale --small 200000 --large 2000000")
+    parser.add_argument("--small", type=int, default=200_000, metavar="N")
+    parser.add_argument("--large", type=int, default=2_000_000, metavar="N")
+    parser.add_argument("--queries", type=int, default=200_000, metavar="Q")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    args = parser.parse_args(argv)
+    if min(args.small, args.large) < 2 or args.queries < SLICES:
+        parser.error("sizes must be at least 2 and queries at least 5")
+    progress = Progress()
+    sizes = [args.small, args.large]
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as root:
+        paths = [f"{root}/db{n}" for n in sizes]
+        for path, n in zip(paths, sizes, strict=True):
+            load(path, n, seed=n)
+            progress(f"loaded {n:,} keys")
+        dbs = [lsmdb.open(p) for p in paths]
+        try:
+            files = [len(db.sstables()) for db in dbs]
+            queries = [absent_keys(n, args.queries, seed=n + 1) for n in sizes]
+            rates = timed(sizes, dbs, queries)
+        finally:
+            for db in dbs:
+                db.close()
+    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+    report = {"benchmark": "scale", "machine": machine_info(), "speedups": lsmdb.SPEEDUPS,
+              "sizes": sizes, "queries": args.queries, "files": files,
+              "absent_in_range_per_s": [statistics.median(r) for r in rates],
+              "slice_rates": rates, "small_over_large": ratio}
+    print(f"lsmdb absent gets inside the key range at two sizes ({args.queries:,} gets each, "
+          f"slices interleaved; C speedups {'on' if lsmdb.SPEEDUPS else 'off'})")
+    print(f"machine: {describe_machine(report['machine'])}")
+    for n, f, r in zip(sizes, files, report["absent_in_range_per_s"], strict=True):
+        print(f"  {n:>10,} keys, {f} SSTables: {r / 1e3:,.0f}k gets/s")
+    print(f"  {args.small:,}-key rate / {args.large:,}-key rate: {ratio:.2f}x "
+          "(median over slices)")
+    if args.json:
+        write_json(args.json, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -564,18 +564,45 @@ typedef struct {
 
 static PyObject *str_closed, *str_fast;
 
+/* A Getter and its DB refer to each other (db.get is the Getter): the
+ * cycle collector must see the references, or neither is ever freed. */
+static int
+Getter_traverse(Getter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->db);
+    Py_VISIT(self->state);
+    Py_VISIT(self->missing);
+    Py_VISIT(self->lookup_block);
+    Py_VISIT(self->slow_get);
+    Py_VISIT(self->cache_map);
+    Py_VISIT(self->cache_marked);
+    if (self->have_counts)
+        Py_VISIT(self->counts.obj);
+    return 0;
+}
+
+static int
+Getter_clear(Getter *self)
+{
+    if (self->have_counts) {
+        self->have_counts = 0;
+        PyBuffer_Release(&self->counts);
+    }
+    Py_CLEAR(self->db);  /* a cleared Getter refuses calls: db is NULL */
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->missing);
+    Py_CLEAR(self->lookup_block);
+    Py_CLEAR(self->slow_get);
+    Py_CLEAR(self->cache_map);
+    Py_CLEAR(self->cache_marked);
+    return 0;
+}
+
 static void
 Getter_dealloc(Getter *self)
 {
-    if (self->have_counts)
-        PyBuffer_Release(&self->counts);
-    Py_XDECREF(self->db);
-    Py_XDECREF(self->state);
-    Py_XDECREF(self->missing);
-    Py_XDECREF(self->lookup_block);
-    Py_XDECREF(self->slow_get);
-    Py_XDECREF(self->cache_map);
-    Py_XDECREF(self->cache_marked);
+    PyObject_GC_UnTrack(self);
+    Getter_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -959,7 +986,9 @@ static PyTypeObject GetterType = {
     .tp_dealloc = (destructor)Getter_dealloc,
     .tp_vectorcall_offset = offsetof(Getter, vectorcall),
     .tp_call = PyVectorcall_Call,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Getter_traverse,
+    .tp_clear = (inquiry)Getter_clear,
     .tp_doc = "get(key, default=None): a table's point read with the per-file steps in C;\n"
               "anything but a plain bytes key on an open database with C probes goes to\n"
               "the Python getter (slow_get).",

@@ -448,3 +448,18 @@ def test_bloom_add_refuses_bad_input():
         speedups.bloom_add(bytearray(20), 100, 3, [-1])
     with pytest.raises(ValueError):
         speedups.bloom_add(bytearray(20), 100, -1, [1])
+
+
+def test_a_closed_database_is_freed(tmp_path):
+    """db.get is a C Getter holding the DB: the cycle collector must free both."""
+    import gc
+    import weakref
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    db.put(b"k", b"v")
+    db.flush()
+    assert db.get(b"k") == b"v" and db.get_many([b"k", b"x"]) == [b"v", None]
+    ref = weakref.ref(db)
+    db.close()
+    del db
+    gc.collect()
+    assert ref() is None

@@ -47,6 +47,7 @@ typedef struct {
     Py_buffer bits;      /* valid when m > 0 */
     Py_buffer counts;    /* array('Q') */
     uint64_t m;
+    uint64_t mod_M;      /* fastmod_M(m) */
     Py_ssize_t k;
     int have_bits;
     int have_counts;
@@ -78,6 +79,41 @@ bytes_cmp(PyObject *a, PyObject *b)
     if (c)
         return c;
     return (la > lb) - (la < lb);
+}
+
+/* h mod m; a 32-bit division when m fits (both halves of h always do). */
+static inline uint64_t
+mod_m(uint64_t h, uint64_t m)
+{
+    return m <= 0xFFFFFFFFu ? (uint64_t)((uint32_t)h % (uint32_t)m) : h % m;
+}
+
+/* a mod d without a division (Lemire, Kaser and Kurz, "Faster remainder by
+ * direct computation", 2019): with M = floor((2^64 - 1) / d) + 1, computed once
+ * per filter, a mod d = ((M * a mod 2^64) * d) >> 64, exact for every 32-bit a
+ * and 32-bit d > 0.  Where there is no 128-bit product, or d does not fit in
+ * 32 bits (M == 0 marks it), it divides. */
+static inline uint64_t
+fastmod_M(uint64_t d)
+{
+#if defined(__SIZEOF_INT128__)
+    return (d && d <= 0xFFFFFFFFu) ? UINT64_C(0xFFFFFFFFFFFFFFFF) / d + 1 : 0;
+#else
+    (void)d;
+    return 0;
+#endif
+}
+
+static inline uint64_t
+fastmod(uint64_t a, uint64_t d, uint64_t M)
+{
+#if defined(__SIZEOF_INT128__)
+    if (M && d > 1 && a <= 0xFFFFFFFFu)
+        return (uint64_t)(((unsigned __int128)(M * a) * d) >> 64);
+#else
+    (void)M;
+#endif
+    return a <= 0xFFFFFFFFu ? mod_m(a, d) : a % d;
 }
 
 static void
@@ -136,6 +172,7 @@ entry_init(Entry *e, PyObject *item)
         goto fail;
     }
     e->m = mv;
+    e->mod_M = fastmod_M(mv);
     e->k = kv;
     if (mv) {
         if (PyObject_GetBuffer(bits, &e->bits, PyBUF_SIMPLE) < 0)
@@ -315,13 +352,6 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     return 0;
 }
 
-/* h mod m; a 32-bit division when m fits (both halves of h always do). */
-static inline uint64_t
-mod_m(uint64_t h, uint64_t m)
-{
-    return m <= 0xFFFFFFFFu ? (uint64_t)((uint32_t)h % (uint32_t)m) : h % m;
-}
-
 /* 1: the file may hold key (or has no filter); 0: certainly not; -1: error. */
 static inline int
 check(Probes *self, Entry *e, PyObject *key)
@@ -338,7 +368,7 @@ check(Probes *self, Entry *e, PyObject *key)
     if (key_hash(self, key, e->kf, &h) < 0)
         return -1;
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    uint64_t pos = mod_m(h & 0xFFFFFFFFu, m), step = mod_m(h >> 32, m);
+    uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
     Py_ssize_t rest = e->k > 1 ? e->k - 1 : 0;
     if (bits[pos >> 3] & (1u << (pos & 7))) {
         for (;;) {
@@ -1312,13 +1342,14 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         goto done;
     }
     unsigned char *bits = (unsigned char *)view.buf;
+    uint64_t M = fastmod_M(m);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t j = 0; j < n; j++) {
         unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
         if (h == (unsigned long long)-1 && PyErr_Occurred())
             goto done;
-        uint64_t pos = mod_m(h & 0xFFFFFFFFu, m), step = mod_m(h >> 32, m);
+        uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, M), step = fastmod(h >> 32, m, M);
         for (Py_ssize_t i = 0; i < k; i++) {
             bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
             pos += step;
@@ -1333,7 +1364,30 @@ done:
     return result;
 }
 
+static PyObject *
+speedups_fastmod(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* _fastmod(a, d) -> a % d through fastmod (for the tests). */
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_fastmod(a, d)");
+        return NULL;
+    }
+    unsigned long long a = PyLong_AsUnsignedLongLong(args[0]);
+    if (a == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long d = PyLong_AsUnsignedLongLong(args[1]);
+    if (d == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (d == 0) {
+        PyErr_SetString(PyExc_ZeroDivisionError, "_fastmod by zero");
+        return NULL;
+    }
+    return PyLong_FromUnsignedLongLong(fastmod(a, d, fastmod_M(d)));
+}
+
 static PyMethodDef speedups_functions[] = {
+    {"_fastmod", (PyCFunction)(void (*)(void))speedups_fastmod, METH_FASTCALL,
+     "_fastmod(a, d) -> a % d, computed the way the filter probes compute it"},
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
      "bloom_add(bits, m, k, hashes): set the filter bits of every 64-bit hash"},
     {NULL, NULL, 0, NULL},

@@ -463,3 +463,15 @@ def test_a_closed_database_is_freed(tmp_path):
     del db
     gc.collect()
     assert ref() is None
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 2**32 - 1) | st.sampled_from([0, 1, 2**31, 2**32 - 1]),
+       st.integers(1, 2**32 - 1) | st.sampled_from([1, 2, 3, 2**31 - 1, 2**31, 2**32 - 1]))
+def test_the_division_free_modulo_is_exact(a, d):
+    assert speedups._fastmod(a, d) == a % d
+
+
+def test_the_modulo_beyond_32_bits_divides():
+    for a, d in [(2**40 + 7, 3), (2**63 + 5, 2**33 + 1), (5, 2**40)]:
+        assert speedups._fastmod(a, d) == a % d

@@ -46,6 +46,9 @@ typedef struct {
     PyObject *kf;        /* NULL: the fast hash */
     Py_buffer bits;      /* valid when m > 0 */
     Py_buffer counts;    /* array('Q') */
+    char *ikeys;         /* the index keys (last key of each block), back to back */
+    Py_ssize_t *ioff;    /* nidx + 1 offsets into ikeys */
+    Py_ssize_t nidx;
     uint64_t m;
     uint64_t mod_M;      /* fastmod_M(m) */
     Py_ssize_t k;
@@ -119,6 +122,10 @@ fastmod(uint64_t a, uint64_t d, uint64_t M)
 static void
 entry_clear(Entry *e)
 {
+    PyMem_Free(e->ikeys);
+    PyMem_Free(e->ioff);
+    e->ikeys = NULL;
+    e->ioff = NULL;
     Py_CLEAR(e->lo);
     Py_CLEAR(e->hi);
     Py_CLEAR(e->kf);
@@ -138,15 +145,15 @@ entry_init(Entry *e, PyObject *item)
     PyObject *t = PySequence_Tuple(item);
     if (t == NULL)
         return -1;
-    if (PyTuple_GET_SIZE(t) != 7) {
-        PyErr_SetString(PyExc_ValueError,
-                        "a file entry is (counts, min_key, max_key, bits, m, k, keyed_fn)");
+    if (PyTuple_GET_SIZE(t) != 8) {
+        PyErr_SetString(PyExc_ValueError, "a file entry is (counts, min_key, max_key, bits, m, "
+                                          "k, keyed_fn, index_keys)");
         goto fail;
     }
     PyObject *counts = PyTuple_GET_ITEM(t, 0), *lo = PyTuple_GET_ITEM(t, 1),
              *hi = PyTuple_GET_ITEM(t, 2), *bits = PyTuple_GET_ITEM(t, 3),
              *m = PyTuple_GET_ITEM(t, 4), *k = PyTuple_GET_ITEM(t, 5),
-             *kf = PyTuple_GET_ITEM(t, 6);
+             *kf = PyTuple_GET_ITEM(t, 6), *index_keys = PyTuple_GET_ITEM(t, 7);
     if (!PyBytes_CheckExact(lo) || !PyBytes_CheckExact(hi)) {
         PyErr_SetString(PyExc_TypeError, "min_key and max_key must be bytes");
         goto fail;
@@ -190,6 +197,36 @@ entry_init(Entry *e, PyObject *item)
         }
         e->kf = Py_NewRef(kf);
     }
+    /* A compact copy of the index keys: the bisect after a "maybe" walks one
+     * small buffer instead of a list of objects spread over the heap. */
+    if (!PyList_CheckExact(index_keys)) {
+        PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
+        goto fail;
+    }
+    Py_ssize_t nidx = PyList_GET_SIZE(index_keys), total = 0;
+    for (Py_ssize_t i = 0; i < nidx; i++) {
+        PyObject *ik = PyList_GET_ITEM(index_keys, i);
+        if (!PyBytes_CheckExact(ik)) {
+            PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
+            goto fail;
+        }
+        total += PyBytes_GET_SIZE(ik);
+    }
+    e->ikeys = PyMem_Malloc(total ? (size_t)total : 1);
+    e->ioff = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nidx + 1));
+    if (e->ikeys == NULL || e->ioff == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    total = 0;
+    for (Py_ssize_t i = 0; i < nidx; i++) {
+        PyObject *ik = PyList_GET_ITEM(index_keys, i);
+        e->ioff[i] = total;
+        memcpy(e->ikeys + total, PyBytes_AS_STRING(ik), (size_t)PyBytes_GET_SIZE(ik));
+        total += PyBytes_GET_SIZE(ik);
+    }
+    e->ioff[nidx] = total;
+    e->nidx = nidx;
     Py_DECREF(t);
     return 0;
 fail:
@@ -707,6 +744,24 @@ bisect_bytes(PyObject *list, PyObject *key)
     return lo;
 }
 
+/* bisect_left of key over e's index keys (the compact copy). */
+static Py_ssize_t
+bisect_index(const Entry *e, PyObject *key)
+{
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), lo = 0, hi = e->nidx;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        Py_ssize_t len = e->ioff[mid + 1] - e->ioff[mid];
+        int c = memcmp(e->ikeys + e->ioff[mid], k, (size_t)(len < klen ? len : klen));
+        if (c < 0 || (c == 0 && len < klen))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* After a "maybe" from file entry `item` (reader, index_keys, base, counts):
  * answer from the block cache when it holds the block.  1: found, *value set
  * (a new reference; None for a tombstone); 0: a false positive (counted);
@@ -720,10 +775,10 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
     if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
         return 2;
-    Py_ssize_t i = bisect_bytes(index_keys, key);
-    if (i == -2)
+    if (e->nidx != PyList_GET_SIZE(index_keys))
         return 2;
-    if (i == PyList_GET_SIZE(index_keys))
+    Py_ssize_t i = bisect_index(e, key);
+    if (i == e->nidx)
         return 2; /* past the last block: let the Python side count it */
     unsigned long long b = PyLong_AsUnsignedLongLong(base);
     if (b == (unsigned long long)-1 && PyErr_Occurred())

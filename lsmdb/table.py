@@ -116,7 +116,8 @@ def _probe(r: SSTableReader) -> tuple[Any, ...]:
 def _c_entry(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
-    return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn)
+    return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn,
+            r.index_keys)
 
 
 def _c_probes(l0: list[SSTableReader], deeper: list[tuple[list[bytes], list[SSTableReader]]]

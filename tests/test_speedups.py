@@ -44,14 +44,14 @@ def entry(keys: list[bytes], fp: float, kf=None, c=None):
         bloom.add_hash(hash_fn(key))
     c = counts() if c is None else c
     lo, hi = min(keys), max(keys)
-    return (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf), bloom
+    return (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf, sorted(keys)), bloom
 
 
 def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]]:
     """The Python rule: first file from start in range whose filter says maybe."""
     deltas = [[0, 0] for _ in files]
     for i in range(start, len(files)):
-        (_c, lo, hi, _bits, m, _k, kf), bloom = files[i]
+        (_c, lo, hi, _bits, m, _k, kf, _ik), bloom = files[i]
         if key < lo or key > hi:
             deltas[i][0] += 1
             continue
@@ -148,11 +148,13 @@ def test_hash_computed_once_per_key_across_resumes():
 
 @pytest.mark.parametrize("bad, error", [
     (lambda e: (e[0], "lo", *e[2:]), TypeError),                       # str key range
-    (lambda e: (e[0], e[1], e[2], b"\x00", 10_000, 7, None), ValueError),  # bits shorter than m
+    (lambda e: (e[0], e[1], e[2], b"\x00", 10_000, 7, None, []), ValueError),  # bits shorter than m
     (lambda e: (array("l", [0] * 7), *e[1:]), TypeError),               # wrong counter array
     (lambda e: (array("Q", [0] * 3), *e[1:]), TypeError),               # too few counters
-    (lambda e: (*e[:5], -1, None), ValueError),                          # negative k
-    (lambda e: (*e[:6], 42), TypeError),                                 # keyed fn not callable
+    (lambda e: (*e[:5], -1, None, []), ValueError),                      # negative k
+    (lambda e: (*e[:6], 42, []), TypeError),                             # keyed fn not callable
+    (lambda e: (*e[:7], ["a"]), TypeError),                              # index keys not bytes
+    (lambda e: (*e[:7], (b"a",)), TypeError),                            # index keys not a list
     (lambda e: e[:5], ValueError),                                       # wrong arity
 ])
 def test_bad_entries_are_refused(bad, error):

@@ -823,6 +823,55 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     return found;
 }
 
+/* The state's fast tuple when the C path can serve: 1 and *fast (a new
+ * reference); 0 when the Python getter must (closed database, no C probes:
+ * shadow mode, no files); -1 on error. */
+static int
+getter_fast(Getter *self, PyObject **fast)
+{
+    PyObject *closed = PyObject_GetAttr(self->db, str_closed);
+    if (closed == NULL)
+        return -1;
+    int is_closed = PyObject_IsTrue(closed);
+    Py_DECREF(closed);
+    if (is_closed)
+        return is_closed < 0 ? -1 : 0;
+    PyObject *f = PyObject_GetAttr(self->state, str_fast);
+    if (f == NULL)
+        return -1;
+    if (!PyTuple_CheckExact(f) || PyTuple_GET_SIZE(f) != 6
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(f, 4), &ProbesType)
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(f, 0))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 1))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 5))) {
+        Py_DECREF(f);
+        return 0;
+    }
+    *fast = f;
+    return 1;
+}
+
+/* key in the memtable or the frozen ones (newest first): 1 and *value
+ * (borrowed; None for a tombstone), 0 when none has it, -1 on error. */
+static int
+mem_lookup(PyObject *fast, PyObject *key, PyObject **value)
+{
+    PyObject *v = PyDict_GetItemWithError(PyTuple_GET_ITEM(fast, 0), key);
+    PyObject *imms = PyTuple_GET_ITEM(fast, 1);
+    for (Py_ssize_t j = 0; v == NULL && !PyErr_Occurred() && j < PyTuple_GET_SIZE(imms); j++) {
+        PyObject *imm = PyTuple_GET_ITEM(imms, j);
+        if (!PyDict_CheckExact(imm)) {
+            PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
+            return -1;
+        }
+        v = PyDict_GetItemWithError(imm, key);
+    }
+    if (v == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    *value = v;
+    return 1;
+}
+
 static PyObject *
 Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -838,42 +887,15 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     PyObject *dflt = nargs > 1 ? args[1] : Py_None;
     if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
         return PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
-    PyObject *closed = PyObject_GetAttr(self->db, str_closed);
-    if (closed == NULL)
-        return NULL;
-    int is_closed = PyObject_IsTrue(closed);
-    Py_DECREF(closed);
-    if (is_closed)  /* 1: the Python getter raises DatabaseClosedError; -1: error set */
-        return is_closed < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
-    PyObject *fast = PyObject_GetAttr(self->state, str_fast);
-    if (fast == NULL)
-        return NULL;
-    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 6
-        || !PyObject_TypeCheck(PyTuple_GET_ITEM(fast, 4), &ProbesType)
-        || !PyDict_CheckExact(PyTuple_GET_ITEM(fast, 0))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 1))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 5))) {
-        /* No C probes for this state (shadow mode, no files, ...). */
-        Py_DECREF(fast);
-        return PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
-    }
+    PyObject *fast = NULL, *result = NULL, *value = NULL;
+    int ok = getter_fast(self, &fast);
+    if (ok <= 0)  /* 0: the Python getter serves (and raises DatabaseClosedError) */
+        return ok < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
     uint64_t *counts = (uint64_t *)self->counts.buf;
-    PyObject *result = NULL, *value;
     counts[GETS]++;
-    value = PyDict_GetItemWithError(PyTuple_GET_ITEM(fast, 0), key);
-    if (value == NULL && PyErr_Occurred())
+    int m = mem_lookup(fast, key, &value);
+    if (m < 0)
         goto done;
-    PyObject *imms = PyTuple_GET_ITEM(fast, 1);
-    for (Py_ssize_t i = 0; value == NULL && i < PyTuple_GET_SIZE(imms); i++) {
-        PyObject *imm = PyTuple_GET_ITEM(imms, i);
-        if (!PyDict_CheckExact(imm)) {
-            PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
-            goto done;
-        }
-        value = PyDict_GetItemWithError(imm, key);
-        if (value == NULL && PyErr_Occurred())
-            goto done;
-    }
     if (value != NULL) {
         if (value == Py_None)
             goto absent;
@@ -940,9 +962,9 @@ Getter_many(Getter *self, PyObject *keys)
      * the filters settle it (None: absent), else MISSING; maybes lists
      * (file, i, seed) for those, to be read by the Python side (which
      * counts their absences); fast is the state.fast tuple this answer used
-     * (its files are what the indexes in maybes refer to).  None when the Python path must serve (keys
-     * not all plain bytes within the size limit, closed database, no C
-     * probes for this state). */
+     * (its files are what the indexes in maybes refer to).  None when the
+     * Python path must serve (keys not all plain bytes within the size
+     * limit, closed database, no C probes for this state). */
     if (self->db == NULL) {
         PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
         return NULL;
@@ -957,25 +979,10 @@ Getter_many(Getter *self, PyObject *keys)
         if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
             Py_RETURN_NONE;
     }
-    PyObject *closed = PyObject_GetAttr(self->db, str_closed);
-    if (closed == NULL)
-        return NULL;
-    int is_closed = PyObject_IsTrue(closed);
-    Py_DECREF(closed);
-    if (is_closed)
-        return is_closed < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *fast = PyObject_GetAttr(self->state, str_fast);
-    if (fast == NULL)
-        return NULL;
-    if (!PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 6
-        || !PyObject_TypeCheck(PyTuple_GET_ITEM(fast, 4), &ProbesType)
-        || !PyDict_CheckExact(PyTuple_GET_ITEM(fast, 0))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 1))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(fast, 5))) {
-        Py_DECREF(fast);
-        Py_RETURN_NONE;
-    }
-    PyObject *data = PyTuple_GET_ITEM(fast, 0), *imms = PyTuple_GET_ITEM(fast, 1);
+    PyObject *fast = NULL;
+    int ok = getter_fast(self, &fast);
+    if (ok <= 0)
+        return ok < 0 ? NULL : Py_NewRef(Py_None);
     Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     PyObject *out = PyList_New(n), *maybes = PyList_New(0), *result = NULL;
@@ -990,19 +997,9 @@ Getter_many(Getter *self, PyObject *keys)
             PREFETCH(ahead);
             PREFETCH(ahead + 63);
         }
-        PyObject *value = PyDict_GetItemWithError(data, key);
-        if (value == NULL && PyErr_Occurred())
+        PyObject *value = NULL;
+        if (mem_lookup(fast, key, &value) < 0)
             goto done;
-        for (Py_ssize_t j = 0; value == NULL && j < PyTuple_GET_SIZE(imms); j++) {
-            PyObject *imm = PyTuple_GET_ITEM(imms, j);
-            if (!PyDict_CheckExact(imm)) {
-                PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
-                goto done;
-            }
-            value = PyDict_GetItemWithError(imm, key);
-            if (value == NULL && PyErr_Occurred())
-                goto done;
-        }
         if (value != NULL) {
             absent += value == Py_None;
             PyList_SET_ITEM(out, i, Py_NewRef(value));
@@ -1454,6 +1451,17 @@ static struct PyModuleDef speedups_module = {
     "(see lsmdb/_speedups.c).", -1, speedups_functions,
 };
 
+static int
+add_type(PyObject *mod, const char *name, PyTypeObject *type)
+{
+    Py_INCREF(type);
+    if (PyModule_AddObject(mod, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
@@ -1467,21 +1475,8 @@ PyInit__speedups(void)
     PyObject *mod = PyModule_Create(&speedups_module);
     if (mod == NULL)
         return NULL;
-    Py_INCREF(&ProbesType);
-    if (PyModule_AddObject(mod, "Probes", (PyObject *)&ProbesType) < 0) {
-        Py_DECREF(&ProbesType);
-        Py_DECREF(mod);
-        return NULL;
-    }
-    Py_INCREF(&GetterType);
-    if (PyModule_AddObject(mod, "Getter", (PyObject *)&GetterType) < 0) {
-        Py_DECREF(&GetterType);
-        Py_DECREF(mod);
-        return NULL;
-    }
-    Py_INCREF(&MergeType);
-    if (PyModule_AddObject(mod, "Merge", (PyObject *)&MergeType) < 0) {
-        Py_DECREF(&MergeType);
+    if (add_type(mod, "Probes", &ProbesType) < 0 || add_type(mod, "Getter", &GetterType) < 0
+        || add_type(mod, "Merge", &MergeType) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -23,6 +23,7 @@
  *           counts: array('Q') of the file's counters (sstable_reader.FILE_COUNTERS)
  *           bits:   the filter's bit array (any buffer), None when m == 0
  *           keyed_fn: None for xxh3_64, else the keyed hash function
+ *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key)
  * Probes.first(key, start) -> index of the first file at or after flat
  *   index `start` (level-0 files, then the deeper levels' files in order)
  *   whose range holds key and whose filter says "maybe"; -1 when none.
@@ -367,7 +368,11 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     PyObject *r = PyObject_CallOneArg(kf ? kf : self->fast_hash, key);
     if (r == NULL)
         return -1;
-    unsigned long long h = PyLong_AsUnsignedLongLong(r);
+    /* The fast hash is xxh3_64: always an int in [0, 2**64), whose low 64
+     * bits are the value (the mask conversion skips CPython's slow path for
+     * multi-digit ints).  A keyed function's result is checked in full. */
+    unsigned long long h = kf == NULL && PyLong_CheckExact(r) ? PyLong_AsUnsignedLongLongMask(r)
+                                                             : PyLong_AsUnsignedLongLong(r);
     Py_DECREF(r);
     if (h == (unsigned long long)-1 && PyErr_Occurred())
         return -1;

@@ -27,17 +27,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import islice
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
 from .sstable import SSTableBuilder, SSTableReader
-
-_CHUNK_ENTRIES = 4096  # merged entries handed to SSTableBuilder.add_chunk at a time
-_first = itemgetter(0)
-_second = itemgetter(1)
+from .sstable_writer import take_chunk
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -243,10 +238,9 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     try:
         while True:
             if not keys:  # the next chunk of the merged stream
-                chunk = list(islice(entries, _CHUNK_ENTRIES))
-                if not chunk:
+                keys, values = take_chunk(entries)
+                if not keys:
                     break
-                keys, values = list(map(_first, chunk)), list(map(_second, chunk))
             number = alloc_number()
             path = path_for(number)
             paths.append(path)
@@ -260,10 +254,9 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
                 if keys or (job.split_bytes is not None
                             and builder.file_size >= job.split_bytes):
                     break  # full: the rest starts the next file
-                chunk = list(islice(entries, _CHUNK_ENTRIES))
-                if not chunk:
+                keys, values = take_chunk(entries)
+                if not keys:
                     break
-                keys, values = list(map(_first, chunk)), list(map(_second, chunk))
             outputs.append(_seal(builder, f, path, number, job.output_level))
     except BaseException:
         if f is not None and not f.closed:

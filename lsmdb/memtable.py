@@ -14,7 +14,6 @@ memtable never changes again.  Tombstones are stored as ``None``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import filterfalse
 
 from sortedcontainers import SortedList
@@ -99,11 +98,6 @@ class Memtable:
             self._pending += new_keys
         self.size_bytes += grow
         self._note_seq(seq)
-
-    def items(self) -> Iterator[tuple[bytes, bytes | None]]:
-        """Every (key, value|None) in key order."""
-        data = self.data
-        return ((k, data[k]) for k in self.keys)
 
     def chunk_range(self, start: bytes | None, end: bytes | None,
                     reverse: bool = False) -> list[tuple[list[bytes], list[bytes | None]]]:

@@ -364,7 +364,6 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
     A block the cache holds counts one cache hit per key it answers (as a
     loop of ``get`` would); one read from disk counts one block read."""
     index_keys = reader.index_keys
-    cache = reader.cache
     nblocks = len(index_keys)
     by_block: dict[int, list[int]] = {}
     for i in maybe:
@@ -376,9 +375,9 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
             still.append(i)
     tp = fp = 0
     for b, members in by_block.items():
-        block = cache.get(reader.cache_base | b) if cache is not None else None
+        block = reader.cached_block(b)
         if block is None:
-            block = reader.load_block(b)  # from disk (then cached)
+            block = reader.fetch_block(b)  # from disk (then cached)
         else:
             reader.block_cache_hits += len(members)
         block_keys, values = block

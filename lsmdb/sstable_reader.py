@@ -12,7 +12,7 @@ import os
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any
 
 from . import block as blk
@@ -252,8 +252,7 @@ class SSTableReader:
         if key not in payload:
             return None
         block = blk.decode_data_block(payload, self.path, offset)
-        if self.cache is not None:
-            self.cache.put(self.cache_base | i, block, self.index_sizes[i])
+        self._remember(i, block)
         return block
 
     def block_for(self, key: bytes) -> int:
@@ -277,30 +276,33 @@ class SSTableReader:
         return MISSING
 
     def load_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` from the cache, or from disk (then cached)."""
-        cache = self.cache
-        if cache is None:
-            return self.read_data_block(i)
-        key = cache_key(self.number, i)
-        block = cache.get(key)
+        """Data block ``i`` from the cache (a counted hit), or from disk (then cached)."""
+        block = self.cached_block(i)
         if block is None:
-            block = self.read_data_block(i)
-            cache.put(key, block, self.index_sizes[i])
-        else:
-            self.block_cache_hits += 1
+            return self.fetch_block(i)
+        self.block_cache_hits += 1
         return block
 
-    def iter_range(self, start: bytes | None, end: bytes | None, reverse: bool = False,
-                   tag: int | None = None) -> Iterator[Any]:
-        """Entries with start <= key < end, one block in memory at a time.
+    def cached_block(self, i: int) -> tuple[list[bytes], list[bytes | None]] | None:
+        """Data block ``i`` if the cache holds it (marked as used; not counted)."""
+        cache = self.cache
+        return cache.get(self.cache_base | i) if cache is not None else None
 
-        Yields (key, value|None), or (key, tag, value|None) when ``tag`` is
-        given.  The per-entry work runs in C (``zip`` over block slices).
-        """
-        if tag is None:
-            return chain.from_iterable(zip(k, v, strict=True)
-                                       for k, v in self.chunks(start, end, reverse))
-        return chain.from_iterable(zip(k, repeat(tag, len(k)), v, strict=True)
+    def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
+        """Data block ``i`` read from disk (a counted read), then cached."""
+        block = self.read_data_block(i)
+        self._remember(i, block)
+        return block
+
+    def _remember(self, i: int, block: tuple[list[bytes], list[bytes | None]]) -> None:
+        if self.cache is not None:
+            self.cache.put(self.cache_base | i, block, self.index_sizes[i])
+
+    def iter_range(self, start: bytes | None, end: bytes | None,
+                   reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
+        """(key, value|None) with start <= key < end, one block in memory at a
+        time.  The per-entry work runs in C (``zip`` over block slices)."""
+        return chain.from_iterable(zip(k, v, strict=True)
                                    for k, v in self.chunks(start, end, reverse))
 
     def chunks(self, start: bytes | None, end: bytes | None,

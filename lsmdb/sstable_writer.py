@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from itertools import accumulate, islice, repeat
 from operator import add, itemgetter, lt
 from typing import Any, BinaryIO
@@ -23,9 +23,17 @@ from .sstable_reader import SSTableReader
 
 # Per-entry encoding overhead estimate used to cut blocks near block_size.
 _ENTRY_OVERHEAD = 4
-_CHUNK_ENTRIES = 4096  # add_many feeds add_chunk this many entries at a time
+CHUNK_ENTRIES = 4096  # entries of a sorted stream handed to add_chunk at a time
 _first = itemgetter(0)
 _second = itemgetter(1)
+
+
+def take_chunk(items: Iterator[tuple[bytes, bytes | None]]
+               ) -> tuple[list[bytes], list[bytes | None]]:
+    """The next CHUNK_ENTRIES (key, value) pairs of ``items`` as two lists
+    (empty at the end): what :meth:`SSTableBuilder.add_chunk` takes."""
+    chunk = list(islice(items, CHUNK_ENTRIES))
+    return list(map(_first, chunk)), list(map(_second, chunk))
 
 
 class SSTableBuilder:
@@ -86,10 +94,10 @@ class SSTableBuilder:
         time through :meth:`add_chunk`."""
         it = iter(items)
         while True:
-            chunk = list(islice(it, _CHUNK_ENTRIES))
-            if not chunk:
+            keys, values = take_chunk(it)
+            if not keys:
                 return
-            self.add_chunk(list(map(_first, chunk)), list(map(_second, chunk)))
+            self.add_chunk(keys, values)
 
     def add_chunk(self, keys: list[bytes], values: list[bytes | None],
                   max_file_bytes: int | None = None) -> int:

@@ -11,7 +11,6 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from .bloom import key_hash, predicted_fpr_for
-from .cache import cache_key
 from .errors import NoSuchTableError
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
 from .memtable import Memtable
@@ -92,7 +91,7 @@ class TableState:
                      tuple(_probe(r) for r in l0),
                      tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper),
                      probes,
-                     tuple((r, r.index_keys, cache_key(r.number, 0), r.counts) for r in flat))
+                     tuple((r, r.index_keys, r.cache_base, r.counts) for r in flat))
 
     def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
@@ -110,7 +109,7 @@ def _probe(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
     return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(max(0, bloom.k - 1)),
-            r.keyed_fn, r.index_keys, cache_key(r.number, 0), r.counts)
+            r.keyed_fn, r.index_keys, r.cache_base, r.counts)
 
 
 def _c_entry(r: SSTableReader) -> tuple[Any, ...]:

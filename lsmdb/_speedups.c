@@ -73,6 +73,7 @@ typedef struct {
     uint64_t last_keyed;
     int have_fast;
     int have_keyed;
+    int native_hash;      /* fast_hash is xxh3_64 below: computed inline */
 } Probes;
 
 static inline int
@@ -118,6 +119,196 @@ fastmod(uint64_t a, uint64_t d, uint64_t M)
     (void)M;
 #endif
     return a <= 0xFFFFFFFFu ? mod_m(a, d) : a % d;
+}
+
+/* ---- xxh3_64: the filters' key hash ------------------------------------- */
+
+/* XXH3-64 with seed 0 (xxHash by Yann Collet, BSD 2-Clause; the algorithm
+ * and this default secret are those of its specification, doc/xxhash_spec.md),
+ * for inputs up to 240 bytes; longer ones go to the xxhash package.  Filters
+ * on disk are probed with this hash, so it must equal
+ * xxhash.xxh3_64_intdigest bit for bit: tests/test_speedups.py compares the
+ * two on every length from 0 to 300 bytes.  Calling it from C skips the
+ * argument parsing and the int object of a call into the package (about
+ * 40 ns of an absent get's 250). */
+
+static const unsigned char xxh3_secret[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c,
+    0xf7, 0x21, 0xad, 0x1c, 0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb,
+    0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f, 0xcb, 0x79, 0xe6, 0x4e,
+    0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6,
+    0x81, 0x3a, 0x26, 0x4c, 0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb,
+    0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3, 0x71, 0x64, 0x48, 0x97,
+    0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7,
+    0xc7, 0x0b, 0x4f, 0x1d, 0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31,
+    0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64, 0xea, 0xc5, 0xac, 0x83,
+    0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26,
+    0x29, 0xd4, 0x68, 0x9e, 0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc,
+    0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce, 0x45, 0xcb, 0x3a, 0x8f,
+    0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+
+#define XXH_PRIME64_1 UINT64_C(0x9E3779B185EBCA87)
+#define XXH_PRIME64_2 UINT64_C(0xC2B2AE3D27D4EB4F)
+#define XXH_PRIME64_3 UINT64_C(0x165667B19E3779F9)
+#define XXH_PRIME_MX1 UINT64_C(0x165667919E3779F9)
+#define XXH_PRIME_MX2 UINT64_C(0x9FB21C651E98DF25)
+#define XXH3_NATIVE_MAX 240
+
+static PyObject *xxh3_fallback;  /* xxhash.xxh3_64_intdigest, for longer inputs */
+
+static inline uint64_t
+rd64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    return v;
+}
+
+static inline uint32_t
+rd32(const unsigned char *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline uint64_t
+mul128_fold64(uint64_t a, uint64_t b)
+{
+#if defined(__SIZEOF_INT128__)
+    unsigned __int128 p = (unsigned __int128)a * b;
+    return (uint64_t)p ^ (uint64_t)(p >> 64);
+#else
+    uint64_t lo_lo = (a & 0xFFFFFFFF) * (b & 0xFFFFFFFF), hi_lo = (a >> 32) * (b & 0xFFFFFFFF);
+    uint64_t lo_hi = (a & 0xFFFFFFFF) * (b >> 32), hi_hi = (a >> 32) * (b >> 32);
+    uint64_t cross = (lo_lo >> 32) + (hi_lo & 0xFFFFFFFF) + lo_hi;
+    uint64_t upper = (hi_lo >> 32) + (cross >> 32) + hi_hi;
+    uint64_t lower = (cross << 32) | (lo_lo & 0xFFFFFFFF);
+    return lower ^ upper;
+#endif
+}
+
+static inline uint64_t
+xxh64_avalanche(uint64_t h)
+{
+    h ^= h >> 33;
+    h *= XXH_PRIME64_2;
+    h ^= h >> 29;
+    h *= XXH_PRIME64_3;
+    return h ^ (h >> 32);
+}
+
+static inline uint64_t
+xxh3_avalanche(uint64_t h)
+{
+    h ^= h >> 37;
+    h *= XXH_PRIME_MX1;
+    return h ^ (h >> 32);
+}
+
+static inline uint64_t
+xxh3_mix16(const unsigned char *in, const unsigned char *sec)
+{
+    return mul128_fold64(rd64(in) ^ rd64(sec), rd64(in + 8) ^ rd64(sec + 8));
+}
+
+/* XXH3-64 of p[0:n], n <= XXH3_NATIVE_MAX, seed 0. */
+static uint64_t
+xxh3_64_short(const unsigned char *p, size_t n)
+{
+    const unsigned char *s = xxh3_secret;
+    if (n <= 16) {
+        if (n > 8) {
+            uint64_t lo = rd64(p) ^ (rd64(s + 24) ^ rd64(s + 32));
+            uint64_t hi = rd64(p + n - 8) ^ (rd64(s + 40) ^ rd64(s + 48));
+            uint64_t acc = (uint64_t)n + __builtin_bswap64(lo) + hi + mul128_fold64(lo, hi);
+            return xxh3_avalanche(acc);
+        }
+        if (n >= 4) {
+            uint64_t in64 = (uint64_t)rd32(p + n - 4) + ((uint64_t)rd32(p) << 32);
+            uint64_t h = in64 ^ (rd64(s + 8) ^ rd64(s + 16));
+            h ^= ((h << 49) | (h >> 15)) ^ ((h << 24) | (h >> 40));
+            h *= XXH_PRIME_MX2;
+            h ^= (h >> 35) + (uint64_t)n;
+            h *= XXH_PRIME_MX2;
+            return h ^ (h >> 28);
+        }
+        if (n > 0) {
+            uint32_t combined = ((uint32_t)p[0] << 16) | ((uint32_t)p[n >> 1] << 24)
+                                | (uint32_t)p[n - 1] | ((uint32_t)n << 8);
+            uint64_t bitflip = (uint64_t)(rd32(s) ^ rd32(s + 4));
+            return xxh64_avalanche((uint64_t)combined ^ bitflip);
+        }
+        return xxh64_avalanche(rd64(s + 56) ^ rd64(s + 64));
+    }
+    uint64_t acc = (uint64_t)n * XXH_PRIME64_1;
+    if (n <= 128) {
+        if (n > 32) {
+            if (n > 64) {
+                if (n > 96) {
+                    acc += xxh3_mix16(p + 48, s + 96);
+                    acc += xxh3_mix16(p + n - 64, s + 112);
+                }
+                acc += xxh3_mix16(p + 32, s + 64);
+                acc += xxh3_mix16(p + n - 48, s + 80);
+            }
+            acc += xxh3_mix16(p + 16, s + 32);
+            acc += xxh3_mix16(p + n - 32, s + 48);
+        }
+        acc += xxh3_mix16(p, s);
+        acc += xxh3_mix16(p + n - 16, s + 16);
+        return xxh3_avalanche(acc);
+    }
+    size_t rounds = n / 16;
+    for (size_t i = 0; i < 8; i++)
+        acc += xxh3_mix16(p + 16 * i, s + 16 * i);
+    acc = xxh3_avalanche(acc);
+    for (size_t i = 8; i < rounds; i++)
+        acc += xxh3_mix16(p + 16 * i, s + 16 * (i - 8) + 3);
+    acc += xxh3_mix16(p + n - 16, s + 136 - 17);
+    return xxh3_avalanche(acc);
+}
+
+/* The hash of a bytes object: 0 and *out, or -1 with an exception set. */
+static int
+xxh3_64_bytes(PyObject *key, uint64_t *out)
+{
+    Py_ssize_t n = PyBytes_GET_SIZE(key);
+    if (n <= XXH3_NATIVE_MAX) {
+        *out = xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key), (size_t)n);
+        return 0;
+    }
+    PyObject *r = PyObject_CallOneArg(xxh3_fallback, key);
+    if (r == NULL)
+        return -1;
+    unsigned long long h = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (h == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = h;
+    return 0;
+}
+
+static PyObject *
+speedups_xxh3_64(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    /* xxh3_64(data) -> xxhash.xxh3_64_intdigest(data) */
+    if (!PyBytes_CheckExact(arg))
+        return PyObject_CallOneArg(xxh3_fallback, arg);
+    uint64_t h;
+    if (xxh3_64_bytes(arg, &h) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(h);
 }
 
 static void
@@ -270,6 +461,8 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "fast_hash must be callable");
         return -1;
     }
+    self->native_hash = PyCFunction_Check(fast_hash)
+                        && PyCFunction_GET_FUNCTION(fast_hash) == (PyCFunction)speedups_xxh3_64;
     PyObject *l0 = PySequence_Tuple(l0_arg);
     if (l0 == NULL)
         return -1;
@@ -365,17 +558,23 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
             return 0;
         }
     }
-    PyObject *r = PyObject_CallOneArg(kf ? kf : self->fast_hash, key);
-    if (r == NULL)
-        return -1;
-    /* The fast hash is xxh3_64: always an int in [0, 2**64), whose low 64
-     * bits are the value (the mask conversion skips CPython's slow path for
-     * multi-digit ints).  A keyed function's result is checked in full. */
-    unsigned long long h = kf == NULL && PyLong_CheckExact(r) ? PyLong_AsUnsignedLongLongMask(r)
-                                                             : PyLong_AsUnsignedLongLong(r);
-    Py_DECREF(r);
-    if (h == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
+    uint64_t h;
+    if (kf == NULL && self->native_hash) {
+        if (xxh3_64_bytes(key, &h) < 0)
+            return -1;
+    } else {
+        PyObject *r = PyObject_CallOneArg(kf ? kf : self->fast_hash, key);
+        if (r == NULL)
+            return -1;
+        /* The fast hash is xxh3_64: always an int in [0, 2**64), whose low
+         * 64 bits are the value (the mask conversion skips CPython's slow
+         * path for multi-digit ints).  A keyed result is checked in full. */
+        h = kf == NULL && PyLong_CheckExact(r) ? PyLong_AsUnsignedLongLongMask(r)
+                                               : PyLong_AsUnsignedLongLong(r);
+        Py_DECREF(r);
+        if (h == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+    }
     /* The call may have let another thread in: decide about the cache now. */
     if (self->last_key != key) {
         Py_INCREF(key);
@@ -1363,6 +1562,252 @@ static PyTypeObject MergeType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ---- crc32: zlib's CRC-32, folded with carry-less multiplies ------------- */
+
+/* crc32(data, value=0) -> the same int as zlib.crc32(data, value).  On x86-64
+ * with PCLMULQDQ, 16-byte lanes are folded with carry-less multiplies (the
+ * method of Gopal et al., "Fast CRC Computation for Generic Polynomials Using
+ * PCLMULQDQ Instruction", Intel, 2009); the fold constants are powers of x
+ * modulo the CRC-32 polynomial, bit-reflected.  Elsewhere, and for the bytes
+ * that do not fill a lane, a byte-at-a-time table (lsmdb.coding then keeps
+ * zlib's).  tests/test_speedups.py compares it with zlib.crc32 on every
+ * length up to 700 bytes and beyond.  With zlib's code the checksum of a
+ * 4 KiB block cost about 1.7 us here, most of a block read's CPU time. */
+
+static uint32_t crc_table[256];
+
+static void
+crc_table_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int i = 0; i < 8; i++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[n] = c;
+    }
+}
+
+/* state: the register (already complemented); returns the register. */
+static uint32_t
+crc_bytes(uint32_t state, const unsigned char *p, size_t n)
+{
+    while (n--)
+        state = crc_table[(state ^ *p++) & 0xFF] ^ (state >> 8);
+    return state;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define HAVE_CLMUL_CODE 1
+
+static int have_clmul;
+
+/* k1, k2: x^(4*128+32) and x^(4*128-32) mod P, reflected, shifted left by
+ * one; k3, k4: the same for 128 +- 32; k5: x^64 mod P; then P itself and
+ * mu = floor(x^64 / P), both reflected (33 bits). */
+static const uint64_t crc_k1k2[2] __attribute__((aligned(16))) = {0x154442bd4, 0x1c6e41596};
+static const uint64_t crc_k3k4[2] __attribute__((aligned(16))) = {0x1751997d0, 0x0ccaa009e};
+static const uint64_t crc_k5k0[2] __attribute__((aligned(16))) = {0x163cd6124, 0};
+static const uint64_t crc_poly[2] __attribute__((aligned(16))) = {0x1db710641, 0x1f7011641};
+
+/* The register after n bytes at p: n >= 64 and a multiple of 16. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t
+crc_clmul(uint32_t state, const unsigned char *p, size_t n)
+{
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8;
+    x1 = _mm_loadu_si128((const __m128i *)(p + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)state));
+    x0 = _mm_load_si128((const __m128i *)crc_k1k2);
+    p += 64;
+    n -= 64;
+    while (n >= 64) {  /* four lanes, each folded 512 bits forward */
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), _mm_loadu_si128((const __m128i *)(p + 0x00)));
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), _mm_loadu_si128((const __m128i *)(p + 0x10)));
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), _mm_loadu_si128((const __m128i *)(p + 0x20)));
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), _mm_loadu_si128((const __m128i *)(p + 0x30)));
+        p += 64;
+        n -= 64;
+    }
+    /* the four lanes into one, then the remaining 16-byte lanes */
+    x0 = _mm_load_si128((const __m128i *)crc_k3k4);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (n >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)p);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        p += 16;
+        n -= 16;
+    }
+    /* 128 bits to 64 */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = _mm_loadl_epi64((const __m128i *)crc_k5k0);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    /* Barrett reduction to 32 bits */
+    x0 = _mm_load_si128((const __m128i *)crc_poly);
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+static uint32_t
+crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint32_t state = ~crc;
+#ifdef HAVE_CLMUL_CODE
+    if (have_clmul && n >= 64) {
+        size_t lanes = n & ~(size_t)15;
+        state = crc_clmul(state, p, lanes);
+        p += lanes;
+        n -= lanes;
+    }
+#endif
+    return ~crc_bytes(state, p, n);
+}
+
+static PyObject *
+speedups_crc32(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32(data, value=0)");
+        return NULL;
+    }
+    uint32_t value = 0;
+    if (nargs == 2) {
+        unsigned long v = PyLong_AsUnsignedLongMask(args[1]);
+        if (v == (unsigned long)-1 && PyErr_Occurred())
+            return NULL;
+        value = (uint32_t)v;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t c;
+    if (view.len > 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        c = crc32_update(value, (const unsigned char *)view.buf, (size_t)view.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        c = crc32_update(value, (const unsigned char *)view.buf, (size_t)view.len);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(c);
+}
+
+/* ---- block_may_hold: is a key among a data block's keys? ----------------- */
+
+/* Big-endian reads for the msgpack headers. */
+static inline uint32_t
+be16(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 8) | p[1];
+}
+
+static inline uint32_t
+be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* 0 when the data block payload p[0:n] certainly does not hold key, else 1.
+ * The payload is msgpack [[key, ...], [value, ...]] with the keys as bins in
+ * strictly increasing order (docs/FORMAT.md): the keys are walked in place
+ * until one is >= key.  Anything else than that shape answers 1, so the
+ * caller decodes the block and reports what is wrong with it. */
+static int
+block_may_hold(const unsigned char *p, size_t n, const unsigned char *key, size_t klen)
+{
+    const unsigned char *end = p + n;
+    if (n < 2 || p[0] != 0x92)
+        return 1;
+    p++;
+    uint32_t count;
+    if ((*p & 0xF0) == 0x90) {
+        count = *p & 0x0F;
+        p += 1;
+    } else if (*p == 0xDC && end - p >= 3) {
+        count = be16(p + 1);
+        p += 3;
+    } else if (*p == 0xDD && end - p >= 5) {
+        count = be32(p + 1);
+        p += 5;
+    } else {
+        return 1;
+    }
+    for (uint32_t i = 0; i < count; i++) {
+        size_t len;
+        if (end - p >= 2 && *p == 0xC4) {
+            len = p[1];
+            p += 2;
+        } else if (end - p >= 3 && *p == 0xC5) {
+            len = be16(p + 1);
+            p += 3;
+        } else if (end - p >= 5 && *p == 0xC6) {
+            len = be32(p + 1);
+            p += 5;
+        } else {
+            return 1;
+        }
+        if ((size_t)(end - p) < len)
+            return 1;
+        int c = memcmp(p, key, len < klen ? len : klen);
+        if (c == 0)
+            c = (len > klen) - (len < klen);
+        if (c >= 0)
+            return c == 0;  /* found it, or passed where it would be */
+        p += len;
+    }
+    return 0;
+}
+
+static PyObject *
+speedups_block_may_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* block_may_hold(raw, key) -> False when the data block raw (payload
+     * followed by its 4-byte trailer) certainly does not hold key. */
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_may_hold(raw: bytes, key: bytes)");
+        return NULL;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]) - 4;
+    if (n < 0)
+        Py_RETURN_TRUE;
+    return PyBool_FromLong(block_may_hold((const unsigned char *)PyBytes_AS_STRING(args[0]),
+                                          (size_t)n,
+                                          (const unsigned char *)PyBytes_AS_STRING(args[1]),
+                                          (size_t)PyBytes_GET_SIZE(args[1])));
+}
+
 /* ---- bloom_add: set the bits of many keys ------------------------------- */
 
 static PyObject *
@@ -1445,6 +1890,12 @@ speedups_fastmod(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
 static PyMethodDef speedups_functions[] = {
     {"_fastmod", (PyCFunction)(void (*)(void))speedups_fastmod, METH_FASTCALL,
      "_fastmod(a, d) -> a % d, computed the way the filter probes compute it"},
+    {"crc32", (PyCFunction)(void (*)(void))speedups_crc32, METH_FASTCALL,
+     "crc32(data, value=0) -> zlib.crc32(data, value), folded with PCLMULQDQ where present"},
+    {"xxh3_64", (PyCFunction)speedups_xxh3_64, METH_O,
+     "xxh3_64(data) -> xxhash.xxh3_64_intdigest(data), computed here up to 240 bytes"},
+    {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
+     "block_may_hold(raw, key) -> False when the data block certainly does not hold key"},
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
      "bloom_add(bits, m, k, hashes): set the filter bits of every 64-bit hash"},
     {NULL, NULL, 0, NULL},
@@ -1477,11 +1928,29 @@ PyInit__speedups(void)
     str_fast = PyUnicode_InternFromString("fast");
     if (str_closed == NULL || str_fast == NULL)
         return NULL;
+    crc_table_init();
+    PyObject *xxhash_mod = PyImport_ImportModule("xxhash");
+    if (xxhash_mod == NULL)
+        return NULL;
+    xxh3_fallback = PyObject_GetAttrString(xxhash_mod, "xxh3_64_intdigest");
+    Py_DECREF(xxhash_mod);
+    if (xxh3_fallback == NULL)
+        return NULL;
+#ifdef HAVE_CLMUL_CODE
+    __builtin_cpu_init();
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
     PyObject *mod = PyModule_Create(&speedups_module);
     if (mod == NULL)
         return NULL;
     if (add_type(mod, "Probes", &ProbesType) < 0 || add_type(mod, "Getter", &GetterType) < 0
-        || add_type(mod, "Merge", &MergeType) < 0) {
+        || add_type(mod, "Merge", &MergeType) < 0
+#ifdef HAVE_CLMUL_CODE
+        || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
+#else
+        || PyModule_AddIntConstant(mod, "CRC32_CLMUL", 0) < 0
+#endif
+        ) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -61,11 +61,15 @@ MASK32 = 0xFFFFFFFF
 
 try:  # optional C speedups (lsmdb/_speedups.c)
     from ._speedups import bloom_add as _bloom_add
+    from ._speedups import xxh3_64 as _c_xxh3_64
 except ImportError:  # pragma: no cover - built without a C compiler
     _bloom_add = None  # type: ignore[assignment]
+    _c_xxh3_64 = None  # type: ignore[assignment]
 
-#: The 64-bit key hash every filter of algorithm 1 probes with.
-key_hash = xxhash.xxh3_64_intdigest
+#: The 64-bit key hash every filter of algorithm 1 probes with: xxhash's
+#: xxh3_64_intdigest, or the same function computed in lsmdb._speedups (equal
+#: bit for bit; the C probes then hash without a call).
+key_hash = _c_xxh3_64 if _c_xxh3_64 is not None else xxhash.xxh3_64_intdigest
 
 
 class Hasher:

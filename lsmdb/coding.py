@@ -10,7 +10,18 @@ import os
 import struct
 import zlib
 
-crc32 = zlib.crc32
+try:  # optional C speedups: the same CRC-32, about 4x faster where PCLMULQDQ exists
+    from ._speedups import CRC32_CLMUL as _CRC32_CLMUL
+    from ._speedups import crc32 as _c_crc32
+except ImportError:  # pragma: no cover - built without a C compiler
+    _CRC32_CLMUL = 0
+
+#: ``crc32(data, value=0)``: zlib.crc32, or the C fold where it is faster.
+crc32 = _c_crc32 if _CRC32_CLMUL else zlib.crc32
+
+#: crc32(payload + crc32(payload) as 4 little-endian bytes) for every payload:
+#: checking a block's payload and trailer in one pass, without slicing them apart.
+CRC32_RESIDUE = 0x2144DF1C
 
 # Block trailer: crc32 (u32) of the block payload.  DO NOT CHANGE: on disk.
 BLOCK_TRAILER = struct.Struct("<I")

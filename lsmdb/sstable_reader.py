@@ -18,7 +18,7 @@ from typing import Any
 from . import block as blk
 from .bloom import FAST_HASHER, BloomFilter, Hasher
 from .cache import cache_key
-from .coding import BLOCK_TRAILER_SIZE, crc32
+from .coding import BLOCK_TRAILER_SIZE, CRC32_RESIDUE, crc32
 from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
 from .sstable_format import (
     FOOTER,
@@ -29,6 +29,14 @@ from .sstable_format import (
     SSTABLE_MAGIC,
 )
 from .stats import FILE_COUNTERS, ArrayCounter
+
+try:  # optional C speedups (lsmdb/_speedups.c)
+    from ._speedups import block_may_hold
+except ImportError:  # pragma: no cover - built without a C compiler
+    def block_may_hold(raw: bytes, key: bytes) -> bool:
+        """False when the data block ``raw`` (payload and trailer) certainly
+        does not hold ``key``: its bytes appear nowhere in it."""
+        return key in raw
 
 log = logging.getLogger("lsmdb")
 
@@ -221,6 +229,12 @@ class SSTableReader:
 
     def _read_payload(self, i: int, count: bool = True) -> tuple[bytes, int]:
         """Data block ``i``'s payload, checksum verified, and its offset."""
+        raw, offset = self._read_raw(i, count)
+        return raw[:-BLOCK_TRAILER_SIZE], offset
+
+    def _read_raw(self, i: int, count: bool = True) -> tuple[bytes, int]:
+        """Data block ``i`` as stored (payload and trailer), checksum verified,
+        and its offset."""
         offset = self.index_offsets[i]
         size = self.index_sizes[i]
         if self._fd >= 0:
@@ -233,25 +247,25 @@ class SSTableReader:
             self.block_reads += 1
         if len(raw) != size + BLOCK_TRAILER_SIZE:
             raise CorruptionError("data block truncated", self.path, offset)
-        payload = raw[:-BLOCK_TRAILER_SIZE]
-        if crc32(payload) != int.from_bytes(raw[-BLOCK_TRAILER_SIZE:], "little"):
+        if crc32(raw) != CRC32_RESIDUE:  # payload and trailer in one pass
             raise CorruptionError("data block checksum mismatch", self.path, offset)
-        return payload, offset
+        return raw, offset
 
     def read_block_for(self, i: int, key: bytes) -> tuple[list[bytes], list[bytes | None]] | None:
         """Data block ``i`` read from disk for a lookup of ``key`` (then cached),
         or None when it certainly does not hold ``key``.
 
-        A key is stored in a block as a msgpack bin: its bytes verbatim.  So
-        when the checksum-verified payload does not contain the key's bytes
-        anywhere, the key is not in the block -- a false positive of the
-        filter -- and the block is neither decoded nor cached: it costs one
-        read and one checksum, not a decode.
+        A key is stored in a block as a msgpack bin among the block's sorted
+        keys.  So when the checksum-verified block's keys, walked in place
+        (``block_may_hold``; without the C speedups: when the key's bytes
+        appear nowhere in the block), do not include the key, it is a false
+        positive of the filter, and the block is neither decoded nor cached:
+        it costs one read and one checksum, not a decode.
         """
-        payload, offset = self._read_payload(i)
-        if key not in payload:
+        raw, offset = self._read_raw(i)
+        if not block_may_hold(raw, key):
             return None
-        block = blk.decode_data_block(payload, self.path, offset)
+        block = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path, offset)
         self._remember(i, block)
         return block
 

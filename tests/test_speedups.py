@@ -477,3 +477,142 @@ def test_the_division_free_modulo_is_exact(a, d):
 def test_the_modulo_beyond_32_bits_divides():
     for a, d in [(2**40 + 7, 3), (2**63 + 5, 2**33 + 1), (5, 2**40)]:
         assert speedups._fastmod(a, d) == a % d
+
+
+# -- crc32, xxh3_64 and block_may_hold: drop-ins for what the format names ----
+
+def test_crc32_equals_zlib_on_every_length_alignment_and_start_value():
+    import zlib
+    rng = random.Random(7)
+    for n in [*range(0, 700), 4095, 4096, 4100, 65_536, 65_537, 1_000_003]:
+        data = bytes(rng.getrandbits(8) for _ in range(n + 3)) if n < 5000 else os.urandom(n + 3)
+        for off in range(3):
+            view = memoryview(data)[off:off + n]
+            value = rng.getrandbits(32)
+            assert speedups.crc32(view) == zlib.crc32(view), (n, off)
+            assert speedups.crc32(view, value) == zlib.crc32(view, value), (n, off)
+    assert speedups.crc32(bytearray(b"abc"), 2**40 + 5) == zlib.crc32(b"abc", 2**40 + 5)
+    with pytest.raises(TypeError):
+        speedups.crc32("text")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=3000), st.integers(0, 2**32 - 1))
+def test_crc32_equals_zlib_on_any_input(data, value):
+    import zlib
+    assert speedups.crc32(data, value) == zlib.crc32(data, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=5000))
+def test_the_crc32_residue_checks_payload_and_trailer_in_one_pass(payload):
+    from lsmdb.coding import CRC32_RESIDUE, crc32
+    good = payload + crc32(payload).to_bytes(4, "little")
+    assert crc32(good) == CRC32_RESIDUE
+    for bad_trailer in (crc32(payload) ^ 1, crc32(payload) ^ 0x80000000):
+        assert crc32(payload + bad_trailer.to_bytes(4, "little")) != CRC32_RESIDUE
+    if payload:
+        flipped = bytes([payload[0] ^ 0x10]) + payload[1:]
+        assert crc32(flipped + crc32(payload).to_bytes(4, "little")) != CRC32_RESIDUE
+
+
+def test_the_c_crc32_is_used_where_it_is_faster():
+    import zlib
+
+    import lsmdb.coding
+    assert lsmdb.coding.crc32 is (speedups.crc32 if speedups.CRC32_CLMUL else zlib.crc32)
+
+
+def test_xxh3_64_equals_the_xxhash_package_on_every_length():
+    import xxhash
+    rng = random.Random(11)
+    for n in range(0, 301):  # native up to 240 bytes, the package beyond
+        for _ in range(40):
+            data = bytes(rng.getrandbits(8) for _ in range(n))
+            assert speedups.xxh3_64(data) == xxhash.xxh3_64_intdigest(data), n
+        for fill in (b"\x00", b"\xff"):
+            assert speedups.xxh3_64(fill * n) == xxhash.xxh3_64_intdigest(fill * n), n
+    # Other buffers go to the package.
+    assert speedups.xxh3_64(bytearray(b"abc")) == xxhash.xxh3_64_intdigest(b"abc")
+    assert speedups.xxh3_64(memoryview(b"abcd")) == xxhash.xxh3_64_intdigest(b"abcd")
+    with pytest.raises(TypeError):
+        speedups.xxh3_64("text")
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=300))
+def test_xxh3_64_equals_the_xxhash_package_on_any_input(data):
+    import xxhash
+    assert speedups.xxh3_64(data) == xxhash.xxh3_64_intdigest(data)
+
+
+def test_the_filters_hash_is_the_c_xxh3_and_the_c_probes_compute_it_inline():
+    assert key_hash is speedups.xxh3_64
+    # Probes given xxh3_64 hash inline: same answers as through a Python call.
+    keys = [b"key-%05d" % i for i in range(0, 2000, 2)]
+    native = Probes([entry(keys, 0.01)[0]], [], speedups.xxh3_64)
+    called = Probes([entry(keys, 0.01)[0]], [], lambda k: speedups.xxh3_64(k))
+    for i in range(2000):
+        k = b"key-%05d" % i
+        assert native.first(k, 0) == called.first(k, 0)
+        if i % 2 == 0:
+            assert native.first(k, 0) == 0  # never a false negative
+
+
+def encoded_block(keys: list[bytes], values: list) -> bytes:
+    from lsmdb.block import encode_block
+    return encode_block([keys, values])
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=40, unique=True),
+       st.lists(st.binary(max_size=300), max_size=5), st.integers(0, 70_000))
+def test_block_may_hold_answers_exactly_for_well_formed_blocks(keys, others, big):
+    keys.sort()
+    raw = encoded_block(keys, [b"v" if i % 3 else None for i in range(len(keys))])
+    for k in keys:
+        assert speedups.block_may_hold(raw, k)
+    for k in others:
+        assert speedups.block_may_hold(raw, k) == (k in keys)
+    # array16/array32 headers and bin16 keys
+    many = [b"k%07d" % i for i in range(0, big, 7)]
+    raw = encoded_block(many, many)
+    for probe in (0, big // 2, big - 1, big + 1):
+        assert speedups.block_may_hold(raw, b"k%07d" % probe) == (probe % 7 == 0 and probe < big)
+    long_key = b"L" * 70_000
+    assert speedups.block_may_hold(encoded_block([long_key], [b""]), long_key)
+    assert not speedups.block_may_hold(encoded_block([long_key], [b""]), long_key + b"!")
+
+
+def _mutated_block(keys: list[bytes], at: int, xor: int) -> bytes:
+    import msgpack
+    payload = bytearray(msgpack.packb([sorted(keys), [b"v"] * len(keys)], use_bin_type=True))
+    payload[at % len(payload)] ^= xor
+    return bytes(payload)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=200)
+       | st.builds(_mutated_block, st.lists(st.binary(max_size=4), max_size=8, unique=True),
+                   st.integers(0, 200), st.integers(1, 255)),
+       st.binary(max_size=4))
+def test_block_may_hold_never_denies_a_key_a_decodable_block_holds(payload, key):
+    """Garbage never crashes the walk, and when msgpack decodes a block to
+    sorted bytes keys (the shape lsmdb writes), no key among them is answered
+    "certainly not"."""
+    import msgpack
+    raw = payload + b"\0\0\0\0"
+    answer = speedups.block_may_hold(raw, key)
+    try:
+        obj = msgpack.unpackb(payload)
+    except Exception:
+        return
+    if type(obj) is not list or not obj or type(obj[0]) is not list:
+        return
+    keys = obj[0]
+    if not all(type(k) is bytes for k in keys) or keys != sorted(set(keys)):
+        return
+    if key in keys:
+        assert answer
+    for k in keys:
+        assert speedups.block_may_hold(raw, k)

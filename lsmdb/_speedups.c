@@ -41,6 +41,12 @@
 #define BLOCK_CACHE_HITS 6
 #define MIN_COUNTERS 7
 
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch(p)
+#else
+#define PREFETCH(p) ((void)(p))
+#endif
+
 typedef struct {
     PyObject *lo;        /* bytes */
     PyObject *hi;        /* bytes */
@@ -74,7 +80,12 @@ typedef struct {
     int have_fast;
     int have_keyed;
     int native_hash;      /* fast_hash is xxh3_64 below: computed inline */
+    int big_filters;      /* some filter is over PREFETCH_MIN_BITS */
 } Probes;
+
+/* Filters smaller than this (256 KiB) stay in the CPU's caches between
+ * lookups; the larger ones are prefetched (prefetch_filters). */
+#define PREFETCH_MIN_BITS (UINT64_C(256) * 1024 * 8)
 
 static inline int
 bytes_cmp(PyObject *a, PyObject *b)
@@ -531,6 +542,9 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
             if (entry_init(&self->e[self->off[L] + j], PyTuple_GET_ITEM(entries, j)) < 0)
                 goto fail;
     }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (self->e[i].m >= PREFETCH_MIN_BITS)
+            self->big_filters = 1;
     self->fast_hash = Py_NewRef(fast_hash);
     Py_DECREF(levels);
     Py_DECREF(l0);
@@ -644,12 +658,58 @@ level_pick(Probes *self, Py_ssize_t L, PyObject *key)
     return lo == count ? -1 : off + lo;
 }
 
+/* Start loading the cache lines of the first two probes of every filter a
+ * lookup of key will consult, before any is tested: a filter larger than the
+ * CPU's caches costs a memory round trip per probe, and this way the files'
+ * round trips overlap instead of queueing one after the other (at 2,000,000
+ * keys the largest filter is 2.3 MB).  Only for the inline hash, which
+ * cannot fail; the probes that follow reuse the hash. */
+static void
+prefetch_filters(Probes *self, PyObject *key)
+{
+    if (!self->big_filters || !self->native_hash || PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
+        return;
+    uint64_t h = 0;
+    int hashed = 0;
+    for (Py_ssize_t j = 0; j < self->n0 + self->nlevels; j++) {
+        Entry *e;
+        if (j < self->n0) {
+            e = &self->e[j];
+        } else {
+            Py_ssize_t f = level_pick(self, j - self->n0, key);
+            if (f < 0)
+                continue;
+            e = &self->e[f];
+        }
+        if (e->m < PREFETCH_MIN_BITS || e->kf != NULL || bytes_cmp(key, e->lo) < 0
+            || bytes_cmp(key, e->hi) > 0)
+            continue;
+        if (!hashed) {
+            if (key_hash(self, key, NULL, &h) < 0) {  /* cannot happen: inline hash */
+                PyErr_Clear();
+                return;
+            }
+            hashed = 1;
+        }
+        const unsigned char *bits = (const unsigned char *)e->bits.buf;
+        uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
+        uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
+        PREFETCH(bits + (pos >> 3));
+        pos += step;
+        if (pos >= e->m)
+            pos -= e->m;
+        PREFETCH(bits + (pos >> 3));
+    }
+}
+
 /* The first file from `start` that may hold key (bytes); -1: none; -2: error set. */
 static Py_ssize_t
 probes_first(Probes *self, PyObject *key, Py_ssize_t start)
 {
-    if (start < 0)
+    if (start <= 0) {
         start = 0;
+        prefetch_filters(self, key);
+    }
     for (Py_ssize_t i = start; i < self->n0; i++) {
         int r = check(self, &self->e[i], key);
         if (r)
@@ -812,11 +872,6 @@ static PyTypeObject ProbesType = {
 #define GETS 0
 #define GETS_ABSENT 1
 #define PREFETCH_AHEAD 8
-#if defined(__GNUC__) || defined(__clang__)
-#define PREFETCH(p) __builtin_prefetch(p)
-#else
-#define PREFETCH(p) ((void)(p))
-#endif
 
 typedef struct {
     PyObject_HEAD

@@ -616,3 +616,40 @@ def test_block_may_hold_never_denies_a_key_a_decodable_block_holds(payload, key)
         assert answer
     for k in keys:
         assert speedups.block_may_hold(raw, k)
+
+
+def test_filters_over_the_prefetch_size_answer_as_the_small_ones():
+    """Filters of 256 KiB and more have their first probes prefetched across
+    files before any is tested; the answers and counters must not change."""
+    rng = random.Random(5)
+    m, k = 4_000_037, 7  # bits: about 488 KiB
+    files = []
+    for f in range(3):
+        keys = sorted({b"key-%07d" % rng.randrange(1_000_000) for _ in range(20_000)})
+        bits = bytearray((m + 7) // 8)
+        speedups.bloom_add(bits, m, k, [key_hash(key) for key in keys])
+        files.append(((counts(), keys[0], keys[-1], bits, m, k, None, keys), set(keys), bits))
+    small, small_bloom = entry([b"key-0400000", b"key-0600000"], 0.01)
+    probes = Probes([small] + [f[0] for f in files], [], key_hash)
+
+    def reference(key: bytes) -> int:
+        if small[1] <= key <= small[2] and key in small_bloom:
+            return 0
+        for i, (e, _keys, bits) in enumerate(files, 1):
+            if not e[1] <= key <= e[2]:
+                continue
+            h = key_hash(key)
+            pos, step = (h & 0xFFFFFFFF) % m, (h >> 32) % m
+            if all(bits[(pos + j * step) % m >> 3] & (1 << ((pos + j * step) % m & 7))
+                   for j in range(k)):
+                return i
+        return -1
+
+    for _ in range(20_000):
+        key = b"key-%07d" % rng.randrange(1_000_000)
+        want = reference(key)
+        assert probes.first(key, 0) == want
+        if any(key in keys for _e, keys, _b in files):
+            assert want >= 0  # never a false negative
+    negatives = sum(f[0][0][1] for f in files)
+    assert negatives > 0

@@ -881,7 +881,7 @@ typedef struct {
     Py_buffer counts;       /* state.counts: gets, gets_absent */
     int have_counts;
     PyObject *missing;      /* the MISSING sentinel */
-    PyObject *lookup_block; /* (reader, index_keys, base, counts, key) -> value/None/MISSING */
+    PyObject *lookup_block; /* (reader, index_keys, base, counts, key[, block]) -> value/None/MISSING */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
     PyObject *cache_map;    /* the block cache's dict (cache key -> (keys, values)), or NULL */
     PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
@@ -1025,10 +1025,13 @@ bisect_index(const Entry *e, PyObject *key)
  * answer from the block cache when it holds the block.  1: found, *value set
  * (a new reference; None for a tombstone); 0: a false positive (counted);
  * 2: not answerable here (block not cached, no cache, odd types): the caller
- * asks the Python lookup_block; -1: error. */
+ * asks the Python lookup_block, passing it *block when that is >= 0 (the
+ * block that can hold key, which the cache does not hold); -1: error. */
 static int
-cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value)
+cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
+              Py_ssize_t *block_index)
 {
+    *block_index = -1;
     if (self->cache_map == NULL)
         return 2;
     PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
@@ -1048,7 +1051,10 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     PyObject *block = PyDict_GetItemWithError(self->cache_map, ck);
     if (block == NULL) {
         Py_DECREF(ck);
-        return PyErr_Occurred() ? -1 : 2;
+        if (PyErr_Occurred())
+            return -1;
+        *block_index = i;
+        return 2;
     }
     if (!PyTuple_CheckExact(block) || PyTuple_GET_SIZE(block) != 2
         || !PyList_CheckExact(PyTuple_GET_ITEM(block, 0))
@@ -1178,7 +1184,8 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             PyErr_SetString(PyExc_IndexError, "file index beyond the probes");
             goto done;
         }
-        int c = cached_lookup(self, &probes->e[f], item, key, &value);
+        Py_ssize_t block;
+        int c = cached_lookup(self, &probes->e[f], item, key, &value, &block);
         if (c < 0)
             goto done;
         if (c == 0) {  /* a false positive, answered from the cache */
@@ -1186,9 +1193,14 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             continue;
         }
         if (c == 2) {  /* not in the cache: the Python side reads the block */
-            PyObject *callargs[5] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
-                                     PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key};
-            value = PyObject_Vectorcall(self->lookup_block, callargs, 5, NULL);
+            PyObject *i = block >= 0 ? PyLong_FromSsize_t(block) : NULL;
+            if (block >= 0 && i == NULL)
+                goto done;
+            PyObject *callargs[6] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
+                                     PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key,
+                                     i};
+            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 6 : 5, NULL);
+            Py_XDECREF(i);
             if (value == NULL)
                 goto done;
         }
@@ -1273,7 +1285,9 @@ Getter_many(Getter *self, PyObject *keys)
                 PyErr_SetString(PyExc_IndexError, "bad file entry");
                 goto done;
             }
-            int c = cached_lookup(self, &probes->e[f], PyTuple_GET_ITEM(flat, f), key, &value);
+            Py_ssize_t block;
+            int c = cached_lookup(self, &probes->e[f], PyTuple_GET_ITEM(flat, f), key, &value,
+                                  &block);
             if (c < 0)
                 goto done;
             if (c == 1)

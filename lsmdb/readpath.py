@@ -70,14 +70,20 @@ def make_getter(db: DB, state: TableState) -> Any:
     _bisect = bisect_left
 
     def lookup_block(reader: SSTableReader, index_keys: list[bytes], base: int, counts: Any,
-                     key: bytes) -> Any:
+                     key: bytes, i: int = -1) -> Any:
         """After a "maybe": the key's value (None: tombstone) from the one data
-        block that can hold it -- cache first -- or MISSING (a false positive)."""
-        i = _bisect(index_keys, key)
-        if i == len(index_keys):
-            counts[FALSE_POSITIVES] += 1
-            return missing
-        block = lookup(base | i) if lookup is not None else None
+        block that can hold it -- cache first -- or MISSING (a false positive).
+
+        ``i`` >= 0: the C getter found that block ``i`` is the one and that the
+        cache does not hold it, so it is read from disk straight away."""
+        if i < 0:
+            i = _bisect(index_keys, key)
+            if i == len(index_keys):
+                counts[FALSE_POSITIVES] += 1
+                return missing
+            block = lookup(base | i) if lookup is not None else None
+        else:
+            block = None
         if block is None:
             block = reader.read_block_for(i, key)  # a disk read; None: not in it
             if block is None:

@@ -81,6 +81,7 @@ typedef struct {
     int have_keyed;
     int native_hash;      /* fast_hash is xxh3_64 below: computed inline */
     int big_filters;      /* some filter is over PREFETCH_MIN_BITS */
+    int has_keyed;        /* some filter uses a keyed hash */
 } Probes;
 
 /* Filters smaller than this (256 KiB) stay in the CPU's caches between
@@ -542,9 +543,12 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
             if (entry_init(&self->e[self->off[L] + j], PyTuple_GET_ITEM(entries, j)) < 0)
                 goto fail;
     }
-    for (Py_ssize_t i = 0; i < n; i++)
+    for (Py_ssize_t i = 0; i < n; i++) {
         if (self->e[i].m >= PREFETCH_MIN_BITS)
             self->big_filters = 1;
+        if (self->e[i].kf != NULL)
+            self->has_keyed = 1;
+    }
     self->fast_hash = Py_NewRef(fast_hash);
     Py_DECREF(levels);
     Py_DECREF(l0);
@@ -607,6 +611,26 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     return 0;
 }
 
+/* 1 when every probe bit of hash h is set in e's filter (m > 0). */
+static inline int
+filter_maybe(const Entry *e, uint64_t h)
+{
+    uint64_t m = e->m;
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
+    Py_ssize_t rest = e->k > 1 ? e->k - 1 : 0;
+    if (!(bits[pos >> 3] & (1u << (pos & 7))))
+        return 0;
+    while (rest-- > 0) {
+        pos += step;
+        if (pos >= m)
+            pos -= m;
+        if (!(bits[pos >> 3] & (1u << (pos & 7))))
+            return 0;
+    }
+    return 1;
+}
+
 /* 1: the file may hold key (or has no filter); 0: certainly not; -1: error. */
 static inline int
 check(Probes *self, Entry *e, PyObject *key)
@@ -616,26 +640,28 @@ check(Probes *self, Entry *e, PyObject *key)
         counts[RANGE_SKIPS]++;
         return 0;
     }
-    uint64_t m = e->m;
-    if (!m)
+    if (!e->m)
         return 1;
     uint64_t h;
     if (key_hash(self, key, e->kf, &h) < 0)
         return -1;
-    const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
-    Py_ssize_t rest = e->k > 1 ? e->k - 1 : 0;
-    if (bits[pos >> 3] & (1u << (pos & 7))) {
-        for (;;) {
-            if (rest-- == 0)
-                return 1;
-            pos += step;
-            if (pos >= m)
-                pos -= m;
-            if (!(bits[pos >> 3] & (1u << (pos & 7))))
-                break;
-        }
+    if (filter_maybe(e, h))
+        return 1;
+    counts[FILTER_NEGATIVES]++;
+    return 0;
+}
+
+/* check for a file of the fast hash, with key's hash h given. */
+static inline int
+check_hashed(Entry *e, PyObject *key, uint64_t h)
+{
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    if (bytes_cmp(key, e->lo) < 0 || bytes_cmp(key, e->hi) > 0) {
+        counts[RANGE_SKIPS]++;
+        return 0;
     }
+    if (!e->m || filter_maybe(e, h))
+        return 1;
     counts[FILTER_NEGATIVES]++;
     return 0;
 }
@@ -1225,6 +1251,94 @@ done:
     return result;
 }
 
+/* get_many's memtable and filter steps, file by file: first every key's
+ * memtable lookup and hash, then each file in read order (the level-0
+ * files, then each level's pick) for all the keys still unanswered, so that
+ * one filter at a time is in the CPU's caches rather than all of them in
+ * turn for every key.  Each key meets the files in the same order as a get
+ * and is counted the same; a key whose block must be read goes to maybes as
+ * (file, i, seed) and no further.  Only for tables whose filters all use
+ * the inline fast hash (each key hashed once, up front).  0, or -1 with an
+ * exception set. */
+static int
+many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObject *out,
+             PyObject *maybes, uint64_t *absent)
+{
+    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
+    Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0;
+    int rc = -1;
+    Py_ssize_t *pending = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
+    uint64_t *hashes = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
+    if (pending == NULL || hashes == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
+        if (mem_lookup(fast, key, &value) < 0)
+            goto done;
+        if (value != NULL) {
+            *absent += value == Py_None;
+            PyList_SET_ITEM(out, i, Py_NewRef(value));
+            continue;
+        }
+        if (xxh3_64_bytes(key, &hashes[i]) < 0)
+            goto done;
+        pending[npend++] = i;
+    }
+    for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
+        Py_ssize_t keep = 0;
+        for (Py_ssize_t q = 0; q < npend; q++) {
+            Py_ssize_t i = pending[q];
+            PyObject *key = PyList_GET_ITEM(keys, i);
+            Py_ssize_t f = j < probes->n0 ? j : level_pick(probes, j - probes->n0, key);
+            if (f < 0 || !check_hashed(&probes->e[f], key, hashes[i])) {
+                pending[keep++] = i;  /* not in this file: on to the next */
+                continue;
+            }
+            PyObject *item = f < PyTuple_GET_SIZE(flat) ? PyTuple_GET_ITEM(flat, f) : NULL;
+            if (item == NULL || !PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
+                PyErr_SetString(PyExc_IndexError, "bad file entry");
+                goto done;
+            }
+            PyObject *value = NULL;
+            Py_ssize_t block;
+            int c = cached_lookup(self, &probes->e[f], item, key, &value, &block);
+            if (c < 0)
+                goto done;
+            if (c == 0) {  /* a false positive, answered from the cache */
+                pending[keep++] = i;
+                continue;
+            }
+            if (c == 1) {
+                *absent += value == Py_None;
+                PyList_SET_ITEM(out, i, value);
+                continue;
+            }
+            /* the Python side reads this block, once for all the keys in it */
+            PyObject *entry = Py_BuildValue("(nn(LLO))", f, i, (long long)hashes[i], -1LL,
+                                            Py_None);
+            if (entry == NULL)
+                goto done;
+            int r = PyList_Append(maybes, entry);
+            Py_DECREF(entry);
+            if (r < 0)
+                goto done;
+            PyList_SET_ITEM(out, i, Py_NewRef(self->missing));
+        }
+        npend = keep;
+    }
+    for (Py_ssize_t q = 0; q < npend; q++) {
+        PyList_SET_ITEM(out, pending[q], Py_NewRef(Py_None));
+        (*absent)++;
+    }
+    rc = 0;
+done:
+    PyMem_Free(pending);
+    PyMem_Free(hashes);
+    return rc;
+}
+
 static PyObject *
 Getter_many(Getter *self, PyObject *keys)
 {
@@ -1261,6 +1375,11 @@ Getter_many(Getter *self, PyObject *keys)
         goto done;
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t absent = 0;
+    if (probes->native_hash && !probes->has_keyed) {
+        if (many_by_file(self, probes, fast, keys, out, maybes, &absent) < 0)
+            goto done;
+        n = 0;  /* every key answered or in maybes */
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
         if (i + PREFETCH_AHEAD < n) {  /* keys scattered in memory: fetch ahead */
@@ -1318,7 +1437,7 @@ Getter_many(Getter *self, PyObject *keys)
         }
         PyList_SET_ITEM(out, i, value);
     }
-    counts[GETS] += (uint64_t)n;
+    counts[GETS] += (uint64_t)PyList_GET_SIZE(keys);
     counts[GETS_ABSENT] += absent;
     result = PyTuple_Pack(3, out, maybes, fast);
 done:

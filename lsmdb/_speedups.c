@@ -88,14 +88,36 @@ typedef struct {
  * lookups; the larger ones are prefetched (prefetch_filters). */
 #define PREFETCH_MIN_BITS (UINT64_C(256) * 1024 * 8)
 
+/* memcmp-then-length order of a[0:la] and b[0:lb] (bytes order), inline:
+ * keys are short, and a call to memcmp costs more than comparing them. */
+static inline int
+mem_order(const char *a, Py_ssize_t la, const char *b, Py_ssize_t lb)
+{
+    const unsigned char *p = (const unsigned char *)a, *q = (const unsigned char *)b;
+    Py_ssize_t n = la < lb ? la : lb, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x, y;
+        memcpy(&x, p + i, 8);
+        memcpy(&y, q + i, 8);
+        if (x != y) {
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+            x = __builtin_bswap64(x);
+            y = __builtin_bswap64(y);
+#endif
+            return x < y ? -1 : 1;
+        }
+    }
+    for (; i < n; i++)
+        if (p[i] != q[i])
+            return p[i] < q[i] ? -1 : 1;
+    return (la > lb) - (la < lb);
+}
+
 static inline int
 bytes_cmp(PyObject *a, PyObject *b)
 {
-    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b);
-    int c = memcmp(PyBytes_AS_STRING(a), PyBytes_AS_STRING(b), (size_t)(la < lb ? la : lb));
-    if (c)
-        return c;
-    return (la > lb) - (la < lb);
+    return mem_order(PyBytes_AS_STRING(a), PyBytes_GET_SIZE(a), PyBytes_AS_STRING(b),
+                     PyBytes_GET_SIZE(b));
 }
 
 /* h mod m; a 32-bit division when m fits (both halves of h always do). */
@@ -651,12 +673,20 @@ check(Probes *self, Entry *e, PyObject *key)
     return 0;
 }
 
-/* check for a file of the fast hash, with key's hash h given. */
+/* Order of the key k[0:klen] and the bytes b, as bytes_cmp. */
 static inline int
-check_hashed(Entry *e, PyObject *key, uint64_t h)
+raw_cmp(const char *k, Py_ssize_t klen, PyObject *b)
+{
+    return mem_order(k, klen, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+}
+
+/* check for a file of the fast hash, given the key's bytes k[0:klen] and
+ * its hash h. */
+static inline int
+check_raw(Entry *e, const char *k, Py_ssize_t klen, uint64_t h)
 {
     uint64_t *counts = (uint64_t *)e->counts.buf;
-    if (bytes_cmp(key, e->lo) < 0 || bytes_cmp(key, e->hi) > 0) {
+    if (raw_cmp(k, klen, e->lo) < 0 || raw_cmp(k, klen, e->hi) > 0) {
         counts[RANGE_SKIPS]++;
         return 0;
     }
@@ -1037,9 +1067,7 @@ bisect_index(const Entry *e, PyObject *key)
     Py_ssize_t klen = PyBytes_GET_SIZE(key), lo = 0, hi = e->nidx;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
-        Py_ssize_t len = e->ioff[mid + 1] - e->ioff[mid];
-        int c = memcmp(e->ikeys + e->ioff[mid], k, (size_t)(len < klen ? len : klen));
-        if (c < 0 || (c == 0 && len < klen))
+        if (mem_order(e->ikeys + e->ioff[mid], e->ioff[mid + 1] - e->ioff[mid], k, klen) < 0)
             lo = mid + 1;
         else
             hi = mid;
@@ -1252,29 +1280,37 @@ done:
 }
 
 /* get_many's memtable and filter steps, file by file: first every key's
- * memtable lookup and hash, then each file in read order (the level-0
- * files, then each level's pick) for all the keys still unanswered, so that
- * one filter at a time is in the CPU's caches rather than all of them in
- * turn for every key.  Each key meets the files in the same order as a get
- * and is counted the same; a key whose block must be read goes to maybes as
- * (file, i, seed) and no further.  Only for tables whose filters all use
- * the inline fast hash (each key hashed once, up front).  0, or -1 with an
- * exception set. */
+ * memtable lookup, hash and a copy of its bytes (keys are objects scattered
+ * over the heap: each is visited once, in a loop whose loads overlap), then
+ * each file in read order (the level-0 files, then each level's pick) for
+ * all the keys still unanswered, on the copies, so that one filter at a time
+ * is in the CPU's caches rather than all of them in turn for every key.
+ * Each key meets the files in the same order as a get and is counted the
+ * same; a key whose block must be read goes to maybes as (file, i, seed)
+ * and no further.  Only for tables whose filters all use the inline fast
+ * hash (each key hashed once, up front).  0, or -1 with an exception set. */
 static int
 many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObject *out,
              PyObject *maybes, uint64_t *absent)
 {
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
-    Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0;
+    Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0, total = 0;
     int rc = -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        total += PyBytes_GET_SIZE(PyList_GET_ITEM(keys, i));
     Py_ssize_t *pending = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
+    Py_ssize_t *koff = PyMem_Malloc((n + 1) * sizeof(Py_ssize_t));
     uint64_t *hashes = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
-    if (pending == NULL || hashes == NULL) {
+    char *kbuf = PyMem_Malloc(total ? (size_t)total : 1);
+    if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL) {
         PyErr_NoMemory();
         goto done;
     }
+    koff[0] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
+        Py_ssize_t klen = PyBytes_GET_SIZE(key);
+        koff[i + 1] = koff[i] + klen;
         if (mem_lookup(fast, key, &value) < 0)
             goto done;
         if (value != NULL) {
@@ -1282,6 +1318,7 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
             PyList_SET_ITEM(out, i, Py_NewRef(value));
             continue;
         }
+        memcpy(kbuf + koff[i], PyBytes_AS_STRING(key), (size_t)klen);
         if (xxh3_64_bytes(key, &hashes[i]) < 0)
             goto done;
         pending[npend++] = i;
@@ -1290,12 +1327,16 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
         Py_ssize_t keep = 0;
         for (Py_ssize_t q = 0; q < npend; q++) {
             Py_ssize_t i = pending[q];
-            PyObject *key = PyList_GET_ITEM(keys, i);
-            Py_ssize_t f = j < probes->n0 ? j : level_pick(probes, j - probes->n0, key);
-            if (f < 0 || !check_hashed(&probes->e[f], key, hashes[i])) {
+            const char *k = kbuf + koff[i];
+            Py_ssize_t klen = koff[i + 1] - koff[i];
+            Py_ssize_t f = j < probes->n0 ? j
+                                          : level_pick(probes, j - probes->n0,
+                                                       PyList_GET_ITEM(keys, i));
+            if (f < 0 || !check_raw(&probes->e[f], k, klen, hashes[i])) {
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
             }
+            PyObject *key = PyList_GET_ITEM(keys, i);
             PyObject *item = f < PyTuple_GET_SIZE(flat) ? PyTuple_GET_ITEM(flat, f) : NULL;
             if (item == NULL || !PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
                 PyErr_SetString(PyExc_IndexError, "bad file entry");
@@ -1335,7 +1376,9 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
     rc = 0;
 done:
     PyMem_Free(pending);
+    PyMem_Free(koff);
     PyMem_Free(hashes);
+    PyMem_Free(kbuf);
     return rc;
 }
 
@@ -1968,9 +2011,7 @@ block_may_hold(const unsigned char *p, size_t n, const unsigned char *key, size_
         }
         if ((size_t)(end - p) < len)
             return 1;
-        int c = memcmp(p, key, len < klen ? len : klen);
-        if (c == 0)
-            c = (len > klen) - (len < klen);
+        int c = mem_order((const char *)p, (Py_ssize_t)len, (const char *)key, (Py_ssize_t)klen);
         if (c >= 0)
             return c == 0;  /* found it, or passed where it would be */
         p += len;
@@ -2075,7 +2116,20 @@ speedups_fastmod(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
     return PyLong_FromUnsignedLongLong(fastmod(a, d, fastmod_M(d)));
 }
 
+static PyObject *
+speedups_cmp(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* _cmp(a, b) -> -1, 0 or 1: the key order the C code uses (for the tests). */
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_cmp(a: bytes, b: bytes)");
+        return NULL;
+    }
+    return PyLong_FromLong(bytes_cmp(args[0], args[1]));
+}
+
 static PyMethodDef speedups_functions[] = {
+    {"_cmp", (PyCFunction)(void (*)(void))speedups_cmp, METH_FASTCALL,
+     "_cmp(a, b) -> -1, 0 or 1: bytes order, computed the way the C code computes it"},
     {"_fastmod", (PyCFunction)(void (*)(void))speedups_fastmod, METH_FASTCALL,
      "_fastmod(a, d) -> a % d, computed the way the filter probes compute it"},
     {"crc32", (PyCFunction)(void (*)(void))speedups_crc32, METH_FASTCALL,

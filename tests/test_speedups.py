@@ -653,3 +653,10 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones():
             assert want >= 0  # never a false negative
     negatives = sum(f[0][0][1] for f in files)
     assert negatives > 0
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.binary(max_size=40), st.binary(max_size=40), st.binary(max_size=20))
+def test_the_c_key_order_is_bytes_order(a, b, prefix):
+    for x, y in ((a, b), (prefix + a, prefix + b), (a, a + b), (prefix + a, prefix)):
+        assert speedups._cmp(x, y) == (x > y) - (x < y)

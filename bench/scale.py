@@ -1,14 +1,22 @@
 """Absent-key gets at two sizes, timed side by side (issue #7's scale goal).
 
-    python -m bench.scale [--small N] [--large N] [--queries Q]
+    python -m bench.scale [--small N] [--large N] [--queries Q] [--compaction NAME ...]
 
-Loads two lsmdb databases the way ``bench.peers`` does (keys
+For each compaction strategy (default: size_tiered, the default, then
+leveled), loads two lsmdb databases the way ``bench.peers`` does (keys
 ``b"user:%010d" % 2i`` in random order, 100-byte values, batches of 10,000,
-default options, waiting for compactions), closes and reopens both, then
-times Q absent gets inside each key range (odd numbers), the two databases
-taking turns slice by slice so both meet the same background load.  Reports
-each rate, the files each database has, and the median over slices of
-small-rate / large-rate: how much slower an absent get is at the larger size.
+filter fp chance 0.01, waiting for compactions), closes and reopens both,
+then times Q absent gets inside each key range (odd numbers), the two
+databases taking turns slice by slice so both meet the same background load.
+Reports each rate, the files each database has (and their levels), and the
+median over slices of small-rate / large-rate: how much slower an absent get
+is at the larger size.
+
+Size-tiered compaction leaves files that each span the whole key range, so
+every file costs a filter probe (and 1% of the time a block read) per absent
+key, and how many files a load leaves (1 to 6 at 2,000,000 keys) depends on
+where the tiers stand.  Leveled compaction keeps one file per level in the
+way of a key, plus the level-0 files.
 """
 
 from __future__ import annotations
@@ -27,12 +35,16 @@ from .common import SLICES, Progress, Timer, describe_machine, machine_info, per
 from .keys import key_of, value_of
 from .stores import BATCH_KEYS
 
+FP_CHANCE = 0.01
+STRATEGIES = ("size_tiered", "leveled")
 
-def load(path: str, n: int, seed: int) -> None:
+
+def load(path: str, n: int, seed: int, compaction: str = "size_tiered") -> None:
     order = list(range(n))
     random.Random(seed).shuffle(order)
     db = lsmdb.open(path)
     try:
+        db.alter_table("default", compaction=compaction, bloom_filter_fp_chance=FP_CHANCE)
         for start in range(0, n, BATCH_KEYS):
             with db.batch() as batch:
                 for i in order[start:start + BATCH_KEYS]:
@@ -69,43 +81,62 @@ def timed(sizes: Sequence[int], dbs: Sequence[Any], queries: Sequence[Sequence[b
     return rates
 
 
+def describe_files(db: Any) -> str:
+    infos = db.sstables()
+    levels = sorted({i.level for i in infos})
+    return f"{len(infos)} SSTables (levels {', '.join(map(str, levels)) or '-'})"
+
+
+def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
+                 progress: Progress) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as root:
+        paths = [f"{root}/db{n}" for n in sizes]
+        for path, n in zip(paths, sizes, strict=True):
+            load(path, n, seed=n, compaction=compaction)
+            progress(f"{compaction}: loaded {n:,} keys")
+        dbs = [lsmdb.open(p) for p in paths]
+        try:
+            files = [len(db.sstables()) for db in dbs]
+            layout = [describe_files(db) for db in dbs]
+            qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
+            rates = timed(sizes, dbs, qs)
+        finally:
+            for db in dbs:
+                db.close()
+    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+    return {"compaction": compaction, "files": files, "layout": layout,
+            "absent_in_range_per_s": [statistics.median(r) for r in rates],
+            "slice_rates": rates, "small_over_large": ratio}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split(
         "\n\n")[0], epilog="example: python -m bench.scale --small 200000 --large 2000000")
     parser.add_argument("--small", type=int, default=200_000, metavar="N")
     parser.add_argument("--large", type=int, default=2_000_000, metavar="N")
     parser.add_argument("--queries", type=int, default=200_000, metavar="Q")
+    parser.add_argument("--compaction", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
+                        metavar="NAME", help="strategies to run: size_tiered, leveled "
+                        "(default: both)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if min(args.small, args.large) < 2 or args.queries < SLICES:
         parser.error("sizes must be at least 2 and queries at least 5")
     progress = Progress()
     sizes = [args.small, args.large]
-    with tempfile.TemporaryDirectory(prefix="bench-scale-") as root:
-        paths = [f"{root}/db{n}" for n in sizes]
-        for path, n in zip(paths, sizes, strict=True):
-            load(path, n, seed=n)
-            progress(f"loaded {n:,} keys")
-        dbs = [lsmdb.open(p) for p in paths]
-        try:
-            files = [len(db.sstables()) for db in dbs]
-            queries = [absent_keys(n, args.queries, seed=n + 1) for n in sizes]
-            rates = timed(sizes, dbs, queries)
-        finally:
-            for db in dbs:
-                db.close()
-    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+    runs = [run_strategy(c, sizes, args.queries, progress) for c in args.compaction]
     report = {"benchmark": "scale", "machine": machine_info(), "speedups": lsmdb.SPEEDUPS,
-              "sizes": sizes, "queries": args.queries, "files": files,
-              "absent_in_range_per_s": [statistics.median(r) for r in rates],
-              "slice_rates": rates, "small_over_large": ratio}
+              "sizes": sizes, "queries": args.queries, "fp_chance": FP_CHANCE, "runs": runs}
     print(f"lsmdb absent gets inside the key range at two sizes ({args.queries:,} gets each, "
-          f"slices interleaved; C speedups {'on' if lsmdb.SPEEDUPS else 'off'})")
+          f"slices interleaved; fp chance {FP_CHANCE:g}; C speedups "
+          f"{'on' if lsmdb.SPEEDUPS else 'off'})")
     print(f"machine: {describe_machine(report['machine'])}")
-    for n, f, r in zip(sizes, files, report["absent_in_range_per_s"], strict=True):
-        print(f"  {n:>10,} keys, {f} SSTables: {r / 1e3:,.0f}k gets/s")
-    print(f"  {args.small:,}-key rate / {args.large:,}-key rate: {ratio:.2f}x "
-          "(median over slices)")
+    for run in runs:
+        print(f"{run['compaction']} compaction:")
+        for n, layout, r in zip(sizes, run["layout"], run["absent_in_range_per_s"], strict=True):
+            print(f"  {n:>10,} keys, {layout}: {r / 1e3:,.0f}k gets/s")
+        print(f"  {args.small:,}-key rate / {args.large:,}-key rate: "
+              f"{run['small_over_large']:.2f}x (median over slices)")
     if args.json:
         write_json(args.json, report)
     return 0

@@ -87,6 +87,9 @@ typedef struct {
 /* Filters smaller than this (256 KiB) stay in the CPU's caches between
  * lookups; the larger ones are prefetched (prefetch_filters). */
 #define PREFETCH_MIN_BITS (UINT64_C(256) * 1024 * 8)
+#ifndef PREFETCH_PROBES
+#define PREFETCH_PROBES 4
+#endif
 
 /* memcmp-then-length order of a[0:la] and b[0:lb] (bytes order), inline:
  * keys are short, and a call to memcmp costs more than comparing them. */
@@ -750,11 +753,12 @@ prefetch_filters(Probes *self, PyObject *key)
         const unsigned char *bits = (const unsigned char *)e->bits.buf;
         uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
         uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
-        PREFETCH(bits + (pos >> 3));
-        pos += step;
-        if (pos >= e->m)
-            pos -= e->m;
-        PREFETCH(bits + (pos >> 3));
+        for (Py_ssize_t i = 0; i < e->k && i < PREFETCH_PROBES; i++) {
+            PREFETCH(bits + (pos >> 3));
+            pos += step;
+            if (pos >= e->m)
+                pos -= e->m;
+        }
     }
 }
 

@@ -224,9 +224,13 @@ def test_scale(tmp_path: Path) -> None:
     done = run_module("bench.scale", "--small", "2000", "--large", "50000", "--queries", "5000",
                       "--json", str(out))
     report = json.loads(out.read_text())
-    assert report["sizes"] == [2000, 50000]
-    assert report["files"][0] >= 0 and report["files"][1] >= 1  # 50,000 keys outgrow a memtable
-    assert all(r > 0 for r in report["absent_in_range_per_s"])
-    assert len(report["slice_rates"][0]) == len(report["slice_rates"][1]) == 5
-    assert report["small_over_large"] > 0
-    assert "rate / 50,000-key rate" in done.stdout
+    assert report["sizes"] == [2000, 50000] and report["fp_chance"] == 0.01
+    assert [r["compaction"] for r in report["runs"]] == ["size_tiered", "leveled"]
+    for run in report["runs"]:
+        assert run["files"][0] >= 0 and run["files"][1] >= 1  # 50,000 keys outgrow a memtable
+        assert all(r > 0 for r in run["absent_in_range_per_s"])
+        assert len(run["slice_rates"][0]) == len(run["slice_rates"][1]) == 5
+        assert run["small_over_large"] > 0
+    assert report["runs"][1]["layout"][1].startswith(f"{report['runs'][1]['files'][1]} SSTables")
+    assert done.stdout.count("rate / 50,000-key rate") == 2
+    assert "leveled compaction:" in done.stdout

@@ -383,7 +383,14 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
     for b, members in by_block.items():
         block = reader.cached_block(b)
         if block is None:
-            block = reader.fetch_block(b)  # from disk (then cached)
+            if len(members) == 1:  # as get does: a false positive is neither decoded nor cached
+                block = reader.read_block_for(b, ks[members[0]])
+                if block is None:
+                    fp += 1
+                    still.append(members[0])
+                    continue
+            else:
+                block = reader.fetch_block(b)  # from disk (then cached)
         else:
             reader.block_cache_hits += len(members)
         block_keys, values = block

@@ -33,6 +33,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <limits.h>
+#ifndef _WIN32
+#include <unistd.h>
+#endif
 
 #define RANGE_SKIPS 0
 #define FILTER_NEGATIVES 1
@@ -943,12 +947,13 @@ typedef struct {
     PyObject *missing;      /* the MISSING sentinel */
     PyObject *lookup_block; /* (reader, index_keys, base, counts, key[, block]) -> value/None/MISSING */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
+    PyObject *decode_read;  /* (reader, block, raw, counts, key) -> value/None/MISSING */
     PyObject *cache_map;    /* the block cache's dict (cache key -> (keys, values)), or NULL */
     PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
     Py_ssize_t max_key;
 } Getter;
 
-static PyObject *str_closed, *str_fast;
+static PyObject *str_closed, *str_fast, *str_fd, *str_index_offsets, *str_index_sizes;
 
 /* A Getter and its DB refer to each other (db.get is the Getter): the
  * cycle collector must see the references, or neither is ever freed. */
@@ -960,6 +965,7 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->missing);
     Py_VISIT(self->lookup_block);
     Py_VISIT(self->slow_get);
+    Py_VISIT(self->decode_read);
     Py_VISIT(self->cache_map);
     Py_VISIT(self->cache_marked);
     if (self->have_counts)
@@ -979,6 +985,7 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->missing);
     Py_CLEAR(self->lookup_block);
     Py_CLEAR(self->slow_get);
+    Py_CLEAR(self->decode_read);
     Py_CLEAR(self->cache_map);
     Py_CLEAR(self->cache_marked);
     return 0;
@@ -999,12 +1006,13 @@ static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
     PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache_map, *cache_marked;
+    PyObject *decode_read;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             "cache_map", "cache_marked", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOO:Getter", kwlist, &db, &state,
+                             "cache_map", "cache_marked", "decode_read", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOOO:Getter", kwlist, &db, &state,
                                      &missing, &lookup_block, &slow_get, &max_key, &cache_map,
-                                     &cache_marked))
+                                     &cache_marked, &decode_read))
         return -1;
     if (cache_map != Py_None && (!PyDict_CheckExact(cache_map) || !PySet_Check(cache_marked))) {
         PyErr_SetString(PyExc_TypeError, "cache_map must be a dict and cache_marked a set");
@@ -1014,8 +1022,10 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
         return -1;
     }
-    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)) {
-        PyErr_SetString(PyExc_TypeError, "lookup_block and slow_get must be callable");
+    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)
+        || !PyCallable_Check(decode_read)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "lookup_block, slow_get and decode_read must be callable");
         return -1;
     }
     PyObject *counts = PyObject_GetAttrString(state, "counts");
@@ -1036,6 +1046,7 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     self->missing = Py_NewRef(missing);
     self->lookup_block = Py_NewRef(lookup_block);
     self->slow_get = Py_NewRef(slow_get);
+    self->decode_read = Py_NewRef(decode_read);
     if (cache_map != Py_None) {
         self->cache_map = Py_NewRef(cache_map);
         self->cache_marked = Py_NewRef(cache_marked);
@@ -1146,6 +1157,112 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     return found;
 }
 
+/* An int attribute of obj, or list attribute's item i, as an unsigned value;
+ * 0 and *out, 1 when it is not that (the caller lets Python serve), -1 on
+ * error. */
+static int
+attr_u64(PyObject *obj, PyObject *name, Py_ssize_t i, unsigned long long *out)
+{
+    PyObject *a = PyObject_GetAttr(obj, name);
+    if (a == NULL)
+        return -1;
+    PyObject *v = a;
+    if (i >= 0) {
+        if (!PyList_CheckExact(a) || i >= PyList_GET_SIZE(a)) {
+            Py_DECREF(a);
+            return 1;
+        }
+        v = PyList_GET_ITEM(a, i);
+    }
+    int rc = 1;
+    if (PyLong_CheckExact(v)) {
+        *out = PyLong_AsUnsignedLongLong(v);
+        if (*out == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* negative (a closed file's -1) or too large */
+        } else {
+            rc = 0;
+        }
+    }
+    Py_DECREF(a);
+    return rc;
+}
+
+#define BLOCK_READS 5
+#define CRC32_RESIDUE 0x2144DF1Cu  /* crc32(payload + its crc32, little-endian) */
+
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n);
+static int block_may_hold(const unsigned char *p, size_t n, const unsigned char *key,
+                          size_t klen);
+
+/* After a "maybe" for key in data block i of file entry item (reader,
+ * index_keys, base, counts), a block the cache does not hold: read it with
+ * one pread (the GIL released, as os.pread does), verify its checksum and
+ * walk its keys (block_may_hold).  0: a false positive, counted (one block
+ * read, one false positive) and nothing decoded or cached; 1: the block may
+ * hold key: *value is what the Python decode_read made of the bytes read
+ * (a new reference: the value, None for a tombstone, or MISSING); 2: let
+ * the Python lookup_block serve (the reader is closed or in memory, odd
+ * types, a short read or a checksum mismatch: it reads again and raises
+ * what it should); -1: error. */
+static int
+disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
+           PyObject **value)
+{
+#ifdef _WIN32
+    (void)self; (void)e; (void)item; (void)key; (void)i; (void)value;
+    return 2;
+#else
+    PyObject *reader = PyTuple_GET_ITEM(item, 0);
+    unsigned long long fd, offset, size;
+    int r = attr_u64(reader, str_fd, -1, &fd);
+    if (r == 0)
+        r = attr_u64(reader, str_index_offsets, i, &offset);
+    if (r == 0)
+        r = attr_u64(reader, str_index_sizes, i, &size);
+    if (r != 0)
+        return r < 0 ? -1 : 2;
+    if (fd > INT_MAX || size > (unsigned long long)PY_SSIZE_T_MAX - 4
+        || offset > (unsigned long long)INT64_MAX)
+        return 2;
+    size_t total = (size_t)size + 4;
+    unsigned char *buf = PyMem_RawMalloc(total);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    ssize_t got;
+    Py_BEGIN_ALLOW_THREADS
+    got = pread((int)fd, buf, total, (off_t)offset);
+    Py_END_ALLOW_THREADS
+    if (got < 0 || (size_t)got != total || crc32_update(0, buf, total) != CRC32_RESIDUE) {
+        PyMem_RawFree(buf);
+        return 2;
+    }
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_READS]++;
+    if (!block_may_hold(buf, (size_t)size, (const unsigned char *)PyBytes_AS_STRING(key),
+                        (size_t)PyBytes_GET_SIZE(key))) {
+        PyMem_RawFree(buf);
+        counts[FALSE_POSITIVES]++;
+        return 0;
+    }
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);
+    PyMem_RawFree(buf);
+    if (raw == NULL)
+        return -1;
+    PyObject *index = PyLong_FromSsize_t(i);
+    if (index == NULL) {
+        Py_DECREF(raw);
+        return -1;
+    }
+    PyObject *args[5] = {reader, index, raw, PyTuple_GET_ITEM(item, 3), key};
+    *value = PyObject_Vectorcall(self->decode_read, args, 5, NULL);
+    Py_DECREF(index);
+    Py_DECREF(raw);
+    return *value == NULL ? -1 : 1;
+#endif
+}
+
 /* The state's fast tuple when the C path can serve: 1 and *fast (a new
  * reference); 0 when the Python getter must (closed database, no C probes:
  * shadow mode, no files); -1 on error. */
@@ -1250,7 +1367,16 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             f = probes_first(probes, key, f + 1);
             continue;
         }
-        if (c == 2) {  /* not in the cache: the Python side reads the block */
+        if (c == 2 && block >= 0) {  /* not in the cache: read it here */
+            c = disk_probe(self, &probes->e[f], item, key, block, &value);
+            if (c < 0)
+                goto done;
+            if (c == 0) {  /* a false positive, read and walked */
+                f = probes_first(probes, key, f + 1);
+                continue;
+            }
+        }
+        if (c == 2) {  /* the Python side reads the block */
             PyObject *i = block >= 0 ? PyLong_FromSsize_t(block) : NULL;
             if (block >= 0 && i == NULL)
                 goto done;
@@ -2172,7 +2298,11 @@ PyInit__speedups(void)
         return NULL;
     str_closed = PyUnicode_InternFromString("_closed");
     str_fast = PyUnicode_InternFromString("fast");
-    if (str_closed == NULL || str_fast == NULL)
+    str_fd = PyUnicode_InternFromString("_fd");
+    str_index_offsets = PyUnicode_InternFromString("index_offsets");
+    str_index_sizes = PyUnicode_InternFromString("index_sizes");
+    if (str_closed == NULL || str_fast == NULL || str_fd == NULL || str_index_offsets == NULL
+        || str_index_sizes == NULL)
         return NULL;
     crc_table_init();
     PyObject *xxhash_mod = PyImport_ImportModule("xxhash");

@@ -92,6 +92,9 @@ def make_getter(db: DB, state: TableState) -> Any:
         else:
             touch(base | i)
             counts[BLOCK_CACHE_HITS] += 1
+        return find_in(block, counts, key)
+
+    def find_in(block: tuple[list[bytes], list[bytes | None]], counts: Any, key: bytes) -> Any:
         block_keys = block[0]
         j = _bisect(block_keys, key)
         if j == len(block_keys) or block_keys[j] != key:
@@ -99,6 +102,11 @@ def make_getter(db: DB, state: TableState) -> Any:
             return missing
         counts[TRUE_POSITIVES] += 1
         return block[1][j]
+
+    def decode_read(reader: SSTableReader, i: int, raw: bytes, counts: Any, key: bytes) -> Any:
+        """The C getter read block ``i`` from disk (counted, checksum verified)
+        and its keys may hold ``key``: decode it (then cached) and look."""
+        return find_in(reader.decode_read(i, raw), counts, key)
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
@@ -199,7 +207,7 @@ def make_getter(db: DB, state: TableState) -> Any:
         # in C, exactly what ``lookup``/``touch`` do).
         return Getter(db, state, missing, lookup_block, get, max_key,
                       cache._map if cache is not None else None,
-                      cache._marked if cache is not None else None)
+                      cache._marked if cache is not None else None, decode_read)
     return get
 
 

@@ -262,10 +262,16 @@ class SSTableReader:
         positive of the filter, and the block is neither decoded nor cached:
         it costs one read and one checksum, not a decode.
         """
-        raw, offset = self._read_raw(i)
+        raw, _offset = self._read_raw(i)
         if not block_may_hold(raw, key):
             return None
-        block = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path, offset)
+        return self.decode_read(i, raw)
+
+    def decode_read(self, i: int, raw: bytes) -> tuple[list[bytes], list[bytes | None]]:
+        """Decode data block ``i`` from ``raw``, the bytes read from disk (payload
+        and trailer, checksum already verified), and cache it."""
+        block = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
+                                      self.index_offsets[i])
         self._remember(i, block)
         return block
 

@@ -660,3 +660,66 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones():
 def test_the_c_key_order_is_bytes_order(a, b, prefix):
     for x, y in ((a, b), (prefix + a, prefix + b), (a, a + b), (prefix + a, prefix)):
         assert speedups._cmp(x, y) == (x > y) - (x < y)
+
+
+def test_a_false_positive_read_in_c_is_one_read_counted_and_nothing_cached(tmp_path):
+    """The C getter reads an uncached block itself (one pread, checksum, key
+    walk): a false positive is one block read and one false positive in the
+    counters, one read for the kernel, and leaves nothing decoded in the cache;
+    a true positive decodes and caches the block it already read."""
+    from bench.common import ReadSyscalls
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", bloom_filter_fp_chance=0.2, **SMALL)
+    for i in range(0, 4000, 2):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False)
+    try:
+        assert type(db.get).__name__ == "Getter"
+        cache = db._block_cache
+        syscalls = ReadSyscalls()
+        start = syscalls.snapshot()
+        for i in range(1, 4000, 2):
+            assert db.get(b"key%06d" % i) is None
+        kernel = syscalls.delta(start)
+        stats = db.table_stats()
+        assert stats["false_positives"] > 100  # fp 0.2 over 2,000 absent keys
+        assert stats["block_reads"] == stats["false_positives"]
+        assert stats["true_positives"] == 0 and len(cache) == 0
+        if kernel is not None:
+            assert kernel == stats["block_reads"]
+        assert db.get(b"key%06d" % 2000) == b"v2000"
+        assert db.table_stats()["block_reads"] == stats["block_reads"] + 1 and len(cache) == 1
+        assert db.get(b"key%06d" % 2000) == b"v2000"  # now a cache hit: no read
+        assert db.table_stats()["block_reads"] == stats["block_reads"] + 1
+    finally:
+        db.close()
+
+
+def test_a_damaged_block_read_by_the_c_getter_is_corruption_at_its_offset(tmp_path):
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", **SMALL)
+    for i in range(2000):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    reader = db._default_state.fast[5][0][0]
+    offset = reader.index_offsets[3]
+    key = reader.index_keys[3]
+    name = os.path.basename(reader.path)
+    db.close()
+    with open(os.path.join(path, name), "r+b") as f:
+        f.seek(offset + 5)
+        byte = f.read(1)
+        f.seek(offset + 5)
+        f.write(bytes([byte[0] ^ 0x40]))
+    db = lsmdb.open(path, auto_compaction=False)
+    try:
+        assert type(db.get).__name__ == "Getter"
+        with pytest.raises(lsmdb.CorruptionError) as exc:
+            db.get(key)
+        assert exc.value.path == os.path.join(path, name) and exc.value.offset == offset
+    finally:
+        db.close()

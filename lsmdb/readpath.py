@@ -231,7 +231,10 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     (or fetched from the cache) once per call.  Counters are kept exactly as
     for ``get``.
     """
-    given = keys if type(keys) is list else list(keys)
+    # A private list: the C code holds its items by borrowed reference, which another
+    # thread (or a finaliser run by an allocation) changing the caller's list must not
+    # pull out from under it.
+    given = list(keys)
     many = getattr(state_getter(db, state), "many", None)
     if many is not None:  # the C getter: memtables and filters for every key in one call
         ks = given

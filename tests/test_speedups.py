@@ -723,3 +723,47 @@ def test_a_damaged_block_read_by_the_c_getter_is_corruption_at_its_offset(tmp_pa
         assert exc.value.path == os.path.join(path, name) and exc.value.offset == offset
     finally:
         db.close()
+
+
+def test_get_many_survives_the_callers_list_changing_under_it(tmp_path):
+    """get_many's C part holds the keys by borrowed reference; Python code run
+    by a garbage collection one of its allocations starts (here: a gc callback
+    clearing the caller's list at the k-th collection of the call, for many k)
+    must not pull them out from under it: the answer is for the list as it
+    was when get_many took it, or for the emptied list."""
+    import gc
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", bloom_filter_fp_chance=1.0, **SMALL)  # every key reads a block
+    for i in range(3000):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    query = [b"key%06d" % i for i in range(0, 3000, 3)] + [b"key%06dx" % i for i in range(500)]
+    expected = [b"v%d" % i for i in range(0, 3000, 3)] + [None] * 500
+    state = {"keys": [], "left": 0}
+
+    def clear_at_kth(phase: str, _info: dict) -> None:
+        if phase == "start":
+            state["left"] -= 1
+            if state["left"] == 0:
+                state["keys"].clear()
+
+    old = gc.get_threshold()
+    gc.callbacks.append(clear_at_kth)
+    cleared_inside = 0
+    try:
+        for k in range(1, 40):
+            keys = list(query)
+            state.update(keys=keys, left=k)
+            gc.set_threshold(1)  # every allocation of a container collects
+            got = db.get_many(keys)
+            gc.set_threshold(*old)
+            assert got in (expected, []), k
+            cleared_inside += got == expected and keys == []
+    finally:
+        gc.callbacks.remove(clear_at_kth)
+        gc.set_threshold(*old)
+        db.close()
+    assert cleared_inside > 0  # the list really was cleared while get_many ran

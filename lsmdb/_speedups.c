@@ -60,6 +60,8 @@ typedef struct {
     char *ikeys;         /* the index keys (last key of each block), back to back */
     Py_ssize_t *ioff;    /* nidx + 1 offsets into ikeys */
     Py_ssize_t nidx;
+    uint64_t *boff;      /* NULL, or each data block's offset and size in the file */
+    uint64_t *bsize;
     uint64_t m;
     uint64_t mod_M;      /* fastmod_M(m) */
     Py_ssize_t k;
@@ -357,8 +359,12 @@ entry_clear(Entry *e)
 {
     PyMem_Free(e->ikeys);
     PyMem_Free(e->ioff);
+    PyMem_Free(e->boff);
+    PyMem_Free(e->bsize);
     e->ikeys = NULL;
     e->ioff = NULL;
+    e->boff = NULL;
+    e->bsize = NULL;
     Py_CLEAR(e->lo);
     Py_CLEAR(e->hi);
     Py_CLEAR(e->kf);
@@ -378,9 +384,9 @@ entry_init(Entry *e, PyObject *item)
     PyObject *t = PySequence_Tuple(item);
     if (t == NULL)
         return -1;
-    if (PyTuple_GET_SIZE(t) != 8) {
+    if (PyTuple_GET_SIZE(t) != 8 && PyTuple_GET_SIZE(t) != 10) {
         PyErr_SetString(PyExc_ValueError, "a file entry is (counts, min_key, max_key, bits, m, "
-                                          "k, keyed_fn, index_keys)");
+                                          "k, keyed_fn, index_keys[, offsets, sizes])");
         goto fail;
     }
     PyObject *counts = PyTuple_GET_ITEM(t, 0), *lo = PyTuple_GET_ITEM(t, 1),
@@ -460,6 +466,26 @@ entry_init(Entry *e, PyObject *item)
     }
     e->ioff[nidx] = total;
     e->nidx = nidx;
+    if (PyTuple_GET_SIZE(t) == 10) {  /* where each block is: a get's disk read needs no lookup */
+        PyObject *offs = PyTuple_GET_ITEM(t, 8), *sizes = PyTuple_GET_ITEM(t, 9);
+        if (!PyList_CheckExact(offs) || !PyList_CheckExact(sizes)
+            || PyList_GET_SIZE(offs) != nidx || PyList_GET_SIZE(sizes) != nidx) {
+            PyErr_SetString(PyExc_TypeError, "offsets and sizes must be lists, one per block");
+            goto fail;
+        }
+        e->boff = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
+        e->bsize = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
+        if (e->boff == NULL || e->bsize == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < nidx; i++) {
+            e->boff[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offs, i));
+            e->bsize[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(sizes, i));
+            if (PyErr_Occurred())
+                goto fail;
+        }
+    }
     Py_DECREF(t);
     return 0;
 fail:
@@ -1214,11 +1240,16 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
 #else
     PyObject *reader = PyTuple_GET_ITEM(item, 0);
     unsigned long long fd, offset, size;
-    int r = attr_u64(reader, str_fd, -1, &fd);
-    if (r == 0)
-        r = attr_u64(reader, str_index_offsets, i, &offset);
-    if (r == 0)
-        r = attr_u64(reader, str_index_sizes, i, &size);
+    int r = attr_u64(reader, str_fd, -1, &fd);  /* now: the reader may have been closed */
+    if (r == 0 && e->boff != NULL && i < e->nidx) {
+        offset = e->boff[i];
+        size = e->bsize[i];
+    } else {
+        if (r == 0)
+            r = attr_u64(reader, str_index_offsets, i, &offset);
+        if (r == 0)
+            r = attr_u64(reader, str_index_sizes, i, &size);
+    }
     if (r != 0)
         return r < 0 ? -1 : 2;
     if (fd > INT_MAX || size > (unsigned long long)PY_SSIZE_T_MAX - 4

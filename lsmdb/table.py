@@ -116,7 +116,7 @@ def _c_entry(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
     return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn,
-            r.index_keys)
+            r.index_keys, r.index_offsets, r.index_sizes)
 
 
 def _c_probes(l0: list[SSTableReader], deeper: list[tuple[list[bytes], list[SSTableReader]]]

@@ -156,6 +156,9 @@ def test_hash_computed_once_per_key_across_resumes():
     (lambda e: (*e[:7], ["a"]), TypeError),                              # index keys not bytes
     (lambda e: (*e[:7], (b"a",)), TypeError),                            # index keys not a list
     (lambda e: e[:5], ValueError),                                       # wrong arity
+    (lambda e: (*e[:8], [0], [1, 2]), TypeError),                        # offsets, sizes unequal
+    (lambda e: (*e[:8], (0,) * len(e[7]), [1] * len(e[7])), TypeError),  # offsets not a list
+    (lambda e: (*e[:8], [-1] * len(e[7]), [1] * len(e[7])), OverflowError),  # negative offset
 ])
 def test_bad_entries_are_refused(bad, error):
     e, _ = entry([b"a", b"b"], 0.01)

@@ -26,7 +26,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from itertools import repeat
 from operator import itemgetter
 from typing import Any
 
@@ -45,7 +44,7 @@ from .errors import (
     TableExistsError,
 )
 from .keys import MAX_BATCH_SIZE_BYTES, as_key
-from .logset import LogSet, encode_record
+from .logset import LogSet, encode_record, encode_table_record
 from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .merge import merge_newest
@@ -241,7 +240,7 @@ class DB:
         n = len(keys)
 
         def encode(seq: int) -> bytes:
-            return encode_record(seq, list(zip(repeat(state.id, n), keys, values, strict=True)))
+            return encode_table_record(seq, state.id, keys, values)
 
         def apply(seq: int) -> list[TableState]:
             if n == 1:

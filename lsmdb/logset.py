@@ -12,10 +12,16 @@ import logging
 import os
 import re
 from collections.abc import Callable
+from itertools import repeat
 
 import msgpack
 
 from .errors import CorruptionError
+
+try:  # optional C speedups (lsmdb/_speedups.c)
+    from ._speedups import encode_ops as _encode_ops
+except ImportError:  # pragma: no cover - built without a C compiler
+    _encode_ops = None  # type: ignore[assignment]
 from .wal import LogWriter, read_log_file, truncate_file
 
 log = logging.getLogger("lsmdb")
@@ -33,6 +39,15 @@ def encode_record(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> bytes
     """One WAL record payload: msgpack [seq, [[table_id, key, value|None], ...]]
     (tuples pack as arrays: the same bytes as lists)."""
     return msgpack.packb([seq, ops], use_bin_type=True)
+
+
+def encode_table_record(seq: int, table_id: int, keys: list[bytes],
+                        values: list[bytes | None]) -> bytes:
+    """``encode_record`` of ops that all go to one table: keys[i] -> values[i]
+    (the C speedups write the same bytes about 10x faster than msgpack)."""
+    if _encode_ops is not None:
+        return _encode_ops(seq, table_id, keys, values)
+    return encode_record(seq, list(zip(repeat(table_id, len(keys)), keys, values, strict=True)))
 
 
 def decode_record(payload: bytes, path: str, offset: int) -> tuple[int, list[Op]]:

@@ -1,13 +1,24 @@
-/* lsmdb._speedups: the per-file part of a point read, in C.
+/* lsmdb._speedups: the hot per-key and per-file steps of lsmdb, in C.
  *
- * Optional: lsmdb works without it (lsmdb.readpath falls back to the same
- * logic in Python, and the tests run both).  It does exactly what the
- * Python read path does for each SSTable a get consults, in the same order:
+ * Optional: lsmdb works without it (the same logic runs in Python, and the
+ * tests run both and compare answers and counters).  What is here:
+ *
+ *   Probes      a get's range checks and filter probes, file by file
+ *   Getter      the whole db.get (block-cache hits, a block read from disk
+ *               and its key walk) and the memtable/filter steps of get_many
+ *   Merge       the k-way merge of scans and compactions
+ *   crc32       zlib's CRC-32, folded with PCLMULQDQ where the CPU has it
+ *   xxh3_64     the filters' key hash, for keys up to 240 bytes
+ *   block_may_hold, encode_ops, bloom_add: a data block's keys walked in
+ *               place, a one-table WAL record, filter bits set
+ *
+ * For each SSTable a get consults it does what the Python read path does,
+ * in the same order:
  *
  *   key range check            -> counts[RANGE_SKIPS] += 1 when outside
  *   Bloom filter probe         -> counts[FILTER_NEGATIVES] += 1 on a "no"
- *   "maybe" (or no filter)     -> return the file's index to the caller,
- *                                 which reads the one data block in Python
+ *   "maybe" (or no filter)     -> the one data block: from the cache, or
+ *                                 read, checked and walked here
  *
  * The filter layout is the one in docs/FORMAT.md: h = xxh3_64(key) (or the
  * table's keyed hash), h1 = h & 0xFFFFFFFF, h2 = h >> 32, probe i at bit
@@ -19,11 +30,14 @@
  * Probes(l0, deeper, fast_hash)
  *   l0:     sequence of file entries, newest first
  *   deeper: sequence of (max_keys, entries) per level >= 1, sorted by key
- *   entry:  (counts, min_key, max_key, bits, m, k, keyed_fn)
+ *   entry:  (counts, min_key, max_key, bits, m, k, keyed_fn, index_keys
+ *            [, index_offsets, index_sizes])
  *           counts: array('Q') of the file's counters (sstable_reader.FILE_COUNTERS)
  *           bits:   the filter's bit array (any buffer), None when m == 0
  *           keyed_fn: None for xxh3_64, else the keyed hash function
- *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key)
+ *           index_keys, index_offsets, index_sizes: the file's index
+ *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key); given this
+ *           module's xxh3_64, the probes compute it inline
  * Probes.first(key, start) -> index of the first file at or after flat
  *   index `start` (level-0 files, then the deeper levels' files in order)
  *   whose range holds key and whose filter says "maybe"; -1 when none.

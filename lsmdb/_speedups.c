@@ -700,31 +700,40 @@ filter_maybe(const Entry *e, uint64_t h)
     return 1;
 }
 
+/* Whether k[0:klen] is within e's key range; a key outside is counted. */
+static inline int
+in_range(Entry *e, const char *k, Py_ssize_t klen)
+{
+    if (mem_order(k, klen, PyBytes_AS_STRING(e->lo), PyBytes_GET_SIZE(e->lo)) < 0
+        || mem_order(k, klen, PyBytes_AS_STRING(e->hi), PyBytes_GET_SIZE(e->hi)) > 0) {
+        ((uint64_t *)e->counts.buf)[RANGE_SKIPS]++;
+        return 0;
+    }
+    return 1;
+}
+
+/* Whether e's filter (m > 0) may hold the key of hash h; a "no" is counted. */
+static inline int
+filter_says_maybe(Entry *e, uint64_t h)
+{
+    if (filter_maybe(e, h))
+        return 1;
+    ((uint64_t *)e->counts.buf)[FILTER_NEGATIVES]++;
+    return 0;
+}
+
 /* 1: the file may hold key (or has no filter); 0: certainly not; -1: error. */
 static inline int
 check(Probes *self, Entry *e, PyObject *key)
 {
-    uint64_t *counts = (uint64_t *)e->counts.buf;
-    if (bytes_cmp(key, e->lo) < 0 || bytes_cmp(key, e->hi) > 0) {
-        counts[RANGE_SKIPS]++;
+    if (!in_range(e, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)))
         return 0;
-    }
     if (!e->m)
         return 1;
     uint64_t h;
     if (key_hash(self, key, e->kf, &h) < 0)
         return -1;
-    if (filter_maybe(e, h))
-        return 1;
-    counts[FILTER_NEGATIVES]++;
-    return 0;
-}
-
-/* Order of the key k[0:klen] and the bytes b, as bytes_cmp. */
-static inline int
-raw_cmp(const char *k, Py_ssize_t klen, PyObject *b)
-{
-    return mem_order(k, klen, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    return filter_says_maybe(e, h);
 }
 
 /* check for a file of the fast hash, given the key's bytes k[0:klen] and
@@ -732,15 +741,7 @@ raw_cmp(const char *k, Py_ssize_t klen, PyObject *b)
 static inline int
 check_raw(Entry *e, const char *k, Py_ssize_t klen, uint64_t h)
 {
-    uint64_t *counts = (uint64_t *)e->counts.buf;
-    if (raw_cmp(k, klen, e->lo) < 0 || raw_cmp(k, klen, e->hi) > 0) {
-        counts[RANGE_SKIPS]++;
-        return 0;
-    }
-    if (!e->m || filter_maybe(e, h))
-        return 1;
-    counts[FILTER_NEGATIVES]++;
-    return 0;
+    return in_range(e, k, klen) && (!e->m || filter_says_maybe(e, h));
 }
 
 /* The file of level L that may hold key (flat index), or -1: bisect_left on
@@ -993,7 +994,7 @@ typedef struct {
     Py_ssize_t max_key;
 } Getter;
 
-static PyObject *str_closed, *str_fast, *str_fd, *str_index_offsets, *str_index_sizes;
+static PyObject *str_closed, *str_fast, *str_fd;
 
 /* A Getter and its DB refer to each other (db.get is the Getter): the
  * cycle collector must see the references, or neither is ever freed. */
@@ -1197,34 +1198,22 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     return found;
 }
 
-/* An int attribute of obj, or list attribute's item i, as an unsigned value;
- * 0 and *out, 1 when it is not that (the caller lets Python serve), -1 on
- * error. */
+/* The reader's file descriptor: 0 and *fd; 1 when it has none (closed, or
+ * in memory: the caller lets Python serve); -1 on error. */
 static int
-attr_u64(PyObject *obj, PyObject *name, Py_ssize_t i, unsigned long long *out)
+reader_fd(PyObject *reader, int *fd)
 {
-    PyObject *a = PyObject_GetAttr(obj, name);
+    PyObject *a = PyObject_GetAttr(reader, str_fd);
     if (a == NULL)
         return -1;
-    PyObject *v = a;
-    if (i >= 0) {
-        if (!PyList_CheckExact(a) || i >= PyList_GET_SIZE(a)) {
-            Py_DECREF(a);
-            return 1;
-        }
-        v = PyList_GET_ITEM(a, i);
-    }
-    int rc = 1;
-    if (PyLong_CheckExact(v)) {
-        *out = PyLong_AsUnsignedLongLong(v);
-        if (*out == (unsigned long long)-1 && PyErr_Occurred()) {
-            PyErr_Clear();  /* negative (a closed file's -1) or too large */
-        } else {
-            rc = 0;
-        }
-    }
+    long v = PyLong_CheckExact(a) ? PyLong_AsLong(a) : -1;
     Py_DECREF(a);
-    return rc;
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (v < 0 || v > INT_MAX)
+        return 1;
+    *fd = (int)v;
+    return 0;
 }
 
 #define BLOCK_READS 5
@@ -1253,21 +1242,14 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     return 2;
 #else
     PyObject *reader = PyTuple_GET_ITEM(item, 0);
-    unsigned long long fd, offset, size;
-    int r = attr_u64(reader, str_fd, -1, &fd);  /* now: the reader may have been closed */
-    if (r == 0 && e->boff != NULL && i < e->nidx) {
-        offset = e->boff[i];
-        size = e->bsize[i];
-    } else {
-        if (r == 0)
-            r = attr_u64(reader, str_index_offsets, i, &offset);
-        if (r == 0)
-            r = attr_u64(reader, str_index_sizes, i, &size);
-    }
+    if (e->boff == NULL || i >= e->nidx)  /* an entry without block offsets */
+        return 2;
+    int fd;
+    int r = reader_fd(reader, &fd);  /* now: the reader may have been closed */
     if (r != 0)
         return r < 0 ? -1 : 2;
-    if (fd > INT_MAX || size > (unsigned long long)PY_SSIZE_T_MAX - 4
-        || offset > (unsigned long long)INT64_MAX)
+    uint64_t offset = e->boff[i], size = e->bsize[i];
+    if (size > (uint64_t)PY_SSIZE_T_MAX - 4 || offset > (uint64_t)INT64_MAX)
         return 2;
     size_t total = (size_t)size + 4;
     unsigned char *buf = PyMem_RawMalloc(total);
@@ -1277,7 +1259,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     }
     ssize_t got;
     Py_BEGIN_ALLOW_THREADS
-    got = pread((int)fd, buf, total, (off_t)offset);
+    got = pread(fd, buf, total, (off_t)offset);
     Py_END_ALLOW_THREADS
     if (got < 0 || (size_t)got != total || crc32_update(0, buf, total) != CRC32_RESIDUE) {
         PyMem_RawFree(buf);
@@ -2475,10 +2457,7 @@ PyInit__speedups(void)
     str_closed = PyUnicode_InternFromString("_closed");
     str_fast = PyUnicode_InternFromString("fast");
     str_fd = PyUnicode_InternFromString("_fd");
-    str_index_offsets = PyUnicode_InternFromString("index_offsets");
-    str_index_sizes = PyUnicode_InternFromString("index_sizes");
-    if (str_closed == NULL || str_fast == NULL || str_fd == NULL || str_index_offsets == NULL
-        || str_index_sizes == NULL)
+    if (str_closed == NULL || str_fast == NULL || str_fd == NULL)
         return NULL;
     crc_table_init();
     PyObject *xxhash_mod = PyImport_ImportModule("xxhash");

@@ -1443,9 +1443,27 @@ done:
  * all the keys still unanswered, on the copies, so that one filter at a time
  * is in the CPU's caches rather than all of them in turn for every key.
  * Each key meets the files in the same order as a get and is counted the
- * same; a key whose block must be read goes to maybes as (file, i, seed)
- * and no further.  Only for tables whose filters all use the inline fast
+ * same.  A block not cached that one key needs is read here (disk_probe);
+ * a key whose block other keys need too goes to maybes as (file, i, seed)
+ * and no further, and the Python side reads that block once.  Only for tables whose filters all use the inline fast
  * hash (each key hashed once, up front).  0, or -1 with an exception set. */
+typedef struct {
+    Py_ssize_t f;      /* file (flat index) */
+    Py_ssize_t block;  /* its block that can hold the key; -1: unknown (no cache) */
+    Py_ssize_t i;      /* the key */
+} Miss;
+
+static int
+miss_order(const void *x, const void *y)
+{
+    const Miss *a = x, *b = y;
+    if (a->f != b->f)
+        return a->f < b->f ? -1 : 1;
+    if (a->block != b->block)
+        return a->block < b->block ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
 static int
 many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObject *out,
              PyObject *maybes, uint64_t *absent)
@@ -1459,7 +1477,8 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
     Py_ssize_t *koff = PyMem_Malloc((n + 1) * sizeof(Py_ssize_t));
     uint64_t *hashes = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
     char *kbuf = PyMem_Malloc(total ? (size_t)total : 1);
-    if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL) {
+    Miss *misses = PyMem_Malloc((n ? n : 1) * sizeof(Miss));
+    if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL || misses == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1481,7 +1500,7 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
         pending[npend++] = i;
     }
     for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
-        Py_ssize_t keep = 0;
+        Py_ssize_t keep = 0, nmiss = 0;
         for (Py_ssize_t q = 0; q < npend; q++) {
             Py_ssize_t i = pending[q];
             const char *k = kbuf + koff[i];
@@ -1513,16 +1532,49 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
                 PyList_SET_ITEM(out, i, value);
                 continue;
             }
-            /* the Python side reads this block, once for all the keys in it */
-            PyObject *entry = Py_BuildValue("(nn(LLO))", f, i, (long long)hashes[i], -1LL,
-                                            Py_None);
-            if (entry == NULL)
-                goto done;
-            int r = PyList_Append(maybes, entry);
-            Py_DECREF(entry);
-            if (r < 0)
-                goto done;
-            PyList_SET_ITEM(out, i, Py_NewRef(self->missing));
+            misses[nmiss].f = f;  /* the block is not cached: read below */
+            misses[nmiss].block = block;
+            misses[nmiss].i = i;
+            nmiss++;
+        }
+        /* Blocks to read, grouped: a block only one key needs is read here as
+         * a get reads it; one that several keys need goes to the Python side,
+         * which reads it once for all of them. */
+        qsort(misses, (size_t)nmiss, sizeof(Miss), miss_order);
+        for (Py_ssize_t a = 0, b; a < nmiss; a = b) {
+            for (b = a + 1; b < nmiss && misses[b].f == misses[a].f
+                            && misses[b].block == misses[a].block; b++)
+                ;
+            if (b == a + 1 && misses[a].block >= 0) {
+                Py_ssize_t f = misses[a].f, i = misses[a].i;
+                PyObject *value = NULL;
+                int d = disk_probe(self, &probes->e[f], PyTuple_GET_ITEM(flat, f),
+                                   PyList_GET_ITEM(keys, i), misses[a].block, &value);
+                if (d < 0)
+                    goto done;
+                if (d == 0 || (d == 1 && value == self->missing)) {
+                    Py_XDECREF(value);  /* a false positive: on to the next file */
+                    pending[keep++] = i;
+                    continue;
+                }
+                if (d == 1) {
+                    *absent += value == Py_None;
+                    PyList_SET_ITEM(out, i, value);
+                    continue;
+                }
+            }
+            for (Py_ssize_t c = a; c < b; c++) {
+                Py_ssize_t i = misses[c].i;
+                PyObject *entry = Py_BuildValue("(nn(LLO))", misses[c].f, i,
+                                                (long long)hashes[i], -1LL, Py_None);
+                if (entry == NULL)
+                    goto done;
+                int r = PyList_Append(maybes, entry);
+                Py_DECREF(entry);
+                if (r < 0)
+                    goto done;
+                PyList_SET_ITEM(out, i, Py_NewRef(self->missing));
+            }
         }
         npend = keep;
     }
@@ -1536,6 +1588,7 @@ done:
     PyMem_Free(koff);
     PyMem_Free(hashes);
     PyMem_Free(kbuf);
+    PyMem_Free(misses);
     return rc;
 }
 

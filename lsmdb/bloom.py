@@ -272,8 +272,14 @@ class BloomFilter:
 
     @property
     def bits_set(self) -> int:
-        """Number of bits set (a popcount of the bit array)."""
-        return int.from_bytes(self._bits, "little").bit_count()
+        """Number of bits set among the m filter bits (a popcount of the bit
+        array; the padding bits of the last byte, which no probe reads, are
+        not counted even when a damaged file has them set)."""
+        count = int.from_bytes(self._bits, "little").bit_count()
+        padding = len(self._bits) * 8 - self.m
+        if padding > 0:
+            count -= (self._bits[-1] >> (8 - padding)).bit_count()
+        return count
 
     @property
     def fill_ratio(self) -> float:

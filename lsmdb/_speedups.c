@@ -7,6 +7,8 @@
  *   Getter      the whole db.get (block-cache hits, a block read from disk
  *               and its key walk) and the memtable/filter steps of get_many
  *   Merge       the k-way merge of scans and compactions
+ *   MemFilter   a Bloom filter of a memtable's keys, so that a get skips the
+ *               memtable's dict for keys it does not hold
  *   crc32       zlib's CRC-32, folded with PCLMULQDQ where the CPU has it
  *   xxh3_64     the filters' key hash, for keys up to 240 bytes
  *   block_may_hold, encode_ops, bloom_add: a data block's keys walked in
@@ -978,6 +980,238 @@ static PyTypeObject ProbesType = {
 #define GETS_ABSENT 1
 #define PREFETCH_AHEAD 8
 
+/* ------------------------------------------------------------------ MemFilter
+ * A Bloom filter over a memtable's keys, kept in memory only, so that a get
+ * of a key the memtable does not hold skips the dict lookup (a walk into a
+ * dict of tens of thousands of entries, cache misses and all) for a test of
+ * a few bits in one cache line.  The key's hash is xxh3_64, which the get
+ * computes anyway for the files' filters and reuses for them.
+ *
+ * Layout: lines of 512 bits (8 words); a key sets MF_K bits of one line:
+ * line ((h >> 32) * nlines) >> 32, bits (g >> 9i) & 511 for i < MF_K, where
+ * g = h * 0x9E3779B97F4A7C15.  Sized at MF_BITS_PER_KEY bits per key of its
+ * capacity; when a write would take it past its capacity it is rebuilt at
+ * twice the keys from the memtable's dict (amortised: each key is hashed
+ * about twice), the new lines replacing the old ones only when complete.
+ *
+ * Writers add a batch's new keys *before* the batch enters the dict, in one
+ * call that never releases the GIL or runs Python code, so a reader that
+ * finds a key in the dict always finds it in the filter, and a batch still
+ * becomes visible in one dict.update.  Keys longer than XXH3_NATIVE_MAX
+ * bytes are not added: the getter looks them up in the dict without asking
+ * the filter.  A memtable never loses a key (a delete is a tombstone), so the
+ * filter never has to. */
+#define MF_BITS_PER_KEY 10
+#define MF_K 6
+#define MF_MIN_KEYS 1024
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *data;      /* the memtable's dict */
+    uint64_t *lines;     /* nlines lines of 8 words, 64-byte aligned in raw */
+    void *raw;
+    uint64_t nlines;
+    Py_ssize_t capacity; /* keys it is sized for */
+    Py_ssize_t count;    /* keys added since it was sized */
+} MemFilter;
+
+static PyTypeObject MemFilterType;
+
+static inline uint64_t *
+mf_line(uint64_t *lines, uint64_t nlines, uint64_t h)
+{
+    return lines + 8 * (((h >> 32) * nlines) >> 32);
+}
+
+static inline void
+mf_set(uint64_t *lines, uint64_t nlines, uint64_t h)
+{
+    uint64_t *line = mf_line(lines, nlines, h);
+    uint64_t g = h * UINT64_C(0x9E3779B97F4A7C15);
+    for (int i = 0; i < MF_K; i++) {
+        unsigned b = (unsigned)(g >> (9 * i)) & 511;
+        line[b >> 6] |= UINT64_C(1) << (b & 63);
+    }
+}
+
+/* 0: no key of the filter hashes to h; 1: maybe. */
+static inline int
+mf_test(const MemFilter *mf, uint64_t h)
+{
+    const uint64_t *line = mf_line(mf->lines, mf->nlines, h);
+    uint64_t g = h * UINT64_C(0x9E3779B97F4A7C15);
+    for (int i = 0; i < MF_K; i++) {
+        unsigned b = (unsigned)(g >> (9 * i)) & 511;
+        if (!(line[b >> 6] & (UINT64_C(1) << (b & 63))))
+            return 0;
+    }
+    return 1;
+}
+
+/* Size the filter for `keys` keys and refill it from the dict; the old lines
+ * stay in place until the new ones are complete.  0, or -1 (MemoryError). */
+static int
+mf_resize(MemFilter *mf, Py_ssize_t keys)
+{
+    if (keys < MF_MIN_KEYS)
+        keys = MF_MIN_KEYS;
+    if ((uint64_t)keys > (UINT64_C(1) << 40))
+        keys = (Py_ssize_t)(UINT64_C(1) << 40);
+    uint64_t nlines = ((uint64_t)keys * MF_BITS_PER_KEY + 511) / 512;
+    if (nlines > UINT32_MAX || nlines > (uint64_t)PY_SSIZE_T_MAX / 64 - 1) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    void *raw = PyMem_RawCalloc((size_t)nlines * 64 + 64, 1);
+    if (raw == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t *lines = (uint64_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+    Py_ssize_t pos = 0, count = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(mf->data, &pos, &key, &value)) {
+        if (PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
+            mf_set(lines, nlines, xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
+                                                (size_t)PyBytes_GET_SIZE(key)));
+            count++;
+        }
+    }
+    PyMem_RawFree(mf->raw);
+    mf->raw = raw;
+    mf->lines = lines;
+    mf->nlines = nlines;
+    mf->capacity = keys;
+    mf->count = count;
+    return 0;
+}
+
+static int
+MemFilter_init(MemFilter *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *data;
+    static char *kwlist[] = {"data", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:MemFilter", kwlist, &PyDict_Type, &data))
+        return -1;
+    if (!PyDict_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "data must be a dict");
+        return -1;
+    }
+    Py_INCREF(data);
+    Py_XSETREF(self->data, data);
+    return mf_resize(self, 2 * PyDict_GET_SIZE(data));
+}
+
+static void
+MemFilter_dealloc(MemFilter *self)
+{
+    Py_XDECREF(self->data);
+    PyMem_RawFree(self->raw);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* add_many(keys): keys (a list of bytes) are about to enter the dict. */
+static PyObject *
+MemFilter_add_many(MemFilter *self, PyObject *keys)
+{
+    if (self->lines == NULL) {
+        PyErr_SetString(PyExc_TypeError, "MemFilter is not initialised");
+        return NULL;
+    }
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return NULL;
+        }
+    if (self->count + n > self->capacity
+        && mf_resize(self, 2 * (PyDict_GET_SIZE(self->data) + n)) < 0)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
+            mf_set(self->lines, self->nlines,
+                   xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
+                                 (size_t)PyBytes_GET_SIZE(key)));
+            self->count++;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+MemFilter_add(MemFilter *self, PyObject *key)
+{
+    PyObject *one = PyList_New(1);
+    if (one == NULL)
+        return NULL;
+    PyList_SET_ITEM(one, 0, Py_NewRef(key));
+    PyObject *r = MemFilter_add_many(self, one);
+    Py_DECREF(one);
+    return r;
+}
+
+static PyObject *
+MemFilter_may_hold(MemFilter *self, PyObject *key)
+{
+    if (self->lines == NULL) {
+        PyErr_SetString(PyExc_TypeError, "MemFilter is not initialised");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes");
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
+        Py_RETURN_TRUE;
+    return PyBool_FromLong(mf_test(self, xxh3_64_short(
+        (const unsigned char *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key))));
+}
+
+static PyObject *
+MemFilter_get_capacity(MemFilter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->capacity);
+}
+
+static PyObject *
+MemFilter_get_nbytes(MemFilter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->nlines * 64);
+}
+
+static PyMethodDef MemFilter_methods[] = {
+    {"add_many", (PyCFunction)MemFilter_add_many, METH_O,
+     "add_many(keys): keys (a list of bytes) are about to enter the memtable's dict"},
+    {"add", (PyCFunction)MemFilter_add, METH_O, "add(key): add_many([key])"},
+    {"may_hold", (PyCFunction)MemFilter_may_hold, METH_O,
+     "may_hold(key) -> False when the memtable cannot hold key, else True"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef MemFilter_getset[] = {
+    {"capacity", (getter)MemFilter_get_capacity, NULL, "keys the filter is sized for", NULL},
+    {"nbytes", (getter)MemFilter_get_nbytes, NULL, "bytes of filter lines", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject MemFilterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.MemFilter",
+    .tp_basicsize = sizeof(MemFilter),
+    .tp_dealloc = (destructor)MemFilter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "MemFilter(data): a Bloom filter over the keys of a memtable's dict, for gets",
+    .tp_methods = MemFilter_methods,
+    .tp_getset = MemFilter_getset,
+    .tp_init = (initproc)MemFilter_init,
+    .tp_new = PyType_GenericNew,
+};
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -1306,11 +1540,14 @@ getter_fast(Getter *self, PyObject **fast)
     PyObject *f = PyObject_GetAttr(self->state, str_fast);
     if (f == NULL)
         return -1;
-    if (!PyTuple_CheckExact(f) || PyTuple_GET_SIZE(f) != 6
+    if (!PyTuple_CheckExact(f) || PyTuple_GET_SIZE(f) != 7
         || !PyObject_TypeCheck(PyTuple_GET_ITEM(f, 4), &ProbesType)
         || !PyDict_CheckExact(PyTuple_GET_ITEM(f, 0))
         || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 1))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 5))) {
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 5))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 6))
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 6))
+               != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 1)) + 1) {
         Py_DECREF(f);
         return 0;
     }
@@ -1319,23 +1556,60 @@ getter_fast(Getter *self, PyObject **fast)
 }
 
 /* key in the memtable or the frozen ones (newest first): 1 and *value
- * (borrowed; None for a tombstone), 0 when none has it, -1 on error. */
+ * (borrowed; None for a tombstone), 0 when none has it, -1 on error.  With
+ * have_h, h is the key's xxh3_64, and a memtable whose filter (fast[6]) says
+ * "no" is passed without a dict lookup. */
 static int
-mem_lookup(PyObject *fast, PyObject *key, PyObject **value)
+mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value)
 {
-    PyObject *v = PyDict_GetItemWithError(PyTuple_GET_ITEM(fast, 0), key);
-    PyObject *imms = PyTuple_GET_ITEM(fast, 1);
-    for (Py_ssize_t j = 0; v == NULL && !PyErr_Occurred() && j < PyTuple_GET_SIZE(imms); j++) {
-        PyObject *imm = PyTuple_GET_ITEM(imms, j);
-        if (!PyDict_CheckExact(imm)) {
+    PyObject *imms = PyTuple_GET_ITEM(fast, 1), *filters = PyTuple_GET_ITEM(fast, 6);
+    for (Py_ssize_t j = -1; j < PyTuple_GET_SIZE(imms); j++) {
+        PyObject *d = j < 0 ? PyTuple_GET_ITEM(fast, 0) : PyTuple_GET_ITEM(imms, j);
+        if (!PyDict_CheckExact(d)) {
             PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
             return -1;
         }
-        v = PyDict_GetItemWithError(imm, key);
+        PyObject *mf = PyTuple_GET_ITEM(filters, j + 1);
+        if (have_h && Py_IS_TYPE(mf, &MemFilterType) && ((MemFilter *)mf)->data == d
+            && ((MemFilter *)mf)->lines != NULL && !mf_test((MemFilter *)mf, h))
+            continue;
+        PyObject *v = PyDict_GetItemWithError(d, key);
+        if (v != NULL) {
+            *value = v;
+            return 1;
+        }
+        if (PyErr_Occurred())
+            return -1;
     }
-    if (v == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    *value = v;
+    return 0;
+}
+
+/* Make key the probes' held key with h as its fast hash (the probes' fast
+ * hash being this module's xxh3_64), so that the files' probes reuse it. */
+static void
+probes_hold(Probes *self, PyObject *key, uint64_t h)
+{
+    if (self->last_key != key) {
+        Py_INCREF(key);
+        Py_XSETREF(self->last_key, key);
+        self->have_keyed = 0;
+    }
+    self->last_fast = h;
+    self->have_fast = 1;
+}
+
+/* A get's key hashed once, up front, for the memtable filters and then the
+ * files' filters: 1 and *h, or 0 for a key too long to hash inline (its
+ * memtable lookups then go straight to the dicts). */
+static int
+getter_hash(Probes *probes, PyObject *key, uint64_t *h)
+{
+    if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
+        return 0;
+    *h = xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
+                       (size_t)PyBytes_GET_SIZE(key));
+    if (probes->native_hash)
+        probes_hold(probes, key, *h);
     return 1;
 }
 
@@ -1360,7 +1634,10 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
         return ok < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
     uint64_t *counts = (uint64_t *)self->counts.buf;
     counts[GETS]++;
-    int m = mem_lookup(fast, key, &value);
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
+    uint64_t h = 0;
+    int have_h = getter_hash(probes, key, &h);
+    int m = mem_lookup(fast, key, h, have_h, &value);
     if (m < 0)
         goto done;
     if (value != NULL) {
@@ -1369,7 +1646,6 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
         result = Py_NewRef(value);
         goto done;
     }
-    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     Py_ssize_t f = probes_first(probes, key, 0);
     while (f >= 0) {
@@ -1487,7 +1763,9 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
         PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
         Py_ssize_t klen = PyBytes_GET_SIZE(key);
         koff[i + 1] = koff[i] + klen;
-        if (mem_lookup(fast, key, &value) < 0)
+        if (xxh3_64_bytes(key, &hashes[i]) < 0)
+            goto done;
+        if (mem_lookup(fast, key, hashes[i], klen <= XXH3_NATIVE_MAX, &value) < 0)
             goto done;
         if (value != NULL) {
             *absent += value == Py_None;
@@ -1495,8 +1773,6 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
             continue;
         }
         memcpy(kbuf + koff[i], PyBytes_AS_STRING(key), (size_t)klen);
-        if (xxh3_64_bytes(key, &hashes[i]) < 0)
-            goto done;
         pending[npend++] = i;
     }
     for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
@@ -1641,7 +1917,9 @@ Getter_many(Getter *self, PyObject *keys)
             PREFETCH(ahead + 63);
         }
         PyObject *value = NULL;
-        if (mem_lookup(fast, key, &value) < 0)
+        uint64_t h = 0;
+        int have_h = getter_hash(probes, key, &h);
+        if (mem_lookup(fast, key, h, have_h, &value) < 0)
             goto done;
         if (value != NULL) {
             absent += value == Py_None;
@@ -2505,7 +2783,7 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     if (PyType_Ready(&ProbesType) < 0 || PyType_Ready(&GetterType) < 0
-        || PyType_Ready(&MergeType) < 0)
+        || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0)
         return NULL;
     str_closed = PyUnicode_InternFromString("_closed");
     str_fast = PyUnicode_InternFromString("fast");
@@ -2529,6 +2807,7 @@ PyInit__speedups(void)
         return NULL;
     if (add_type(mod, "Probes", &ProbesType) < 0 || add_type(mod, "Getter", &GetterType) < 0
         || add_type(mod, "Merge", &MergeType) < 0
+        || add_type(mod, "MemFilter", &MemFilterType) < 0
 #ifdef HAVE_CLMUL_CODE
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
 #else

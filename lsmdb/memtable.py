@@ -10,6 +10,12 @@ read after them sorts them in, in one ``SortedList.update`` -- so a bulk load
 pays for ordering once per flush instead of once per batch.  A memtable is
 mutable until frozen for a flush (``freeze`` sorts what is pending); a frozen
 memtable never changes again.  Tombstones are stored as ``None``.
+
+With the C speedups a memtable also keeps a Bloom filter of its keys
+(``filter``, in memory only), through which the C get skips the dict lookup
+for a key the memtable does not hold.  Every new key enters the filter before
+it enters the dict, so a key a reader can find in the dict is always in the
+filter, and a batch still becomes visible in one ``dict.update``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,11 @@ from __future__ import annotations
 from itertools import filterfalse
 
 from sortedcontainers import SortedList
+
+try:  # optional C speedups (lsmdb/_speedups.c): the memtable's key filter
+    from ._speedups import MemFilter
+except ImportError:  # pragma: no cover - no C compiler when installed
+    MemFilter = None  # type: ignore[assignment,misc]
 
 # Rough per-entry bookkeeping cost (dict slot, sorted-list slot, objects).
 ENTRY_OVERHEAD_BYTES = 64
@@ -28,11 +39,13 @@ class Memtable:
     ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
-    __slots__ = ("data", "_keys", "_pending", "size_bytes", "min_seq", "max_seq", "frozen",
-                 "flush_seq")
+    __slots__ = ("data", "filter", "_keys", "_pending", "size_bytes", "min_seq", "max_seq",
+                 "frozen", "flush_seq")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
+        #: A Bloom filter of data's keys for the C get (None without the C speedups).
+        self.filter = MemFilter(self.data) if MemFilter is not None else None
         self._keys: SortedList = SortedList()
         self._pending: list[bytes] = []  # keys in data but not yet in _keys
         self.size_bytes = 0
@@ -69,6 +82,8 @@ class Memtable:
         """Record ``value`` (None = tombstone) for ``key`` at sequence ``seq``."""
         data = self.data
         if key not in data:
+            if self.filter is not None:
+                self.filter.add(key)  # before the dict: see the module's docstring
             self.size_bytes += len(key) + ENTRY_OVERHEAD_BYTES
             self._pending.append(key)
         else:
@@ -93,6 +108,8 @@ class Memtable:
         if len(new_keys) < len(items):  # overwrites: their old values leave
             grow -= sum(map(len, filter(None, map(data.__getitem__,
                                                   filter(data.__contains__, items)))))
+        if new_keys and self.filter is not None:
+            self.filter.add_many(new_keys)  # before the dict: see the module's docstring
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
             self._pending += new_keys

@@ -113,7 +113,7 @@ def make_getter(db: DB, state: TableState) -> Any:
             key = as_key(key)
         if db._closed:
             raise DatabaseClosedError(f"database {db.path} is closed")
-        data, imms, l0, deeper, probes, flat = state.fast
+        data, imms, l0, deeper, probes, flat, _filters = state.fast
         state.gets += 1
         value = data.get(key, missing)
         if value is missing and imms:
@@ -256,7 +256,7 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db._closed:
         raise DatabaseClosedError(f"database {db.path} is closed")
-    data, imms, l0, deeper, _probes, _flat = state.fast
+    data, imms, l0, deeper, _probes, _flat, _filters = state.fast
     n = len(ks)
     state.gets += n
     out: list[Any] = [data.get(key, MISSING) for key in ks]

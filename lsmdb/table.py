@@ -83,7 +83,8 @@ class TableState:
         # The same, flattened for the get fast path: per file one tuple (_probe),
         # and -- with the C speedups -- the files' range and filter steps in one
         # Probes object (None: the Python path; always in shadow mode) plus, by
-        # its flat file index, what a block read needs.
+        # its flat file index, what a block read needs, and the memtables' key
+        # filters (memtable first, like the dicts; None without the C speedups).
         probes = (_c_probes(l0, deeper) if USE_SPEEDUPS and self.files and not self.shadow
                   else None)
         flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
@@ -91,7 +92,8 @@ class TableState:
                      tuple(_probe(r) for r in l0),
                      tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper),
                      probes,
-                     tuple((r, r.index_keys, r.cache_base, r.counts) for r in flat))
+                     tuple((r, r.index_keys, r.cache_base, r.counts) for r in flat),
+                     (self.mem.filter, *(m.filter for m in self.imms)))
 
     def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""

@@ -3,12 +3,17 @@
     python -m bench.peers [--keys N] [--stores NAME ...] [--json PATH]
 
 Every store gets the same N keys (``b"user:%010d" % 2i``, 100-byte values)
-in the same random order, is closed and reopened, and then answers the same
-query sets: every present key, absent keys between present ones (odd
-numbers: inside the key range), absent keys above the largest key (outside
-it), and one full ordered scan.  Found counts are checked against what each
-query set must find and the scan against the exact expected contents; a store
-that answers wrongly is reported, not timed.
+in the same random order (each load timed alone), is closed and reopened, and
+then answers the same query sets: every present key, absent keys between
+present ones (odd numbers: inside the key range), absent keys above the
+largest key (outside it), and full ordered scans.  The reads run with every
+store open, the stores taking turns: each query set in 5 slices (slice 1 of
+every store, then slice 2 in reverse order, ...), the scan in 3 rounds.  A
+store's rate is the median of its slices (rounds); its ratio to lsmdb the
+median of the per-slice (per-round) ratios, so a slow phase of the machine
+falls on every store alike.  Found counts are checked against what each query
+set must find and the scan against the exact expected contents; a store that
+answers wrongly is reported, not timed.
 
 Stores: lsmdb (its defaults), sqlite3 (stdlib: WITHOUT ROWID table, blob
 primary key, WAL, one transaction for the load) and, when installed with
@@ -20,7 +25,9 @@ A store that is not installed is skipped with a line saying so.
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -36,9 +43,10 @@ from .common import (
     fmt_ratio,
     load_average,
     machine_info,
+    median_ratio,
     per_second,
     print_section,
-    time_gets,
+    time_gets_interleaved,
     write_json,
 )
 from .keys import KEY_FORMAT, VALUE_BYTES, key_of, value_of
@@ -50,6 +58,7 @@ from .stores import SqliteStore as SqliteStore  # re-exported: tests subclass it
 DEFAULT_KEYS = 200_000
 VALUE_SAMPLE = 1_000         # present keys whose values are compared byte for byte
 SEED = 7
+SCAN_ROUNDS = 3              # full ordered scans per store, the stores taking turns
 WORKLOADS = ("bulk_load", "get_present", "get_absent_in_range", "get_absent_out_of_range",
              "scan")
 WORKLOAD_TITLES = {"bulk_load": "bulk load", "get_present": "get present",
@@ -83,14 +92,6 @@ class Data:
         return [("get_present", self.present, len(self.present)),
                 ("get_absent_in_range", self.absent_in_range, 0),
                 ("get_absent_out_of_range", self.absent_out_of_range, 0)]
-
-
-def timed_scan(store: Store) -> tuple[int, float]:
-    count = 0
-    with Timer() as t:
-        for _ in store.scan():
-            count += 1
-    return count, t.seconds
 
 
 def check_values(store: Store, data: Data) -> str | None:
@@ -136,60 +137,211 @@ def mark_wrong(r: dict[str, Any], problem: str) -> None:
     r.update(correct=False, seconds=None, ops_per_s=None, error=problem)
 
 
-def bench_store(cls: type[Store], data: Data, progress: Progress) -> dict[str, Any]:
-    """Load, reopen, run every workload, verify; one store's entry of the report."""
-    with tempfile.TemporaryDirectory(prefix=f"bench-{cls.name}-") as path:
-        store = cls(path, data.keys)
-        entry: dict[str, Any] = {"store": cls.name, "label": cls.label, "available": True,
-                                 "config": store.describe(), "skipped": None, "notes": []}
-        start = time.perf_counter()
-        store.load(data.items)
-        load_seconds = time.perf_counter() - start
-        progress(f"{cls.label}: loaded {data.keys:,} keys in {load_seconds:.1f}s")
-        workloads = {"bulk_load": result(data.keys, load_seconds, data.keys, data.keys)}
-        store.open()
+class Running:
+    """A loaded, open store and its entry of the report."""
+
+    def __init__(self, store: Store, entry: dict[str, Any]) -> None:
+        self.store = store
+        self.entry = entry
+
+
+def failed_entry(entry: dict[str, Any], exc: BaseException) -> str:
+    """Turn entry into a skipped one for a store that raised; the reason."""
+    reason = f"{entry['label']}: FAILED: {type(exc).__name__}: {exc}"
+    for key in ("config", "notes", "workloads", "get_many"):
+        entry.pop(key, None)
+    entry.update(available=False, skipped=reason, failed=True)
+    return reason
+
+
+def without_culprit(live: list[Running], exc: Exception, action: Callable[[Store], object],
+                    progress: Progress) -> list[Running]:
+    """A timed run of several stores raised: find the store that raises when
+    ``action`` runs on each alone (untimed), report it as failed, and return
+    the others; re-raise ``exc`` when none does (so no store is blamed blindly)."""
+    for run in live:
+        try:
+            action(run.store)
+        except Exception as own:  # noqa: BLE001 -- one store failing must not hide the others
+            progress(failed_entry(run.entry, own))
+            try:
+                run.store.close()
+            except Exception:  # noqa: BLE001, S110 -- already reported as failed
+                pass
+            return [r for r in live if r is not run]
+    raise exc
+
+
+def timed_gets_all(live: list[Running], name: str, keys: Sequence[bytes], expected: int,
+                   progress: Progress) -> list[Running]:
+    """One get workload on every store, the stores taking turns slice by slice
+    (:func:`bench.common.time_gets_interleaved`); each store's rate is the
+    median of its slices and its ratio to lsmdb the median of the per-slice
+    ratios.  Returns the stores still running."""
+    while live:
+        try:
+            timings = time_gets_interleaved([run.store.getter() for run in live], keys)
+        except Exception as exc:  # noqa: BLE001 -- find the store that raised, go on without it
+            live = without_culprit(live, exc, lambda store: [store.getter()(k) for k in keys],
+                                   progress)
+            continue
+        base = next((t for run, t in zip(live, timings, strict=True)
+                     if run.store.name == "lsmdb"), None)
+        for run, timing in zip(live, timings, strict=True):
+            r = result(timing.gets, timing.seconds, timing.found, expected, timing.per_second)
+            r["slice_rates"] = timing.slice_rates
+            if base is not None and r["correct"] and base.found == expected:
+                r["ratio_to_lsmdb"] = median_ratio(timing, base)
+            run.entry["workloads"][name] = r
+            progress(f"{run.entry['label']}: {WORKLOAD_TITLES[name]}: "
+                     f"{fmt_rate(timing.per_second)} ops/s")
+        break
+    return live
+
+
+def scan_once(store: Store) -> tuple[int, float]:
+    count = 0
+    with Timer() as t:
+        for _ in store.scan():
+            count += 1
+    return count, t.seconds
+
+
+def timed_scans_all(live: list[Running], keys: int, progress: Progress) -> list[Running]:
+    """SCAN_ROUNDS full ordered scans of every store, the stores taking turns
+    (A B, B A, ...); rate and ratio to lsmdb are medians over the rounds."""
+    while live:
+        rounds: list[list[tuple[int, float]]] = [[] for _ in live]
+        try:
+            for turn in range(SCAN_ROUNDS):
+                order = list(enumerate(live))
+                for i, run in (order if turn % 2 == 0 else order[::-1]):
+                    rounds[i].append(scan_once(run.store))
+        except Exception as exc:  # noqa: BLE001 -- find the store that raised, go on without it
+            live = without_culprit(live, exc, scan_once, progress)
+            continue
+        rates = [[per_second(count, seconds) for count, seconds in rs] for rs in rounds]
+        base = next((i for i, run in enumerate(live) if run.store.name == "lsmdb"), None)
+        base_ok = base is not None and all(c == keys for c, _ in rounds[base])
+        for i, run in enumerate(live):
+            found = next((c for c, _ in rounds[i] if c != keys), keys)
+            r = result(found, sum(sec for _, sec in rounds[i]), found, keys,
+                       statistics.median(rates[i]))
+            r["round_rates"] = rates[i]
+            if base is not None and base_ok and r["correct"]:
+                r["ratio_to_lsmdb"] = statistics.median(
+                    a / b for a, b in zip(rates[i], rates[base], strict=True))
+            run.entry["workloads"]["scan"] = r
+            progress(f"{run.entry['label']}: ordered scan: {fmt_rate(r['ops_per_s'])} items/s")
+        break
+    return live
+
+
+def bench_stores(classes: Sequence[type[Store]], data: Data,
+                 progress: Progress) -> list[dict[str, Any]]:
+    """Every store's entry of the report, in the order given.
+
+    Each store is loaded (timed alone), closed and reopened; then every store
+    stays open while each read workload runs on all of them, the stores taking
+    turns slice by slice, so that a slow phase of the (shared) machine falls
+    on every store's slice rather than on one store's whole row.  Then,
+    untimed: values and the full scan are checked, lsmdb's get_many is timed
+    against its get, and the stores are closed (and RocksDB's filter
+    checked).  A store that raises is reported as failed and the others go on.
+    """
+    entries: list[dict[str, Any]] = []
+    live: list[Running] = []
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as root:
+        for cls in classes:
+            reason = cls.missing()
+            if reason is not None:
+                progress(reason)
+                entries.append({"store": cls.name, "label": cls.label, "available": False,
+                                "skipped": reason})
+                continue
+            path = os.path.join(root, cls.name)
+            os.mkdir(path)
+            store = cls(path, data.keys)
+            entry: dict[str, Any] = {"store": cls.name, "label": cls.label, "available": True,
+                                     "skipped": None, "notes": [], "workloads": {}}
+            entries.append(entry)
+            try:
+                entry["config"] = store.describe()
+                start = time.perf_counter()
+                store.load(data.items)
+                load_seconds = time.perf_counter() - start
+                progress(f"{cls.label}: loaded {data.keys:,} keys in {load_seconds:.1f}s")
+                entry["workloads"]["bulk_load"] = result(data.keys, load_seconds, data.keys,
+                                                         data.keys)
+                store.open()
+            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+                progress(failed_entry(entry, exc))
+                continue
+            live.append(Running(store, entry))
         try:
             for name, keys, expected in data.get_sets():
-                timing = time_gets(store.getter(), keys)
-                workloads[name] = result(timing.gets, timing.seconds, timing.found, expected,
-                                         timing.per_second)
-                progress(f"{cls.label}: {WORKLOAD_TITLES[name]}: "
-                         f"{fmt_rate(timing.per_second)} ops/s")
-            count, seconds = timed_scan(store)
-            workloads["scan"] = result(count, seconds, count, data.keys)
-            bad_values = check_values(store, data)
-            bad_scan = check_scan(store, data)
-            if isinstance(store, LsmdbStore):
-                entry["notes"].append(f"lsmdb: {store.files()} SSTables after reopen")
-                entry["get_many"] = {name: time_get_many(store.db, keys, expected)
-                                     for name, keys, expected in data.get_sets()}
+                live = timed_gets_all(live, name, keys, expected, progress)
+            live = timed_scans_all(live, data.keys, progress)
+            for run in live:
+                finish(run, data)
         finally:
-            store.close()
-        if bad_values:
-            mark_wrong(workloads["get_present"], bad_values)
-        if bad_scan:
-            mark_wrong(workloads["scan"], bad_scan)
-        if bad_values or bad_scan:  # the load is only as right as what reads back
-            mark_wrong(workloads["bulk_load"], "the contents read back are wrong")
-        for name in WORKLOADS:
-            r = workloads[name]
-            if not r["correct"]:
-                entry["notes"].append(f"{cls.label}: WRONG ANSWER in {WORKLOAD_TITLES[name]}: "
-                                      f"{r['error']} (not timed)")
-        check = store.check(data.absent_in_range)
-        if check:
-            entry["notes"].append(check)
-        entry["workloads"] = {name: workloads[name] for name in WORKLOADS}
-    return entry
+            for run in live:
+                try:
+                    run.store.close()
+                except Exception as exc:  # noqa: BLE001 -- reported, the others go on
+                    progress(failed_entry(run.entry, exc))
+        for run in live:
+            if run.entry["available"]:
+                check = run.store.check(data.absent_in_range)
+                if check:
+                    run.entry["notes"].append(check)
+    return entries
+
+
+def finish(run: Running, data: Data) -> None:
+    """Untimed checks of one store (values, the full scan) and, for lsmdb,
+    get_many against its get; wrong answers mark the workloads they affect."""
+    store, entry = run.store, run.entry
+    workloads = entry["workloads"]
+    bad_values = check_values(store, data)
+    bad_scan = check_scan(store, data)
+    if isinstance(store, LsmdbStore):
+        entry["notes"].append(f"lsmdb: {store.files()} SSTables after reopen")
+        entry["get_many"] = {name: time_get_many(store.db, keys, expected)
+                             for name, keys, expected in data.get_sets()}
+    if bad_values:
+        mark_wrong(workloads["get_present"], bad_values)
+    if bad_scan:
+        mark_wrong(workloads["scan"], bad_scan)
+    if bad_values or bad_scan:  # the load is only as right as what reads back
+        mark_wrong(workloads["bulk_load"], "the contents read back are wrong")
+    for name in WORKLOADS:
+        r = workloads[name]
+        if not r["correct"]:
+            r.pop("ratio_to_lsmdb", None)
+            entry["notes"].append(f"{entry['label']}: WRONG ANSWER in {WORKLOAD_TITLES[name]}: "
+                                  f"{r['error']} (not timed)")
+    entry["workloads"] = {name: workloads[name] for name in WORKLOADS}
+
+
+def bench_store(cls: type[Store], data: Data, progress: Progress) -> dict[str, Any]:
+    """One store alone: its entry of the report (see :func:`bench_stores`)."""
+    return bench_stores([cls], data, progress)[0]
 
 
 def add_ratios(entries: list[dict[str, Any]]) -> None:
-    """Each store's ops/s divided by lsmdb's, per workload (None when either is missing)."""
+    """Each store's ratio to lsmdb per workload: for the reads, the median of
+    the per-slice (per-round) ratios set when they ran; for the load, and
+    wherever no paired ratio was set, ops/s over lsmdb's ops/s (None when
+    either is missing or wrong)."""
     base = next((e for e in entries if e["store"] == "lsmdb" and e["available"]), None)
     for e in entries:
         for name, r in e.get("workloads", {}).items():
             ref = base["workloads"][name]["ops_per_s"] if base else None
-            r["ratio_to_lsmdb"] = (r["ops_per_s"] / ref if r["ops_per_s"] and ref else None)
+            if r["ops_per_s"] and ref:
+                r.setdefault("ratio_to_lsmdb", 1.0 if e is base else r["ops_per_s"] / ref)
+            else:
+                r["ratio_to_lsmdb"] = None
 
 
 def print_report(report: dict[str, Any]) -> None:
@@ -204,11 +356,13 @@ def print_report(report: dict[str, Any]) -> None:
     def cell(r: dict[str, Any], key: str, fmt: Callable[[float | None], str]) -> str:
         return fmt(r[key]) if r["correct"] else "WRONG"
 
-    print_section(f"ops/s (gets: median rate of {SLICES} slices of the loop; scan: items/s; "
-                  "load: keys/s until closed)", headers,
+    print_section(f"ops/s (gets: median rate of {SLICES} slices of the loop, scan: items/s, "
+                  f"median of {SCAN_ROUNDS} rounds, the stores taking turns; load: keys/s until "
+                  "closed, each store alone)", headers,
                   [[e["label"]] + [cell(e["workloads"][w], "ops_per_s", fmt_rate)
                                    for w in WORKLOADS] for e in ran])
-    print_section("ratio to lsmdb (above 1: faster than lsmdb)", headers,
+    print_section("ratio to lsmdb (above 1: faster than lsmdb; reads: median of the per-slice "
+                  "ratios)", headers,
                   [[e["label"]] + [cell(e["workloads"][w], "ratio_to_lsmdb", fmt_ratio)
                                    for w in WORKLOADS] for e in ran])
     if ran:
@@ -258,25 +412,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress()
     machine = machine_info()
     data = Data(args.keys)
-    entries = []
-    failed = False
-    for cls in STORES:
-        if cls.name not in args.stores:
-            continue
-        reason = cls.missing()
-        if reason is not None:
-            progress(reason)
-            entries.append({"store": cls.name, "label": cls.label, "available": False,
-                            "skipped": reason})
-            continue
-        try:
-            entries.append(bench_store(cls, data, progress))
-        except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
-            reason = f"{cls.label}: FAILED: {type(exc).__name__}: {exc}"
-            progress(reason)
-            entries.append({"store": cls.name, "label": cls.label, "available": False,
-                            "skipped": reason})
-            failed = True
+    entries = bench_stores([cls for cls in STORES if cls.name in args.stores], data, progress)
+    failed = any(e.pop("failed", False) for e in entries)
     add_ratios(entries)
     report = {
         "benchmark": "peers",

@@ -219,6 +219,76 @@ def test_peers_reports_a_wrong_store_not_its_speed(monkeypatch: pytest.MonkeyPat
     assert any("WRONG ANSWER in get absent in range" in note for note in entry["notes"])
 
 
+def test_peers_interleaves_the_stores_and_isolates_one_that_raises(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reads run with every store open, taking turns slice by slice; a
+    store that raises midway (here from its 400th get on, in the second query set) is
+    reported as failed and the others' workloads all complete, each read
+    ratio being the median of the per-slice ratios to lsmdb."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    import statistics
+
+    from bench import peers
+    from bench.common import Progress
+    calls: list[str] = []
+
+    class Tracing(peers.SqliteStore):
+        name = label = "tracing"
+
+        def getter(self) -> peers.Getter:
+            real = super().getter()
+
+            def get(key: bytes) -> bytes | None:
+                if not calls or calls[-1] != self.name:
+                    calls.append(self.name)
+                return real(key)
+            return get
+
+    class Broken(Tracing):
+        name = label = "broken"
+        gets = 0
+
+        def getter(self) -> peers.Getter:
+            real = super().getter()
+
+            def get(key: bytes) -> bytes | None:
+                Broken.gets += 1
+                if Broken.gets >= 400:
+                    raise RuntimeError("disk on fire")
+                return real(key)
+            return get
+
+    class Lsmdb(peers.LsmdbStore):
+        def getter(self) -> peers.Getter:
+            real = super().getter()
+
+            def get(key: bytes) -> bytes | None:
+                if not calls or calls[-1] != "lsmdb":
+                    calls.append("lsmdb")
+                return real(key)
+            return get
+
+    entries = peers.bench_stores([Lsmdb, Broken, Tracing], peers.Data(300), Progress(False))
+    lsm, broken, tracing = entries
+    assert broken["available"] is False and "FAILED: RuntimeError: disk on fire" in broken[
+        "skipped"] and broken["failed"]
+    for entry in (lsm, tracing):
+        assert entry["available"] and tuple(entry["workloads"]) == peers.WORKLOADS
+        assert all(w["correct"] for w in entry["workloads"].values())
+    # Turns: in the first query set the stores alternate slice by slice (A B C, C B A, ...;
+    # a store's two turns in a row count once): not one store's whole loop after another.
+    assert calls[:7] == ["lsmdb", "broken", "tracing", "broken", "lsmdb", "broken", "tracing"]
+    for name in ("get_absent_in_range", "get_absent_out_of_range"):
+        mine, base = tracing["workloads"][name], lsm["workloads"][name]
+        assert mine["ratio_to_lsmdb"] == pytest.approx(statistics.median(
+            a / b for a, b in zip(mine["slice_rates"], base["slice_rates"], strict=True)))
+    scan = tracing["workloads"]["scan"]
+    assert len(scan["round_rates"]) == peers.SCAN_ROUNDS
+    assert scan["ratio_to_lsmdb"] == pytest.approx(statistics.median(
+        a / b for a, b in zip(scan["round_rates"], lsm["workloads"]["scan"]["round_rates"],
+                              strict=True)))
+
+
 def test_scale(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = run_module("bench.scale", "--small", "2000", "--large", "50000", "--queries", "5000",

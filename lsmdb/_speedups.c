@@ -102,16 +102,13 @@ typedef struct {
     int have_fast;
     int have_keyed;
     int native_hash;      /* fast_hash is xxh3_64 below: computed inline */
-    int big_filters;      /* some filter is over PREFETCH_MIN_BITS */
     int has_keyed;        /* some filter uses a keyed hash */
 } Probes;
 
-/* Filters smaller than this (256 KiB) stay in the CPU's caches between
- * lookups; the larger ones are prefetched (prefetch_filters). */
-#define PREFETCH_MIN_BITS (UINT64_C(256) * 1024 * 8)
-#ifndef PREFETCH_PROBES
-#define PREFETCH_PROBES 4
-#endif
+/* Files a lookup can consult (level-0 files plus one per level) up to which
+ * probes_first gathers them all first and starts loading their filter lines
+ * before testing any (probes_gather). */
+#define MAX_GATHER 64
 
 /* memcmp-then-length order of a[0:la] and b[0:lb] (bytes order), inline:
  * keys are short, and a call to memcmp costs more than comparing them. */
@@ -614,12 +611,9 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
             if (entry_init(&self->e[self->off[L] + j], PyTuple_GET_ITEM(entries, j)) < 0)
                 goto fail;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (self->e[i].m >= PREFETCH_MIN_BITS)
-            self->big_filters = 1;
+    for (Py_ssize_t i = 0; i < n; i++)
         if (self->e[i].kf != NULL)
             self->has_keyed = 1;
-    }
     self->fast_hash = Py_NewRef(fast_hash);
     Py_DECREF(levels);
     Py_DECREF(l0);
@@ -702,12 +696,19 @@ filter_maybe(const Entry *e, uint64_t h)
     return 1;
 }
 
-/* Whether k[0:klen] is within e's key range; a key outside is counted. */
+/* Whether k[0:klen] is within e's key range. */
+static inline int
+range_holds(const Entry *e, const char *k, Py_ssize_t klen)
+{
+    return mem_order(k, klen, PyBytes_AS_STRING(e->lo), PyBytes_GET_SIZE(e->lo)) >= 0
+           && mem_order(k, klen, PyBytes_AS_STRING(e->hi), PyBytes_GET_SIZE(e->hi)) <= 0;
+}
+
+/* range_holds, a key outside counted. */
 static inline int
 in_range(Entry *e, const char *k, Py_ssize_t klen)
 {
-    if (mem_order(k, klen, PyBytes_AS_STRING(e->lo), PyBytes_GET_SIZE(e->lo)) < 0
-        || mem_order(k, klen, PyBytes_AS_STRING(e->hi), PyBytes_GET_SIZE(e->hi)) > 0) {
+    if (!range_holds(e, k, klen)) {
         ((uint64_t *)e->counts.buf)[RANGE_SKIPS]++;
         return 0;
     }
@@ -764,59 +765,66 @@ level_pick(Probes *self, Py_ssize_t L, PyObject *key)
     return lo == count ? -1 : off + lo;
 }
 
-/* Start loading the cache lines of the first two probes of every filter a
- * lookup of key will consult, before any is tested: a filter larger than the
- * CPU's caches costs a memory round trip per probe, and this way the files'
- * round trips overlap instead of queueing one after the other (at 2,000,000
- * keys the largest filter is 2.3 MB).  Only for the inline hash, which
- * cannot fail; the probes that follow reuse the hash. */
-static void
-prefetch_filters(Probes *self, PyObject *key)
+/* probes_first from the start for a table of the inline fast hash: first the
+ * files the key meets (every level-0 file, each level's pick) and their
+ * range checks, starting to load the lines of the first two probes of every
+ * filter in range; then the files in order, counted as probes_first counts
+ * them (only those consulted up to the first "maybe").  The filters' loads
+ * overlap instead of each waiting for the one before: an absent key's
+ * filter tests at 2,000,000 keys (2.4 MB of filters, beyond the L2 cache)
+ * took about 13% less time in all, 5% at 200,000. */
+static Py_ssize_t
+probes_gather(Probes *self, PyObject *key)
 {
-    if (!self->big_filters || !self->native_hash || PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
-        return;
-    uint64_t h = 0;
-    int hashed = 0;
-    for (Py_ssize_t j = 0; j < self->n0 + self->nlevels; j++) {
-        Entry *e;
-        if (j < self->n0) {
-            e = &self->e[j];
-        } else {
-            Py_ssize_t f = level_pick(self, j - self->n0, key);
-            if (f < 0)
-                continue;
-            e = &self->e[f];
-        }
-        if (e->m < PREFETCH_MIN_BITS || e->kf != NULL || bytes_cmp(key, e->lo) < 0
-            || bytes_cmp(key, e->hi) > 0)
-            continue;
-        if (!hashed) {
-            if (key_hash(self, key, NULL, &h) < 0) {  /* cannot happen: inline hash */
-                PyErr_Clear();
-                return;
-            }
-            hashed = 1;
-        }
-        const unsigned char *bits = (const unsigned char *)e->bits.buf;
-        uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
-        uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
-        for (Py_ssize_t i = 0; i < e->k && i < PREFETCH_PROBES; i++) {
+    Py_ssize_t files[MAX_GATHER];
+    unsigned char holds[MAX_GATHER];
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), c = 0;
+    uint64_t h;
+    if (key_hash(self, key, NULL, &h) < 0)
+        return -2;
+    for (Py_ssize_t i = 0; i < self->n0; i++)
+        files[c++] = i;
+    for (Py_ssize_t L = 0; L < self->nlevels; L++) {
+        Py_ssize_t f = level_pick(self, L, key);
+        if (f >= 0)
+            files[c++] = f;
+    }
+    for (Py_ssize_t j = 0; j < c; j++) {
+        const Entry *e = &self->e[files[j]];
+        holds[j] = (unsigned char)range_holds(e, k, klen);
+        if (holds[j] && e->m) {
+            const unsigned char *bits = (const unsigned char *)e->bits.buf;
+            uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
+            uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
             PREFETCH(bits + (pos >> 3));
             pos += step;
             if (pos >= e->m)
                 pos -= e->m;
+            PREFETCH(bits + (pos >> 3));
         }
     }
+    for (Py_ssize_t j = 0; j < c; j++) {
+        Entry *e = &self->e[files[j]];
+        if (!holds[j]) {
+            ((uint64_t *)e->counts.buf)[RANGE_SKIPS]++;
+            continue;
+        }
+        if (!e->m || filter_says_maybe(e, h))
+            return files[j];
+    }
+    return -1;
 }
 
 /* The first file from `start` that may hold key (bytes); -1: none; -2: error set. */
 static Py_ssize_t
 probes_first(Probes *self, PyObject *key, Py_ssize_t start)
 {
-    if (start <= 0) {
+    if (start <= 0 && self->native_hash && !self->has_keyed
+        && self->n0 + self->nlevels <= MAX_GATHER && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX)
+        return probes_gather(self, key);
+    if (start < 0)
         start = 0;
-        prefetch_filters(self, key);
-    }
     for (Py_ssize_t i = start; i < self->n0; i++) {
         int r = check(self, &self->e[i], key);
         if (r)

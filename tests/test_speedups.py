@@ -95,6 +95,31 @@ def test_probes_match_the_python_filter(file_keys, fps, queries, keyed):
                 f = probes.first(key, f + 1)
 
 
+def test_probes_past_the_gather_limit_match_the_python_filter():
+    """Up to 64 files a lookup from the start gathers its files and prefetches
+    their filters first; past that it tests them one by one.  Both must
+    answer and count as the Python rule does (here 70 level-0 files, half of
+    them out of the key's range)."""
+    rng = random.Random(9)
+    for n_files in (63, 64, 65, 70):
+        files = [entry(sorted({b"%03d-%05d" % (i % 2, rng.randrange(10**5)) for _ in range(30)}),
+                       0.1) for i in range(n_files)]
+        probes = Probes([f[0] for f in files], [], key_hash)
+        for key in [b"%03d-%05d" % (rng.randrange(2), rng.randrange(10**5)) for _ in range(300)]:
+            start = 0
+            while True:
+                before = [list(f[0][0][:2]) for f in files]
+                got = probes.first(key, start)
+                want, deltas = reference_first(files, key, start)
+                assert got == want, (n_files, key, start)
+                after = [list(f[0][0][:2]) for f in files]
+                assert [[a - b for a, b in zip(x, y, strict=True)]
+                        for x, y in zip(after, before, strict=True)] == deltas
+                if got < 0:
+                    break
+                start = got + 1
+
+
 def test_levels_bisect_and_resume_after_a_level():
     a = [b"a%04d" % i for i in range(0, 100)]
     b = [b"a%04d" % i for i in range(100, 200)]
@@ -622,8 +647,9 @@ def test_block_may_hold_never_denies_a_key_a_decodable_block_holds(payload, key)
 
 
 def test_filters_over_the_prefetch_size_answer_as_the_small_ones():
-    """Filters of 256 KiB and more have their first probes prefetched across
-    files before any is tested; the answers and counters must not change."""
+    """Large filters (488 KiB here) next to a small one: every filter in the way
+    of a key has its first probe lines prefetched before any is tested; the
+    answers and counters must not change."""
     rng = random.Random(5)
     m, k = 4_000_037, 7  # bits: about 488 KiB
     files = []

@@ -283,16 +283,24 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
                 live = timed_gets_all(live, name, keys, expected, progress)
             live = timed_scans_all(live, data.keys, progress)
             for run in live:
-                finish(run, data)
+                try:
+                    finish(run, data)
+                except Exception as exc:  # noqa: BLE001 -- reported, the others go on
+                    progress(failed_entry(run.entry, exc))
         finally:
             for run in live:
                 try:
                     run.store.close()
                 except Exception as exc:  # noqa: BLE001 -- reported, the others go on
-                    progress(failed_entry(run.entry, exc))
+                    if run.entry["available"]:
+                        progress(failed_entry(run.entry, exc))
         for run in live:
             if run.entry["available"]:
-                check = run.store.check(data.absent_in_range)
+                try:
+                    check = run.store.check(data.absent_in_range)
+                except Exception as exc:  # noqa: BLE001 -- reported, the others go on
+                    progress(failed_entry(run.entry, exc))
+                    continue
                 if check:
                     run.entry["notes"].append(check)
     return entries

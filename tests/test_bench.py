@@ -289,6 +289,26 @@ def test_peers_interleaves_the_stores_and_isolates_one_that_raises(
                               strict=True)))
 
 
+def test_peers_a_store_failing_after_its_timed_runs_is_reported(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store that raises in its untimed checks (here its own check after the
+    close) is reported as failed; the other stores' entries are whole."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from bench import peers
+    from bench.common import Progress
+
+    class BadCheck(peers.SqliteStore):
+        name = label = "badcheck"
+
+        def check(self, absent: object) -> str | None:
+            raise OSError("lost the statistics")
+
+    lsm, bad = peers.bench_stores([peers.LsmdbStore, BadCheck], peers.Data(200),
+                                  Progress(enabled=False))
+    assert bad["available"] is False and "FAILED: OSError: lost the statistics" in bad["skipped"]
+    assert lsm["available"] and tuple(lsm["workloads"]) == peers.WORKLOADS
+
+
 def test_scale(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = run_module("bench.scale", "--small", "2000", "--large", "50000", "--queries", "5000",

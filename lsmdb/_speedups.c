@@ -1783,8 +1783,25 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
         memcpy(kbuf + koff[i], PyBytes_AS_STRING(key), (size_t)klen);
         pending[npend++] = i;
     }
+    /* The smallest and largest key still to answer: a level-0 file whose range
+     * holds both holds every one, and its range check per key is skipped (a
+     * key in range is not counted, so the counters are the same). */
+    Py_ssize_t kmin = npend ? pending[0] : 0, kmax = kmin;
+    for (Py_ssize_t q = 1; q < npend; q++) {
+        Py_ssize_t i = pending[q];
+        if (mem_order(kbuf + koff[i], koff[i + 1] - koff[i], kbuf + koff[kmin],
+                      koff[kmin + 1] - koff[kmin]) < 0)
+            kmin = i;
+        else if (mem_order(kbuf + koff[i], koff[i + 1] - koff[i], kbuf + koff[kmax],
+                           koff[kmax + 1] - koff[kmax]) > 0)
+            kmax = i;
+    }
     for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
         Py_ssize_t keep = 0, nmiss = 0;
+        Entry *whole = j < probes->n0
+                       && range_holds(&probes->e[j], kbuf + koff[kmin], koff[kmin + 1] - koff[kmin])
+                       && range_holds(&probes->e[j], kbuf + koff[kmax], koff[kmax + 1] - koff[kmax])
+                       ? &probes->e[j] : NULL;
         for (Py_ssize_t q = 0; q < npend; q++) {
             Py_ssize_t i = pending[q];
             const char *k = kbuf + koff[i];
@@ -1792,7 +1809,8 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
             Py_ssize_t f = j < probes->n0 ? j
                                           : level_pick(probes, j - probes->n0,
                                                        PyList_GET_ITEM(keys, i));
-            if (f < 0 || !check_raw(&probes->e[f], k, klen, hashes[i])) {
+            if (whole != NULL ? whole->m && !filter_says_maybe(whole, hashes[i])
+                              : f < 0 || !check_raw(&probes->e[f], k, klen, hashes[i])) {
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
             }

@@ -335,13 +335,20 @@ xxh3_64_short(const unsigned char *p, size_t n)
     return xxh3_avalanche(acc);
 }
 
+/* The hash of a bytes object of at most XXH3_NATIVE_MAX bytes. */
+static inline uint64_t
+xxh3_64_of_short(PyObject *key)
+{
+    return xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
+                         (size_t)PyBytes_GET_SIZE(key));
+}
+
 /* The hash of a bytes object: 0 and *out, or -1 with an exception set. */
 static int
 xxh3_64_bytes(PyObject *key, uint64_t *out)
 {
-    Py_ssize_t n = PyBytes_GET_SIZE(key);
-    if (n <= XXH3_NATIVE_MAX) {
-        *out = xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key), (size_t)n);
+    if (PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
+        *out = xxh3_64_of_short(key);
         return 0;
     }
     PyObject *r = PyObject_CallOneArg(xxh3_fallback, key);
@@ -1080,8 +1087,7 @@ mf_resize(MemFilter *mf, Py_ssize_t keys)
     PyObject *key, *value;
     while (PyDict_Next(mf->data, &pos, &key, &value)) {
         if (PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
-            mf_set(lines, nlines, xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
-                                                (size_t)PyBytes_GET_SIZE(key)));
+            mf_set(lines, nlines, xxh3_64_of_short(key));
             count++;
         }
     }
@@ -1118,49 +1124,50 @@ MemFilter_dealloc(MemFilter *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* The n keys of items (bytes, checked first: a bad one adds nothing) are
+ * about to enter the dict.  0, or -1 with an exception set. */
+static int
+mf_add(MemFilter *self, PyObject *const *items, Py_ssize_t n)
+{
+    if (self->lines == NULL) {
+        PyErr_SetString(PyExc_TypeError, "MemFilter is not initialised");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_CheckExact(items[i])) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return -1;
+        }
+    if (self->count + n > self->capacity
+        && mf_resize(self, 2 * (PyDict_GET_SIZE(self->data) + n)) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyBytes_GET_SIZE(items[i]) <= XXH3_NATIVE_MAX) {
+            mf_set(self->lines, self->nlines, xxh3_64_of_short(items[i]));
+            self->count++;
+        }
+    return 0;
+}
+
 /* add_many(keys): keys (a list of bytes) are about to enter the dict. */
 static PyObject *
 MemFilter_add_many(MemFilter *self, PyObject *keys)
 {
-    if (self->lines == NULL) {
-        PyErr_SetString(PyExc_TypeError, "MemFilter is not initialised");
-        return NULL;
-    }
     if (!PyList_CheckExact(keys)) {
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!PyBytes_CheckExact(PyList_GET_ITEM(keys, i))) {
-            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
-            return NULL;
-        }
-    if (self->count + n > self->capacity
-        && mf_resize(self, 2 * (PyDict_GET_SIZE(self->data) + n)) < 0)
+    if (mf_add(self, PySequence_Fast_ITEMS(keys), PyList_GET_SIZE(keys)) < 0)
         return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
-            mf_set(self->lines, self->nlines,
-                   xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
-                                 (size_t)PyBytes_GET_SIZE(key)));
-            self->count++;
-        }
-    }
     Py_RETURN_NONE;
 }
 
 static PyObject *
 MemFilter_add(MemFilter *self, PyObject *key)
 {
-    PyObject *one = PyList_New(1);
-    if (one == NULL)
+    if (mf_add(self, &key, 1) < 0)
         return NULL;
-    PyList_SET_ITEM(one, 0, Py_NewRef(key));
-    PyObject *r = MemFilter_add_many(self, one);
-    Py_DECREF(one);
-    return r;
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -1176,8 +1183,7 @@ MemFilter_may_hold(MemFilter *self, PyObject *key)
     }
     if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
         Py_RETURN_TRUE;
-    return PyBool_FromLong(mf_test(self, xxh3_64_short(
-        (const unsigned char *)PyBytes_AS_STRING(key), (size_t)PyBytes_GET_SIZE(key))));
+    return PyBool_FromLong(mf_test(self, xxh3_64_of_short(key)));
 }
 
 static PyObject *
@@ -1614,8 +1620,7 @@ getter_hash(Probes *probes, PyObject *key, uint64_t *h)
 {
     if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
         return 0;
-    *h = xxh3_64_short((const unsigned char *)PyBytes_AS_STRING(key),
-                       (size_t)PyBytes_GET_SIZE(key));
+    *h = xxh3_64_of_short(key);
     if (probes->native_hash)
         probes_hold(probes, key, *h);
     return 1;

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .common import (
     SLICES,
@@ -58,6 +58,7 @@ from .stores import SqliteStore as SqliteStore  # re-exported: tests subclass it
 DEFAULT_KEYS = 200_000
 VALUE_SAMPLE = 1_000         # present keys whose values are compared byte for byte
 SEED = 7
+T = TypeVar("T")
 SCAN_ROUNDS = 3              # full ordered scans per store, the stores taking turns
 WORKLOADS = ("bulk_load", "get_present", "get_absent_in_range", "get_absent_out_of_range",
              "scan")
@@ -172,30 +173,41 @@ def without_culprit(live: list[Running], exc: Exception, action: Callable[[Store
     raise exc
 
 
+def run_all(live: list[Running], timed: Callable[[list[Running]], T],
+            action: Callable[[Store], object],
+            progress: Progress) -> tuple[list[Running], T | None]:
+    """``timed(live)``; when it raises, the store at fault is dropped (see
+    :func:`without_culprit`) and it runs again on the others.  The stores
+    still running, and the result (None when none is left)."""
+    while live:
+        try:
+            return live, timed(live)
+        except Exception as exc:  # noqa: BLE001 -- find the store that raised, go on without it
+            live = without_culprit(live, exc, action, progress)
+    return live, None
+
+
 def timed_gets_all(live: list[Running], name: str, keys: Sequence[bytes], expected: int,
                    progress: Progress) -> list[Running]:
     """One get workload on every store, the stores taking turns slice by slice
     (:func:`bench.common.time_gets_interleaved`); each store's rate is the
     median of its slices and its ratio to lsmdb the median of the per-slice
     ratios.  Returns the stores still running."""
-    while live:
-        try:
-            timings = time_gets_interleaved([run.store.getter() for run in live], keys)
-        except Exception as exc:  # noqa: BLE001 -- find the store that raised, go on without it
-            live = without_culprit(live, exc, lambda store: [store.getter()(k) for k in keys],
-                                   progress)
-            continue
-        base = next((t for run, t in zip(live, timings, strict=True)
-                     if run.store.name == "lsmdb"), None)
-        for run, timing in zip(live, timings, strict=True):
-            r = result(timing.gets, timing.seconds, timing.found, expected, timing.per_second)
-            r["slice_rates"] = timing.slice_rates
-            if base is not None and r["correct"] and base.found == expected:
-                r["ratio_to_lsmdb"] = median_ratio(timing, base)
-            run.entry["workloads"][name] = r
-            progress(f"{run.entry['label']}: {WORKLOAD_TITLES[name]}: "
-                     f"{fmt_rate(timing.per_second)} ops/s")
-        break
+    live, timings = run_all(
+        live, lambda runs: time_gets_interleaved([run.store.getter() for run in runs], keys),
+        lambda store: [store.getter()(k) for k in keys], progress)
+    if timings is None:
+        return live
+    base = next((t for run, t in zip(live, timings, strict=True)
+                 if run.store.name == "lsmdb"), None)
+    for run, timing in zip(live, timings, strict=True):
+        r = result(timing.gets, timing.seconds, timing.found, expected, timing.per_second)
+        r["slice_rates"] = timing.slice_rates
+        if base is not None and r["correct"] and base.found == expected:
+            r["ratio_to_lsmdb"] = median_ratio(timing, base)
+        run.entry["workloads"][name] = r
+        progress(f"{run.entry['label']}: {WORKLOAD_TITLES[name]}: "
+                 f"{fmt_rate(timing.per_second)} ops/s")
     return live
 
 
@@ -207,33 +219,35 @@ def scan_once(store: Store) -> tuple[int, float]:
     return count, t.seconds
 
 
+def scan_rounds(live: list[Running]) -> list[list[tuple[int, float]]]:
+    """Per store, (items, seconds) of SCAN_ROUNDS full scans, the stores taking turns."""
+    rounds: list[list[tuple[int, float]]] = [[] for _ in live]
+    for turn in range(SCAN_ROUNDS):
+        order = list(enumerate(live))
+        for i, run in (order if turn % 2 == 0 else order[::-1]):
+            rounds[i].append(scan_once(run.store))
+    return rounds
+
+
 def timed_scans_all(live: list[Running], keys: int, progress: Progress) -> list[Running]:
     """SCAN_ROUNDS full ordered scans of every store, the stores taking turns
     (A B, B A, ...); rate and ratio to lsmdb are medians over the rounds."""
-    while live:
-        rounds: list[list[tuple[int, float]]] = [[] for _ in live]
-        try:
-            for turn in range(SCAN_ROUNDS):
-                order = list(enumerate(live))
-                for i, run in (order if turn % 2 == 0 else order[::-1]):
-                    rounds[i].append(scan_once(run.store))
-        except Exception as exc:  # noqa: BLE001 -- find the store that raised, go on without it
-            live = without_culprit(live, exc, scan_once, progress)
-            continue
-        rates = [[per_second(count, seconds) for count, seconds in rs] for rs in rounds]
-        base = next((i for i, run in enumerate(live) if run.store.name == "lsmdb"), None)
-        base_ok = base is not None and all(c == keys for c, _ in rounds[base])
-        for i, run in enumerate(live):
-            found = next((c for c, _ in rounds[i] if c != keys), keys)
-            r = result(found, sum(sec for _, sec in rounds[i]), found, keys,
-                       statistics.median(rates[i]))
-            r["round_rates"] = rates[i]
-            if base is not None and base_ok and r["correct"]:
-                r["ratio_to_lsmdb"] = statistics.median(
-                    a / b for a, b in zip(rates[i], rates[base], strict=True))
-            run.entry["workloads"]["scan"] = r
-            progress(f"{run.entry['label']}: ordered scan: {fmt_rate(r['ops_per_s'])} items/s")
-        break
+    live, rounds = run_all(live, scan_rounds, scan_once, progress)
+    if rounds is None:
+        return live
+    rates = [[per_second(count, seconds) for count, seconds in rs] for rs in rounds]
+    base = next((i for i, run in enumerate(live) if run.store.name == "lsmdb"), None)
+    base_ok = base is not None and all(c == keys for c, _ in rounds[base])
+    for i, run in enumerate(live):
+        found = next((c for c, _ in rounds[i] if c != keys), keys)
+        r = result(found, sum(sec for _, sec in rounds[i]), found, keys,
+                   statistics.median(rates[i]))
+        r["round_rates"] = rates[i]
+        if base is not None and base_ok and r["correct"]:
+            r["ratio_to_lsmdb"] = statistics.median(
+                a / b for a, b in zip(rates[i], rates[base], strict=True))
+        run.entry["workloads"]["scan"] = r
+        progress(f"{run.entry['label']}: ordered scan: {fmt_rate(r['ops_per_s'])} items/s")
     return live
 
 

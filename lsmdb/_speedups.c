@@ -1791,31 +1791,26 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
     /* The smallest and largest key still to answer: a level-0 file whose range
      * holds both holds every one, and its range check per key is skipped (a
      * key in range is not counted, so the counters are the same). */
+#define KEY_AT(i) kbuf + koff[i], koff[(i) + 1] - koff[i]  /* key i's copy: bytes, length */
     Py_ssize_t kmin = npend ? pending[0] : 0, kmax = kmin;
     for (Py_ssize_t q = 1; q < npend; q++) {
         Py_ssize_t i = pending[q];
-        if (mem_order(kbuf + koff[i], koff[i + 1] - koff[i], kbuf + koff[kmin],
-                      koff[kmin + 1] - koff[kmin]) < 0)
+        if (mem_order(KEY_AT(i), KEY_AT(kmin)) < 0)
             kmin = i;
-        else if (mem_order(kbuf + koff[i], koff[i + 1] - koff[i], kbuf + koff[kmax],
-                           koff[kmax + 1] - koff[kmax]) > 0)
+        else if (mem_order(KEY_AT(i), KEY_AT(kmax)) > 0)
             kmax = i;
     }
     for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
         Py_ssize_t keep = 0, nmiss = 0;
-        Entry *whole = j < probes->n0
-                       && range_holds(&probes->e[j], kbuf + koff[kmin], koff[kmin + 1] - koff[kmin])
-                       && range_holds(&probes->e[j], kbuf + koff[kmax], koff[kmax + 1] - koff[kmax])
-                       ? &probes->e[j] : NULL;
+        Entry *whole = j < probes->n0 && range_holds(&probes->e[j], KEY_AT(kmin))
+                       && range_holds(&probes->e[j], KEY_AT(kmax)) ? &probes->e[j] : NULL;
         for (Py_ssize_t q = 0; q < npend; q++) {
             Py_ssize_t i = pending[q];
-            const char *k = kbuf + koff[i];
-            Py_ssize_t klen = koff[i + 1] - koff[i];
             Py_ssize_t f = j < probes->n0 ? j
                                           : level_pick(probes, j - probes->n0,
                                                        PyList_GET_ITEM(keys, i));
             if (whole != NULL ? whole->m && !filter_says_maybe(whole, hashes[i])
-                              : f < 0 || !check_raw(&probes->e[f], k, klen, hashes[i])) {
+                              : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), hashes[i])) {
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
             }
@@ -1890,6 +1885,7 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
         (*absent)++;
     }
     rc = 0;
+#undef KEY_AT
 done:
     PyMem_Free(pending);
     PyMem_Free(koff);

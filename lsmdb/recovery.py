@@ -73,6 +73,10 @@ def open_database(db: DB, create_if_missing: bool) -> None:
         if not db._read_only:
             sweep(db, manifest)
             db._new_segment()
+            # Segments whose every record is in an SSTable (or that hold none,
+            # like the one an open without writes leaves) go now, so opening
+            # again and again does not pile them up.
+            db._retire_segments()
             for state in list(db._tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     db._flush_table(state, opening=True)

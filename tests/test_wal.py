@@ -421,3 +421,26 @@ def test_corrupt_middle_record_refuses_to_open_and_keeps_the_wal(wal_db, where):
     assert info.value.offset == victim
     with open(wal_path, "rb") as f:
         assert f.read() == damaged, "the WAL must not be truncated or rewritten"
+
+
+def test_reopening_does_not_pile_up_wal_segments(tmp_path):
+    """Each read-write open starts a segment; the ones left with nothing
+    unflushed (an open without writes leaves an empty one) go at the next
+    open, while a segment still holding memtable records stays."""
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        db.put(b"a", b"1")                      # stays in the memtable (and its segment)
+    for _ in range(6):
+        with lsmdb.open(path) as db:
+            assert db.get(b"a") == b"1"
+    # the segment holding b"a" and the one the last open started
+    assert len(_wal_files(path)) == 2
+    with lsmdb.open(path) as db:
+        db.flush()                              # b"a" is now in an SSTable
+    with lsmdb.open(path) as db:
+        assert db.get(b"a") == b"1"
+    assert len(_wal_files(path)) == 1           # only the segment of the open that just closed
+    for _ in range(3):
+        with lsmdb.open(path, read_only=True) as db:  # a reader deletes nothing
+            assert db.get(b"a") == b"1"
+    assert len(_wal_files(path)) == 1

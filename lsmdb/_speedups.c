@@ -1898,14 +1898,23 @@ done:
 static PyObject *
 Getter_many(Getter *self, PyObject *keys)
 {
-    /* many(keys) -> None, or (out, maybes, fast): the first steps of get_many.
-     * keys: a list of bytes.  out[i] is the answer where the memtables or
-     * the filters settle it (None: absent), else MISSING; maybes lists
-     * (file, i, seed) for those, to be read by the Python side (which
-     * counts their absences); fast is the state.fast tuple this answer used
-     * (its files are what the indexes in maybes refer to).  None when the
+    /* many(keys) -> None, or (out, maybes, fast, ks): the first steps of
+     * get_many.  keys: a list of bytes.  out[i] is the answer where the
+     * memtables or the filters settle it (None: absent), else MISSING;
+     * maybes lists (file, i, seed) for those, to be read by the Python side
+     * (which counts their absences); fast is the state.fast tuple this answer
+     * used (its files are what the indexes in maybes refer to); ks is a list
+     * of the keys as they were answered, for the Python side to read the
+     * maybes with (a copy of keys unless maybes is empty).  None when the
      * Python path must serve (keys not all plain bytes within the size
-     * limit, closed database, no C probes for this state). */
+     * limit, closed database, no C probes for this state).
+     *
+     * The caller's list is not copied up front (that cost 5-7% of a call):
+     * on the native-hash path with keys short enough to hash here, nothing
+     * after getter_fast runs Python code or lets the GIL go, and the cyclic
+     * collector -- whose finalisers could run from any allocation here -- is
+     * paused, so the list and its items stay as they are.  Otherwise (a keyed
+     * hash is Python code; xxhash may let the GIL go) a copy is used. */
     if (self->db == NULL) {
         PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
         return NULL;
@@ -1914,32 +1923,53 @@ Getter_many(Getter *self, PyObject *keys)
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
-            Py_RETURN_NONE;
-    }
     PyObject *fast = NULL;
-    int ok = getter_fast(self, &fast);
+    int ok = getter_fast(self, &fast);  /* runs Python code (db.closed) */
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
-    PyObject *out = PyList_New(n), *maybes = PyList_New(0), *result = NULL;
+    int by_file = probes->native_hash && !probes->has_keyed, all_short = 1;
+    int gc_was = PyGC_Disable();
+    PyObject *out = NULL, *maybes = NULL, *result = NULL, *ks = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        all_short &= PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;  /* hashed here, not by xxhash */
+    }
+    if (by_file && all_short) {
+        ks = Py_NewRef(keys);
+    } else {
+        ks = PyList_GetSlice(keys, 0, n);
+        if (gc_was)
+            PyGC_Enable();
+        gc_was = 0;
+        if (ks == NULL)
+            goto done;
+    }
+    out = PyList_New(n);
+    maybes = PyList_New(0);
     if (out == NULL || maybes == NULL)
         goto done;
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t absent = 0;
-    if (probes->native_hash && !probes->has_keyed) {
-        if (many_by_file(self, probes, fast, keys, out, maybes, &absent) < 0)
+    if (by_file) {
+        if (many_by_file(self, probes, fast, ks, out, maybes, &absent) < 0)
             goto done;
         n = 0;  /* every key answered or in maybes */
+        if (ks == keys && PyList_GET_SIZE(maybes) > 0)  /* the keys as answered, for the reads */
+            Py_SETREF(ks, PyList_GetSlice(keys, 0, PyList_GET_SIZE(keys)));
+        if (ks == NULL)
+            goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
+        PyObject *key = PyList_GET_ITEM(ks, i);
         if (i + PREFETCH_AHEAD < n) {  /* keys scattered in memory: fetch ahead */
-            const char *ahead = (const char *)PyList_GET_ITEM(keys, i + PREFETCH_AHEAD);
+            const char *ahead = (const char *)PyList_GET_ITEM(ks, i + PREFETCH_AHEAD);
             PREFETCH(ahead);
             PREFETCH(ahead + 63);
         }
@@ -1995,10 +2025,13 @@ Getter_many(Getter *self, PyObject *keys)
         }
         PyList_SET_ITEM(out, i, value);
     }
-    counts[GETS] += (uint64_t)PyList_GET_SIZE(keys);
+    counts[GETS] += (uint64_t)PyList_GET_SIZE(ks);
     counts[GETS_ABSENT] += absent;
-    result = PyTuple_Pack(3, out, maybes, fast);
+    result = PyTuple_Pack(4, out, maybes, fast, ks);
 done:
+    if (gc_was)
+        PyGC_Enable();
+    Py_XDECREF(ks);
     Py_XDECREF(out);
     Py_XDECREF(maybes);
     Py_DECREF(fast);
@@ -2007,7 +2040,7 @@ done:
 
 static PyMethodDef Getter_methods[] = {
     {"many", (PyCFunction)Getter_many, METH_O,
-     "many(keys) -> None or (out, maybes, fast): the memtable and filter steps of get_many"},
+     "many(keys) -> None or (out, maybes, fast, ks): the memtable and filter steps of get_many"},
     {NULL, NULL, 0, NULL},
 };
 

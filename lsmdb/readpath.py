@@ -231,19 +231,17 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     (or fetched from the cache) once per call.  Counters are kept exactly as
     for ``get``.
     """
-    # A private list: the C code holds its items by borrowed reference, which another
-    # thread (or a finaliser run by an allocation) changing the caller's list must not
-    # pull out from under it.
-    given = list(keys)
+    # The C getter takes a list as it is (it makes its own copy where it needs
+    # one, and returns the keys it answered as ks); anything else is listed here.
+    given = keys if type(keys) is list else list(keys)
     many = getattr(state_getter(db, state), "many", None)
     if many is not None:  # the C getter: memtables and filters for every key in one call
-        ks = given
-        res = many(ks)
+        res = many(given)
         if res is None:
-            ks = [as_key(k) for k in ks]  # raises on a bad key; C declines only odd ones
-            res = many(ks)
+            # raises on a bad key; C declines only odd ones
+            res = many([as_key(k) for k in given])
         if res is not None:
-            answers, maybes, fast = res
+            answers, maybes, fast, ks = res
             if maybes:
                 _files_many_c(ks, maybes, answers, fast[4], fast[5])
                 absent = 0

@@ -1790,10 +1790,38 @@ miss_order(const void *x, const void *y)
     return (a->i > b->i) - (a->i < b->i);
 }
 
+/* The keys of a get_many call: the caller's list, used as it is while
+ * nothing can change it (see Getter_many), and a private copy from the first
+ * step that runs Python code or lets the GIL go on. */
+typedef struct {
+    PyObject *given;  /* the caller's list (borrowed) */
+    PyObject *keys;   /* given, or a copy of it (a new reference either way) */
+    int gc_paused;    /* the collector was running and is paused until own_keys */
+} ManyKeys;
+
+/* Make mk->keys a copy of the caller's list (the same objects in the same
+ * order, now held by the copy) and let the collector run again.  0, or -1. */
 static int
-many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObject *out,
+own_keys(ManyKeys *mk)
+{
+    if (mk->keys == mk->given) {
+        PyObject *copy = PyList_GetSlice(mk->given, 0, PyList_GET_SIZE(mk->given));
+        if (copy == NULL)
+            return -1;
+        Py_SETREF(mk->keys, copy);
+    }
+    if (mk->gc_paused) {
+        PyGC_Enable();
+        mk->gc_paused = 0;
+    }
+    return 0;
+}
+
+static int
+many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObject *out,
              PyObject *maybes, uint64_t *absent)
 {
+    PyObject *keys = mk->keys;
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0, total = 0;
     int rc = -1;
@@ -1878,7 +1906,13 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, PyObject *keys, PyObj
         }
         /* Blocks to read, grouped: a block only one key needs is read here as
          * a get reads it; one that several keys need goes to the Python side,
-         * which reads it once for all of them. */
+         * which reads it once for all of them.  A read lets the GIL go and
+         * decoding runs Python code: the keys are held by a copy from here. */
+        if (nmiss > 0) {
+            if (own_keys(mk) < 0)
+                goto done;
+            keys = mk->keys;
+        }
         qsort(misses, (size_t)nmiss, sizeof(Miss), miss_order);
         for (Py_ssize_t a = 0, b; a < nmiss; a = b) {
             for (b = a + 1; b < nmiss && misses[b].f == misses[a].f
@@ -1948,10 +1982,12 @@ Getter_many(Getter *self, PyObject *keys)
      *
      * The caller's list is not copied up front (that cost 5-7% of a call):
      * on the native-hash path with keys short enough to hash here, nothing
-     * after getter_fast runs Python code or lets the GIL go, and the cyclic
-     * collector -- whose finalisers could run from any allocation here -- is
-     * paused, so the list and its items stay as they are.  Otherwise (a keyed
-     * hash is Python code; xxhash may let the GIL go) a copy is used. */
+     * after getter_fast runs Python code or lets the GIL go until a block has
+     * to be read, and the cyclic collector -- whose finalisers could run from
+     * any allocation here -- is paused, so the list and its items stay as they
+     * are.  Before a block read (it lets the GIL go, and decoding is Python
+     * code), and from the start on the other paths (a keyed hash is Python
+     * code; xxhash may let the GIL go), a copy holds them (own_keys). */
     if (self->db == NULL) {
         PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
         return NULL;
@@ -1967,8 +2003,8 @@ Getter_many(Getter *self, PyObject *keys)
     Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     int by_file = probes->native_hash && !probes->has_keyed, all_short = 1;
-    int gc_was = PyGC_Disable();
-    PyObject *out = NULL, *maybes = NULL, *result = NULL, *ks = NULL;
+    ManyKeys mk = {keys, Py_NewRef(keys), PyGC_Disable()};
+    PyObject *out = NULL, *maybes = NULL, *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
@@ -1978,16 +2014,8 @@ Getter_many(Getter *self, PyObject *keys)
         }
         all_short &= PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;  /* hashed here, not by xxhash */
     }
-    if (by_file && all_short) {
-        ks = Py_NewRef(keys);
-    } else {
-        ks = PyList_GetSlice(keys, 0, n);
-        if (gc_was)
-            PyGC_Enable();
-        gc_was = 0;
-        if (ks == NULL)
-            goto done;
-    }
+    if (!(by_file && all_short) && own_keys(&mk) < 0)
+        goto done;
     out = PyList_New(n);
     maybes = PyList_New(0);
     if (out == NULL || maybes == NULL)
@@ -1995,14 +2023,11 @@ Getter_many(Getter *self, PyObject *keys)
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t absent = 0;
     if (by_file) {
-        if (many_by_file(self, probes, fast, ks, out, maybes, &absent) < 0)
+        if (many_by_file(self, probes, fast, &mk, out, maybes, &absent) < 0)
             goto done;
-        n = 0;  /* every key answered or in maybes */
-        if (ks == keys && PyList_GET_SIZE(maybes) > 0)  /* the keys as answered, for the reads */
-            Py_SETREF(ks, PyList_GetSlice(keys, 0, PyList_GET_SIZE(keys)));
-        if (ks == NULL)
-            goto done;
+        n = 0;  /* every key answered or in maybes (which only a block read adds: mk owns) */
     }
+    PyObject *ks = mk.keys;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(ks, i);
         if (i + PREFETCH_AHEAD < n) {  /* keys scattered in memory: fetch ahead */
@@ -2066,9 +2091,9 @@ Getter_many(Getter *self, PyObject *keys)
     counts[GETS_ABSENT] += absent;
     result = PyTuple_Pack(4, out, maybes, fast, ks);
 done:
-    if (gc_was)
+    if (mk.gc_paused)
         PyGC_Enable();
-    Py_XDECREF(ks);
+    Py_DECREF(mk.keys);
     Py_XDECREF(out);
     Py_XDECREF(maybes);
     Py_DECREF(fast);

@@ -810,6 +810,49 @@ def test_get_many_survives_the_callers_list_changing_under_it(tmp_path):
     assert cleared_inside > 0  # the list really was cleared while get_many ran
 
 
+def test_get_many_answers_the_list_it_was_given_while_another_thread_changes_it(tmp_path):
+    """get_many reads blocks with the GIL let go; another thread swapping the
+    contents of the caller's list meanwhile must not mix two lists' answers:
+    each call answers the keys it was given (all of one list or the other)."""
+    import sys
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", bloom_filter_fp_chance=1.0, **SMALL)  # every key reads a block
+    for i in range(6000):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    present = [b"key%06d" % i for i in range(0, 6000, 40)]  # a block of their own each
+    absent = [k + b"x" for k in present]
+    want = {id(present): [b"v%d" % i for i in range(0, 6000, 40)],
+            id(absent): [None] * len(present)}
+    keys = list(present)
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():  # a call between the two: the thread may stop at either
+            keys[:] = absent
+            if stop.is_set():
+                break
+            keys[:] = present
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    t = threading.Thread(target=swap)
+    t.start()
+    try:
+        answers = [db.get_many(keys) for _ in range(200)]
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)
+        db.close()
+    for got in answers:
+        assert got in want.values()
+    assert all(any(got == w for got in answers) for w in want.values())  # both lists were seen
+
+
 _UINTS = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1]) \
     | st.integers(0, 2**64 - 1)
 

@@ -1790,6 +1790,137 @@ miss_order(const void *x, const void *y)
     return (a->i > b->i) - (a->i < b->i);
 }
 
+/* A key some file's filter let through in get_many, to be looked up in the
+ * cached block that can hold it (cached_batch). */
+typedef struct {
+    Py_ssize_t i, f;     /* the key, the file (flat index) */
+    Py_ssize_t block;    /* out: for res 2, the block to read (-1: unknown) */
+    PyObject *cached;    /* the cached block (a new reference) while searched */
+    Py_ssize_t lo, hi;   /* bisect_left bounds over the block's keys */
+    PyObject *probe;     /* the block key at (lo + hi) / 2, on its way in */
+    PyObject *value;     /* out: for res 1, the value (a new reference) */
+    int res;             /* out: as cached_lookup: 0 false positive, 1 found, 2 not here */
+} Cand;
+
+/* cached_lookup for many keys at once, counted the same: each key's bisect
+ * over its cached block's keys (objects spread over the heap: a cache miss
+ * per step) advances one step per round with the next step's memory
+ * prefetched for every key, so the misses overlap instead of adding up.
+ * 0, or -1 with an exception set (every Cand's references released). */
+static int
+cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand *cs,
+             Py_ssize_t nc)
+{
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        cs[c].block = -1;
+        cs[c].cached = cs[c].value = NULL;
+        cs[c].lo = cs[c].hi = 0;
+        cs[c].res = 2;
+    }
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        Cand *x = &cs[c];
+        Entry *e = &probes->e[x->f];
+        PyObject *item = PyTuple_GET_ITEM(flat, x->f), *key = PyList_GET_ITEM(keys, x->i);
+        if (self->cache_map == NULL)
+            continue;
+        PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
+        if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base)
+            || e->nidx != PyList_GET_SIZE(index_keys))
+            continue;
+        Py_ssize_t b = bisect_index(e, key);
+        if (b == e->nidx)
+            continue;  /* past the last block: the Python side counts it */
+        unsigned long long bb = PyLong_AsUnsignedLongLong(base);
+        if (bb == (unsigned long long)-1 && PyErr_Occurred())
+            goto error;
+        PyObject *ck = PyLong_FromUnsignedLongLong(bb | (unsigned long long)b);
+        if (ck == NULL)
+            goto error;
+        PyObject *block = PyDict_GetItemWithError(self->cache_map, ck);
+        if (block == NULL) {
+            Py_DECREF(ck);
+            if (PyErr_Occurred())
+                goto error;
+            x->block = b;
+            continue;
+        }
+        if (!PyTuple_CheckExact(block) || PyTuple_GET_SIZE(block) != 2
+            || !PyList_CheckExact(PyTuple_GET_ITEM(block, 0))
+            || !PyList_CheckExact(PyTuple_GET_ITEM(block, 1))) {
+            Py_DECREF(ck);
+            continue;
+        }
+        x->cached = Py_NewRef(block);  /* the dict may change under the set insertion */
+        int r = PySet_Add(self->cache_marked, ck);
+        Py_DECREF(ck);
+        if (r < 0)
+            goto error;
+        PyObject *bkeys = PyTuple_GET_ITEM(block, 0);
+        x->hi = PyList_GET_SIZE(bkeys);
+        if (x->hi != PyList_GET_SIZE(PyTuple_GET_ITEM(block, 1))) {
+            Py_CLEAR(x->cached);  /* odd: cached_lookup would say 2 */
+            x->hi = 0;
+            continue;
+        }
+        PREFETCH(&((PyListObject *)bkeys)->ob_item[x->hi / 2]);
+    }
+    for (;;) {  /* one bisect step per key per round */
+        Py_ssize_t active = 0;
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            Cand *x = &cs[c];
+            if (x->cached == NULL || x->lo >= x->hi)
+                continue;
+            x->probe = PyList_GET_ITEM(PyTuple_GET_ITEM(x->cached, 0), (x->lo + x->hi) / 2);
+            PREFETCH(x->probe);
+            PREFETCH((const char *)x->probe + 48);
+            active++;
+        }
+        if (active == 0)
+            break;
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            Cand *x = &cs[c];
+            if (x->cached == NULL || x->lo >= x->hi)
+                continue;
+            if (!PyBytes_CheckExact(x->probe)) {  /* odd: cached_lookup would say 2 */
+                Py_CLEAR(x->cached);
+                continue;
+            }
+            Py_ssize_t mid = (x->lo + x->hi) / 2;
+            if (bytes_cmp(x->probe, PyList_GET_ITEM(keys, x->i)) < 0)
+                x->lo = mid + 1;
+            else
+                x->hi = mid;
+            if (x->lo < x->hi)
+                PREFETCH(&((PyListObject *)PyTuple_GET_ITEM(x->cached, 0))
+                              ->ob_item[(x->lo + x->hi) / 2]);
+        }
+    }
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        Cand *x = &cs[c];
+        if (x->cached == NULL)
+            continue;
+        PyObject *bkeys = PyTuple_GET_ITEM(x->cached, 0);
+        uint64_t *counts = (uint64_t *)probes->e[x->f].counts.buf;
+        counts[BLOCK_CACHE_HITS]++;
+        Py_ssize_t j = x->lo;
+        if (j < PyList_GET_SIZE(bkeys)
+            && bytes_cmp(PyList_GET_ITEM(bkeys, j), PyList_GET_ITEM(keys, x->i)) == 0) {
+            counts[TRUE_POSITIVES]++;
+            x->value = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(x->cached, 1), j));
+            x->res = 1;
+        } else {
+            counts[FALSE_POSITIVES]++;
+            x->res = 0;
+        }
+        Py_CLEAR(x->cached);
+    }
+    return 0;
+error:
+    for (Py_ssize_t c = 0; c < nc; c++)
+        Py_CLEAR(cs[c].cached);
+    return -1;
+}
+
 /* The keys of a get_many call: the caller's list, used as it is while
  * nothing can change it (see Getter_many), and a private copy from the first
  * step that runs Python code or lets the GIL go on. */
@@ -1832,7 +1963,9 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
     uint64_t *hashes = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
     char *kbuf = PyMem_Malloc(total ? (size_t)total : 1);
     Miss *misses = PyMem_Malloc((n ? n : 1) * sizeof(Miss));
-    if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL || misses == NULL) {
+    Cand *cands = PyMem_Malloc((n ? n : 1) * sizeof(Cand));
+    if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL || misses == NULL
+        || cands == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -1866,7 +1999,7 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             kmax = i;
     }
     for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
-        Py_ssize_t keep = 0, nmiss = 0;
+        Py_ssize_t keep = 0, nmiss = 0, ncand = 0;
         Entry *whole = j < probes->n0 && range_holds(&probes->e[j], KEY_AT(kmin))
                        && range_holds(&probes->e[j], KEY_AT(kmax)) ? &probes->e[j] : NULL;
         for (Py_ssize_t q = 0; q < npend; q++) {
@@ -1879,30 +2012,30 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
             }
-            PyObject *key = PyList_GET_ITEM(keys, i);
             PyObject *item = f < PyTuple_GET_SIZE(flat) ? PyTuple_GET_ITEM(flat, f) : NULL;
             if (item == NULL || !PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
                 PyErr_SetString(PyExc_IndexError, "bad file entry");
                 goto done;
             }
-            PyObject *value = NULL;
-            Py_ssize_t block;
-            int c = cached_lookup(self, &probes->e[f], item, key, &value, &block);
-            if (c < 0)
-                goto done;
-            if (c == 0) {  /* a false positive, answered from the cache */
+            cands[ncand].i = i;  /* a "maybe": looked up in the cache below */
+            cands[ncand].f = f;
+            ncand++;
+        }
+        if (cached_batch(self, probes, flat, keys, cands, ncand) < 0)
+            goto done;
+        for (Py_ssize_t c = 0; c < ncand; c++) {
+            Py_ssize_t i = cands[c].i;
+            if (cands[c].res == 0) {  /* a false positive, answered from the cache */
                 pending[keep++] = i;
-                continue;
+            } else if (cands[c].res == 1) {
+                *absent += cands[c].value == Py_None;
+                PyList_SET_ITEM(out, i, cands[c].value);
+            } else {
+                misses[nmiss].f = cands[c].f;  /* the block is not cached: read below */
+                misses[nmiss].block = cands[c].block;
+                misses[nmiss].i = i;
+                nmiss++;
             }
-            if (c == 1) {
-                *absent += value == Py_None;
-                PyList_SET_ITEM(out, i, value);
-                continue;
-            }
-            misses[nmiss].f = f;  /* the block is not cached: read below */
-            misses[nmiss].block = block;
-            misses[nmiss].i = i;
-            nmiss++;
         }
         /* Blocks to read, grouped: a block only one key needs is read here as
          * a get reads it; one that several keys need goes to the Python side,
@@ -1963,6 +2096,7 @@ done:
     PyMem_Free(hashes);
     PyMem_Free(kbuf);
     PyMem_Free(misses);
+    PyMem_Free(cands);
     return rc;
 }
 

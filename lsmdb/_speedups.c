@@ -2113,7 +2113,7 @@ Getter_many(Getter *self, PyObject *keys)
      * (which counts their absences); fast is the state.fast tuple this answer
      * used (its files are what the indexes in maybes refer to); ks is a list
      * of the keys as they were answered, for the Python side to read the
-     * maybes with (a copy of keys unless maybes is empty).  None when the
+     * maybes with (a private copy whenever maybes is not empty).  None when the
      * Python path must serve (keys not all plain bytes within the size
      * limit, closed database, no C probes for this state).
      *
@@ -2134,7 +2134,7 @@ Getter_many(Getter *self, PyObject *keys)
         return NULL;
     }
     PyObject *fast = NULL;
-    int ok = getter_fast(self, &fast);  /* runs Python code (db.closed) */
+    int ok = getter_fast(self, &fast);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);

@@ -1419,69 +1419,92 @@ bisect_index(const Entry *e, PyObject *key)
     return lo;
 }
 
-/* After a "maybe" from file entry `item` (reader, index_keys, base, counts):
- * answer from the block cache when it holds the block.  1: found, *value set
- * (a new reference; None for a tombstone); 0: a false positive (counted);
- * 2: not answerable here (block not cached, no cache, odd types): the caller
- * asks the Python lookup_block, passing it *block when that is >= 0 (the
- * block that can hold key, which the cache does not hold); -1: error. */
+/* The cached block of file entry `item` (reader, index_keys, base, counts)
+ * that can hold key: 1 and *block (a new reference, marked as used, its keys
+ * and values lists of one length); 0 when the cache cannot answer (no cache,
+ * odd types, key past the last block, or the block is not cached: then
+ * *block_index is that block, else -1); -1: error. */
 static int
-cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
-              Py_ssize_t *block_index)
+cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
+                 Py_ssize_t *block_index)
 {
     *block_index = -1;
     if (self->cache_map == NULL)
-        return 2;
+        return 0;
     PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
     if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
-        return 2;
+        return 0;
     if (e->nidx != PyList_GET_SIZE(index_keys))
-        return 2;
+        return 0;
     Py_ssize_t i = bisect_index(e, key);
     if (i == e->nidx)
-        return 2; /* past the last block: let the Python side count it */
+        return 0; /* past the last block: let the Python side count it */
     unsigned long long b = PyLong_AsUnsignedLongLong(base);
     if (b == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     PyObject *ck = PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
     if (ck == NULL)
         return -1;
-    PyObject *block = PyDict_GetItemWithError(self->cache_map, ck);
-    if (block == NULL) {
+    PyObject *bl = PyDict_GetItemWithError(self->cache_map, ck);
+    if (bl == NULL) {
         Py_DECREF(ck);
         if (PyErr_Occurred())
             return -1;
         *block_index = i;
-        return 2;
+        return 0;
     }
-    if (!PyTuple_CheckExact(block) || PyTuple_GET_SIZE(block) != 2
-        || !PyList_CheckExact(PyTuple_GET_ITEM(block, 0))
-        || !PyList_CheckExact(PyTuple_GET_ITEM(block, 1))) {
+    if (!PyTuple_CheckExact(bl) || PyTuple_GET_SIZE(bl) != 2
+        || !PyList_CheckExact(PyTuple_GET_ITEM(bl, 0))
+        || !PyList_CheckExact(PyTuple_GET_ITEM(bl, 1))) {
         Py_DECREF(ck);
-        return 2;
+        return 0;
     }
-    Py_INCREF(block);  /* the dict may change under the set insertion below */
+    Py_INCREF(bl);  /* the dict may change under the set insertion below */
     int r = PySet_Add(self->cache_marked, ck);
     Py_DECREF(ck);
-    if (r < 0) {
-        Py_DECREF(block);
-        return -1;
+    if (r < 0 || PyList_GET_SIZE(PyTuple_GET_ITEM(bl, 0))
+                     != PyList_GET_SIZE(PyTuple_GET_ITEM(bl, 1))) {
+        Py_DECREF(bl);
+        return r < 0 ? -1 : 0;
     }
-    PyObject *keys = PyTuple_GET_ITEM(block, 0), *values = PyTuple_GET_ITEM(block, 1);
-    Py_ssize_t j = bisect_bytes(keys, key);
-    if (j == -2 || PyList_GET_SIZE(values) != PyList_GET_SIZE(keys)) {
-        Py_DECREF(block);
-        return 2;
-    }
+    *block = bl;
+    return 1;
+}
+
+/* The answer for key from a cached block whose keys put it at j (bisect_left),
+ * counted: 1, found (*value: a new reference, None for a tombstone), or 0, a
+ * false positive. */
+static int
+cached_answer(Entry *e, PyObject *block, Py_ssize_t j, PyObject *key, PyObject **value)
+{
+    PyObject *keys = PyTuple_GET_ITEM(block, 0);
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_CACHE_HITS]++;
-    int found = j < PyList_GET_SIZE(keys) && bytes_cmp(PyList_GET_ITEM(keys, j), key) == 0;
-    if (found) {
+    if (j < PyList_GET_SIZE(keys) && bytes_cmp(PyList_GET_ITEM(keys, j), key) == 0) {
         counts[TRUE_POSITIVES]++;
-        *value = Py_NewRef(PyList_GET_ITEM(values, j));
-    } else {
-        counts[FALSE_POSITIVES]++;
+        *value = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(block, 1), j));
+        return 1;
     }
+    counts[FALSE_POSITIVES]++;
+    return 0;
+}
+
+/* After a "maybe" from file entry `item`: answer from the block cache when
+ * it holds the block.  1: found, *value set (a new reference; None for a
+ * tombstone); 0: a false positive (counted); 2: not answerable here (block
+ * not cached, no cache, odd types): the caller asks the Python lookup_block,
+ * passing it *block_index when that is >= 0 (the block that can hold key,
+ * which the cache does not hold); -1: error. */
+static int
+cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
+              Py_ssize_t *block_index)
+{
+    PyObject *block;
+    int r = cached_block_for(self, e, item, key, &block, block_index);
+    if (r <= 0)
+        return r < 0 ? -1 : 2;
+    Py_ssize_t j = bisect_bytes(PyTuple_GET_ITEM(block, 0), key);
+    int found = j == -2 ? 2 : cached_answer(e, block, j, key, value);
     Py_DECREF(block);
     return found;
 }
@@ -1822,50 +1845,16 @@ cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand 
     }
     for (Py_ssize_t c = 0; c < nc; c++) {
         Cand *x = &cs[c];
-        Entry *e = &probes->e[x->f];
-        PyObject *item = PyTuple_GET_ITEM(flat, x->f), *key = PyList_GET_ITEM(keys, x->i);
-        if (self->cache_map == NULL)
-            continue;
-        PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
-        if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base)
-            || e->nidx != PyList_GET_SIZE(index_keys))
-            continue;
-        Py_ssize_t b = bisect_index(e, key);
-        if (b == e->nidx)
-            continue;  /* past the last block: the Python side counts it */
-        unsigned long long bb = PyLong_AsUnsignedLongLong(base);
-        if (bb == (unsigned long long)-1 && PyErr_Occurred())
-            goto error;
-        PyObject *ck = PyLong_FromUnsignedLongLong(bb | (unsigned long long)b);
-        if (ck == NULL)
-            goto error;
-        PyObject *block = PyDict_GetItemWithError(self->cache_map, ck);
-        if (block == NULL) {
-            Py_DECREF(ck);
-            if (PyErr_Occurred())
-                goto error;
-            x->block = b;
-            continue;
-        }
-        if (!PyTuple_CheckExact(block) || PyTuple_GET_SIZE(block) != 2
-            || !PyList_CheckExact(PyTuple_GET_ITEM(block, 0))
-            || !PyList_CheckExact(PyTuple_GET_ITEM(block, 1))) {
-            Py_DECREF(ck);
-            continue;
-        }
-        x->cached = Py_NewRef(block);  /* the dict may change under the set insertion */
-        int r = PySet_Add(self->cache_marked, ck);
-        Py_DECREF(ck);
+        PyObject *block;
+        int r = cached_block_for(self, &probes->e[x->f], PyTuple_GET_ITEM(flat, x->f),
+                                 PyList_GET_ITEM(keys, x->i), &block, &x->block);
         if (r < 0)
             goto error;
-        PyObject *bkeys = PyTuple_GET_ITEM(block, 0);
-        x->hi = PyList_GET_SIZE(bkeys);
-        if (x->hi != PyList_GET_SIZE(PyTuple_GET_ITEM(block, 1))) {
-            Py_CLEAR(x->cached);  /* odd: cached_lookup would say 2 */
-            x->hi = 0;
+        if (r == 0)
             continue;
-        }
-        PREFETCH(&((PyListObject *)bkeys)->ob_item[x->hi / 2]);
+        x->cached = block;
+        x->hi = PyList_GET_SIZE(PyTuple_GET_ITEM(block, 0));
+        PREFETCH(&((PyListObject *)PyTuple_GET_ITEM(block, 0))->ob_item[x->hi / 2]);
     }
     for (;;) {  /* one bisect step per key per round */
         Py_ssize_t active = 0;
@@ -1902,19 +1891,8 @@ cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand 
         Cand *x = &cs[c];
         if (x->cached == NULL)
             continue;
-        PyObject *bkeys = PyTuple_GET_ITEM(x->cached, 0);
-        uint64_t *counts = (uint64_t *)probes->e[x->f].counts.buf;
-        counts[BLOCK_CACHE_HITS]++;
-        Py_ssize_t j = x->lo;
-        if (j < PyList_GET_SIZE(bkeys)
-            && bytes_cmp(PyList_GET_ITEM(bkeys, j), PyList_GET_ITEM(keys, x->i)) == 0) {
-            counts[TRUE_POSITIVES]++;
-            x->value = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(x->cached, 1), j));
-            x->res = 1;
-        } else {
-            counts[FALSE_POSITIVES]++;
-            x->res = 0;
-        }
+        x->res = cached_answer(&probes->e[x->f], x->cached, x->lo, PyList_GET_ITEM(keys, x->i),
+                               &x->value);
         Py_CLEAR(x->cached);
     }
     return 0;

@@ -766,6 +766,18 @@ def test_a_damaged_block_read_by_the_c_getter_is_corruption_at_its_offset(tmp_pa
         db.close()
 
 
+def _no_filter_no_cache_db(path: str, n: int) -> lsmdb.DB:
+    """A database of keys key000000.. -> v0.. in SSTables without filters,
+    reopened without a block cache: every key a get_many asks reads a block."""
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", bloom_filter_fp_chance=1.0, **SMALL)
+    for i in range(n):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    db.close()
+    return lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+
+
 def test_get_many_survives_the_callers_list_changing_under_it(tmp_path):
     """get_many's C part holds the keys by borrowed reference; Python code run
     by a garbage collection one of its allocations starts (here: a gc callback
@@ -773,14 +785,7 @@ def test_get_many_survives_the_callers_list_changing_under_it(tmp_path):
     must not pull them out from under it: the answer is for the list as it
     was when get_many took it, or for the emptied list."""
     import gc
-    path = str(tmp_path / "db")
-    db = lsmdb.open(path, auto_compaction=False)
-    db.alter_table("default", bloom_filter_fp_chance=1.0, **SMALL)  # every key reads a block
-    for i in range(3000):
-        db.put(b"key%06d" % i, b"v%d" % i)
-    db.flush()
-    db.close()
-    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    db = _no_filter_no_cache_db(str(tmp_path / "db"), 3000)
     query = [b"key%06d" % i for i in range(0, 3000, 3)] + [b"key%06dx" % i for i in range(500)]
     expected = [b"v%d" % i for i in range(0, 3000, 3)] + [None] * 500
     state = {"keys": [], "left": 0}
@@ -815,14 +820,7 @@ def test_get_many_answers_the_list_it_was_given_while_another_thread_changes_it(
     contents of the caller's list meanwhile must not mix two lists' answers:
     each call answers the keys it was given (all of one list or the other)."""
     import sys
-    path = str(tmp_path / "db")
-    db = lsmdb.open(path, auto_compaction=False)
-    db.alter_table("default", bloom_filter_fp_chance=1.0, **SMALL)  # every key reads a block
-    for i in range(6000):
-        db.put(b"key%06d" % i, b"v%d" % i)
-    db.flush()
-    db.close()
-    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    db = _no_filter_no_cache_db(str(tmp_path / "db"), 6000)
     present = [b"key%06d" % i for i in range(0, 6000, 40)]  # a block of their own each
     absent = [k + b"x" for k in present]
     want = {id(present): [b"v%d" % i for i in range(0, 6000, 40)],

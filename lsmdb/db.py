@@ -140,9 +140,13 @@ class DB:
             self._bg.start()
 
     def _close_readers(self) -> None:
+        """Close every reader and drop the tables' references to them, so each
+        is freed (its descriptor number released) once no read holds it."""
         for state in self._tables.values():
             for reader in state.files:
                 reader.close()
+            state.files = ()
+            state.publish()
 
     def _new_segment(self) -> None:
         """Start a new WAL segment; the previous one is closed for good."""

@@ -82,6 +82,7 @@ class SSTableReader:
         #: Shared decoded-block cache (set by the DB), or None.
         self.cache: Any = None
         self._fd = -1
+        self._parked = -1  # the descriptor's number after close (see close)
         self._data: bytes | None = None
         if data is None:
             self._fd = os.open(path, os.O_RDONLY)
@@ -107,7 +108,18 @@ class SSTableReader:
 
     # -- low-level reads --------------------------------------------------
     def _pread_all(self, size: int, offset: int) -> bytes:
-        return os.pread(self._fd, size, offset)
+        return self._pread(size, offset)
+
+    def _pread(self, size: int, offset: int) -> bytes:
+        """``size`` bytes at ``offset``, or fewer at the end of the file;
+        DatabaseClosedError when the reader is (or got, meanwhile) closed."""
+        fd = self._fd
+        if fd < 0:
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        raw = os.pread(fd, size, offset)
+        if len(raw) < size and self._fd < 0:  # closed while reading: read /dev/null
+            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+        return raw
 
     def _slice(self, size: int, offset: int) -> bytes:
         data = self._data
@@ -237,12 +249,10 @@ class SSTableReader:
         and its offset."""
         offset = self.index_offsets[i]
         size = self.index_sizes[i]
-        if self._fd >= 0:
-            raw = os.pread(self._fd, size + BLOCK_TRAILER_SIZE, offset)
-        elif self._data is not None:
-            raw = self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
+        if self._data is None:
+            raw = self._pread(size + BLOCK_TRAILER_SIZE, offset)
         else:
-            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
+            raw = self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
         if count:
             self.block_reads += 1
         if len(raw) != size + BLOCK_TRAILER_SIZE:
@@ -365,17 +375,15 @@ class SSTableReader:
 
     def copy_prefix(self, length: int) -> bytes:
         """The file's first ``length`` bytes, verbatim."""
-        if self._fd >= 0:
-            out = bytearray()
-            while len(out) < length:
-                chunk = os.pread(self._fd, min(1 << 20, length - len(out)), len(out))
-                if not chunk:
-                    raise CorruptionError("file shorter than its index says", self.path, len(out))
-                out += chunk
-            return bytes(out)
-        if self._data is None:
-            raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
-        return self._data[:length]
+        if self._data is not None:
+            return self._data[:length]
+        out = bytearray()
+        while len(out) < length:
+            chunk = self._pread(min(1 << 20, length - len(out)), len(out))
+            if not chunk:
+                raise CorruptionError("file shorter than its index says", self.path, len(out))
+            out += chunk
+        return bytes(out)
 
     def filter_stats(self) -> dict[str, float]:
         """fill ratio and what it implies; computed once (the bits never change)."""
@@ -398,12 +406,32 @@ class SSTableReader:
         return dict(zip(FILE_COUNTERS, self.counts.tolist(), strict=True))
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        """Stop reading the file.  Its descriptor's number stays taken, now
+        open on /dev/null, until this reader is freed: a read that fetched the
+        number before the close (the C getter lets the GIL go for its pread)
+        then reads nothing and reports the reader closed, rather than reading
+        whatever file the number would otherwise be reused for.  A database's
+        readers are freed once no read holds them (DB.close drops its own)."""
+        fd = self._fd
+        if fd < 0:
+            return
+        self._fd = -1
+        try:
+            null = os.open(os.devnull, os.O_RDONLY)
+            try:
+                os.dup2(null, fd)  # in one step: the number never refers to nothing
+            finally:
+                os.close(null)
+            self._parked = fd
+        except OSError:
+            os.close(fd)
 
     def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        for name in ("_fd", "_parked"):  # nothing reads through a reader being freed
+            fd = getattr(self, name, -1)
+            if fd >= 0:
+                setattr(self, name, -1)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass

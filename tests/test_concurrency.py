@@ -448,3 +448,52 @@ def test_read_only_open_survives_the_writer_retiring_a_wal_segment(path, monkeyp
             ro.close()
     finally:
         writer.close()
+
+
+def test_a_read_racing_close_never_reads_a_reused_descriptor(path, tmp_path):
+    """A get that fetched a reader's descriptor number before db.close() (the
+    C getter lets the GIL go for its pread) must not read whatever file the
+    number is reused for: close leaves the number on /dev/null until the
+    reader is freed, and a read through a closed reader says so."""
+    import weakref
+
+    db = lsmdb.open(path, auto_compaction=False)
+    for i in range(200):
+        db.put(b"k%04d" % i, b"v" * 100)
+    db.flush()
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False)
+    reader = db._default_state.files[0]  # held, as an in-flight get holds it
+    number = reader._fd
+    db.close()
+    other = tmp_path / "other"
+    other.write_bytes(b"x" * 8192)
+    fds = [os.open(other, os.O_RDONLY) for _ in range(4)]  # would take the freed number
+    try:
+        assert number not in fds
+        assert os.pread(number, 4096, 0) == b""  # /dev/null, not another file
+        with pytest.raises(lsmdb.DatabaseClosedError):
+            reader.read_data_block(0)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    gone = weakref.ref(reader)
+    del reader  # the last holder lets go: the number is released
+    assert gone() is None
+    with pytest.raises(OSError):
+        os.fstat(number)
+
+
+def test_close_frees_the_readers(path):
+    """DB.close drops its references to its SSTable readers, so their
+    descriptors go even while the closed DB object is still referenced."""
+    import weakref
+
+    db = lsmdb.open(path, auto_compaction=False)
+    for i in range(100):
+        db.put(b"k%04d" % i, b"v")
+    db.flush()
+    refs = [weakref.ref(r) for r in db._default_state.files]
+    assert refs
+    db.close()
+    assert all(r() is None for r in refs)

@@ -88,7 +88,7 @@ class SSTableReader:
             self._fd = os.open(path, os.O_RDONLY)
             try:
                 self.size_bytes = os.fstat(self._fd).st_size
-                self._load(self._pread_all)
+                self._load(self._pread)
             except BaseException:
                 os.close(self._fd)
                 self._fd = -1
@@ -107,9 +107,6 @@ class SSTableReader:
     block_cache_hits = ArrayCounter(BLOCK_CACHE_HITS)  # data blocks served by the cache
 
     # -- low-level reads --------------------------------------------------
-    def _pread_all(self, size: int, offset: int) -> bytes:
-        return self._pread(size, offset)
-
     def _pread(self, size: int, offset: int) -> bytes:
         """``size`` bytes at ``offset``, or fewer at the end of the file;
         DatabaseClosedError when the reader is (or got, meanwhile) closed."""

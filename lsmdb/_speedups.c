@@ -22,9 +22,11 @@
  *   "maybe" (or no filter)     -> the one data block: from the cache, or
  *                                 read, checked and walked here
  *
- * The filter layout is the one in docs/FORMAT.md: h = xxh3_64(key) (or the
- * table's keyed hash), h1 = h & 0xFFFFFFFF, h2 = h >> 32, probe i at bit
- * (h1 + i * h2) mod m, bit b of the array at byte b >> 3, mask 1 << (b & 7).
+ * The filter layouts are the ones in docs/FORMAT.md: h = xxh3_64(key) (or the
+ * table's keyed hash), h1 = h & 0xFFFFFFFF, h2 = h >> 32, g_i = (h1 + i * h2)
+ * mod 2^32; probe i at bit i * s + (g_i * s) >> 32 with s = m / k (format 2,
+ * partitioned) or at bit (h1 + i * h2) mod m (format 1); bit b of the array
+ * at byte b >> 3, mask 1 << (b & 7).
  * The hashes are computed at most once per key and reused for every file,
  * also across calls that resume after a false positive (the last key and
  * its hashes are kept, compared by identity while a reference is held).
@@ -33,11 +35,13 @@
  *   l0:     sequence of file entries, newest first
  *   deeper: sequence of (max_keys, entries) per level >= 1, sorted by key
  *   entry:  (counts, min_key, max_key, bits, m, k, keyed_fn, index_keys
- *            [, index_offsets, index_sizes])
+ *            [, index_offsets, index_sizes[, part]])
  *           counts: array('Q') of the file's counters (sstable_reader.FILE_COUNTERS)
  *           bits:   the filter's bit array (any buffer), None when m == 0
  *           keyed_fn: None for xxh3_64, else the keyed hash function
  *           index_keys, index_offsets, index_sizes: the file's index
+ *           part:   s, the partition size of a format-2 filter; 0 (the
+ *                   default): format 1
  *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key); given this
  *           module's xxh3_64, the probes compute it inline
  * Probes.first(key, start) -> index of the first file at or after flat
@@ -80,6 +84,7 @@ typedef struct {
     uint64_t *bsize;
     uint64_t m;
     uint64_t mod_M;      /* fastmod_M(m) */
+    uint64_t part;       /* s = m / k of a partitioned (format 2) filter; 0: format 1 */
     Py_ssize_t k;
     int have_bits;
     int have_counts;
@@ -175,6 +180,18 @@ fastmod(uint64_t a, uint64_t d, uint64_t M)
     (void)M;
 #endif
     return a <= 0xFFFFFFFFu ? mod_m(a, d) : a % d;
+}
+
+/* The offset of g's probe inside a partition of s bits (format 2):
+ * (g * s) >> 32.  A format-2 filter has s < 2^32 (larger ones are written in
+ * format 1), so the product fits 64 bits: one multiply.  With a 128-bit
+ * product the filter step of a table that fits the caches measured 8-10%
+ * slower than format 1's; with this one, the same. */
+#define PART_MAX UINT64_C(0xFFFFFFFF)
+static inline uint64_t
+part_pos(uint32_t g, uint64_t s)
+{
+    return ((uint64_t)g * s) >> 32;
 }
 
 /* ---- xxh3_64: the filters' key hash ------------------------------------- */
@@ -404,9 +421,9 @@ entry_init(Entry *e, PyObject *item)
     PyObject *t = PySequence_Tuple(item);
     if (t == NULL)
         return -1;
-    if (PyTuple_GET_SIZE(t) != 8 && PyTuple_GET_SIZE(t) != 10) {
+    if (PyTuple_GET_SIZE(t) != 8 && PyTuple_GET_SIZE(t) != 10 && PyTuple_GET_SIZE(t) != 11) {
         PyErr_SetString(PyExc_ValueError, "a file entry is (counts, min_key, max_key, bits, m, "
-                                          "k, keyed_fn, index_keys[, offsets, sizes])");
+                                          "k, keyed_fn, index_keys[, offsets, sizes[, part]])");
         goto fail;
     }
     PyObject *counts = PyTuple_GET_ITEM(t, 0), *lo = PyTuple_GET_ITEM(t, 1),
@@ -440,6 +457,17 @@ entry_init(Entry *e, PyObject *item)
     e->m = mv;
     e->mod_M = fastmod_M(mv);
     e->k = kv;
+    if (PyTuple_GET_SIZE(t) == 11) {
+        unsigned long long sv = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 10));
+        if (sv == (unsigned long long)-1 && PyErr_Occurred())
+            goto fail;
+        /* the k partitions must lie inside the m bits */
+        if (sv && (kv == 0 || sv > mv / (uint64_t)kv || sv > PART_MAX)) {
+            PyErr_SetString(PyExc_ValueError, "partition size beyond m / k or 2^32 - 1");
+            goto fail;
+        }
+        e->part = sv;
+    }
     if (mv) {
         if (PyObject_GetBuffer(bits, &e->bits, PyBUF_SIMPLE) < 0)
             goto fail;
@@ -486,7 +514,7 @@ entry_init(Entry *e, PyObject *item)
     }
     e->ioff[nidx] = total;
     e->nidx = nidx;
-    if (PyTuple_GET_SIZE(t) == 10) {  /* where each block is: a get's disk read needs no lookup */
+    if (PyTuple_GET_SIZE(t) >= 10) {  /* where each block is: a get's disk read needs no lookup */
         PyObject *offs = PyTuple_GET_ITEM(t, 8), *sizes = PyTuple_GET_ITEM(t, 9);
         if (!PyList_CheckExact(offs) || !PyList_CheckExact(sizes)
             || PyList_GET_SIZE(offs) != nidx || PyList_GET_SIZE(sizes) != nidx) {
@@ -683,10 +711,17 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     return 0;
 }
 
+static inline int
+filter_maybe_part(const Entry *e, uint64_t h);
+static inline int
+filter_maybe_part_all(const Entry *e, uint64_t h);
+
 /* 1 when every probe bit of hash h is set in e's filter (m > 0). */
 static inline int
 filter_maybe(const Entry *e, uint64_t h)
 {
+    if (e->part)
+        return filter_maybe_part(e, h);
     uint64_t m = e->m;
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
@@ -718,6 +753,8 @@ filter_maybe(const Entry *e, uint64_t h)
 static inline int
 filter_maybe_all(const Entry *e, uint64_t h)
 {
+    if (e->part)
+        return filter_maybe_part_all(e, h);
     uint64_t m = e->m;
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
@@ -726,6 +763,55 @@ filter_maybe_all(const Entry *e, uint64_t h)
         pos += step;
         pos = pos >= m ? pos - m : pos;
         all &= bits[pos >> 3] >> (pos & 7);
+    }
+    return (int)(all & 1);
+}
+
+/* filter_maybe for a partitioned (format 2) filter: probe i in partition i.
+ * The first two probes decide together, as in filter_maybe; their lines are
+ * in the first two partitions, the part of every filter that every absent
+ * key touches, which a large table's filters keep in the caches (the later
+ * partitions only for the one key in four that passes both). */
+static inline int
+filter_maybe_part(const Entry *e, uint64_t h)
+{
+    uint64_t s = e->part, base = 0;
+    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    uint64_t pos = part_pos(g, s);
+    unsigned all = bits[pos >> 3] >> (pos & 7);
+    Py_ssize_t i = 1;
+    if (e->k > 1) {
+        g += h2;
+        base = s;
+        pos = base + part_pos(g, s);
+        all &= bits[pos >> 3] >> (pos & 7);
+        i = 2;
+    }
+    if (!(all & 1))
+        return 0;
+    for (; i < e->k; i++) {
+        g += h2;
+        base += s;
+        pos = base + part_pos(g, s);
+        all &= bits[pos >> 3] >> (pos & 7);
+    }
+    return (int)(all & 1);
+}
+
+/* filter_maybe_all for a partitioned (format 2) filter. */
+static inline int
+filter_maybe_part_all(const Entry *e, uint64_t h)
+{
+    uint64_t s = e->part, base = 0;
+    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    unsigned all = 1;
+    for (Py_ssize_t i = 0; i < e->k; i++) {
+        uint64_t pos = base + part_pos(g, s);
+        all &= bits[pos >> 3] >> (pos & 7);
+        g += h2;
+        base += s;
     }
     return (int)(all & 1);
 }
@@ -839,6 +925,13 @@ probes_gather(Probes *self, PyObject *key)
         holds[j] = (unsigned char)range_holds(e, k, klen);
         if (holds[j] && e->m) {
             const unsigned char *bits = (const unsigned char *)e->bits.buf;
+            if (e->part) {
+                uint32_t g = (uint32_t)h;
+                PREFETCH(bits + (part_pos(g, e->part) >> 3));
+                if (e->k > 1)
+                    PREFETCH(bits + ((e->part + part_pos(g + (uint32_t)(h >> 32), e->part)) >> 3));
+                continue;
+            }
             uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
             uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
             PREFETCH(bits + (pos >> 3));
@@ -2901,11 +2994,13 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
 static PyObject *
 speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    /* bloom_add(bits, m, k, hashes): for each 64-bit hash h, set bits
-     * (h1 + i*h2) mod m for i < k, h1 = h & 0xFFFFFFFF, h2 = h >> 32: the same
-     * bits as BloomFilter.add_hash. */
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "bloom_add(bits, m, k, hashes)");
+    /* bloom_add(bits, m, k, hashes[, part]): for each 64-bit hash h, set the
+     * bits of its k probes, h1 = h & 0xFFFFFFFF, h2 = h >> 32: with part = 0
+     * (the default) bits (h1 + i*h2) mod m (format 1); else bits
+     * i*part + (((h1 + i*h2) mod 2^32) * part >> 32) (format 2).  The same bits
+     * as BloomFilter.add_hash. */
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "bloom_add(bits, m, k, hashes[, part])");
         return NULL;
     }
     unsigned long long m = PyLong_AsUnsignedLongLong(args[1]);
@@ -2917,6 +3012,16 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     if (k < 0 || k > 1024) {
         PyErr_SetString(PyExc_ValueError, "hash count out of range");
         return NULL;
+    }
+    unsigned long long part = 0;
+    if (nargs == 5) {
+        part = PyLong_AsUnsignedLongLong(args[4]);
+        if (part == (unsigned long long)-1 && PyErr_Occurred())
+            return NULL;
+        if (part && (k == 0 || part > m / (unsigned long long)k || part > PART_MAX)) {
+            PyErr_SetString(PyExc_ValueError, "partition size beyond m / k or 2^32 - 1");
+            return NULL;
+        }
     }
     PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence of ints");
     if (seq == NULL)
@@ -2939,6 +3044,15 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
         if (h == (unsigned long long)-1 && PyErr_Occurred())
             goto done;
+        if (part) {
+            uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+            uint64_t base = 0;
+            for (Py_ssize_t i = 0; i < k; i++, g += h2, base += part) {
+                uint64_t pos = base + part_pos(g, part);
+                bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
+            }
+            continue;
+        }
         uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, M), step = fastmod(h >> 32, m, M);
         for (Py_ssize_t i = 0; i < k; i++) {
             bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
@@ -3000,7 +3114,7 @@ static PyMethodDef speedups_functions[] = {
     {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
      "block_may_hold(raw, key) -> False when the data block certainly does not hold key"},
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
-     "bloom_add(bits, m, k, hashes): set the filter bits of every 64-bit hash"},
+     "bloom_add(bits, m, k, hashes[, part]): set the filter bits of every 64-bit hash"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,4 +1,4 @@
-"""Standard Bloom filter with double hashing, serialisable into an SSTable.
+"""Partitioned Bloom filter with double hashing, serialisable into an SSTable.
 
 Sizing (n keys, target false-positive chance p)::
 
@@ -10,10 +10,17 @@ Each extra bit per key multiplies the rate by about 0.62.  ``p == 1.0`` means
 "no filter": ``m == k == 0`` and every probe answers "maybe".
 
 Probes: a key is hashed once to a 64-bit value ``h`` (algorithm 1:
-``xxh3_64(key, seed=0)``); ``h1 = h & 0xFFFFFFFF`` and ``h2 = h >> 32``; probe
-``i`` (0 <= i < k) tests bit ``(h1 + i*h2) mod m``.  Bit ``b`` lives in byte
-``b >> 3`` under mask ``1 << (b & 7)``.  The hash of a key is computed once
-per lookup and reused for every filter (``may_contain_hash``).
+``xxh3_64(key, seed=0)``); ``h1 = h & 0xFFFFFFFF``, ``h2 = h >> 32`` and
+``g_i = (h1 + i*h2) mod 2**32``.  Filter format 2 (written now) splits the m
+bits into k partitions of ``s = m // k`` bits and probe ``i`` (0 <= i < k)
+tests bit ``i*s + (g_i * s >> 32)`` of partition i; format 1 (still read)
+tests bit ``(h1 + i*h2) mod m`` of the whole array.  Same false-positive rate,
+same bits: partitions only change where the probes land.  Every absent key
+meets the first two partitions of each filter in its way, 2/k of the bits,
+which stay in the CPU's caches where the whole filters of a large table
+would not.  Bit ``b`` lives in byte ``b >> 3`` under mask ``1 << (b & 7)``.
+The hash of a key is computed once per lookup and reused for every filter
+(``may_contain_hash``).
 
 Serialised form (docs/FORMAT.md, "Filter block")::
 
@@ -43,7 +50,15 @@ import xxhash
 
 from .errors import CorruptionError, UnsupportedFormatError
 
-FILTER_FORMAT_VERSION = 1  # DO NOT CHANGE: on disk.
+# Filter format versions.  DO NOT CHANGE: on disk.
+FILTER_VERSION_WHOLE = 1        # probe i at (h1 + i*h2) mod m
+FILTER_VERSION_PARTITIONED = 2  # probe i in partition i of m // k bits
+KNOWN_FILTER_VERSIONS = (FILTER_VERSION_WHOLE, FILTER_VERSION_PARTITIONED)
+#: What new filters are written as (format 1 only where the bits cannot be
+#: partitioned: m < k, or partitions of 2**32 bits or more).
+FILTER_FORMAT_VERSION = FILTER_VERSION_PARTITIONED
+#: Largest partition a format-2 filter may have (s * 2**32 fits 64 bits).
+MAX_PARTITION_BITS = 2**32 - 1
 
 # Hash algorithm ids.  DO NOT CHANGE: on disk.  Retired ids stay reserved.
 HASH_XXH3_64 = 1          # xxh3_64(key, seed=0): fast, computable by anyone
@@ -135,6 +150,18 @@ def optimal_hashes(n: int, m: int) -> int:
     return max(1, round(m / n * math.log(2)))
 
 
+def partitionable(m: int, k: int) -> bool:
+    """Whether m bits make k partitions of format 2: at least one bit each
+    (m < k happens only with ``with_size``) and under 2**32 bits each (over
+    about 3 billion keys in one filter)."""
+    return 0 < k <= m and m // k <= MAX_PARTITION_BITS
+
+
+def partition_bits(version: int, m: int, k: int) -> int:
+    """s = m // k for a format-2 filter (its partition size); 0 for format 1."""
+    return m // k if version == FILTER_VERSION_PARTITIONED and k else 0
+
+
 def predicted_fpr_for(n: int, m: int, k: int) -> float:
     """(1 - e^(-k n / m))^k; 1.0 for an empty (no-filter) bit array."""
     if m <= 0 or k <= 0:
@@ -143,15 +170,20 @@ def predicted_fpr_for(n: int, m: int, k: int) -> float:
 
 
 class BloomFilter:
-    """A plain Bloom filter.  It cannot delete; an LSM rebuilds filters on compaction.
+    """A Bloom filter, partitioned by probe.  It cannot delete: compaction rebuilds filters.
 
     ``BloomFilter(capacity, fp_chance)`` sizes the filter for ``capacity`` keys.
-    ``add`` and ``in`` cost one hash plus k bit operations (O(k)).
+    ``add`` and ``in`` cost one hash plus k bit operations (O(k)).  ``version``
+    picks the probe layout (docs/FORMAT.md section 5): 2, partitioned, is what
+    lsmdb writes; 1, double hashing over the whole array, is what older files
+    hold.
     """
 
-    __slots__ = ("m", "k", "n", "fp_chance", "hash_algorithm", "key_id", "_bits", "_capacity")
+    __slots__ = ("m", "k", "n", "fp_chance", "hash_algorithm", "key_id", "version", "part",
+                 "_bits", "_capacity")
 
-    def __init__(self, capacity: int, fp_chance: float = 0.01) -> None:
+    def __init__(self, capacity: int, fp_chance: float = 0.01,
+                 version: int = FILTER_FORMAT_VERSION) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise TypeError("capacity must be an int")
         if capacity < 0:
@@ -164,12 +196,19 @@ class BloomFilter:
         k = optimal_hashes(max(capacity, 1), m)
         if k > MAX_HASHES:
             raise ValueError(f"fp_chance {fp_chance:g} needs {k} hashes; at most {MAX_HASHES}")
-        self._init(m, k, float(fp_chance))
+        if version not in KNOWN_FILTER_VERSIONS:
+            raise ValueError(f"filter format version must be one of {KNOWN_FILTER_VERSIONS}")
+        self._init(m, k, float(fp_chance), version)
         self._capacity = capacity
 
-    def _init(self, m: int, k: int, fp_chance: float) -> None:
+    def _init(self, m: int, k: int, fp_chance: float,
+              version: int = FILTER_FORMAT_VERSION) -> None:
+        if version == FILTER_VERSION_PARTITIONED and not partitionable(m, k):
+            version = FILTER_VERSION_WHOLE
         self.m = m
         self.k = k
+        self.version = version
+        self.part = partition_bits(version, m, k)
         self.n = 0
         self.fp_chance = fp_chance
         self.hash_algorithm = HASH_XXH3_64
@@ -178,12 +217,18 @@ class BloomFilter:
         self._capacity = 0
 
     @classmethod
-    def with_size(cls, m: int, k: int) -> BloomFilter:
-        """A filter of exactly ``m`` bits probed ``k`` times (for experiments)."""
+    def with_size(cls, m: int, k: int, version: int = FILTER_FORMAT_VERSION) -> BloomFilter:
+        """A filter of exactly ``m`` bits probed ``k`` times (for experiments).
+
+        ``version`` picks the probe layout: 2 (partitioned, the default; 1
+        when m < k) or 1 (double hashing over the whole array).
+        """
         if m < 1 or not 1 <= k <= MAX_HASHES:
             raise ValueError(f"need m >= 1 and 1 <= k <= {MAX_HASHES}")
+        if version not in KNOWN_FILTER_VERSIONS:
+            raise ValueError(f"filter format version must be one of {KNOWN_FILTER_VERSIONS}")
         f = cls.__new__(cls)
-        f._init(m, k, 0.0)
+        f._init(m, k, 0.0, version)
         return f
 
     # -- building ---------------------------------------------------------
@@ -198,6 +243,15 @@ class BloomFilter:
         if not m:
             return
         bits = self._bits
+        s = self.part
+        if s:
+            g = h & MASK32
+            h2 = h >> 32
+            for base in range(0, self.k * s, s):
+                pos = base + (g * s >> 32)
+                bits[pos >> 3] |= 1 << (pos & 7)
+                g = (g + h2) & MASK32
+            return
         pos = (h & MASK32) % m
         step = (h >> 32) % m
         for _ in range(self.k):
@@ -218,8 +272,19 @@ class BloomFilter:
         if not m or not hashes:
             return
         bits = self._bits
+        s = self.part
         if _bloom_add is not None:  # the same bits, set in C
-            _bloom_add(bits, m, self.k, hashes)
+            _bloom_add(bits, m, self.k, hashes, s)
+            return
+        if s:
+            h2s = [h >> 32 for h in hashes]
+            g = [h & MASK32 for h in hashes]
+            for base in range(0, self.k * s, s):
+                if base:
+                    g = [(x + y) & MASK32 for x, y in zip(g, h2s, strict=True)]
+                for x in g:
+                    p = base + (x * s >> 32)
+                    bits[p >> 3] |= 1 << (p & 7)
             return
         pos = [(h & MASK32) % m for h in hashes]
         step = [(h >> 32) % m for h in hashes]
@@ -245,6 +310,15 @@ class BloomFilter:
         if not m:
             return True
         bits = self._bits
+        s = self.part
+        if s:
+            g = h1
+            for base in range(0, self.k * s, s):
+                pos = base + (g * s >> 32)
+                if not bits[pos >> 3] & (1 << (pos & 7)):
+                    return False
+                g = (g + h2) & MASK32
+            return True
         pos = h1 % m
         step = h2 % m
         for _ in range(self.k):
@@ -258,9 +332,13 @@ class BloomFilter:
     def probes(self, h1: int, h2: int) -> list[tuple[int, int, bool]]:
         """Every probe as (i, bit position, bit set) -- for tracing a read."""
         m = self.m
+        s = self.part
         out = []
         for i in range(self.k):
-            pos = (h1 + i * h2) % m
+            if s:
+                pos = i * s + (((h1 + i * h2) & MASK32) * s >> 32)
+            else:
+                pos = (h1 + i * h2) % m
             out.append((i, pos, bool(self._bits[pos >> 3] & (1 << (pos & 7)))))
         return out
 
@@ -312,7 +390,7 @@ class BloomFilter:
     def to_bytes(self) -> bytes:
         """The serialised filter: 36-byte header, then the bit array (docs/FORMAT.md)."""
         header = FILTER_HEADER.pack(
-            FILTER_FORMAT_VERSION, self.hash_algorithm, 0, self.k, self.m, self.n,
+            self.version, self.hash_algorithm, 0, self.k, self.m, self.n,
             self.fp_chance, self.key_id,
         )
         return header + bytes(self._bits)
@@ -329,7 +407,7 @@ class BloomFilter:
         if len(data) < FILTER_HEADER_SIZE:
             raise CorruptionError("filter block shorter than its header", path, offset)
         version, algo, _flags, k, m, n, fp, key_id = FILTER_HEADER.unpack_from(data, 0)
-        if version != FILTER_FORMAT_VERSION:
+        if version not in KNOWN_FILTER_VERSIONS:
             raise UnsupportedFormatError(f"unknown filter format version {version}")
         if algo not in KNOWN_HASH_ALGORITHMS:
             raise UnsupportedFormatError(f"unknown filter hash algorithm {algo}")
@@ -339,9 +417,13 @@ class BloomFilter:
                 f"{len(data) - FILTER_HEADER_SIZE}", path, offset)
         if (m == 0) != (k == 0) or k > MAX_HASHES:
             raise CorruptionError(f"filter header has m={m}, k={k}", path, offset)
+        if version == FILTER_VERSION_PARTITIONED and m and not partitionable(m, k):
+            raise CorruptionError(f"partitioned filter header has m={m}, k={k}: no "
+                                  f"partitions of 1 to 2**32 - 1 bits", path, offset)
         f = cls.__new__(cls)
         f.m, f.k, f.n, f.fp_chance = m, k, n, fp
         f.hash_algorithm, f.key_id = algo, key_id
+        f.version, f.part = version, partition_bits(version, m, k)
         f._bits = bytearray(data[FILTER_HEADER_SIZE:])
         f._capacity = n
         return f

@@ -151,7 +151,7 @@ def make_getter(db: DB, state: TableState) -> Any:
             files = l0
         h1 = k1 = -1
         h2 = k2 = 0
-        for reader, lo, hi, bits, m, ks, kf, index_keys, base, counts in files:
+        for reader, lo, hi, bits, m, ks, kf, index_keys, base, counts, part in files:
             if key < lo or key > hi:
                 counts[RANGE_SKIPS] += 1
                 continue
@@ -161,25 +161,40 @@ def make_getter(db: DB, state: TableState) -> Any:
                         h = key_hash(key)
                         h1 = h & mask
                         h2 = h >> 32
-                    pos = h1 % m
-                    step = h2 % m
+                    g = h1
+                    step = h2
                 else:
                     if k1 < 0:  # one keyed hash per get, reused for every keyed filter
                         h = kf(key)
                         k1 = h & mask
                         k2 = h >> 32
-                    pos = k1 % m
-                    step = k2 % m
-                # Probe 0 unrolled: most absent keys stop here.
-                negative = not bits[pos >> 3] & (1 << (pos & 7))
-                if not negative:
-                    for _ in ks:
-                        pos += step
-                        if pos >= m:
-                            pos -= m
-                        if not bits[pos >> 3] & (1 << (pos & 7)):
-                            negative = True
-                            break
+                    g = k1
+                    step = k2
+                if part:  # format 2: probe i in partition i (see bloom.py)
+                    pos = g * part >> 32
+                    negative = not bits[pos >> 3] & (1 << (pos & 7))
+                    if not negative:
+                        start = 0
+                        for _ in ks:
+                            g = (g + step) & mask
+                            start += part
+                            pos = start + (g * part >> 32)
+                            if not bits[pos >> 3] & (1 << (pos & 7)):
+                                negative = True
+                                break
+                else:  # format 1: (g + i*step) mod m
+                    pos = g % m
+                    step %= m
+                    # Probe 0 unrolled: most absent keys stop here.
+                    negative = not bits[pos >> 3] & (1 << (pos & 7))
+                    if not negative:
+                        for _ in ks:
+                            pos += step
+                            if pos >= m:
+                                pos -= m
+                            if not bits[pos >> 3] & (1 << (pos & 7)):
+                                negative = True
+                                break
                 if negative:
                     if state.shadow:
                         value = _shadow_check(reader, key)
@@ -277,6 +292,7 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
     def visit(probe: tuple[Any, ...], idx: list[int]) -> list[int]:
         """Answer what ``probe``'s file can; returns the indexes still open."""
         reader, lo, hi, bits, m, krange, kf = probe[:7]
+        part = probe[10]
         maybe: list[int] = []
         still: list[int] = []
         skipped = 0
@@ -289,7 +305,24 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
                 skipped += 1
                 still.append(i)
                 continue
-            if m:
+            if m and part:  # format 2: probe i in partition i (see bloom.py)
+                g = h1s[i]
+                step = h2s[i]
+                pos = g * part >> 32
+                if not bits[pos >> 3] & (1 << (pos & 7)):
+                    negatives.append(i)
+                    continue
+                start = 0
+                for _ in krange:  # the probes after the first
+                    g = (g + step) & _MASK32
+                    start += part
+                    pos = start + (g * part >> 32)
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        negatives.append(i)
+                        break
+                else:
+                    maybe.append(i)
+            elif m:
                 pos = h1s[i] % m
                 step = h2s[i] % m
                 if not bits[pos >> 3] & (1 << (pos & 7)):

@@ -606,7 +606,7 @@ def test_filter_of_a_newer_format_version_fails_open(db, path):
     off, size = r.filter_handle
     r.close()
     patched = bytearray(pathlib.Path(target).read_bytes())
-    patched[off] = 2  # filter format version u8
+    patched[off] = 3  # filter format version u8: newer than any this code reads
     struct.pack_into("<I", patched, off + size, crc32(bytes(patched[off:off + size])))
     pathlib.Path(target).write_bytes(bytes(patched))
     with lsmdb.open(path) as again:

@@ -93,10 +93,19 @@ OVERFILL_CASES = list(FP_CHANCES)
 #
 # The bound was checked against hundreds of filters built from other seeds:
 # the standardised residuals have sd ~1 and sit well inside it.
+#
+# Format 2 (partitioned, what lsmdb writes) is the same model with k
+# partitions of s = m // k bits, each receiving one probe write per key: the
+# zero bits are k independent occupancies of n throws into s bins (mean
+# k*s*(1-1/s)^n, variance k times the one-partition variance), and a probe
+# tests one bit of each partition, so q(F) = F^k with F the fill inside the
+# partitions (no degenerate steps: equal g_i land in different partitions).
+# The same relative widening and pair slack apply.
 # ---------------------------------------------------------------------------
 
+VERSIONS = (1, 2)
 ALPHA_MODULE = 1e-6
-ALPHA_CASE = ALPHA_MODULE / (len(DESIGN_CASES) + len(OVERFILL_CASES))
+ALPHA_CASE = ALPHA_MODULE / (len(VERSIONS) * (len(DESIGN_CASES) + len(OVERFILL_CASES)))
 ALPHA_FILL = ALPHA_CASE / 2            # two-sided, on the fill ratio
 ALPHA_TAIL = ALPHA_CASE / 4            # each tail of the binomial count
 Z_FILL = statistics.NormalDist().inv_cdf(1 - ALPHA_FILL / 2)   # ~5.6
@@ -139,6 +148,29 @@ def fill_interval(m: int, k: int, n: int, predicted: float) -> tuple[float, floa
                1 - (1 - k / m) ** n)            # k distinct bits per key
     width = Z_FILL * FILL_SD_SAFETY * sd
     return max(0.0, min(centres) - width), min(1.0, max(centres) + width)
+
+
+def fill_interval_partitioned(m: int, k: int, n: int, predicted: float) -> tuple[float, float]:
+    """fill_interval for format 2: k partitions of s = m // k bits, n throws each
+    (the fill is over all m bits, the m - k*s past the partitions staying 0)."""
+    s = m // k
+    e1 = math.exp(n * math.log1p(-1 / s))
+    e2 = math.exp(n * math.log1p(-2 / s))
+    var_zero = k * (s * e1 + s * (s - 1) * e2 - (s * e1) ** 2)
+    sd = math.sqrt(max(var_zero, 0.0)) / m
+    centres = (predicted ** (1 / k), k * s * (1 - e1) / m)
+    width = Z_FILL * FILL_SD_SAFETY * sd
+    return max(0.0, min(centres) - width), min(1.0, max(centres) + width)
+
+
+def fpr_interval_partitioned(m: int, k: int, n: int, fill_lo: float,
+                             fill_hi: float) -> tuple[float, float]:
+    """fpr_interval for format 2: q = F^k, F the fill inside the partitions."""
+    inside = m / (k * (m // k))
+    f_lo, f_hi = min(1.0, fill_lo * inside), min(1.0, fill_hi * inside)
+    rel = k * k / (max(f_lo, 1e-9) * m)
+    pair_slack = k * k * (k - 1) ** 2 * n / (m * m) * f_hi ** max(k - 2, 0)
+    return max(f_lo ** k * (1 - rel), 0.0), min(f_hi ** k * (1 + rel) + pair_slack, 1.0)
 
 
 def fpr_interval(m: int, k: int, n: int, fill_lo: float, fill_hi: float) -> tuple[float, float]:
@@ -249,8 +281,12 @@ def _check_count(f: BloomFilter, n_added: int, absent: list[bytes]) -> tuple[int
     predicted = f.predicted_fpr()
     assert predicted == f.predicted_fpr(n_added) == predicted_fpr_for(n_added, m, k)
     assert predicted == pytest.approx((1 - math.exp(-k * n_added / m)) ** k, rel=1e-12)
-    fill_lo, fill_hi = fill_interval(m, k, n_added, predicted)
-    q_lo, q_hi = fpr_interval(m, k, n_added, fill_lo, fill_hi)
+    if f.version == 2:
+        fill_lo, fill_hi = fill_interval_partitioned(m, k, n_added, predicted)
+        q_lo, q_hi = fpr_interval_partitioned(m, k, n_added, fill_lo, fill_hi)
+    else:
+        fill_lo, fill_hi = fill_interval(m, k, n_added, predicted)
+        q_lo, q_hi = fpr_interval(m, k, n_added, fill_lo, fill_hi)
     lower = binom_lower(len(absent), q_lo, ALPHA_TAIL)
     upper = binom_upper(len(absent), q_hi, ALPHA_TAIL)
     count = sum(1 for key in absent if key in f)
@@ -326,9 +362,11 @@ def test_fp_chance_out_of_range(bad):
 # ---------------------------------------------------------------------------
 # False negatives and false positives at design load
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize(("p", "n"), DESIGN_CASES)
-def test_false_positive_rate_at_design_load(p, n, present_keys, absent_keys):
-    f = BloomFilter(n, p)
+def test_false_positive_rate_at_design_load(p, n, version, present_keys, absent_keys):
+    f = BloomFilter(n, p, version)
+    assert f.version == version
     keys = present_keys[:n]
     f.update(keys)
     assert f.n == n
@@ -358,10 +396,11 @@ def test_false_positive_rate_at_design_load(p, n, present_keys, absent_keys):
         f.predicted_fpr(), rel=0.25 if n < 10_000 else 0.08)
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("p", OVERFILL_CASES)
-def test_overfilled_filter_degrades_as_predicted(p, present_keys, absent_keys):
+def test_overfilled_filter_degrades_as_predicted(p, version, present_keys, absent_keys):
     n = OVERFILL_CAPACITY
-    f = BloomFilter(n, p)
+    f = BloomFilter(n, p, version)
     keys = present_keys[:2 * n]
     f.update(keys)
     assert all(key in f for key in keys)
@@ -380,8 +419,18 @@ def test_overfilled_filter_degrades_as_predicted(p, present_keys, absent_keys):
 # ---------------------------------------------------------------------------
 # Probing: the documented hash split, probe sequence and bit numbering
 
-def test_may_contain_hash_agrees_with_in(present_keys, absent_keys):
-    f = BloomFilter(2000, 0.05)
+def _closed_form(f: BloomFilter, h1: int, h2: int) -> list[int]:
+    """Probe positions from docs/FORMAT.md section 5, per format version."""
+    if f.version == 1:
+        return [(h1 + i * h2) % f.m for i in range(f.k)]
+    s = f.m // f.k
+    return [i * s + ((h1 + i * h2) % 2**32 * s >> 32) for i in range(f.k)]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_may_contain_hash_agrees_with_in(present_keys, absent_keys, version):
+    f = BloomFilter(2000, 0.05, version)
+    assert (f.version, f.part) == (version, f.m // f.k if version == 2 else 0)
     f.update(present_keys[:2000])
     answers = set()
     for key in present_keys[:2000] + absent_keys[:5000]:
@@ -389,18 +438,29 @@ def test_may_contain_hash_agrees_with_in(present_keys, absent_keys):
         assert (h1, h2) == (key_hash(key) & 0xFFFFFFFF, key_hash(key) >> 32)
         answer = f.may_contain_hash(h1, h2)
         assert answer == (key in f)
-        # probes() uses the closed form (h1 + i*h2) mod m; the fast path walks it.
+        # probes() uses the closed form; the fast path walks it.
         probes = f.probes(h1, h2)
-        assert [pos for _i, pos, _set in probes] == [(h1 + i * h2) % f.m for i in range(f.k)]
+        assert [pos for _i, pos, _set in probes] == _closed_form(f, h1, h2)
         assert answer == all(is_set for _i, _pos, is_set in probes)
         answers.add(answer)
     assert answers == {True, False}
 
 
+def test_partitioned_probe_i_lands_in_partition_i(present_keys):
+    f = BloomFilter(1000, 0.01)
+    assert f.version == 2 and (f.m, f.k, f.part) == (9586, 7, 9586 // 7)
+    for key in present_keys[:3000]:
+        for i, pos, _set in f.probes(*split_hash(key_hash(key))):
+            assert i * f.part <= pos < (i + 1) * f.part
+    f.update(present_keys[:1000])
+    tail = int.from_bytes(f._bits, "little") >> (f.k * f.part)
+    assert tail == 0  # the m - k*s bits past the last partition are never set
+
+
 def test_bit_numbering_and_probe_positions():
-    # One key in a 1000-bit filter: exactly the bits (h1 + i*h2) mod m are set,
-    # bit b being byte b >> 3 under mask 1 << (b & 7).
-    f = BloomFilter.with_size(1000, 4)
+    # One key in a 1000-bit filter of format 1: exactly the bits (h1 + i*h2) mod m
+    # are set, bit b being byte b >> 3 under mask 1 << (b & 7).
+    f = BloomFilter.with_size(1000, 4, version=1)
     key = b"hello"
     f.add(key)
     h1, h2 = split_hash(key_hash(key))
@@ -412,13 +472,55 @@ def test_bit_numbering_and_probe_positions():
     assert f.bits_set == len({(h1 + i * h2) % 1000 for i in range(4)})
 
 
+def test_bit_numbering_and_probe_positions_partitioned():
+    # Format 2, 1003 bits and 4 probes: partitions of 250 bits; bit
+    # i*250 + ((h1 + i*h2) mod 2^32) * 250 >> 32 for each i; bits 1000..1002 unused.
+    f = BloomFilter.with_size(1003, 4)
+    assert (f.version, f.part) == (2, 250)
+    key = b"hello"
+    f.add(key)
+    h1, h2 = split_hash(key_hash(key))
+    expected = bytearray(126)
+    for i in range(4):
+        b = i * 250 + (((h1 + i * h2) & 0xFFFFFFFF) * 250 >> 32)
+        expected[b >> 3] |= 1 << (b & 7)
+    assert f.to_bytes()[FILTER_HEADER_SIZE:] == bytes(expected)
+    assert f.bits_set == 4  # one per partition, never shared
+
+
 def test_degenerate_step_sets_one_bit():
-    # h2 a multiple of m: every probe lands on h1 mod m.
-    f = BloomFilter.with_size(100, 5)
+    # Format 1, h2 a multiple of m: every probe lands on h1 mod m.
+    f = BloomFilter.with_size(100, 5, version=1)
     f.add_hash((300 << 32) | 1234)
     assert f.bits_set == 1
     assert f.may_contain_hash(34, 0)
     assert not f.may_contain_hash(35, 0)
+    # Format 2: h2 == 0 gives the same offset in each of the 5 partitions of 20 bits.
+    g = BloomFilter.with_size(100, 5)
+    g.add_hash(1 << 31)  # offset (2^31 * 20) >> 32 = 10
+    assert g.bits_set == 5
+    assert [pos for _i, pos, _s in g.probes(1 << 31, 0)] == [10, 30, 50, 70, 90]
+    assert g.may_contain_hash(1 << 31, 0) and not g.may_contain_hash(0, 0)
+
+
+def test_too_few_bits_for_partitions_falls_back_to_format_1():
+    f = BloomFilter.with_size(3, 5)
+    assert (f.version, f.part) == (1, 0)
+    f.add(b"x")
+    g = BloomFilter.from_bytes(f.to_bytes())
+    assert g.version == 1 and b"x" in g
+    data = bytearray(f.to_bytes())
+    data[0] = 2  # a partitioned filter cannot have m < k
+    with pytest.raises(lsmdb.CorruptionError, match="m=3, k=5"):
+        BloomFilter.from_bytes(bytes(data))
+    # Partitions must stay under 2**32 bits (g_i * s fits 64 bits); beyond, format 1.
+    assert bloom_mod.partitionable(7 * (2**32 - 1), 7)
+    assert not bloom_mod.partitionable(7 * 2**32, 7)
+    assert not bloom_mod.partitionable(6, 7) and not bloom_mod.partitionable(0, 0)
+    with pytest.raises(ValueError):
+        BloomFilter(10, 0.01, version=3)
+    with pytest.raises(ValueError):
+        BloomFilter.with_size(100, 3, version=0)
 
 
 def test_with_size(present_keys, absent_keys):
@@ -458,7 +560,7 @@ def test_header_layout():
     f.update([b"a", b"b", b"c"])
     data = f.to_bytes()
     assert FILTER_HEADER.format == "<BBHIQQdI" and FILTER_HEADER_SIZE == 36
-    assert data[0] == 1                                        # version u8 @0
+    assert data[0] == 2                                        # version u8 @0 (partitioned)
     assert data[1] == 1                                        # hash algorithm u8 @1
     assert data[2:4] == b"\x00\x00"                            # flags u16 @2
     assert struct.unpack_from("<I", data, 4)[0] == f.k == 7    # k u32 @4
@@ -475,7 +577,7 @@ def _with_header_byte(data: bytes, offset: int, value: int) -> bytes:
     return bytes(out)
 
 
-@pytest.mark.parametrize("version", [0, 2, 255])
+@pytest.mark.parametrize("version", [0, 3, 255])
 def test_unknown_version_is_unsupported(version):
     data = BloomFilter(100, 0.01).to_bytes()
     with pytest.raises(lsmdb.UnsupportedFormatError, match="version"):
@@ -579,7 +681,7 @@ def test_sstable_filter_has_the_documented_sizing(sst):
     flt_off, flt_size = reader.filter_handle
     assert flt_size == FILTER_HEADER_SIZE + (m + 7) // 8
     header = FILTER_HEADER.unpack_from(data, flt_off)
-    assert header == (1, 1, 0, k, m, n, p, 0)
+    assert header == (2, 1, 0, k, m, n, p, 0)  # format 2: partitioned
     crc = int.from_bytes(data[flt_off + flt_size:flt_off + flt_size + 4], "little")
     assert crc == zlib.crc32(data[flt_off:flt_off + flt_size])
     # Every key is in the filter, tombstones too (else an older value resurfaces).

@@ -79,15 +79,20 @@ class FilterModel:
         with open(sst_path, "rb") as f:
             f.seek(off)
             block = f.read(size)
-        _v, _algo, _flags, self.k, self.m, self.n, _fp, _kid = self.HEADER.unpack_from(block, 0)
+        self.version, _algo, _flags, self.k, self.m, self.n, _fp, _kid = \
+            self.HEADER.unpack_from(block, 0)
         self.bits = block[self.HEADER.size:]
 
     def first_zero_probe(self, k: bytes) -> tuple[int, int] | None:
         """(probe index, bit) of the first probe hitting a 0 bit; None: "maybe"."""
         h = xxhash.xxh3_64_intdigest(k)
         h1, h2 = h & 0xFFFFFFFF, h >> 32
+        s = self.m // self.k  # format 2: k partitions of s bits
         for i in range(self.k):
-            pos = (h1 + i * h2) % self.m
+            if self.version == 2:
+                pos = i * s + (((h1 + i * h2) % 2**32) * s >> 32)
+            else:
+                pos = (h1 + i * h2) % self.m
             if not self.bits[pos >> 3] & (1 << (pos & 7)):
                 return i, pos
         return None
@@ -600,7 +605,10 @@ def test_verify_reports_a_filter_false_negative(dbpath, lsmdb_cli):
     reader.close()
     model = FilterModel(f1)
     h = xxhash.xxh3_64_intdigest(ukey(400))
-    pos = (h & 0xFFFFFFFF) % model.m
+    if model.version == 2:  # the first probe: partition 0 of m // k bits
+        pos = (h & 0xFFFFFFFF) * (model.m // model.k) >> 32
+    else:
+        pos = (h & 0xFFFFFFFF) % model.m
     with open(f1, "r+b") as f:
         f.seek(off)
         payload = bytearray(f.read(size))

@@ -2,6 +2,10 @@
 
 * ``tests/data/golden.sst`` was written by ``tools/make_golden.py``.  The code
   under test must rebuild it byte for byte, and must read it back exactly.
+* ``tests/data/golden_v1.sst`` is the same file as written before filter
+  format 2 (partitioned probes): the same bytes but for the filter block,
+  whose probes cover the whole array (filter format 1).  It is frozen; the
+  code must keep reading it exactly.
 * A WAL segment, a MANIFEST and a STATS file are pinned as byte literals
   below, both as the codecs encode them and as a real database writes them.
 
@@ -33,6 +37,7 @@ from lsmdb.wal import LogWriter, read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_SST = os.path.join(ROOT, "tests", "data", "golden.sst")
+GOLDEN_V1_SST = os.path.join(ROOT, "tests", "data", "golden_v1.sst")
 
 
 def _load_generator():
@@ -169,9 +174,56 @@ def test_golden_filter_parameters(golden_reader):
     assert f.size_bytes == 24
     for key in EXPECTED_ITEMS:  # tombstones included
         assert key in f
+    # Format 2: 7 partitions of 192 // 7 = 27 bits (bits 189..191 in none).
+    assert (f.version, f.part) == (2, 27)
     # The exact bits, so that a change of hash or probe order fails here too.
     assert bytes(f._bits).hex() == (
-        "98a99b05c318873541cd4d4d01fa73fef31aebcf7fd74636")
+        "cc6ec15fc08fa20d8aaeb0ba76cd236ff04a68986b749f11")
+    assert not int.from_bytes(f._bits, "little") >> 189
+
+
+# -- (b') the frozen format-1 file reads back exactly ---------------------------
+
+@pytest.fixture(params=["pread", "memory"])
+def golden_v1_reader(request):
+    if request.param == "pread":
+        reader = SSTableReader(GOLDEN_V1_SST, 8)
+    else:
+        with open(GOLDEN_V1_SST, "rb") as fh:
+            reader = SSTableReader("golden_v1.sst", 8, data=fh.read())
+    yield reader
+    reader.close()
+
+
+def test_golden_v1_differs_from_golden_only_in_the_filter_block(golden_bytes):
+    with open(GOLDEN_V1_SST, "rb") as fh:
+        old = fh.read()
+    off, size = EXPECTED_HANDLES["filter"]
+    assert len(old) == len(golden_bytes) == EXPECTED_FILE_SIZE
+    assert old[:off] == golden_bytes[:off]
+    assert old[off + size + 4:] == golden_bytes[off + size + 4:]
+    assert (old[off], golden_bytes[off]) == (1, 2)  # the filter format version byte
+    assert old[off + 1:off + 36] == golden_bytes[off + 1:off + 36]  # the rest of the header
+
+
+def test_golden_v1_filter_reads_as_format_1(golden_v1_reader):
+    r = golden_v1_reader
+    assert r.filter_error is None
+    f = r.bloom
+    assert (f.version, f.part, f.m, f.k, f.n) == (1, 0, 192, 7, 20)
+    assert bytes(f._bits).hex() == "98a99b05c318873541cd4d4d01fa73fef31aebcf7fd74636"
+    # Format 1 probes: (h1 + i*h2) mod m, computed here from the formula.
+    for key in EXPECTED_ITEMS:
+        h = bloom_mod.key_hash(key)
+        h1, h2 = h & 0xFFFFFFFF, h >> 32
+        assert all(f._bits[(h1 + i * h2) % 192 >> 3] >> ((h1 + i * h2) % 192 & 7) & 1
+                   for i in range(7))
+        assert key in f
+    for key, value in EXPECTED_ITEMS.items():
+        assert r.find(key) == value, key
+    for absent in (b"", b"key", b"key0000", b"key020", b"kez", b"\xff"):
+        assert r.find(absent) is MISSING
+
 
 
 def test_golden_every_key_and_value(golden_reader):
@@ -225,7 +277,10 @@ def test_format_constants_are_pinned():
     assert WAL_HEADER_SIZE == 8
     assert MANIFEST_MAGIC == b"LSMDBMAN"
     assert MANIFEST_FORMAT_VERSION == 1
-    assert bloom_mod.FILTER_FORMAT_VERSION == 1
+    # Filter format 1 (whole-array probes) is still read; 2 (partitioned) is written.
+    assert (bloom_mod.FILTER_VERSION_WHOLE, bloom_mod.FILTER_VERSION_PARTITIONED) == (1, 2)
+    assert bloom_mod.KNOWN_FILTER_VERSIONS == (1, 2)
+    assert bloom_mod.FILTER_FORMAT_VERSION == 2
     assert bloom_mod.FILTER_HEADER_SIZE == 36
     # Hash algorithm ids are on disk: an id may be added, never renumbered or reused.
     assert bloom_mod.HASH_XXH3_64 == 1

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lsmdb
+import lsmdb.bloom as bloom_mod
 import lsmdb.readpath
 import lsmdb.table
 from lsmdb.bloom import BloomFilter, key_hash, keyed_hasher
@@ -36,22 +37,29 @@ def counts() -> array:
     return array("Q", bytes(8 * len(FILE_COUNTERS)))
 
 
-def entry(keys: list[bytes], fp: float, kf=None, c=None):
-    """A C file entry and its Python twin (BloomFilter) for ``keys``."""
-    bloom = BloomFilter(len(keys), fp)
+def entry(keys: list[bytes], fp: float, kf=None, c=None, version: int = 2):
+    """A C file entry and its Python twin (BloomFilter) for ``keys``; a
+    format-2 filter's entry carries its partition size (the 11th item, after
+    placeholder block offsets and sizes that Probes.first never reads)."""
+    bloom = BloomFilter(len(keys), fp, version)
     hash_fn = kf or key_hash
     for key in keys:
         bloom.add_hash(hash_fn(key))
     c = counts() if c is None else c
     lo, hi = min(keys), max(keys)
-    return (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf, sorted(keys)), bloom
+    index = sorted(keys)
+    e = (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf, index)
+    if bloom.part:
+        e += ([0] * len(index), [0] * len(index), bloom.part)
+    return e, bloom
 
 
 def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]]:
     """The Python rule: first file from start in range whose filter says maybe."""
     deltas = [[0, 0] for _ in files]
     for i in range(start, len(files)):
-        (_c, lo, hi, _bits, m, _k, kf, _ik), bloom = files[i]
+        e, bloom = files[i]
+        _c, lo, hi, _bits, m, _k, kf = e[:7]
         if key < lo or key > hi:
             deltas[i][0] += 1
             continue
@@ -69,10 +77,10 @@ def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]
                 min_size=1, max_size=5),
        st.lists(st.sampled_from([0.5, 0.1, 0.01, 1.0]), min_size=5, max_size=5),
        st.lists(st.binary(min_size=0, max_size=6), min_size=1, max_size=60),
-       st.booleans())
-def test_probes_match_the_python_filter(file_keys, fps, queries, keyed):
+       st.booleans(), st.lists(st.sampled_from([1, 2]), min_size=5, max_size=5))
+def test_probes_match_the_python_filter(file_keys, fps, queries, keyed, versions):
     kf = keyed_hasher(b"k" * 32).fn if keyed else None
-    files = [entry(keys, fps[i], kf) for i, keys in enumerate(file_keys)]
+    files = [entry(keys, fps[i], kf, version=versions[i]) for i, keys in enumerate(file_keys)]
     probes = Probes([f[0] for f in files], [], key_hash)
     for key in queries + [k for keys in file_keys for k in keys]:
         start = 0
@@ -103,7 +111,7 @@ def test_probes_past_the_gather_limit_match_the_python_filter():
     rng = random.Random(9)
     for n_files in (63, 64, 65, 70):
         files = [entry(sorted({b"%03d-%05d" % (i % 2, rng.randrange(10**5)) for _ in range(30)}),
-                       0.1) for i in range(n_files)]
+                       0.1, version=1 + i % 3 % 2) for i in range(n_files)]
         probes = Probes([f[0] for f in files], [], key_hash)
         for key in [b"%03d-%05d" % (rng.randrange(2), rng.randrange(10**5)) for _ in range(300)]:
             start = 0
@@ -277,9 +285,56 @@ def run_all(path: str, use_c: bool, monkeypatch) -> tuple[list, dict]:
         db.close()
 
 
-def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path, monkeypatch):
+def downgrade_filters(path: str, every: int = 2) -> int:
+    """Rewrite the xxh3 filter of every ``every``-th SSTable under ``path`` in
+    filter format 1, as lsmdb wrote it before format 2: same header but the
+    version byte, same size, probes over the whole array; the block's CRC is
+    recomputed.  Returns the number of files rewritten."""
+    import glob
+    import zlib
+
+    from lsmdb.sstable import SSTableReader
+    done = 0
+    for i, name in enumerate(sorted(glob.glob(os.path.join(path, "*.sst")))):
+        r = SSTableReader(name)
+        try:
+            old = r.bloom
+            if i % every or not old.m or old.hash_algorithm != bloom_mod.HASH_XXH3_64:
+                continue
+            keys = [key for key, _value in r.iter_range(None, None)]  # tombstones too
+            off, size = r.filter_handle
+        finally:
+            r.close()
+        f = BloomFilter.with_size(old.m, old.k, version=1)
+        f.fp_chance = old.fp_chance
+        f.add_hashes([key_hash(key) for key in keys])
+        assert f.n == old.n
+        block = f.to_bytes()
+        assert len(block) == size and block[1:36] == old.to_bytes()[1:36]
+        with open(name, "r+b") as fh:
+            fh.seek(off)
+            fh.write(block + zlib.crc32(block).to_bytes(4, "little"))
+        done += 1
+    return done
+
+
+@pytest.mark.parametrize("old_filters", [False, True])
+def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path, monkeypatch,
+                                                                         old_filters):
+    """With old_filters, every other SSTable has a format-1 filter (as written
+    before format 2): files of both layouts side by side in one table."""
     path = str(tmp_path / "db")
     build(path)
+    if old_filters:
+        assert downgrade_filters(path) >= 5
+        db = lsmdb.open(path, read_only=True)
+        try:
+            layouts = {r.bloom.version for state in db._tables.values() for r in state.files
+                       if r.bloom.m}
+            assert layouts == {1, 2}
+            assert not [i for i in db.sstables() if i.filter_error]
+        finally:
+            db.close()
     c_answers, c_counters = run_all(path, True, monkeypatch)
     py_answers, py_counters = run_all(path, False, monkeypatch)
     assert c_answers == py_answers
@@ -466,17 +521,28 @@ def test_scans_and_compactions_agree_between_the_c_and_python_merges(tmp_path, m
     assert len(results[0][6]) > 100
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.integers(1, 5000),
-       st.integers(1, 20))
-def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k):
+       st.integers(1, 20), st.sampled_from([1, 2]))
+def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
+    ref = BloomFilter.with_size(m, k, version)  # format 1 when m < k
     c_bits = bytearray((m + 7) // 8)
-    speedups.bloom_add(c_bits, m, k, hashes)
-    ref = BloomFilter(1, 0.5)
-    ref.m, ref.k, ref._bits = m, k, bytearray((m + 7) // 8)
+    speedups.bloom_add(c_bits, m, k, hashes, ref.part)
+    if not ref.part:
+        four = bytearray((m + 7) // 8)
+        speedups.bloom_add(four, m, k, hashes)  # 4 arguments: format 1
+        assert four == c_bits
     for h in hashes:
         ref.add_hash(h)
     assert c_bits == ref._bits
+    py = BloomFilter.with_size(m, k, version)
+    monkey = bloom_mod._bloom_add
+    try:  # the pure-Python add_hashes sets the same bits
+        bloom_mod._bloom_add = None
+        py.add_hashes(hashes)
+    finally:
+        bloom_mod._bloom_add = monkey
+    assert py._bits == ref._bits
 
 
 def test_bloom_add_refuses_bad_input():
@@ -490,6 +556,16 @@ def test_bloom_add_refuses_bad_input():
         speedups.bloom_add(bytearray(20), 100, 3, [-1])
     with pytest.raises(ValueError):
         speedups.bloom_add(bytearray(20), 100, -1, [1])
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(20), 100, 3, [1], 34)  # 3 partitions of 34 > 100 bits
+    bits = bytearray(20)
+    speedups.bloom_add(bits, 100, 3, [1], 33)
+    assert sum(map(int.bit_count, bits)) == 3
+    with pytest.raises(ValueError, match="2\\^32"):  # partitions of 2^32 bits: format 1 only
+        speedups.bloom_add(bytearray(20), 7 * 2**32, 7, [1], 2**32)
+    big = (counts(), b"a", b"b", bytearray(1), 7 * 2**32, 7, None, [b"b"], [0], [1], 2**32)
+    with pytest.raises(ValueError, match="2\\^32"):
+        Probes([big], [], key_hash)
 
 
 def test_a_closed_database_is_freed(tmp_path):
@@ -658,18 +734,23 @@ def test_block_may_hold_never_denies_a_key_a_decodable_block_holds(payload, key)
         assert speedups.block_may_hold(raw, k)
 
 
-def test_filters_over_the_prefetch_size_answer_as_the_small_ones():
+@pytest.mark.parametrize("version", [1, 2])
+def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
     """Large filters (488 KiB here) next to a small one: every filter in the way
     of a key has its first probe lines prefetched before any is tested; the
     answers and counters must not change."""
     rng = random.Random(5)
     m, k = 4_000_037, 7  # bits: about 488 KiB
+    s = m // k if version == 2 else 0
     files = []
     for f in range(3):
         keys = sorted({b"key-%07d" % rng.randrange(1_000_000) for _ in range(20_000)})
         bits = bytearray((m + 7) // 8)
-        speedups.bloom_add(bits, m, k, [key_hash(key) for key in keys])
-        files.append(((counts(), keys[0], keys[-1], bits, m, k, None, keys), set(keys), bits))
+        speedups.bloom_add(bits, m, k, [key_hash(key) for key in keys], s)
+        e = (counts(), keys[0], keys[-1], bits, m, k, None, keys)
+        if s:
+            e += ([0] * len(keys), [0] * len(keys), s)
+        files.append((e, set(keys), bits))
     small, small_bloom = entry([b"key-0400000", b"key-0600000"], 0.01)
     probes = Probes([small] + [f[0] for f in files], [], key_hash)
 
@@ -680,9 +761,12 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones():
             if not e[1] <= key <= e[2]:
                 continue
             h = key_hash(key)
-            pos, step = (h & 0xFFFFFFFF) % m, (h >> 32) % m
-            if all(bits[(pos + j * step) % m >> 3] & (1 << ((pos + j * step) % m & 7))
-                   for j in range(k)):
+            h1, h2 = h & 0xFFFFFFFF, h >> 32
+            if s:  # format 2, from docs/FORMAT.md
+                where = [j * s + (((h1 + j * h2) & 0xFFFFFFFF) * s >> 32) for j in range(k)]
+            else:
+                where = [(h1 + j * h2) % m for j in range(k)]
+            if all(bits[b >> 3] & (1 << (b & 7)) for b in where):
                 return i
         return -1
 

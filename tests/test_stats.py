@@ -4,7 +4,9 @@ Every expectation here is exact on a constructed database: one table, no
 background compaction, one SSTable whose key range, filter and contents are
 known, so each ``get`` lands in exactly one counter.  The filter's answer for
 each probed key is recomputed independently from the filter block's bytes as
-documented (``h = xxh3_64(key)``, probe ``i`` tests bit ``(h1 + i*h2) mod m``),
+documented (``h = xxh3_64(key)``; in filter format 2 probe ``i`` tests bit
+``i*s + ((h1 + i*h2) mod 2^32) * s >> 32`` with ``s = m // k``, in format 1 bit
+``(h1 + i*h2) mod m``),
 so the split between filter negatives and false positives is exact too.  The
 one statistical check -- measured FPR against the predicted FPR -- uses an
 exact binomial bound that a correct filter violates with probability < 1e-6.
@@ -106,16 +108,20 @@ class FilterModel:
         self.bits = block[self.HEADER.size:]
         assert len(self.bits) == (self.m + 7) // 8
 
+    def positions(self, k: bytes) -> list[int]:
+        """The bits key k's probes test, in probe order."""
+        h = xxhash.xxh3_64_intdigest(k)
+        h1, h2 = h & 0xFFFFFFFF, h >> 32
+        if self.version == 2:
+            s = self.m // self.k
+            return [i * s + (((h1 + i * h2) % 2**32) * s >> 32) for i in range(self.k)]
+        assert self.version == 1
+        return [(h1 + i * h2) % self.m for i in range(self.k)]
+
     def may_contain(self, k: bytes) -> bool:
         if self.m == 0:
             return True
-        h = xxhash.xxh3_64_intdigest(k)
-        h1, h2 = h & 0xFFFFFFFF, h >> 32
-        for i in range(self.k):
-            pos = (h1 + i * h2) % self.m
-            if not self.bits[pos >> 3] & (1 << (pos & 7)):
-                return False
-        return True
+        return all(self.bits[pos >> 3] & (1 << (pos & 7)) for pos in self.positions(k))
 
 
 # --------------------------------------------------------------------- binomial bound
@@ -655,8 +661,7 @@ def clear_filter_bit_of(sst_path: str, k: bytes) -> None:
     off, size = reader.filter_handle
     reader.close()
     model = FilterModel(sst_path)
-    h = xxhash.xxh3_64_intdigest(k)
-    pos = (h & 0xFFFFFFFF) % model.m
+    pos = model.positions(k)[0]
     with open(sst_path, "r+b") as f:
         f.seek(off)
         payload = bytearray(f.read(size))

@@ -92,8 +92,21 @@ def main() -> None:
             h = key_hash(key)
             h1 = h & MASK32
             h2 = h >> 32
-            for _r, lo, hi, bits, m, ks, _kf, _ik, _base, _counts in probes:
+            for _r, lo, hi, bits, m, ks, _kf, _ik, _base, _counts, part in probes:
                 if key < lo or key > hi:
+                    continue
+                if part:  # filter format 2: probe i in partition i
+                    g = h1
+                    pos = g * part >> 32
+                    if not bits[pos >> 3] & (1 << (pos & 7)):
+                        continue
+                    start = 0
+                    for _ in ks:
+                        g = (g + h2) & MASK32
+                        start += part
+                        pos = start + (g * part >> 32)
+                        if not bits[pos >> 3] & (1 << (pos & 7)):
+                            break
                     continue
                 pos = h1 % m
                 step = h2 % m

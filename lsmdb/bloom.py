@@ -221,7 +221,8 @@ class BloomFilter:
         """A filter of exactly ``m`` bits probed ``k`` times (for experiments).
 
         ``version`` picks the probe layout: 2 (partitioned, the default; 1
-        when m < k) or 1 (double hashing over the whole array).
+        when the bits cannot be partitioned, see ``partitionable``) or 1
+        (double hashing over the whole array).
         """
         if m < 1 or not 1 <= k <= MAX_HASHES:
             raise ValueError(f"need m >= 1 and 1 <= k <= {MAX_HASHES}")
@@ -312,7 +313,7 @@ class BloomFilter:
         bits = self._bits
         s = self.part
         if s:
-            g = h1
+            g = h1 & MASK32
             for base in range(0, self.k * s, s):
                 pos = base + (g * s >> 32)
                 if not bits[pos >> 3] & (1 << (pos & 7)):

@@ -194,6 +194,19 @@ part_pos(uint32_t g, uint64_t s)
     return ((uint64_t)g * s) >> 32;
 }
 
+/* 0 when s (0: format 1) is a valid partition size for m bits and k probes:
+ * the k partitions inside the m bits and each under 2^32 bits; else -1 with
+ * ValueError set. */
+static int
+check_part(uint64_t s, uint64_t m, Py_ssize_t k)
+{
+    if (s && (k <= 0 || s > m / (uint64_t)k || s > PART_MAX)) {
+        PyErr_SetString(PyExc_ValueError, "partition size beyond m / k or 2^32 - 1");
+        return -1;
+    }
+    return 0;
+}
+
 /* ---- xxh3_64: the filters' key hash ------------------------------------- */
 
 /* XXH3-64 with seed 0 (xxHash by Yann Collet, BSD 2-Clause; the algorithm
@@ -461,11 +474,8 @@ entry_init(Entry *e, PyObject *item)
         unsigned long long sv = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 10));
         if (sv == (unsigned long long)-1 && PyErr_Occurred())
             goto fail;
-        /* the k partitions must lie inside the m bits */
-        if (sv && (kv == 0 || sv > mv / (uint64_t)kv || sv > PART_MAX)) {
-            PyErr_SetString(PyExc_ValueError, "partition size beyond m / k or 2^32 - 1");
+        if (check_part(sv, mv, kv) < 0)
             goto fail;
-        }
         e->part = sv;
     }
     if (mv) {
@@ -711,10 +721,54 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     return 0;
 }
 
+/* filter_maybe for a partitioned (format 2) filter: probe i in partition i.
+ * The first two probes decide together, as in filter_maybe; their lines are
+ * in the first two partitions, the part of every filter that every absent
+ * key touches, which a large table's filters keep in the caches (the later
+ * partitions only for the one key in four that passes both). */
 static inline int
-filter_maybe_part(const Entry *e, uint64_t h);
+filter_maybe_part(const Entry *e, uint64_t h)
+{
+    uint64_t s = e->part, base = 0;
+    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    uint64_t pos = part_pos(g, s);
+    unsigned all = bits[pos >> 3] >> (pos & 7);
+    Py_ssize_t i = 1;
+    if (e->k > 1) {
+        g += h2;
+        base = s;
+        pos = base + part_pos(g, s);
+        all &= bits[pos >> 3] >> (pos & 7);
+        i = 2;
+    }
+    if (!(all & 1))
+        return 0;
+    for (; i < e->k; i++) {
+        g += h2;
+        base += s;
+        pos = base + part_pos(g, s);
+        all &= bits[pos >> 3] >> (pos & 7);
+    }
+    return (int)(all & 1);
+}
+
+/* filter_maybe_all for a partitioned (format 2) filter. */
 static inline int
-filter_maybe_part_all(const Entry *e, uint64_t h);
+filter_maybe_part_all(const Entry *e, uint64_t h)
+{
+    uint64_t s = e->part, base = 0;
+    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    unsigned all = 1;
+    for (Py_ssize_t i = 0; i < e->k; i++) {
+        uint64_t pos = base + part_pos(g, s);
+        all &= bits[pos >> 3] >> (pos & 7);
+        g += h2;
+        base += s;
+    }
+    return (int)(all & 1);
+}
 
 /* 1 when every probe bit of hash h is set in e's filter (m > 0). */
 static inline int
@@ -763,55 +817,6 @@ filter_maybe_all(const Entry *e, uint64_t h)
         pos += step;
         pos = pos >= m ? pos - m : pos;
         all &= bits[pos >> 3] >> (pos & 7);
-    }
-    return (int)(all & 1);
-}
-
-/* filter_maybe for a partitioned (format 2) filter: probe i in partition i.
- * The first two probes decide together, as in filter_maybe; their lines are
- * in the first two partitions, the part of every filter that every absent
- * key touches, which a large table's filters keep in the caches (the later
- * partitions only for the one key in four that passes both). */
-static inline int
-filter_maybe_part(const Entry *e, uint64_t h)
-{
-    uint64_t s = e->part, base = 0;
-    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
-    const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    uint64_t pos = part_pos(g, s);
-    unsigned all = bits[pos >> 3] >> (pos & 7);
-    Py_ssize_t i = 1;
-    if (e->k > 1) {
-        g += h2;
-        base = s;
-        pos = base + part_pos(g, s);
-        all &= bits[pos >> 3] >> (pos & 7);
-        i = 2;
-    }
-    if (!(all & 1))
-        return 0;
-    for (; i < e->k; i++) {
-        g += h2;
-        base += s;
-        pos = base + part_pos(g, s);
-        all &= bits[pos >> 3] >> (pos & 7);
-    }
-    return (int)(all & 1);
-}
-
-/* filter_maybe_all for a partitioned (format 2) filter. */
-static inline int
-filter_maybe_part_all(const Entry *e, uint64_t h)
-{
-    uint64_t s = e->part, base = 0;
-    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
-    const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    unsigned all = 1;
-    for (Py_ssize_t i = 0; i < e->k; i++) {
-        uint64_t pos = base + part_pos(g, s);
-        all &= bits[pos >> 3] >> (pos & 7);
-        g += h2;
-        base += s;
     }
     return (int)(all & 1);
 }
@@ -3018,10 +3023,8 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         part = PyLong_AsUnsignedLongLong(args[4]);
         if (part == (unsigned long long)-1 && PyErr_Occurred())
             return NULL;
-        if (part && (k == 0 || part > m / (unsigned long long)k || part > PART_MAX)) {
-            PyErr_SetString(PyExc_ValueError, "partition size beyond m / k or 2^32 - 1");
+        if (check_part(part, m, k) < 0)
             return NULL;
-        }
     }
     PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence of ints");
     if (seq == NULL)

@@ -239,27 +239,12 @@ class BloomFilter:
 
     def add_hash(self, h: int) -> None:
         """Add a key by its precomputed 64-bit hash (see ``key_hash``).  O(k)."""
-        m = self.m
         self.n += 1
-        if not m:
+        if not self.m:
             return
         bits = self._bits
-        s = self.part
-        if s:
-            g = h & MASK32
-            h2 = h >> 32
-            for base in range(0, self.k * s, s):
-                pos = base + (g * s >> 32)
-                bits[pos >> 3] |= 1 << (pos & 7)
-                g = (g + h2) & MASK32
-            return
-        pos = (h & MASK32) % m
-        step = (h >> 32) % m
-        for _ in range(self.k):
+        for pos in self.positions(h & MASK32, h >> 32):
             bits[pos >> 3] |= 1 << (pos & 7)
-            pos += step
-            if pos >= m:
-                pos -= m
 
     def add_hashes(self, hashes: Iterable[int]) -> None:
         """``add_hash`` for many hashes (the SSTable writer's path).
@@ -307,41 +292,26 @@ class BloomFilter:
 
     def may_contain_hash(self, h1: int, h2: int) -> bool:
         """False only if the key was certainly never added.  O(k), early exit."""
-        m = self.m
-        if not m:
+        if not self.m:
             return True
         bits = self._bits
+        return all(bits[pos >> 3] & (1 << (pos & 7)) for pos in self.positions(h1, h2))
+
+    def positions(self, h1: int, h2: int) -> list[int]:
+        """The k bits a key of hash halves (h1, h2) probes, in probe order
+        (docs/FORMAT.md section 5): ``i*s + ((h1 + i*h2) mod 2**32) * s >> 32``
+        in format 2, ``(h1 + i*h2) mod m`` in format 1."""
         s = self.part
         if s:
-            g = h1 & MASK32
-            for base in range(0, self.k * s, s):
-                pos = base + (g * s >> 32)
-                if not bits[pos >> 3] & (1 << (pos & 7)):
-                    return False
-                g = (g + h2) & MASK32
-            return True
-        pos = h1 % m
-        step = h2 % m
-        for _ in range(self.k):
-            if not bits[pos >> 3] & (1 << (pos & 7)):
-                return False
-            pos += step
-            if pos >= m:
-                pos -= m
-        return True
+            return [i * s + (((h1 + i * h2) & MASK32) * s >> 32) for i in range(self.k)]
+        m = self.m
+        return [(h1 + i * h2) % m for i in range(self.k)]
 
     def probes(self, h1: int, h2: int) -> list[tuple[int, int, bool]]:
         """Every probe as (i, bit position, bit set) -- for tracing a read."""
-        m = self.m
-        s = self.part
-        out = []
-        for i in range(self.k):
-            if s:
-                pos = i * s + (((h1 + i * h2) & MASK32) * s >> 32)
-            else:
-                pos = (h1 + i * h2) % m
-            out.append((i, pos, bool(self._bits[pos >> 3] & (1 << (pos & 7)))))
-        return out
+        bits = self._bits
+        return [(i, pos, bool(bits[pos >> 3] & (1 << (pos & 7))))
+                for i, pos in enumerate(self.positions(h1, h2))]
 
     # -- statistics -------------------------------------------------------
     @property

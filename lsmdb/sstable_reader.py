@@ -47,6 +47,7 @@ class _FailOpenFilter:
     m = 0
     k = 0
     n = 0
+    part = 0  # no partitions (BloomFilter.part of a filter with no bits)
     fp_chance = 1.0
 
     def may_contain_hash(self, h1: int, h2: int) -> bool:

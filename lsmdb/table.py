@@ -112,14 +112,14 @@ def _probe(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
     return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(max(0, bloom.k - 1)),
-            r.keyed_fn, r.index_keys, r.cache_base, r.counts, bloom.part if m else 0)
+            r.keyed_fn, r.index_keys, r.cache_base, r.counts, bloom.part)
 
 
 def _c_entry(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
     return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn,
-            r.index_keys, r.index_offsets, r.index_sizes, bloom.part if m else 0)
+            r.index_keys, r.index_offsets, r.index_sizes, bloom.part)
 
 
 def _c_probes(l0: list[SSTableReader], deeper: list[tuple[list[bytes], list[SSTableReader]]]

@@ -134,6 +134,20 @@ mem_order(const char *a, Py_ssize_t la, const char *b, Py_ssize_t lb)
             return x < y ? -1 : 1;
         }
     }
+    if (i < n && n >= 8) {
+        /* The last 8 bytes of the shorter, overlapping bytes already found
+         * equal: one more word instead of a branch per byte. */
+        uint64_t x, y;
+        memcpy(&x, p + n - 8, 8);
+        memcpy(&y, q + n - 8, 8);
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        x = __builtin_bswap64(x);
+        y = __builtin_bswap64(y);
+#endif
+        if (x != y)
+            return x < y ? -1 : 1;
+        i = n;
+    }
     for (; i < n; i++)
         if (p[i] != q[i])
             return p[i] < q[i] ? -1 : 1;
@@ -892,10 +906,9 @@ level_pick(Probes *self, Py_ssize_t L, PyObject *key)
     Py_ssize_t lo = 0, hi = count;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
-        if (bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
+        int below = bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0;
+        lo = below ? mid + 1 : lo;
+        hi = below ? hi : mid;
     }
     return lo == count ? -1 : off + lo;
 }

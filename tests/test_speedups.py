@@ -10,6 +10,7 @@ hash.
 
 from __future__ import annotations
 
+import bisect
 import os
 import random
 import threading
@@ -141,6 +142,36 @@ def test_levels_bisect_and_resume_after_a_level():
     assert p.first(b"a0050", 0) == 1          # range skip in level 0, level 1 file 0
     assert e0[0][0] == 1
     assert p.first(b"z", 0) == -1             # beyond every level's max key: no file at all
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.binary(max_size=20), min_size=1, max_size=300, unique=True),
+       st.integers(1, 130), st.lists(st.binary(max_size=20), max_size=40))
+def test_a_level_pick_is_bisect_left_on_the_max_keys(keys, n_files, queries):
+    """A level of up to 130 files (no filters, so the picked file is the
+    answer): the file is the first whose max key is >= the key, if the key is
+    not below its min key; the keys of every length, the max keys and their
+    neighbours among the queries."""
+    check_level_pick(sorted(keys), n_files, queries)
+
+
+def check_level_pick(keys: list[bytes], n_files: int, queries: list[bytes]) -> None:
+    n_files = min(n_files, len(keys))
+    chunks = [keys[len(keys) * i // n_files:len(keys) * (i + 1) // n_files] for i in range(n_files)]
+    maxes = [c[-1] for c in chunks]
+    p = Probes([], [(maxes, [entry(c, 1.0)[0] for c in chunks])], key_hash)
+    for key in queries + keys + [m + b"\0" for m in maxes] + [m[:-1] for m in maxes]:
+        i = bisect.bisect_left(maxes, key)
+        want = i if i < len(maxes) and key >= chunks[i][0] else -1
+        assert p.first(key, 0) == want, key
+
+
+def test_a_level_pick_in_levels_of_1_to_200_files():
+    rng = random.Random(11)
+    for n_files in (1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64, 65, 98, 127, 128, 200):
+        keys = sorted({b"user:%010d" % rng.randrange(10**6) for _ in range(3 * n_files + 5)})
+        queries = [b"user:%010d" % rng.randrange(-10, 10**6 + 10) for _ in range(300)]
+        check_level_pick(keys, n_files, queries)
 
 
 def test_hash_computed_once_per_key_across_resumes():
@@ -785,6 +816,21 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
 def test_the_c_key_order_is_bytes_order(a, b, prefix):
     for x, y in ((a, b), (prefix + a, prefix + b), (a, a + b), (prefix + a, prefix)):
         assert speedups._cmp(x, y) == (x > y) - (x < y)
+
+
+def test_the_c_key_order_at_every_length_and_position():
+    """Keys of 0 to 33 bytes that differ in one byte, either way, at every
+    position, or only in length: the compare takes 8 bytes at a time and the
+    last, overlapping 8 bytes of the shorter key at once."""
+    rng = random.Random(5)
+    for n in range(34):
+        base = bytes(rng.randrange(1, 255) for _ in range(n))
+        others = [base[:j] + bytes([(base[j] + d) % 256]) + base[j + 1:]
+                  for j in range(n) for d in (1, -1, 128)]
+        others += [base[:j] for j in range(n)] + [base + b"\0", base + b"\xff"]
+        for other in others:
+            for x, y in ((base, other), (other, base), (base, base)):
+                assert speedups._cmp(x, y) == (x > y) - (x < y), (x, y)
 
 
 def test_a_false_positive_read_in_c_is_one_read_counted_and_nothing_cached(tmp_path):

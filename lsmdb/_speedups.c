@@ -98,6 +98,8 @@ typedef struct {
     Py_ssize_t nlevels;
     Py_ssize_t *off;      /* nlevels + 1 offsets of each level's entries */
     PyObject **max_keys;  /* per level: tuple of bytes */
+    Py_ssize_t *cp;       /* per level: how many leading bytes all its max keys share */
+    uint64_t **pre;       /* per level: each max key's next 8 bytes after those (level_pick) */
     PyObject *fast_hash;
     /* The last key hashed, held, and its hashes. */
     PyObject *last_key;
@@ -565,6 +567,43 @@ fail:
     return -1;
 }
 
+/* p[0:min(n, 8)] as a big-endian word, zero-padded: in the order of the bytes
+ * (two strings that differ within those bytes compare as their words do;
+ * equal words say nothing more). */
+static inline uint64_t
+be_word(const char *p, Py_ssize_t n)
+{
+    unsigned char b[8] = {0};
+    memcpy(b, p, (size_t)(n < 8 ? n : 8));
+    uint64_t w = 0;
+    for (int i = 0; i < 8; i++)
+        w = w << 8 | b[i];
+    return w;
+}
+
+/* cp[L] and pre[L] for level L's max keys (count >= 1, in order): the prefix
+ * they all share is the one the first and the last share. */
+static int
+level_keys_init(Probes *self, Py_ssize_t L, PyObject *keys)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    PyObject *a = PyTuple_GET_ITEM(keys, 0), *b = PyTuple_GET_ITEM(keys, count - 1);
+    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b), cp = 0;
+    while (cp < la && cp < lb && PyBytes_AS_STRING(a)[cp] == PyBytes_AS_STRING(b)[cp])
+        cp++;
+    self->cp[L] = cp;
+    self->pre[L] = PyMem_Malloc(sizeof(uint64_t) * (size_t)count);
+    if (self->pre[L] == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        PyObject *mk = PyTuple_GET_ITEM(keys, j);
+        self->pre[L][j] = be_word(PyBytes_AS_STRING(mk) + cp, PyBytes_GET_SIZE(mk) - cp);
+    }
+    return 0;
+}
+
 static void
 Probes_dealloc(Probes *self)
 {
@@ -578,6 +617,12 @@ Probes_dealloc(Probes *self)
             Py_XDECREF(self->max_keys[i]);
         PyMem_Free(self->max_keys);
     }
+    if (self->pre) {
+        for (Py_ssize_t i = 0; i < self->nlevels; i++)
+            PyMem_Free(self->pre[i]);
+        PyMem_Free(self->pre);
+    }
+    PyMem_Free(self->cp);
     PyMem_Free(self->off);
     Py_XDECREF(self->fast_hash);
     Py_XDECREF(self->last_key);
@@ -616,7 +661,9 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
         goto fail_early;
     self->max_keys = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(PyObject *));
     self->off = PyMem_Calloc(nlevels + 1, sizeof(Py_ssize_t));
-    if (self->max_keys == NULL || self->off == NULL) {
+    self->cp = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(Py_ssize_t));
+    self->pre = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(uint64_t *));
+    if (self->max_keys == NULL || self->off == NULL || self->cp == NULL || self->pre == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -644,12 +691,19 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
             PyErr_SetString(PyExc_ValueError, "one max key per file of a level");
             goto fail;
         }
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(keys); j++) {
+        Py_ssize_t count = PyTuple_GET_SIZE(keys);
+        for (Py_ssize_t j = 0; j < count; j++) {
             if (!PyBytes_CheckExact(PyTuple_GET_ITEM(keys, j))) {
                 PyErr_SetString(PyExc_TypeError, "max keys must be bytes");
                 goto fail;
             }
+            if (j && bytes_cmp(PyTuple_GET_ITEM(keys, j - 1), PyTuple_GET_ITEM(keys, j)) > 0) {
+                PyErr_SetString(PyExc_ValueError, "a level's max keys must be in order");
+                goto fail;
+            }
         }
+        if (count && level_keys_init(self, L, keys) < 0)
+            goto fail;
         self->off[L] = n;
         n += PyTuple_GET_SIZE(entries);
     }
@@ -896,19 +950,53 @@ check_raw(Entry *e, const char *k, Py_ssize_t klen, uint64_t h)
     return in_range(e, k, klen) && (!e->m || filter_says_maybe_all(e, h));
 }
 
+/* The first i in a[0:n] (n >= 1, in order) with a[i] >= v, or n: a binary
+ * search whose steps choose without a branch (a cmov), the loop's length
+ * fixed by n. */
+static inline Py_ssize_t
+lower_bound_u64(const uint64_t *a, Py_ssize_t n, uint64_t v)
+{
+    const uint64_t *base = a;
+    while (n > 1) {
+        Py_ssize_t half = n / 2;
+        base = base[half - 1] < v ? base + half : base;
+        n -= half;
+    }
+    return (base - a) + (*base < v);
+}
+
 /* The file of level L that may hold key (flat index), or -1: bisect_left on
- * the level's max keys. */
+ * the level's max keys.  The bisect runs on each max key's 8 bytes after the
+ * prefix they all share (pre[L], one small array, the steps without branches)
+ * rather than on the key objects (a dependent load and a compare per step);
+ * only the max keys whose 8 bytes equal the key's are compared whole. */
 static inline Py_ssize_t
 level_pick(Probes *self, Py_ssize_t L, PyObject *key)
 {
     Py_ssize_t off = self->off[L], count = self->off[L + 1] - off;
+    if (count == 0)
+        return -1;
     PyObject *keys = self->max_keys[L];
-    Py_ssize_t lo = 0, hi = count;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        int below = bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0;
-        lo = below ? mid + 1 : lo;
-        hi = below ? hi : mid;
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), cp = self->cp[L];
+    if (cp) {
+        int c = mem_order(k, klen < cp ? klen : cp, PyBytes_AS_STRING(PyTuple_GET_ITEM(keys, 0)),
+                          cp);
+        if (c)  /* below the prefix every max key starts with, or beyond them all */
+            return c < 0 ? off : -1;
+    }
+    const uint64_t *pre = self->pre[L];
+    uint64_t v = be_word(k + cp, klen - cp);
+    Py_ssize_t lo = lower_bound_u64(pre, count, v);
+    if (lo < count && pre[lo] == v) {
+        Py_ssize_t hi = v == UINT64_MAX ? count : lower_bound_u64(pre, count, v + 1);
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
     }
     return lo == count ? -1 : off + lo;
 }

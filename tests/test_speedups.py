@@ -167,11 +167,31 @@ def check_level_pick(keys: list[bytes], n_files: int, queries: list[bytes]) -> N
 
 
 def test_a_level_pick_in_levels_of_1_to_200_files():
+    """The pick bisects each max key's 8 bytes after the prefix the level's max
+    keys share, and compares whole keys only where those 8 bytes tie: levels
+    of 1 to 200 files of keys that differ early, late (long shared runs, so
+    that every max key ties), or only in length; queries shorter than the
+    shared prefix, beside it, and at every max key's neighbours."""
     rng = random.Random(11)
-    for n_files in (1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64, 65, 98, 127, 128, 200):
-        keys = sorted({b"user:%010d" % rng.randrange(10**6) for _ in range(3 * n_files + 5)})
-        queries = [b"user:%010d" % rng.randrange(-10, 10**6 + 10) for _ in range(300)]
-        check_level_pick(keys, n_files, queries)
+    families = [
+        lambda: b"user:%010d" % rng.randrange(10**6),
+        lambda: b"user:" + b"x" * 8 + b"%06d" % rng.randrange(10**6),  # all tie after the prefix
+        lambda: b"t" + b"\0" * rng.randrange(12) + bytes([rng.randrange(3)]) * rng.randrange(3),
+        lambda: bytes(rng.randrange(2) for _ in range(rng.randrange(1, 14))),
+        lambda: b"\xff" * rng.randrange(1, 12) + b"%d" % rng.randrange(99),
+    ]
+    for make in families:
+        for n_files in (1, 2, 3, 4, 7, 8, 9, 15, 16, 17, 63, 64, 65, 98, 127, 128, 200):
+            keys = sorted({make() for _ in range(3 * n_files + 5)})
+            queries = [make() for _ in range(200)] + [b"", b"t", b"user", b"user:", b"\xff" * 20]
+            queries += [k[:j] for k in keys[:5] + keys[-5:] for j in range(len(k))]
+            check_level_pick(keys, n_files, queries)
+
+
+def test_a_level_s_max_keys_must_be_in_order():
+    a, b = entry([b"a", b"b"], 1.0)[0], entry([b"c", b"d"], 1.0)[0]
+    with pytest.raises(ValueError, match="in order"):
+        Probes([], [([b"d", b"b"], [b, a])], key_hash)
 
 
 def test_hash_computed_once_per_key_across_resumes():

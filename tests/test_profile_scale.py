@@ -1,0 +1,63 @@
+"""``tools/profile_scale.py``, short: it runs at small sizes and reports every part."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import lsmdb
+import lsmdb.table
+
+
+def _load_tool() -> Any:
+    path = Path(__file__).resolve().parent.parent / "tools" / "profile_scale.py"
+    spec = importlib.util.spec_from_file_location("lsmdb_tools_profile_scale", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+profile_scale = _load_tool()
+needs_c = pytest.mark.skipif(lsmdb.table.Probes is None, reason="built without a C compiler")
+
+
+@needs_c
+def test_profile_scale_reports_every_part(capsys):
+    assert profile_scale.main(["--small", "40000", "--large", "100000", "--queries", "1000",
+                               "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    for row in ("SSTables per level", "filter bytes", "db.get", "Probes.first, all files",
+                "none (the call and the hash)", "level-0 files only",
+                "500 keys repeated", "keys no filter lets through",
+                "false-positive block reads per key", "false positives, per key",
+                "40,000-key rate / 100,000-key rate"):
+        assert row in out, row
+
+
+@needs_c
+def test_the_parts_count_on_counters_of_their_own(tmp_path):
+    path = str(tmp_path / "db")
+    profile_scale.load(path, 40_000, seed=1, compaction="leveled")
+    db = lsmdb.open(path)
+    try:
+        before = [(i.range_skips, i.filter_negatives) for i in db.sstables()]
+        named, layout, filter_bytes = profile_scale.parts(db)
+        assert layout.startswith("L0 ") and filter_bytes > 0
+        for _name, probes in named:
+            for i in range(0, 2000, 2):
+                probes.first(b"user:%010d" % (2 * i + 1), 0)
+        assert [(i.range_skips, i.filter_negatives) for i in db.sstables()] == before
+    finally:
+        db.close()
+
+
+def test_without_the_c_speedups_it_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(lsmdb.table, "Probes", None)
+    assert profile_scale.main(["--small", "10", "--large", "20", "--queries", "500"]) == 1
+    assert "not built" in capsys.readouterr().err

@@ -1802,7 +1802,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
 
 /* The state's fast tuple when the C path can serve: 1 and *fast (a new
  * reference); 0 when the Python getter must (closed database, no C probes:
- * shadow mode, no files); -1 on error. */
+ * shadow mode); -1 on error. */
 static int
 getter_fast(Getter *self, PyObject **fast)
 {

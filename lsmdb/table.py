@@ -85,7 +85,7 @@ class TableState:
         # Probes object (None: the Python path; always in shadow mode) plus, by
         # its flat file index, what a block read needs, and the memtables' key
         # filters (memtable first, like the dicts; None without the C speedups).
-        probes = (_c_probes(l0, deeper) if USE_SPEEDUPS and self.files and not self.shadow
+        probes = (_c_probes(l0, deeper) if USE_SPEEDUPS and not self.shadow
                   else None)
         flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
         self.fast = (self.mem.data, tuple(m.data for m in self.imms),

@@ -402,6 +402,50 @@ def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path
     assert sum(v[1] for k, v in c_counters.items() if isinstance(k, tuple)) > 0
 
 
+@pytest.mark.parametrize("use_c", [True, False])
+def test_a_table_with_no_files_yet_answers_and_counts_on_either_path(tmp_path, monkeypatch,
+                                                                     use_c):
+    """Before its first flush a table has only its memtable: the C getter serves
+    it too (Probes over no files), and both paths answer as a dict of the writes
+    would -- puts, overwrites, deletes (tombstones in the memtable), absent keys,
+    get and get_many -- and count every get and every absent one."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.create_table("keyed", bloom_filter_hash="keyed")
+    rng = random.Random(3)
+    model: dict[str | None, dict[bytes, bytes]] = {None: {}, "keyed": {}}
+    for name in (None, "keyed"):
+        for round_ in range(10):
+            with db.batch() as b:
+                for _ in range(300):
+                    key = b"k%04d" % rng.randrange(1000)
+                    if rng.random() < 0.2:
+                        b.delete(key, table=name)
+                        model[name].pop(key, None)
+                    else:
+                        b.put(key, b"v%d" % round_, table=name)
+                        model[name][key] = b"v%d" % round_
+    db.close()
+    monkeypatch.setattr(lsmdb.table, "USE_SPEEDUPS", use_c)
+    db = lsmdb.open(path, read_only=True)
+    try:
+        assert not db.sstables()
+        assert (type(db.get).__name__ == "Getter") == use_c
+        assert (db._default_state.fast[4] is not None) == use_c
+        qs = [b"k%04d" % i for i in range(1000)] + [b"k%04d5" % i for i in range(300)]
+        qs += [b"", b"zz"]
+        for name in (None, "keyed"):
+            handle = db if name is None else db.table(name)
+            want = [model[name].get(q) for q in qs]
+            assert [handle.get(q) for q in qs] == want
+            assert handle.get_many(qs) == want
+            stats = db.table_stats(name or "default")
+            assert (stats["gets"], stats["gets_absent"]) == (2 * len(qs),
+                                                             2 * want.count(None))
+    finally:
+        db.close()
+
+
 def test_getter_falls_back_for_unusual_calls(tmp_path):
     db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
     db.put(b"a", b"1")
@@ -1138,7 +1182,7 @@ def test_the_c_get_skips_the_dict_when_the_memtable_filter_says_no(tmp_path, mon
     filter.  (The engine never writes a key this way.)"""
     db = lsmdb.open(str(tmp_path), auto_compaction=False)
     db.put(b"a", b"1")
-    db.flush()  # a file, so that the C getter serves
+    db.flush()
     db.put(b"b", b"2")
     mf = db._default_state.mem.filter
     planted = next(k for k in (b"p%d" % i for i in range(1000)) if not mf.may_hold(k))

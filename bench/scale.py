@@ -1,6 +1,7 @@
 """Absent-key gets at two sizes, timed side by side (issue #7's scale goal).
 
     python -m bench.scale [--small N] [--large N] [--queries Q] [--compaction NAME ...]
+                          [--peers NAME ...]
 
 For each compaction strategy (default: size_tiered, the default, then
 leveled), loads two lsmdb databases the way ``bench.peers`` does (keys
@@ -17,23 +18,39 @@ every file costs a filter probe (and 1% of the time a block read) per absent
 key, and how many files a load leaves (1 to 6 at 2,000,000 keys) depends on
 where the tiers stand.  Leveled compaction keeps one file per level in the
 way of a key, plus the level-0 files.
+
+Then the same test for each peer store installed (default: every one
+``bench.peers`` knows but lsmdb; ``--peers`` alone for none): loaded with
+the same keys in the same order through its ``bench.stores`` adapter,
+reopened, and given until its directory has not changed for
+``SETTLE_QUIET_SECONDS`` (at most ``SETTLE_MAX_SECONDS``) to finish its
+background compactions before the timed gets.  It shows what the same
+growth costs the stores a user would pick instead, on the same machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
 
 import lsmdb
 
 from .common import SLICES, Progress, Timer, describe_machine, machine_info, per_second, write_json
 from .keys import key_of, value_of
-from .stores import BATCH_KEYS
+from .stores import BATCH_KEYS, STORES, Store
+
+PEERS = tuple(s for s in STORES if s.name != "lsmdb")
+PEER_NAMES = tuple(s.name for s in PEERS)
+#: A peer's load is settled when its directory has not changed for this long.
+SETTLE_QUIET_SECONDS = 2.0
+SETTLE_MAX_SECONDS = 120.0
 
 FP_CHANCE = 0.01
 STRATEGIES = ("size_tiered", "leveled")
@@ -54,21 +71,49 @@ def load(path: str, n: int, seed: int, compaction: str = "size_tiered") -> None:
         db.close()
 
 
+class Items(Sequence[tuple[bytes, bytes]]):
+    """The (key, value) pairs ``load`` writes, in its order, made as they are read
+    (2,000,000 of them built up front would take about half a gigabyte)."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.order = list(range(n))
+        random.Random(seed).shuffle(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[bytes, bytes]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[bytes, bytes]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[bytes, bytes] | list[tuple[bytes, bytes]]:
+        if isinstance(i, slice):
+            return [(key_of(2 * j), value_of(2 * j)) for j in self.order[i]]
+        j = self.order[i]
+        return key_of(2 * j), value_of(2 * j)
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
+        for j in self.order:
+            yield key_of(2 * j), value_of(2 * j)
+
+
 def absent_keys(n: int, q: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     return [key_of(2 * rng.randrange(n - 1) + 1) for _ in range(q)]
 
 
-def timed(sizes: Sequence[int], dbs: Sequence[Any], queries: Sequence[Sequence[bytes]],
-          slices: int = SLICES) -> list[list[float]]:
+def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
+          queries: Sequence[Sequence[bytes]], slices: int = SLICES) -> list[list[float]]:
     """Per database, the rate of each slice; databases take turns (A B, B A, ...)."""
-    rates: list[list[float]] = [[] for _ in dbs]
+    rates: list[list[float]] = [[] for _ in getters]
     q = len(queries[0])
     cuts = [q * i // slices for i in range(slices + 1)]
     for s in range(slices):
-        order = list(range(len(dbs)))
+        order = list(range(len(getters)))
         for d in (order if s % 2 == 0 else order[::-1]):
-            get = dbs[d].get
+            get = getters[d]
             part = queries[d][cuts[s]:cuts[s + 1]]
             found = 0
             with Timer() as t:
@@ -99,12 +144,73 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
             files = [len(db.sstables()) for db in dbs]
             layout = [describe_files(db) for db in dbs]
             qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
-            rates = timed(sizes, dbs, qs)
+            rates = timed(sizes, [db.get for db in dbs], qs)
         finally:
             for db in dbs:
                 db.close()
     ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
     return {"compaction": compaction, "files": files, "layout": layout,
+            "absent_in_range_per_s": [statistics.median(r) for r in rates],
+            "slice_rates": rates, "small_over_large": ratio}
+
+
+def directory_state(path: str) -> list[tuple[str, int]]:
+    out = []
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                out.append((os.path.join(root, name), os.path.getsize(os.path.join(root, name))))
+            except OSError:  # removed while listed: the store is still at work
+                out.append((os.path.join(root, name), -1))
+    return sorted(out)
+
+
+def settle(path: str, quiet: float = SETTLE_QUIET_SECONDS,
+           limit: float = SETTLE_MAX_SECONDS) -> float:
+    """Wait until the files under path have not changed for ``quiet`` seconds (a
+    store's background compactions done), at most ``limit``; the seconds waited."""
+    start = time.monotonic()
+    last, since = directory_state(path), start
+    while time.monotonic() - since < quiet and time.monotonic() - start < limit:
+        time.sleep(0.25)
+        now = directory_state(path)
+        if now != last:
+            last, since = now, time.monotonic()
+    return time.monotonic() - start
+
+
+def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
+             progress: Progress) -> dict[str, Any]:
+    """The test for one peer store: both sizes loaded as lsmdb's, reopened, settled."""
+    entry: dict[str, Any] = {"store": cls.name, "label": cls.label}
+    reason = cls.missing()
+    if reason is not None:
+        progress(reason)
+        return {**entry, "available": False, "skipped": reason}
+    with tempfile.TemporaryDirectory(prefix=f"bench-scale-{cls.name}-") as root:
+        stores = []
+        for n in sizes:
+            path = os.path.join(root, f"db{n}")
+            os.mkdir(path)
+            store = cls(path, n)
+            store.load(Items(n, seed=n))
+            stores.append(store)
+            progress(f"{cls.name}: loaded {n:,} keys")
+        opened: list[Store] = []
+        try:
+            waits = []
+            for store in stores:
+                store.open()
+                opened.append(store)
+                waits.append(settle(store.path))
+            qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
+            rates = timed(sizes, [s.getter() for s in opened], qs)
+            describe = stores[0].describe()
+        finally:
+            for store in opened:
+                store.close()
+    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+    return {**entry, "available": True, "describe": describe, "settle_seconds": waits,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
             "slice_rates": rates, "small_over_large": ratio}
 
@@ -118,6 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--compaction", nargs="+", choices=STRATEGIES, default=list(STRATEGIES),
                         metavar="NAME", help="strategies to run: size_tiered, leveled "
                         "(default: both)")
+    parser.add_argument("--peers", nargs="*", choices=PEER_NAMES, default=list(PEER_NAMES),
+                        metavar="NAME", help=f"peer stores to run the same test on, from "
+                        f"{', '.join(PEER_NAMES)} (default: every one installed; none if given "
+                        "without names)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
     if min(args.small, args.large) < 2 or args.queries < SLICES:
@@ -125,8 +235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress()
     sizes = [args.small, args.large]
     runs = [run_strategy(c, sizes, args.queries, progress) for c in args.compaction]
+    peers = [run_peer(cls, sizes, args.queries, progress)
+             for cls in PEERS if cls.name in args.peers]
     report = {"benchmark": "scale", "machine": machine_info(), "speedups": lsmdb.SPEEDUPS,
-              "sizes": sizes, "queries": args.queries, "fp_chance": FP_CHANCE, "runs": runs}
+              "sizes": sizes, "queries": args.queries, "fp_chance": FP_CHANCE, "runs": runs,
+              "peers": peers}
     print(f"lsmdb absent gets inside the key range at two sizes ({args.queries:,} gets each, "
           f"slices interleaved; fp chance {FP_CHANCE:g}; C speedups "
           f"{'on' if lsmdb.SPEEDUPS else 'off'})")
@@ -137,6 +250,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {n:>10,} keys, {layout}: {r / 1e3:,.0f}k gets/s")
         print(f"  {args.small:,}-key rate / {args.large:,}-key rate: "
               f"{run['small_over_large']:.2f}x (median over slices)")
+    if peers:
+        print("the same test on the peer stores (loaded alike, reopened, background work "
+              "settled):")
+    for peer in peers:
+        if not peer["available"]:
+            print(f"  {peer['label']}: skipped ({peer['skipped']})")
+            continue
+        rates = peer["absent_in_range_per_s"]
+        print(f"  {peer['label']}: {rates[0] / 1e3:,.0f}k gets/s at {sizes[0]:,} keys, "
+              f"{rates[1] / 1e3:,.0f}k at {sizes[1]:,}: {peer['small_over_large']:.2f}x")
     if args.json:
         write_json(args.json, report)
     return 0

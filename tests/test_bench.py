@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -312,7 +313,7 @@ def test_peers_a_store_failing_after_its_timed_runs_is_reported(
 def test_scale(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = run_module("bench.scale", "--small", "2000", "--large", "50000", "--queries", "5000",
-                      "--json", str(out))
+                      "--peers", "sqlite3", "--json", str(out))
     report = json.loads(out.read_text())
     assert report["sizes"] == [2000, 50000] and report["fp_chance"] == 0.01
     assert [r["compaction"] for r in report["runs"]] == ["size_tiered", "leveled"]
@@ -324,3 +325,39 @@ def test_scale(tmp_path: Path) -> None:
     assert report["runs"][1]["layout"][1].startswith(f"{report['runs'][1]['files'][1]} SSTables")
     assert done.stdout.count("rate / 50,000-key rate") == 2
     assert "leveled compaction:" in done.stdout
+    # the same test on a peer: sqlite3 (stdlib), loaded with the same keys, timed the same way
+    [peer] = report["peers"]
+    assert peer["store"] == "sqlite3" and peer["available"]
+    assert all(r > 0 for r in peer["absent_in_range_per_s"]) and peer["small_over_large"] > 0
+    assert len(peer["slice_rates"][0]) == len(peer["slice_rates"][1]) == 5
+    assert all(2.0 <= w < 120 for w in peer["settle_seconds"])
+    assert "sqlite3: " in done.stdout and "k at 50,000:" in done.stdout
+
+
+def test_scale_items_are_what_load_writes() -> None:
+    from bench.scale import Items
+    items = Items(1000, seed=5)
+    pairs = list(items)
+    assert len(items) == len(pairs) == 1000
+    assert items[10:20] == pairs[10:20] and items[-1] == pairs[-1]
+    assert sorted(k for k, _v in pairs) == [b"user:%010d" % (2 * i) for i in range(1000)]
+    assert all(v == b"%010d" % int(k[5:]) * 10 for k, v in pairs)
+
+
+def test_scale_settle_waits_for_a_quiet_directory(tmp_path: Path) -> None:
+    import threading
+
+    from bench.scale import settle
+
+    def busy() -> None:
+        for i in range(6):
+            (tmp_path / f"f{i}").write_bytes(b"x" * i)
+            time.sleep(0.1)
+
+    writer = threading.Thread(target=busy)
+    start = time.monotonic()
+    writer.start()
+    waited = settle(str(tmp_path), quiet=0.5, limit=10)
+    writer.join()
+    assert waited >= 0.5 + 0.4 and time.monotonic() - start < 5  # quiet only after the writes
+    assert 0.3 <= settle(str(tmp_path), quiet=5, limit=0.3) < 1.5  # the limit holds

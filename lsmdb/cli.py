@@ -249,7 +249,8 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         report = {
             "file": args.file,
             "properties": reader.properties,
-            "filter": {"version": 1, "hash_algorithm": getattr(bloom, "hash_algorithm", None),
+            "filter": {"version": getattr(bloom, "version", None),
+                       "hash_algorithm": getattr(bloom, "hash_algorithm", None),
                        "m": bloom.m, "k": bloom.k, "n": bloom.n, "fp_chance": bloom.fp_chance,
                        "key_id": getattr(bloom, "key_id", None), "error": reader.filter_error},
             "stats": info.to_dict(),
@@ -273,8 +274,8 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         print(f"  {k:<16} {v!r}")
     f = report["filter"]
     error = f"  ERROR: {f['error']}" if f["error"] else ""
-    print(f"  filter: m={f['m']} bits, k={f['k']}, n={f['n']}, built with fp {f['fp_chance']:g}, "
-          f"hash algorithm {f['hash_algorithm']}{error}")
+    print(f"  filter: version {f['version']}, m={f['m']} bits, k={f['k']}, n={f['n']}, built with "
+          f"fp {f['fp_chance']:g}, hash algorithm {f['hash_algorithm']}{error}")
     st = report["stats"]
     print(f"  bits/key {st['bits_per_key']:.2f}  fill {st['fill_ratio']:.4f}  "
           f"predicted FPR {_fmt_rate(st['predicted_fpr'])}  "

@@ -378,6 +378,7 @@ def test_sstable_json_fields(dbpath, lsmdb_cli):
     assert (st["filter_bits"], st["filter_hashes"]) == (model.m, model.k)
     assert (rep["filter"]["m"], rep["filter"]["k"], rep["filter"]["n"]) == (model.m, model.k, 500)
     assert rep["filter"]["error"] is None
+    assert rep["filter"]["version"] == model.version == 2  # what the header says, as written now
     assert st["filter_fp_chance"] == 0.01
     assert st["size_bytes"] == os.path.getsize(f1)
     assert st["file"] == os.path.basename(f1)
@@ -407,6 +408,17 @@ def test_sstable_keys_dumps_every_entry(dbpath, lsmdb_cli):
     assert sum(1 for ln in out.splitlines() if " -> " in ln) == 500
     r = lsmdb_cli("sstable", f1)
     assert r.returncode == 0 and " -> " not in r.stdout
+    assert "  filter: version 2, m=" in r.stdout
+
+
+def test_sstable_reports_the_filter_version_of_an_old_file(lsmdb_cli):
+    """A file written before filter format 2 (the golden copy kept for it) says version 1."""
+    old = os.path.join(os.path.dirname(__file__), "data", "golden_v1.sst")
+    r = lsmdb_cli("sstable", old, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["filter"]["version"] == 1
+    new = os.path.join(os.path.dirname(__file__), "data", "golden.sst")
+    assert json.loads(lsmdb_cli("sstable", new, "--json").stdout)["filter"]["version"] == 2
 
 
 def test_sstable_on_a_file_that_is_not_one(tmp_path, lsmdb_cli):

@@ -193,7 +193,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"table {name!r}: compaction={opts['compaction']} "
               f"bloom_filter_fp_chance={opts['bloom_filter_fp_chance']} "
               f"mode={opts['bloom_filter_mode']}  ({len(files)} SSTables)")
-        header = ["lvl", "file", "entries", "tombs", "size", "filter", "bits/key", "k", "fp built",
+        header = ["lvl", "file", "entries", "tombs", "size", "filter", "bits/key", "k", "fmt",
+                  "fp built",
                   "fp now", "fill", "pred FPR", "FPR(fill)", "keys(fill)", "range skip",
                   "skipped", "true pos", "false pos", "disk reads", "cache hits", "meas FPR"]
         rows = []
@@ -203,6 +204,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 str(f["level"]), f["file"], f"{f['entries']:,}", f"{f['tombstones']:,}",
                 _fmt_size(f["size_bytes"]), _fmt_size(f["filter_bytes"]),
                 f"{f['bits_per_key']:.2f}", str(f["filter_hashes"]),
+                "-" if f["filter_version"] is None else str(f["filter_version"]),
                 f"{f['filter_fp_chance']:g}",
                 f"{f['table_fp_chance']:g}" + (" STALE" if f["filter_stale"] else ""),
                 f"{f['fill_ratio']:.3f}", _fmt_rate(f["predicted_fpr"]),

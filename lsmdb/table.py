@@ -159,6 +159,7 @@ class SSTableInfo:
     table_fp_chance: float = 0.0  # the table's current bloom_filter_fp_chance
     filter_stale: bool = False   # built with a different fp chance than the current one
     filter_error: str | None = None  # why the filter fails open, if it does
+    filter_version: int | None = None  # the filter block's format (FORMAT.md §5); None: fails open
     fill_ratio: float = 0.0
     predicted_fpr: float = 1.0            # (1 - e^(-k n / m))^k
     estimated_fpr_from_fill: float = 1.0  # fill^k
@@ -206,7 +207,7 @@ class SSTableInfo:
             filter_bytes=reader.filter_handle[1],
             bits_per_key=bloom.m / reader.entries if reader.entries else 0.0,
             table_fp_chance=current, filter_stale=reader.fp_chance != current,
-            filter_error=reader.filter_error,
+            filter_error=reader.filter_error, filter_version=getattr(bloom, "version", None),
             fill_ratio=stats["fill_ratio"],
             predicted_fpr=predicted_fpr_for(reader.entries, bloom.m, bloom.k),
             estimated_fpr_from_fill=stats["estimated_fpr_from_fill"],

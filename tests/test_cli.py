@@ -34,7 +34,7 @@ SSTABLE_FIELDS = (
     "table", "file", "path", "level", "entries", "tombstones", "size_bytes", "min_key", "max_key",
     "filter_fp_chance", "filter_bits", "filter_hashes", "filter_bytes", "bits_per_key",
     "fill_ratio", "predicted_fpr", "estimated_fpr_from_fill", "estimated_keys_from_fill",
-    "filter_stale", "range_skips", "filter_negatives", "true_positives", "false_positives",
+    "filter_stale", "filter_version", "range_skips", "filter_negatives", "true_positives", "false_positives",
     "block_reads", "measured_fpr", "false_ratio",
 )
 COUNTER_FIELDS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
@@ -606,7 +606,16 @@ def test_verify_flipped_filter_bit_array_byte_reports_fail_open(dbpath, lsmdb_cl
     with lsmdb.open(dbpath, read_only=True) as db:
         assert db.table(USERS).get(ukey(501)) == b"odd-501"
         info = [i for i in db.sstables(USERS) if i.path == f2][0]
-        assert info.filter_error
+        assert info.filter_error and info.filter_version is None
+    r = lsmdb_cli("inspect", dbpath, "--table", USERS, "--json")
+    assert r.returncode == 0, r.stderr
+    versions = {s["file"]: s["filter_version"]
+                for s in json.loads(r.stdout)["tables"][USERS]["sstables"]}
+    assert versions.pop(os.path.basename(f2)) is None
+    assert set(versions.values()) == {2}
+    r = lsmdb_cli("inspect", dbpath, "--table", USERS)
+    [row] = [ln.split() for ln in r.stdout.splitlines() if os.path.basename(f2) in ln]
+    assert row[2:5] == ["(FILTER", "FAILS", "OPEN)"] and row[11] == "-"  # lvl, file .. k, fmt
 
 
 def test_verify_reports_a_filter_false_negative(dbpath, lsmdb_cli):

@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
@@ -127,9 +128,11 @@ def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
 
 
 def describe_files(db: Any) -> str:
+    """How many SSTables, and how many in each level: "112 SSTables (L0 3, L1 10, L2 99)"."""
     infos = db.sstables()
-    levels = sorted({i.level for i in infos})
-    return f"{len(infos)} SSTables (levels {', '.join(map(str, levels)) or '-'})"
+    per_level = Counter(i.level for i in infos)
+    levels = ", ".join(f"L{level} {per_level[level]}" for level in sorted(per_level))
+    return f"{len(infos)} SSTables ({levels or 'none'})"
 
 
 def run_strategy(compaction: str, sizes: Sequence[int], queries: int,

@@ -322,7 +322,9 @@ def test_scale(tmp_path: Path) -> None:
         assert all(r > 0 for r in run["absent_in_range_per_s"])
         assert len(run["slice_rates"][0]) == len(run["slice_rates"][1]) == 5
         assert run["small_over_large"] > 0
-    assert report["runs"][1]["layout"][1].startswith(f"{report['runs'][1]['files'][1]} SSTables")
+    assert report["runs"][1]["layout"][1].startswith(f"{report['runs'][1]['files'][1]} SSTables (L")
+    assert report["runs"][0]["layout"][1] == f"{report['runs'][0]['files'][1]} SSTables " \
+        f"(L0 {report['runs'][0]['files'][1]})"  # size-tiered: every file in level 0
     assert done.stdout.count("rate / 50,000-key rate") == 2
     assert "leveled compaction:" in done.stdout
     # the same test on a peer: sqlite3 (stdlib), loaded with the same keys, timed the same way

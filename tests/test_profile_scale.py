@@ -29,14 +29,16 @@ needs_c = pytest.mark.skipif(lsmdb.table.Probes is None, reason="built without a
 
 @needs_c
 def test_profile_scale_reports_every_part(capsys):
-    assert profile_scale.main(["--small", "40000", "--large", "100000", "--queries", "1000",
+    assert profile_scale.main(["--small", "40000", "--large", "300000", "--queries", "1000",
                                "--rounds", "1"]) == 0
     out = capsys.readouterr().out
     for row in ("SSTables per level", "filter bytes", "db.get", "Probes.first, all files",
                 "none (the call and the hash)", "level-0 files only",
                 "500 keys repeated", "keys no filter lets through",
+                "level 1 only, no filters (pick + range check)",
+                "keys inside one of the files of level 1",
                 "false-positive block reads per key", "false positives, per key",
-                "40,000-key rate / 100,000-key rate"):
+                "40,000-key rate / 300,000-key rate"):
         assert row in out, row
 
 

@@ -6,13 +6,16 @@
 Run from the repository root.  Loads two databases with ``bench.scale``'s loader (default:
 leveled compaction, 200,000 and 2,000,000 keys), reads their files once so that false-positive
 block reads hit the page cache, then times, in ns per key over ``bench.scale``'s absent
-in-range keys, the two sizes taking turns, the median of R rounds:
+in-range keys, the median over R rounds of 20 slices, every timing of both sizes run on one slice
+before the next:
 
 * the whole ``db.get``, and ``Probes.first``: the C filter step of a get (the hash, each
   level's pick, the range checks, the filter probes and their counters);
 * ``Probes.first`` over a part of the files: none (the call and the hash), the level-0 files
   only, each level alone, and each level alone without its filters (its pick and range check);
 * ``Probes.first`` over 500 keys repeated, whose filter lines stay in the CPU caches;
+* the share of the keys that fall inside one of each level's files (the others are range skips
+  there: no filter probe);
 * a get of a key no filter lets through, and the false positives: block reads per key, times
   what a get that meets one costs more.
 
@@ -41,6 +44,7 @@ from lsmdb.bloom import key_hash  # noqa: E402
 from lsmdb.stats import FILE_COUNTERS  # noqa: E402
 
 HOT_KEYS = 500
+SLICES = 20
 
 
 def read_files(path: str) -> None:
@@ -98,33 +102,54 @@ def block_reads(db: Any) -> int:
     return sum(i.block_reads for i in db.sstables())
 
 
-def profile(db: Any, keys: list[bytes], results: dict[str, list[float]],
-            info: dict[str, Any], first_round: bool) -> None:
-    """One round of every timing for one database, into results (name -> ns per key)."""
+def setup(db: Any, keys: list[bytes], info: dict[str, Any]
+          ) -> list[tuple[str, Callable[[Any], Any], list[bytes]]]:
+    """What to time for one database, as (name, call per key, its keys); into info its
+    layout, filter bytes and false-positive block reads per key (one pass of gets)."""
     named, layout, filter_bytes = parts(db)
     first = named[0][1].first
-    if first_round:
-        info["layout"], info["filter bytes"] = layout, filter_bytes
-        info["fp keys"] = [k for k in keys if first(k, 0) >= 0]
-        info["negative keys"] = [k for k in keys if first(k, 0) < 0]
-        before = block_reads(db)
-        results.setdefault("db.get", []).append(ns_per_key(db.get, keys))
-        info["reads per key"] = (block_reads(db) - before) / len(keys)
-    else:
-        results.setdefault("db.get", []).append(ns_per_key(db.get, keys))
+    info["layout"], info["filter bytes"] = layout, filter_bytes
+    before = block_reads(db)
+    for key in keys:
+        db.get(key)
+    info["reads per key"] = (block_reads(db) - before) / len(keys)
+    runs: list[tuple[str, Callable[[Any], Any], list[bytes]]] = [("db.get", db.get, keys)]
     for name, p in named:
-        f = p.first
-        results.setdefault(name, []).append(ns_per_key(lambda k, f=f: f(k, 0), keys))
+        runs.append((name, lambda k, f=p.first: f(k, 0), keys))
     hot = keys[:HOT_KEYS] * max(1, len(keys) // HOT_KEYS)
-    results.setdefault(f"Probes.first, {HOT_KEYS} keys repeated (lines cached)", []).append(
-        ns_per_key(lambda k: first(k, 0), hot))
-    neg, fp = info["negative keys"], info["fp keys"]
+    runs.append((f"Probes.first, {HOT_KEYS} keys repeated (lines cached)",
+                 lambda k: first(k, 0), hot))
+    info["in range"] = {}
+    for name, p in named:
+        if name.endswith("no filters (pick + range check)"):
+            level = name.split(",")[0].strip()
+            info["in range"][level] = sum(p.first(k, 0) >= 0 for k in keys) / len(keys)
+    neg = [k for k in keys if first(k, 0) < 0]
+    fp = [k for k in keys if first(k, 0) >= 0]
     if neg:
-        results.setdefault("db.get, keys no filter lets through", []).append(
-            ns_per_key(db.get, neg))
+        runs.append(("db.get, keys no filter lets through", db.get, neg))
     if fp:
-        results.setdefault("db.get, keys that meet a false positive", []).append(
-            ns_per_key(db.get, fp))
+        runs.append(("db.get, keys that meet a false positive", db.get, fp))
+    return runs
+
+
+def measure(dbs: Sequence[Any], keys: Sequence[list[bytes]], rounds: int,
+            infos: Sequence[dict[str, Any]]) -> list[dict[str, list[float]]]:
+    """ns per key of every timing, by database: each key list in SLICES slices, every
+    timing of both databases run on one slice before the next (the order turning each
+    time), so that a slow phase of the machine falls on all of them alike."""
+    runs = [setup(db, k, info) for db, k, info in zip(dbs, keys, infos, strict=True)]
+    results: list[dict[str, list[float]]] = [{}, {}]
+    turn = 0
+    for _ in range(rounds):
+        for s in range(SLICES):
+            for d in (0, 1) if turn % 2 == 0 else (1, 0):
+                for name, fn, ks in runs[d] if turn % 2 == 0 else runs[d][::-1]:
+                    part = ks[len(ks) * s // SLICES:len(ks) * (s + 1) // SLICES]
+                    if part:
+                        results[d].setdefault(name, []).append(ns_per_key(fn, part))
+            turn += 1
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,11 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       file=sys.stderr)
                 return 1
             keys = [absent_keys(n, args.queries, seed=n + 1) for n in sizes]
-            results: list[dict[str, list[float]]] = [{}, {}]
             infos: list[dict[str, Any]] = [{}, {}]
-            for r in range(args.rounds):
-                for d in (0, 1) if r % 2 == 0 else (1, 0):
-                    profile(dbs[d], keys[d], results[d], infos[d], r == 0)
+            results = measure(dbs, keys, args.rounds, infos)
         finally:
             for db in dbs:
                 db.close()
@@ -168,30 +190,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def report(sizes: Sequence[int], args: argparse.Namespace,
            results: Sequence[dict[str, list[float]]], infos: Sequence[dict[str, Any]]) -> None:
-    print(f"absent in-range keys, {args.compaction} compaction, ns per key "
-          f"(median of {args.rounds} rounds of {args.queries:,} keys; C speedups on)")
-    head = [f"{n:,} keys" for n in sizes]
-    print(f"{'':<58}{head[0]:>22}{head[1]:>22}{'difference':>12}")
-    print(f"{'SSTables per level':<58}{infos[0]['layout']:>22}{infos[1]['layout']:>22}")
-    print(f"{'filter bytes':<58}{infos[0]['filter bytes']:>22,}{infos[1]['filter bytes']:>22,}")
+    width = 2 + max(16, *(len(info["layout"]) for info in infos))
+
+    def row(name: str, a: str, b: str, diff: str = "") -> None:
+        print(f"{name:<58}{a:>{width}}{b:>{width}}{diff:>12}")
+
+    print(f"absent in-range keys, {args.compaction} compaction, ns per key (median over "
+          f"{args.rounds} rounds of {SLICES} slices of {args.queries:,} keys; C speedups on)")
+    row("", *(f"{n:,} keys" for n in sizes), "difference")
+    row("SSTables per level", infos[0]["layout"], infos[1]["layout"])
+    row("filter bytes", *(f"{info['filter bytes']:,}" for info in infos))
     names = list(results[0]) + [n for n in results[1] if n not in results[0]]
     medians = [{k: statistics.median(v) for k, v in r.items()} for r in results]
     for name in names:
         a, b = medians[0].get(name), medians[1].get(name)
-        cells = [f"{x:,.0f}" if x is not None else "-" for x in (a, b)]
-        diff = f"{b - a:+,.0f}" if a is not None and b is not None else ""
-        print(f"{name:<58}{cells[0]:>22}{cells[1]:>22}{diff:>12}")
+        row(name, *(f"{x:,.0f}" if x is not None else "-" for x in (a, b)),
+            f"{b - a:+,.0f}" if a is not None and b is not None else "")
+    for level in list(infos[0]["in range"]) + [x for x in infos[1]["in range"]
+                                               if x not in infos[0]["in range"]]:
+        row(f"keys inside one of the files of {level.replace(' only', '')}",
+            *(f"{info['in range'][level]:.1%}" if level in info["in range"] else "-"
+              for info in infos))
     fp_cost = []
     for m, info in zip(medians, infos, strict=True):
         extra = (m.get("db.get, keys that meet a false positive", 0.0)
                  - m.get("db.get, keys no filter lets through", 0.0))
         fp_cost.append((info["reads per key"], extra, info["reads per key"] * extra))
-    print(f"{'false-positive block reads per key':<58}"
-          f"{fp_cost[0][0]:>22.4f}{fp_cost[1][0]:>22.4f}")
-    print(f"{'a get that meets one costs more by':<58}"
-          f"{fp_cost[0][1]:>22,.0f}{fp_cost[1][1]:>22,.0f}")
-    print(f"{'false positives, per key (reads x extra)':<58}"
-          f"{fp_cost[0][2]:>22,.0f}{fp_cost[1][2]:>22,.0f}{fp_cost[1][2] - fp_cost[0][2]:>+12,.0f}")
+    row("false-positive block reads per key", *(f"{c[0]:.4f}" for c in fp_cost))
+    row("a get that meets one costs more by", *(f"{c[1]:,.0f}" for c in fp_cost))
+    row("false positives, per key (reads x extra)", *(f"{c[2]:,.0f}" for c in fp_cost),
+        f"{fp_cost[1][2] - fp_cost[0][2]:+,.0f}")
     a, b = medians[0]["db.get"], medians[1]["db.get"]
     print(f"db.get, {sizes[0]:,}-key rate / {sizes[1]:,}-key rate: {b / a:.2f}x")
 

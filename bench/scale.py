@@ -218,6 +218,18 @@ def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
             "slice_rates": rates, "small_over_large": ratio}
 
 
+def run_peer_or_failure(cls: type[Store], sizes: Sequence[int], queries: int,
+                        progress: Progress) -> dict[str, Any]:
+    """run_peer; a peer that raises is reported as failed (as bench.peers does), not fatal."""
+    try:
+        return run_peer(cls, sizes, queries, progress)
+    except Exception as exc:  # a peer's own error: report it, go on with the others
+        reason = f"{cls.label}: FAILED: {type(exc).__name__}: {exc}"
+        progress(reason)
+        return {"store": cls.name, "label": cls.label, "available": False, "skipped": reason,
+                "failed": True}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split(
         "\n\n")[0], epilog="example: python -m bench.scale --small 200000 --large 2000000")
@@ -238,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress()
     sizes = [args.small, args.large]
     runs = [run_strategy(c, sizes, args.queries, progress) for c in args.compaction]
-    peers = [run_peer(cls, sizes, args.queries, progress)
+    peers = [run_peer_or_failure(cls, sizes, args.queries, progress)
              for cls in PEERS if cls.name in args.peers]
     report = {"benchmark": "scale", "machine": machine_info(), "speedups": lsmdb.SPEEDUPS,
               "sizes": sizes, "queries": args.queries, "fp_chance": FP_CHANCE, "runs": runs,

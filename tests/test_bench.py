@@ -336,6 +336,22 @@ def test_scale(tmp_path: Path) -> None:
     assert "sqlite3: " in done.stdout and "k at 50,000:" in done.stdout
 
 
+def test_scale_reports_a_peer_that_fails_and_goes_on() -> None:
+    from bench import scale
+    from bench.common import Progress
+    from bench.stores import SqliteStore
+
+    class Broken(SqliteStore):
+        name = label = "broken"
+
+        def load(self, items: object) -> None:
+            raise OSError("disk on fire")
+
+    entry = scale.run_peer_or_failure(Broken, [10, 20], 10, Progress(enabled=False))
+    assert entry["available"] is False and entry["failed"] is True
+    assert entry["skipped"] == "broken: FAILED: OSError: disk on fire"
+
+
 def test_scale_items_are_what_load_writes() -> None:
     from bench.scale import Items
     items = Items(1000, seed=5)

@@ -789,17 +789,23 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
     return 0;
 }
 
-/* filter_maybe for a partitioned (format 2) filter: probe i in partition i.
- * The first two probes decide together, as in filter_maybe; their lines are
- * in the first two partitions, the part of every filter that every absent
- * key touches, which a large table's filters keep in the caches (the later
- * partitions only for the one key in four that passes both). */
+/* Whether every probe bit of hash h is set in e's filter (m > 0), for a
+ * format-2 filter: probe i tests bit i*s + part_pos(g_i, s) of partition i
+ * (filter_test_whole: format 1, bit (h1 + i*h2) mod m).  The first two
+ * probes decide together (they are the lines the gathered probes prefetch,
+ * in the first two partitions, the part of every filter every absent key
+ * touches): one branch, right three times in four on an absent key, where a
+ * branch per probe is a coin toss.  Then, with `early`, only if both are
+ * set, the rest; without it all k are loaded and one branch decides -- for
+ * get_many, which tests one filter for many keys in a row, where
+ * mispredicting the early exit cost more than the extra loads.  Callers pass
+ * `early` as a constant (filter_maybe, filter_maybe_all). */
 static inline int
-filter_maybe_part(const Entry *e, uint64_t h)
+filter_test_part(const Entry *e, uint64_t h, const int early)
 {
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t s = e->part, base = 0;
     uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
-    const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t pos = part_pos(g, s);
     unsigned all = bits[pos >> 3] >> (pos & 7);
     Py_ssize_t i = 1;
@@ -810,7 +816,7 @@ filter_maybe_part(const Entry *e, uint64_t h)
         all &= bits[pos >> 3] >> (pos & 7);
         i = 2;
     }
-    if (!(all & 1))
+    if (early && !(all & 1))
         return 0;
     for (; i < e->k; i++) {
         g += h2;
@@ -821,35 +827,13 @@ filter_maybe_part(const Entry *e, uint64_t h)
     return (int)(all & 1);
 }
 
-/* filter_maybe_all for a partitioned (format 2) filter. */
+/* filter_test_part for a format-1 filter. */
 static inline int
-filter_maybe_part_all(const Entry *e, uint64_t h)
+filter_test_whole(const Entry *e, uint64_t h, const int early)
 {
-    uint64_t s = e->part, base = 0;
-    uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    unsigned all = 1;
-    for (Py_ssize_t i = 0; i < e->k; i++) {
-        uint64_t pos = base + part_pos(g, s);
-        all &= bits[pos >> 3] >> (pos & 7);
-        g += h2;
-        base += s;
-    }
-    return (int)(all & 1);
-}
-
-/* 1 when every probe bit of hash h is set in e's filter (m > 0). */
-static inline int
-filter_maybe(const Entry *e, uint64_t h)
-{
-    if (e->part)
-        return filter_maybe_part(e, h);
     uint64_t m = e->m;
-    const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
-    /* The first two probes decide together (they are the lines the gathered
-     * probes prefetch): one branch, right three times in four on an absent
-     * key, where a branch per probe is a coin toss.  Then the rest. */
     unsigned all = bits[pos >> 3] >> (pos & 7);
     Py_ssize_t i = 1;
     if (e->k > 1) {
@@ -858,7 +842,7 @@ filter_maybe(const Entry *e, uint64_t h)
         all &= bits[pos >> 3] >> (pos & 7);
         i = 2;
     }
-    if (!(all & 1))
+    if (early && !(all & 1))
         return 0;
     for (; i < e->k; i++) {
         pos += step;
@@ -868,25 +852,18 @@ filter_maybe(const Entry *e, uint64_t h)
     return (int)(all & 1);
 }
 
-/* filter_maybe without an early exit: all k probes are loaded and one
- * branch decides.  For get_many, which tests one filter for many keys in a
- * row: on absent keys each probe's branch is a coin toss, and mispredicting
- * them cost more than the extra loads (a filter that fits the caches). */
+/* 1 when every probe bit of hash h is set in e's filter (m > 0). */
+static inline int
+filter_maybe(const Entry *e, uint64_t h)
+{
+    return e->part ? filter_test_part(e, h, 1) : filter_test_whole(e, h, 1);
+}
+
+/* filter_maybe without an early exit (get_many). */
 static inline int
 filter_maybe_all(const Entry *e, uint64_t h)
 {
-    if (e->part)
-        return filter_maybe_part_all(e, h);
-    uint64_t m = e->m;
-    const unsigned char *bits = (const unsigned char *)e->bits.buf;
-    uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, e->mod_M), step = fastmod(h >> 32, m, e->mod_M);
-    unsigned all = bits[pos >> 3] >> (pos & 7);
-    for (Py_ssize_t i = 1; i < e->k; i++) {
-        pos += step;
-        pos = pos >= m ? pos - m : pos;
-        all &= bits[pos >> 3] >> (pos & 7);
-    }
-    return (int)(all & 1);
+    return e->part ? filter_test_part(e, h, 0) : filter_test_whole(e, h, 0);
 }
 
 /* Whether k[0:klen] is within e's key range. */

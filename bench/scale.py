@@ -161,10 +161,11 @@ def directory_state(path: str) -> list[tuple[str, int]]:
     out = []
     for root, _dirs, files in os.walk(path):
         for name in files:
+            full = os.path.join(root, name)
             try:
-                out.append((os.path.join(root, name), os.path.getsize(os.path.join(root, name))))
+                out.append((full, os.path.getsize(full)))
             except OSError:  # removed while listed: the store is still at work
-                out.append((os.path.join(root, name), -1))
+                out.append((full, -1))
     return sorted(out)
 
 

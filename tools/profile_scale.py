@@ -124,8 +124,9 @@ def setup(db: Any, keys: list[bytes], info: dict[str, Any]
         if name.endswith("no filters (pick + range check)"):
             level = name.split(",")[0].strip()
             info["in range"][level] = sum(p.first(k, 0) >= 0 for k in keys) / len(keys)
-    neg = [k for k in keys if first(k, 0) < 0]
-    fp = [k for k in keys if first(k, 0) >= 0]
+    found = [first(k, 0) >= 0 for k in keys]
+    neg = [k for k, f in zip(keys, found, strict=True) if not f]
+    fp = [k for k, f in zip(keys, found, strict=True) if f]
     if neg:
         runs.append(("db.get, keys no filter lets through", db.get, neg))
     if fp:

@@ -11,7 +11,11 @@ then times Q absent gets inside each key range (odd numbers), the two
 databases taking turns slice by slice so both meet the same background load.
 Reports each rate, the files each database has (and their levels), and the
 median over slices of small-rate / large-rate: how much slower an absent get
-is at the larger size.
+is at the larger size.  Beside each rate, from the files' own counters over
+the timed gets: the filters each get probed, the files it skipped by their
+key range and the data blocks it read (false positives), and the filters'
+bytes in all -- whether a key meets more filters at the larger size, or the
+same number of larger ones.
 
 Size-tiered compaction leaves files that each span the whole key range, so
 every file costs a filter probe (and 1% of the time a block read) per absent
@@ -127,6 +131,29 @@ def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
     return rates
 
 
+#: The per-file counters summed over a database's SSTables (``SSTableInfo`` fields).
+COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
+            "block_reads", "block_cache_hits")
+
+
+def counters(db: Any) -> dict[str, int]:
+    """Each of ``COUNTERS`` summed over the database's SSTables."""
+    infos = db.sstables()
+    return {c: sum(getattr(i, c) for i in infos) for c in COUNTERS}
+
+
+def per_get(before: dict[str, int], after: dict[str, int], gets: int) -> dict[str, float]:
+    """What the gets between two ``counters`` readings did, per get: filters probed
+    (a "no" or a "maybe"), files skipped by key range, blocks read from disk or the
+    block cache."""
+    d = {c: after[c] - before[c] for c in COUNTERS}
+    return {"filters_probed": (d["filter_negatives"] + d["true_positives"]
+                               + d["false_positives"]) / gets,
+            "range_skips": d["range_skips"] / gets,
+            "block_reads": d["block_reads"] / gets,
+            "block_cache_hits": d["block_cache_hits"] / gets}
+
+
 def describe_files(db: Any) -> str:
     """How many SSTables, and how many in each level: "112 SSTables (L0 3, L1 10, L2 99)"."""
     infos = db.sstables()
@@ -146,13 +173,17 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
         try:
             files = [len(db.sstables()) for db in dbs]
             layout = [describe_files(db) for db in dbs]
+            filter_bytes = [sum(i.filter_bytes for i in db.sstables()) for db in dbs]
             qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
+            before = [counters(db) for db in dbs]
             rates = timed(sizes, [db.get for db in dbs], qs)
+            work = [per_get(b, counters(db), queries) for b, db in zip(before, dbs, strict=True)]
         finally:
             for db in dbs:
                 db.close()
     ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
     return {"compaction": compaction, "files": files, "layout": layout,
+            "filter_bytes": filter_bytes, "per_get": work,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
             "slice_rates": rates, "small_over_large": ratio}
 
@@ -262,8 +293,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"machine: {describe_machine(report['machine'])}")
     for run in runs:
         print(f"{run['compaction']} compaction:")
-        for n, layout, r in zip(sizes, run["layout"], run["absent_in_range_per_s"], strict=True):
+        for n, layout, r, work, fb in zip(sizes, run["layout"], run["absent_in_range_per_s"],
+                                          run["per_get"], run["filter_bytes"], strict=True):
             print(f"  {n:>10,} keys, {layout}: {r / 1e3:,.0f}k gets/s")
+            print(f"  {'':>16}per get: {work['filters_probed']:.2f} filters probed, "
+                  f"{work['range_skips']:.2f} files skipped by range, "
+                  f"{work['block_reads'] + work['block_cache_hits']:.3f} blocks read "
+                  f"({work['block_cache_hits']:.3f} from the cache); filters: {fb:,} bytes")
         print(f"  {args.small:,}-key rate / {args.large:,}-key rate: "
               f"{run['small_over_large']:.2f}x (median over slices)")
     if peers:

@@ -322,6 +322,20 @@ def test_scale(tmp_path: Path) -> None:
         assert all(r > 0 for r in run["absent_in_range_per_s"])
         assert len(run["slice_rates"][0]) == len(run["slice_rates"][1]) == 5
         assert run["small_over_large"] > 0
+        # the files' own counters over the timed gets, per get: every absent key meets
+        # a filter of each file it falls in, so 50,000 keys (all in SSTables) probe at
+        # least one per get; one read per false positive, about 1% of probes
+        small, large = run["per_get"]
+        assert large["filters_probed"] >= 1.0 and run["filter_bytes"][1] > 0
+        assert large["block_reads"] + large["block_cache_hits"] \
+            <= 0.05 * large["filters_probed"]
+        assert small["filters_probed"] == 0.0 if run["files"][0] == 0 else \
+            small["filters_probed"] >= 1.0
+    # size-tiered: an absent key is looked for in every file, each a range skip or a probe
+    tiered = report["runs"][0]
+    for files, work in zip(tiered["files"], tiered["per_get"], strict=True):
+        assert work["filters_probed"] + work["range_skips"] == pytest.approx(files)
+    assert "filters probed" in done.stdout and "filters: " in done.stdout
     assert report["runs"][1]["layout"][1].startswith(f"{report['runs'][1]['files'][1]} SSTables (L")
     assert report["runs"][0]["layout"][1] == f"{report['runs'][0]['files'][1]} SSTables " \
         f"(L0 {report['runs'][0]['files'][1]})"  # size-tiered: every file in level 0

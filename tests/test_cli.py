@@ -34,7 +34,8 @@ SSTABLE_FIELDS = (
     "table", "file", "path", "level", "entries", "tombstones", "size_bytes", "min_key", "max_key",
     "filter_fp_chance", "filter_bits", "filter_hashes", "filter_bytes", "bits_per_key",
     "fill_ratio", "predicted_fpr", "estimated_fpr_from_fill", "estimated_keys_from_fill",
-    "filter_stale", "filter_version", "range_skips", "filter_negatives", "true_positives", "false_positives",
+    "filter_stale", "filter_version", "range_skips", "filter_negatives", "true_positives",
+    "false_positives",
     "block_reads", "measured_fpr", "false_ratio",
 )
 COUNTER_FIELDS = ("range_skips", "filter_negatives", "true_positives", "false_positives",

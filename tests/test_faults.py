@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from lsmdb.coding import SwitchedButNotSynced
 import lsmdb
 import lsmdb.stats
+from lsmdb.coding import SwitchedButNotSynced
 from lsmdb.verify import verify_database
 
 

@@ -91,7 +91,8 @@ def test_probes_match_the_python_filter(file_keys, fps, queries, keyed, versions
             want, deltas = reference_first(files, key, start)
             assert got == want, (key, start)
             after = [list(f[0][0][:2]) for f in files]
-            assert [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)] == deltas
+            assert [[a - b for a, b in zip(x, y, strict=True)]
+                    for x, y in zip(after, before, strict=True)] == deltas
             if got < 0:
                 break
             start = got + 1
@@ -863,7 +864,7 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
     m, k = 4_000_037, 7  # bits: about 488 KiB
     s = m // k if version == 2 else 0
     files = []
-    for f in range(3):
+    for _ in range(3):
         keys = sorted({b"key-%07d" % rng.randrange(1_000_000) for _ in range(20_000)})
         bits = bytearray((m + 7) // 8)
         speedups.bloom_add(bits, m, k, [key_hash(key) for key in keys], s)

@@ -33,7 +33,7 @@ def build(entries, block_size, how, cuts=(), fp=0.01):
         b.add_many(iter(entries))
     else:
         bounds = sorted({0, len(entries), *[c % (len(entries) + 1) for c in cuts]})
-        for lo, hi in zip(bounds, bounds[1:]):
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
             part = entries[lo:hi]
             assert b.add_chunk([k for k, _ in part], [v for _, v in part]) == len(part)
     if entries:

@@ -443,7 +443,8 @@ def test_counters_equal_after_close_and_reopen_and_keep_growing(dbpath):
 
     # the STATS file holds exactly these numbers
     files, tables = lsmdb.stats.load_stats(dbpath)
-    by_number = {f"{n:06d}.sst": dict(zip(lsmdb.stats.FILE_COUNTERS, v)) for n, v in files.items()}
+    by_number = {f"{n:06d}.sst": dict(zip(lsmdb.stats.FILE_COUNTERS, v, strict=True))
+                 for n, v in files.items()}
     for name, c in snap.items():
         assert by_number[name] == c
     assert [st["gets"], st["gets_absent"]] in tables.values()

@@ -98,6 +98,12 @@ def ns_per_key(fn: Callable[[Any], Any], keys: Sequence[bytes]) -> float:
     return (time.perf_counter() - start) / len(keys) * 1e9
 
 
+def first_from_start(probes: Any) -> Callable[[bytes], Any]:
+    """``probes.first(key, 0)`` as a one-argument function."""
+    first = probes.first
+    return lambda key: first(key, 0)
+
+
 def block_reads(db: Any) -> int:
     return sum(i.block_reads for i in db.sstables())
 
@@ -115,7 +121,7 @@ def setup(db: Any, keys: list[bytes], info: dict[str, Any]
     info["reads per key"] = (block_reads(db) - before) / len(keys)
     runs: list[tuple[str, Callable[[Any], Any], list[bytes]]] = [("db.get", db.get, keys)]
     for name, p in named:
-        runs.append((name, lambda k, f=p.first: f(k, 0), keys))
+        runs.append((name, first_from_start(p), keys))
     hot = keys[:HOT_KEYS] * max(1, len(keys) // HOT_KEYS)
     runs.append((f"Probes.first, {HOT_KEYS} keys repeated (lines cached)",
                  lambda k: first(k, 0), hot))
@@ -193,7 +199,9 @@ def report(sizes: Sequence[int], args: argparse.Namespace,
            results: Sequence[dict[str, list[float]]], infos: Sequence[dict[str, Any]]) -> None:
     width = 2 + max(16, *(len(info["layout"]) for info in infos))
 
-    def row(name: str, a: str, b: str, diff: str = "") -> None:
+    def row(name: str, *cells: str) -> None:
+        """A line: name, the two sizes' cells, then the difference (if given)."""
+        a, b, diff = (*cells, "")[:3]
         print(f"{name:<58}{a:>{width}}{b:>{width}}{diff:>12}")
 
     print(f"absent in-range keys, {args.compaction} compaction, ns per key (median over "

@@ -10,29 +10,17 @@ error.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tools import crashtest
+
 ITERATIONS = 30
 
-
-def _load_tool() -> Any:
-    path = Path(__file__).resolve().parent.parent / "tools" / "crashtest.py"
-    spec = importlib.util.spec_from_file_location("lsmdb_tools_crashtest", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-crashtest = _load_tool()
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork and SIGKILL")
 

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 import lsmdb
 import lsmdb.table
+from tools import profile_scale
 
-
-def _load_tool() -> Any:
-    path = Path(__file__).resolve().parent.parent / "tools" / "profile_scale.py"
-    spec = importlib.util.spec_from_file_location("lsmdb_tools_profile_scale", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-profile_scale = _load_tool()
 needs_c = pytest.mark.skipif(lsmdb.table.Probes is None, reason="built without a C compiler")
 
 

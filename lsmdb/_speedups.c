@@ -720,9 +720,17 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
             goto fail;
     for (Py_ssize_t L = 0; L < nlevels; L++) {
         PyObject *entries = PyTuple_GET_ITEM(levels, L);
-        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(entries); j++)
-            if (entry_init(&self->e[self->off[L] + j], PyTuple_GET_ITEM(entries, j)) < 0)
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(entries); j++) {
+            Entry *e = &self->e[self->off[L] + j];
+            if (entry_init(e, PyTuple_GET_ITEM(entries, j)) < 0)
                 goto fail;
+            /* level_pick's file holds the key only below its max key: the
+             * range check of a picked file compares the min key alone. */
+            if (bytes_cmp(PyTuple_GET_ITEM(self->max_keys[L], j), e->hi) != 0) {
+                PyErr_SetString(PyExc_ValueError, "a level's max keys must be its files' max keys");
+                goto fail;
+            }
+        }
     }
     for (Py_ssize_t i = 0; i < n; i++)
         if (self->e[i].kf != NULL)

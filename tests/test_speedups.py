@@ -195,6 +195,17 @@ def test_a_level_s_max_keys_must_be_in_order():
         Probes([], [([b"d", b"b"], [b, a])], key_hash)
 
 
+def test_a_level_s_max_keys_must_be_its_files_max_keys():
+    """A picked file's range check compares only its min key (the pick put the key
+    at or below its max key), so a max key that is not the file's is refused."""
+    a, b = entry([b"a", b"b"], 1.0)[0], entry([b"c", b"d"], 1.0)[0]
+    assert Probes([], [([b"b", b"d"], [a, b])], key_hash).first(b"c", 0) == 1
+    with pytest.raises(ValueError, match="its files' max keys"):
+        Probes([], [([b"b", b"e"], [a, b])], key_hash)
+    with pytest.raises(ValueError, match="its files' max keys"):
+        Probes([], [([b"a", b"d"], [a, b])], key_hash)  # b"b" would miss file a
+
+
 def test_hash_computed_once_per_key_across_resumes():
     calls = []
 

@@ -3,8 +3,11 @@
     python -m bench.peers [--keys N] [--stores NAME ...] [--json PATH]
 
 Every store gets the same N keys (``b"user:%010d" % 2i``, 100-byte values)
-in the same random order (each load timed alone), is closed and reopened, and
-then answers the same query sets: every present key, absent keys between
+in the same random order, loaded 3 times into a new directory (each load alone
+on the machine, the stores taking turns round by round, the order reversed
+every other round; a store's load rate is the median of its rounds and its
+ratio to lsmdb the median of the per-round ratios), is closed and reopened,
+and then answers the same query sets: every present key, absent keys between
 present ones (odd numbers: inside the key range), absent keys above the
 largest key (outside it), and full ordered scans.  The reads run with every
 store open, the stores taking turns: each query set in 5 slices (slice 1 of
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -60,6 +64,7 @@ VALUE_SAMPLE = 1_000         # present keys whose values are compared byte for b
 SEED = 7
 T = TypeVar("T")
 SCAN_ROUNDS = 3              # full ordered scans per store, the stores taking turns
+LOAD_ROUNDS = 3              # loads per store, the stores taking turns
 WORKLOADS = ("bulk_load", "get_present", "get_absent_in_range", "get_absent_out_of_range",
              "scan")
 WORKLOAD_TITLES = {"bulk_load": "bulk load", "get_present": "get present",
@@ -255,7 +260,7 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
                  progress: Progress) -> list[dict[str, Any]]:
     """Every store's entry of the report, in the order given.
 
-    Each store is loaded (timed alone), closed and reopened; then every store
+    Each store is loaded (timed_loads), closed and reopened; then every store
     stays open while each read workload runs on all of them, the stores taking
     turns slice by slice, so that a slow phase of the (shared) machine falls
     on every store's slice rather than on one store's whole row.  Then,
@@ -264,8 +269,8 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
     checked).  A store that raises is reported as failed and the others go on.
     """
     entries: list[dict[str, Any]] = []
-    live: list[Running] = []
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as root:
+        pending: list[tuple[type[Store], dict[str, Any]]] = []
         for cls in classes:
             reason = cls.missing()
             if reason is not None:
@@ -273,25 +278,11 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
                 entries.append({"store": cls.name, "label": cls.label, "available": False,
                                 "skipped": reason})
                 continue
-            path = os.path.join(root, cls.name)
-            os.mkdir(path)
-            store = cls(path, data.keys)
             entry: dict[str, Any] = {"store": cls.name, "label": cls.label, "available": True,
                                      "skipped": None, "notes": [], "workloads": {}}
             entries.append(entry)
-            try:
-                entry["config"] = store.describe()
-                start = time.perf_counter()
-                store.load(data.items)
-                load_seconds = time.perf_counter() - start
-                progress(f"{cls.label}: loaded {data.keys:,} keys in {load_seconds:.1f}s")
-                entry["workloads"]["bulk_load"] = result(data.keys, load_seconds, data.keys,
-                                                         data.keys)
-                store.open()
-            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
-                progress(failed_entry(entry, exc))
-                continue
-            live.append(Running(store, entry))
+            pending.append((cls, entry))
+        live = timed_loads(pending, data, root, progress)
         try:
             for name, keys, expected in data.get_sets():
                 live = timed_gets_all(live, name, keys, expected, progress)
@@ -318,6 +309,62 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
                 if check:
                     run.entry["notes"].append(check)
     return entries
+
+
+def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data, root: str,
+                progress: Progress, rounds: int = LOAD_ROUNDS) -> list[Running]:
+    """Load each store ``rounds`` times, each time into a new directory under
+    ``root``, the stores taking turns (one store at a time; the order reversed
+    every other round) so that a slow phase of the machine falls on every
+    store's load rather than on one store's.  A store's ``bulk_load`` is the
+    median of its rounds (``round_seconds`` holds them all); its
+    ``ratio_to_lsmdb`` the median of the per-round ratios of lsmdb's time to
+    its own.  Each copy but the last round's is deleted; the last is reopened
+    and returned, ready for the reads.  A store that raises is reported as
+    failed and leaves the rounds."""
+    stores: dict[str, Store] = {}
+    seconds: dict[str, list[float]] = {cls.name: [] for cls, _ in pending}
+    for r in range(rounds):
+        order = [p for p in pending if p[1]["available"]]
+        for cls, entry in order if r % 2 == 0 else order[::-1]:
+            path = os.path.join(root, f"{cls.name}.{r}")
+            os.mkdir(path)
+            store = cls(path, data.keys)
+            try:
+                entry.setdefault("config", store.describe())
+                start = time.perf_counter()
+                store.load(data.items)
+                load_seconds = time.perf_counter() - start
+            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+                progress(failed_entry(entry, exc))
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            progress(f"{cls.label}: loaded {data.keys:,} keys in {load_seconds:.1f}s "
+                     f"(round {r + 1} of {rounds})")
+            seconds[cls.name].append(load_seconds)
+            if r == rounds - 1:
+                stores[cls.name] = store
+            else:
+                shutil.rmtree(path)
+    base = seconds.get("lsmdb", [])
+    live: list[Running] = []
+    for cls, entry in pending:
+        if not entry["available"]:
+            continue
+        secs = seconds[cls.name]
+        load = result(data.keys, statistics.median(secs), data.keys, data.keys)
+        load["round_seconds"] = secs
+        if len(base) == len(secs):
+            load["ratio_to_lsmdb"] = statistics.median(
+                b / t for b, t in zip(base, secs, strict=True))
+        entry["workloads"]["bulk_load"] = load
+        try:
+            stores[cls.name].open()
+        except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+            progress(failed_entry(entry, exc))
+            continue
+        live.append(Running(stores[cls.name], entry))
+    return live
 
 
 def finish(run: Running, data: Data) -> None:
@@ -380,11 +427,12 @@ def print_report(report: dict[str, Any]) -> None:
 
     print_section(f"ops/s (gets: median rate of {SLICES} slices of the loop, scan: items/s, "
                   f"median of {SCAN_ROUNDS} rounds, the stores taking turns; load: keys/s until "
-                  "closed, each store alone)", headers,
+                  f"closed, median of {LOAD_ROUNDS} rounds, the stores taking turns, each alone "
+                  "on the machine)", headers,
                   [[e["label"]] + [cell(e["workloads"][w], "ops_per_s", fmt_rate)
                                    for w in WORKLOADS] for e in ran])
-    print_section("ratio to lsmdb (above 1: faster than lsmdb; reads: median of the per-slice "
-                  "ratios)", headers,
+    print_section("ratio to lsmdb (above 1: faster than lsmdb; median of the per-slice "
+                  "(reads) or per-round (load, scan) ratios)", headers,
                   [[e["label"]] + [cell(e["workloads"][w], "ratio_to_lsmdb", fmt_ratio)
                                    for w in WORKLOADS] for e in ran])
     if ran:

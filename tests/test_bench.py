@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -288,6 +289,69 @@ def test_peers_interleaves_the_stores_and_isolates_one_that_raises(
     assert scan["ratio_to_lsmdb"] == pytest.approx(statistics.median(
         a / b for a, b in zip(scan["round_rates"], lsm["workloads"]["scan"]["round_rates"],
                               strict=True)))
+
+
+def test_peers_loads_take_turns_round_by_round(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    """Each store is loaded LOAD_ROUNDS times, one store at a time, the order reversed
+    every other round; its load rate is the median of its rounds and its ratio the
+    median of the per-round ratios to lsmdb; only the last round's copy is kept (and
+    reopened for the reads); a store that raises in a later round is reported failed
+    and the others' loads go on."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    import statistics
+
+    from bench import peers
+    from bench.common import Progress
+    loads: list[tuple[str, str]] = []
+
+    class Tracing(peers.SqliteStore):
+        name = label = "tracing"
+
+        def load(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+            loads.append((self.name, self.path))
+            super().load(items)
+
+    class Broken(Tracing):
+        name = label = "broken"
+
+        def load(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+            if len(loads) >= 3:  # fails from its second round on
+                raise OSError("disk full")
+            super().load(items)
+
+    class Lsmdb(peers.LsmdbStore):
+        def load(self, items: Sequence[tuple[bytes, bytes]]) -> None:
+            loads.append(("lsmdb", self.path))
+            super().load(items)
+
+    data = peers.Data(300)
+    entries = [{"store": c.name, "label": c.label, "available": True, "skipped": None,
+                "notes": [], "workloads": {}} for c in (Lsmdb, Broken, Tracing)]
+    live = peers.timed_loads(list(zip((Lsmdb, Broken, Tracing), entries, strict=True)), data,
+                             str(tmp_path), Progress(enabled=False))
+    try:
+        assert [name for name, _ in loads] == ["lsmdb", "broken", "tracing",
+                                               "tracing", "lsmdb",
+                                               "lsmdb", "tracing"]
+        assert entries[1]["available"] is False and "FAILED: OSError: disk full" in entries[1][
+            "skipped"]
+        assert [run.entry["store"] for run in live] == ["lsmdb", "tracing"]
+        lsm, tracing = (e["workloads"]["bulk_load"] for e in (entries[0], entries[2]))
+        for load in (lsm, tracing):
+            assert len(load["round_seconds"]) == peers.LOAD_ROUNDS == 3
+            assert load["seconds"] == statistics.median(load["round_seconds"])
+            assert load["ops_per_s"] == pytest.approx(300 / load["seconds"])
+        assert lsm["ratio_to_lsmdb"] == 1.0
+        assert tracing["ratio_to_lsmdb"] == pytest.approx(statistics.median(
+            a / b for a, b in zip(lsm["round_seconds"], tracing["round_seconds"], strict=True)))
+        # the earlier rounds' copies are gone; the last round's is open and whole
+        assert sorted(os.listdir(tmp_path)) == ["lsmdb.2", "tracing.2"]
+        for run in live:
+            assert peers.check_values(run.store, data) is None
+    finally:
+        for run in live:
+            run.store.close()
 
 
 def test_peers_a_store_failing_after_its_timed_runs_is_reported(

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from .bloom import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
 from .sstable import SSTableBuilder, SSTableReader
-from .sstable_writer import take_chunk
+from .sstable_writer import WRITE_BUFFER_BYTES, take_chunk
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -244,7 +244,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             number = alloc_number()
             path = path_for(number)
             paths.append(path)
-            f = open(path, "wb")
+            f = open(path, "wb", buffering=WRITE_BUFFER_BYTES)
             builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
                                      table=state.name, hasher=hasher)
             builder.note_seq(min_seq, max_seq)

@@ -225,6 +225,13 @@ class SSTableBuilder:
         return self._offset
 
 
+#: The write buffer of a new SSTable: one write call per MiB rather than one per
+#: 8 KiB (two data blocks).  Each call lets the GIL go and take it back, a turn
+#: the other threads (a background compaction, the writers) may take; with the
+#: default buffer a 200,000-key load through batches measured 12-14% slower.
+WRITE_BUFFER_BYTES = 1 << 20
+
+
 def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_chance: float,
                   block_size: int, table: str = "", min_seq: int | None = None,
                   max_seq: int = 0, hasher: Hasher = FAST_HASHER,
@@ -235,7 +242,7 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
     The entries are ``items`` (key, value|None) pairs, then ``chunks`` of
     (keys, values) lists (a memtable's flush), all in increasing key order.
     """
-    with open(path, "wb") as f:
+    with open(path, "wb", buffering=WRITE_BUFFER_BYTES) as f:
         builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
                                  hasher=hasher)
         builder.add_many(items)

@@ -44,14 +44,14 @@ def check_block(raw: bytes, path: str, offset: int, what: str) -> bytes:
     return payload
 
 
-def unpack(payload: bytes, path: str, offset: int, what: str) -> Any:
+def unpack(payload: bytes | memoryview, path: str, offset: int, what: str) -> Any:
     try:
         return msgpack.unpackb(payload, raw=False, use_list=True, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types
         raise CorruptionError(f"{what} undecodable ({type(exc).__name__})", path, offset) from None
 
 
-def decode_data_block(payload: bytes, path: str,
+def decode_data_block(payload: bytes | memoryview, path: str,
                       offset: int) -> tuple[list[bytes], list[bytes | None]]:
     obj = unpack(payload, path, offset, "data block")
     if (type(obj) is not list or len(obj) != 2 or type(obj[0]) is not list

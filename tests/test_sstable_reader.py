@@ -83,3 +83,99 @@ def test_the_checksum_is_checked_before_the_shortcut(tmp_path):
         assert e.value.path == path
     finally:
         r.close()
+
+
+# ------------------------------------------------------------ read-ahead
+def _table(tmp_path, n=3000, block_size=256):
+    path = str(tmp_path / "ra.sst")
+    entries = [(b"k%06d" % i, b"v%d" % i * 5) for i in range(n)]
+    write_sstable(path, entries, fp_chance=0.01, block_size=block_size)
+    return path, entries
+
+
+def _counting_preads(r, monkeypatch):
+    sizes = []
+    real = r._pread
+
+    def pread(size, offset):
+        sizes.append(size)
+        return real(size, offset)
+    monkeypatch.setattr(r, "_pread", pread)
+    return sizes
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_chunks_read_ahead_in_doubling_runs(tmp_path, monkeypatch, reverse):
+    """A whole-file walk reads every block once, counted once each, in runs of
+    1, 2, 4, ... blocks up to READAHEAD_BLOCKS: far fewer reads than blocks."""
+    from lsmdb.sstable_reader import READAHEAD_BLOCKS
+    path, entries = _table(tmp_path)
+    r = SSTableReader(path, 1)
+    try:
+        nblocks = len(r.index_keys)
+        assert nblocks > 3 * READAHEAD_BLOCKS
+        preads = _counting_preads(r, monkeypatch)
+        got = [kv for keys, values in r.chunks(None, None, reverse)
+               for kv in zip(keys, values, strict=True)]
+        assert got == (entries[::-1] if reverse else entries)
+        assert r.block_reads == nblocks
+        full = -(-(nblocks - (READAHEAD_BLOCKS * 2 - 1)) // READAHEAD_BLOCKS)
+        assert len(preads) == READAHEAD_BLOCKS.bit_length() + full
+        assert max(preads) <= READAHEAD_BLOCKS * 4096
+    finally:
+        r.close()
+
+
+def test_a_short_walk_reads_at_most_twice_what_it_uses(tmp_path, monkeypatch):
+    path, entries = _table(tmp_path)
+    r = SSTableReader(path, 1)
+    try:
+        _counting_preads(r, monkeypatch)
+        used = 0
+        for used, (keys, _values) in enumerate(r.chunks(b"k001000", None), 1):
+            assert keys[0] >= b"k001000"
+            if used == 5:
+                break
+        assert r.block_reads <= 2 * used
+    finally:
+        r.close()
+
+
+def test_cached_blocks_inside_a_run_are_used_and_counted_as_hits(tmp_path):
+    path, entries = _table(tmp_path, n=600)
+    r = SSTableReader(path, 1)
+    r.cache = BlockCache(1 << 20)
+    try:
+        for i in (1, 2, 5, 9):
+            r.load_block(i)  # read (counted) and cached
+        before = r.block_reads
+        got = [kv for keys, values in r.chunks(None, None)
+               for kv in zip(keys, values, strict=True)]
+        assert got == entries
+        assert r.block_cache_hits == 4
+        # every other block read once; a cached one may have been read ahead with its run
+        assert len(r.index_keys) - 4 <= r.block_reads - before <= len(r.index_keys)
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("victim", [0, 3, 40, -1])
+def test_corruption_inside_a_run_names_the_file_and_the_block(tmp_path, victim):
+    path, _entries = _table(tmp_path)
+    r = SSTableReader(path, 1)
+    offset, size = r.index_offsets[victim], r.index_sizes[victim]
+    r.close()
+    with open(path, "r+b") as f:  # a value's last byte: the block still decodes
+        f.seek(offset + size - 1)
+        byte = f.read(1)
+        f.seek(offset + size - 1)
+        f.write(bytes([byte[0] ^ 0x20]))
+    r = SSTableReader(path, 1)
+    try:
+        for reverse in (False, True):
+            with pytest.raises(CorruptionError) as info:
+                for _ in r.chunks(None, None, reverse):
+                    pass
+            assert path in str(info.value) and str(offset) in str(info.value)
+    finally:
+        r.close()

@@ -368,8 +368,14 @@ class SSTableReader:
                     ahead = self._read_ahead(order[n:n + span])
                     span = min(2 * span, READAHEAD_BLOCKS)
                     raw = ahead.pop(b)
+                # Checked as it is used: a block read ahead but never used fails nothing.
+                offset = self.index_offsets[b]
+                if len(raw) != self.index_sizes[b] + BLOCK_TRAILER_SIZE:
+                    raise CorruptionError("data block truncated", self.path, offset)
+                if crc32(raw) != CRC32_RESIDUE:
+                    raise CorruptionError("data block checksum mismatch", self.path, offset)
                 keys, values = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
-                                                     self.index_offsets[b])
+                                                     offset)
             else:
                 keys, values = block
                 self.block_cache_hits += 1
@@ -385,13 +391,17 @@ class SSTableReader:
 
     def _read_ahead(self, blocks: range) -> dict[int, bytes | memoryview]:
         """Data blocks ``blocks`` (ascending or descending, at least one) as
-        stored, checksums verified, by block number: the longest run of them
-        from the first that lies back to back in the file, up to
-        ``READAHEAD_BYTES``, in one read (one ``os.pread``, one hand-off of the
-        GIL), each counted as a block read."""
+        stored (payload and trailer, not yet checked: the caller checks each
+        block it uses), by block number: the longest run of them from the
+        first that lies back to back in the file, up to ``READAHEAD_BYTES``,
+        in one read (one ``os.pread``, one hand-off of the GIL), each counted
+        as a block read.  A block cut short by the end of the file comes back
+        short."""
         offsets, sizes = self.index_offsets, self.index_sizes
-        if self._data is not None or len(blocks) == 1:
-            return {blocks[0]: self._read_raw(blocks[0])[0]}
+        if self._data is not None:  # the file is in memory: nothing to read ahead
+            b = blocks[0]
+            self.block_reads += 1
+            return {b: self._data[offsets[b]:offsets[b] + sizes[b] + BLOCK_TRAILER_SIZE]}
         run = [blocks[0]]
         lo = offsets[blocks[0]]
         hi = lo + sizes[blocks[0]] + BLOCK_TRAILER_SIZE
@@ -404,19 +414,16 @@ class SSTableReader:
             else:
                 break
             run.append(b)
+        data = self._pread(hi - lo, lo)
         if len(run) == 1:
-            return {run[0]: self._read_raw(run[0])[0]}
-        data = memoryview(self._pread(hi - lo, lo))
+            self.block_reads += 1
+            return {run[0]: data}
+        view = memoryview(data)
         out: dict[int, bytes | memoryview] = {}
         for b in run:
-            offset, size = offsets[b], sizes[b] + BLOCK_TRAILER_SIZE
-            raw = data[offset - lo:offset - lo + size]
+            offset = offsets[b] - lo
+            out[b] = view[offset:offset + sizes[b] + BLOCK_TRAILER_SIZE]
             self.block_reads += 1
-            if len(raw) != size:
-                raise CorruptionError("data block truncated", self.path, offset)
-            if crc32(raw) != CRC32_RESIDUE:
-                raise CorruptionError("data block checksum mismatch", self.path, offset)
-            out[b] = raw
         return out
 
     def bloom_memory_bytes(self) -> int:

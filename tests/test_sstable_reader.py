@@ -179,3 +179,49 @@ def test_corruption_inside_a_run_names_the_file_and_the_block(tmp_path, victim):
             assert path in str(info.value) and str(offset) in str(info.value)
     finally:
         r.close()
+
+
+def test_a_block_read_ahead_but_not_used_fails_nothing(tmp_path):
+    """Block 2 is corrupt: a walk that stops after blocks 0 and 1 (it read 1 and 2
+    together) succeeds; a walk through block 2 raises, naming it."""
+    path, _entries = _table(tmp_path)
+    r = SSTableReader(path, 1)
+    offset, size = r.index_offsets[2], r.index_sizes[2]
+    r.close()
+    with open(path, "r+b") as f:
+        f.seek(offset + size - 1)
+        byte = f.read(1)
+        f.seek(offset + size - 1)
+        f.write(bytes([byte[0] ^ 0x20]))
+    r = SSTableReader(path, 1)
+    try:
+        walk = r.chunks(None, None)
+        next(walk), next(walk)
+        assert r.block_reads == 3  # block 2 was read with block 1
+        walk.close()
+        with pytest.raises(CorruptionError, match="checksum") as info:
+            for _ in r.chunks(None, None):
+                pass
+        assert path in str(info.value) and str(offset) in str(info.value)
+    finally:
+        r.close()
+
+
+def test_a_file_cut_short_inside_a_run_is_a_corruption_error(tmp_path, monkeypatch):
+    path, entries = _table(tmp_path)
+    r = SSTableReader(path, 1)
+    try:
+        cut = r.index_offsets[5] + 7
+        real = r._pread
+
+        def short_pread(size, offset):  # as if the file ended inside block 5
+            return real(max(0, min(size, cut - offset)), offset)
+        monkeypatch.setattr(r, "_pread", short_pread)
+        got = []
+        with pytest.raises(CorruptionError, match="truncated") as info:
+            for keys, _values in r.chunks(None, None):
+                got.extend(keys)
+        assert str(r.index_offsets[5]) in str(info.value)
+        assert got == [k for k, _ in entries][:len(got)] and len(got) > 0
+    finally:
+        r.close()

@@ -331,7 +331,8 @@ def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Dat
             os.mkdir(path)
             store = cls(path, data.keys)
             try:
-                entry.setdefault("config", store.describe())
+                if "config" not in entry:
+                    entry["config"] = store.describe()
                 start = time.perf_counter()
                 store.load(data.items)
                 load_seconds = time.perf_counter() - start

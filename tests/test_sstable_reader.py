@@ -10,6 +10,7 @@ not skip the checksum.
 from __future__ import annotations
 
 import os
+from contextlib import closing
 
 import pytest
 from hypothesis import given, settings
@@ -93,6 +94,19 @@ def _table(tmp_path, n=3000, block_size=256):
     return path, entries
 
 
+def _corrupt(path, block):
+    """Flip a bit of data block ``block``'s last payload byte (a value's: the
+    block still decodes, only its checksum can tell); its offset."""
+    with closing(SSTableReader(path, 1)) as r:
+        offset, size = r.index_offsets[block], r.index_sizes[block]
+    with open(path, "r+b") as f:
+        f.seek(offset + size - 1)
+        byte = f.read(1)
+        f.seek(offset + size - 1)
+        f.write(bytes([byte[0] ^ 0x20]))
+    return offset
+
+
 def _counting_preads(r, monkeypatch):
     sizes = []
     real = r._pread
@@ -104,113 +118,81 @@ def _counting_preads(r, monkeypatch):
     return sizes
 
 
+def _walk(r, start=None, reverse=False):
+    return [kv for keys, values in r.chunks(start, None, reverse)
+            for kv in zip(keys, values, strict=True)]
+
+
 @pytest.mark.parametrize("reverse", [False, True])
 def test_chunks_read_ahead_in_doubling_runs(tmp_path, monkeypatch, reverse):
     """A whole-file walk reads every block once, counted once each, in runs of
     1, 2, 4, ... blocks up to READAHEAD_BLOCKS: far fewer reads than blocks."""
     from lsmdb.sstable_reader import READAHEAD_BLOCKS
     path, entries = _table(tmp_path)
-    r = SSTableReader(path, 1)
-    try:
+    with closing(SSTableReader(path, 1)) as r:
         nblocks = len(r.index_keys)
         assert nblocks > 3 * READAHEAD_BLOCKS
         preads = _counting_preads(r, monkeypatch)
-        got = [kv for keys, values in r.chunks(None, None, reverse)
-               for kv in zip(keys, values, strict=True)]
-        assert got == (entries[::-1] if reverse else entries)
+        assert _walk(r, reverse=reverse) == (entries[::-1] if reverse else entries)
         assert r.block_reads == nblocks
         full = -(-(nblocks - (READAHEAD_BLOCKS * 2 - 1)) // READAHEAD_BLOCKS)
         assert len(preads) == READAHEAD_BLOCKS.bit_length() + full
         assert max(preads) <= READAHEAD_BLOCKS * 4096
-    finally:
-        r.close()
 
 
-def test_a_short_walk_reads_at_most_twice_what_it_uses(tmp_path, monkeypatch):
-    path, entries = _table(tmp_path)
-    r = SSTableReader(path, 1)
-    try:
-        _counting_preads(r, monkeypatch)
+def test_a_short_walk_reads_at_most_twice_what_it_uses(tmp_path):
+    path, _entries = _table(tmp_path)
+    with closing(SSTableReader(path, 1)) as r:
         used = 0
         for used, (keys, _values) in enumerate(r.chunks(b"k001000", None), 1):
             assert keys[0] >= b"k001000"
             if used == 5:
                 break
         assert r.block_reads <= 2 * used
-    finally:
-        r.close()
 
 
 def test_cached_blocks_inside_a_run_are_used_and_counted_as_hits(tmp_path):
     path, entries = _table(tmp_path, n=600)
-    r = SSTableReader(path, 1)
-    r.cache = BlockCache(1 << 20)
-    try:
+    with closing(SSTableReader(path, 1)) as r:
+        r.cache = BlockCache(1 << 20)
         for i in (1, 2, 5, 9):
             r.load_block(i)  # read (counted) and cached
         before = r.block_reads
-        got = [kv for keys, values in r.chunks(None, None)
-               for kv in zip(keys, values, strict=True)]
-        assert got == entries
+        assert _walk(r) == entries
         assert r.block_cache_hits == 4
         # every other block read once; a cached one may have been read ahead with its run
         assert len(r.index_keys) - 4 <= r.block_reads - before <= len(r.index_keys)
-    finally:
-        r.close()
 
 
 @pytest.mark.parametrize("victim", [0, 3, 40, -1])
 def test_corruption_inside_a_run_names_the_file_and_the_block(tmp_path, victim):
     path, _entries = _table(tmp_path)
-    r = SSTableReader(path, 1)
-    offset, size = r.index_offsets[victim], r.index_sizes[victim]
-    r.close()
-    with open(path, "r+b") as f:  # a value's last byte: the block still decodes
-        f.seek(offset + size - 1)
-        byte = f.read(1)
-        f.seek(offset + size - 1)
-        f.write(bytes([byte[0] ^ 0x20]))
-    r = SSTableReader(path, 1)
-    try:
+    offset = _corrupt(path, victim)
+    with closing(SSTableReader(path, 1)) as r:
         for reverse in (False, True):
-            with pytest.raises(CorruptionError) as info:
-                for _ in r.chunks(None, None, reverse):
-                    pass
+            with pytest.raises(CorruptionError, match="checksum") as info:
+                _walk(r, reverse=reverse)
             assert path in str(info.value) and str(offset) in str(info.value)
-    finally:
-        r.close()
 
 
 def test_a_block_read_ahead_but_not_used_fails_nothing(tmp_path):
     """Block 2 is corrupt: a walk that stops after blocks 0 and 1 (it read 1 and 2
     together) succeeds; a walk through block 2 raises, naming it."""
     path, _entries = _table(tmp_path)
-    r = SSTableReader(path, 1)
-    offset, size = r.index_offsets[2], r.index_sizes[2]
-    r.close()
-    with open(path, "r+b") as f:
-        f.seek(offset + size - 1)
-        byte = f.read(1)
-        f.seek(offset + size - 1)
-        f.write(bytes([byte[0] ^ 0x20]))
-    r = SSTableReader(path, 1)
-    try:
+    offset = _corrupt(path, 2)
+    with closing(SSTableReader(path, 1)) as r:
         walk = r.chunks(None, None)
         next(walk), next(walk)
         assert r.block_reads == 3  # block 2 was read with block 1
         walk.close()
         with pytest.raises(CorruptionError, match="checksum") as info:
-            for _ in r.chunks(None, None):
-                pass
+            _walk(r)
         assert path in str(info.value) and str(offset) in str(info.value)
-    finally:
-        r.close()
 
 
 def test_a_file_cut_short_inside_a_run_is_a_corruption_error(tmp_path, monkeypatch):
     path, entries = _table(tmp_path)
-    r = SSTableReader(path, 1)
-    try:
+    with closing(SSTableReader(path, 1)) as r:
         cut = r.index_offsets[5] + 7
         real = r._pread
 
@@ -223,5 +205,3 @@ def test_a_file_cut_short_inside_a_run_is_a_corruption_error(tmp_path, monkeypat
                 got.extend(keys)
         assert str(r.index_offsets[5]) in str(info.value)
         assert got == [k for k, _ in entries][:len(got)] and len(got) > 0
-    finally:
-        r.close()

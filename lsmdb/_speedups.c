@@ -890,10 +890,9 @@ range_holds(const Entry *e, const char *k, Py_ssize_t klen)
 }
 
 /* Whether k[0:klen] is within the range of e, a file level_pick chose for it
- * (`picked`, a constant) or any file: the pick is the first file of the level
- * whose max key is at or above the key, so only the min key is left to
- * compare (a load of the max key object and a compare fewer per level:
- * Probes.first measured 1.5-2% faster at both of bench.scale's sizes). */
+ * (`picked`) or any file: the pick is the first file of the level whose max
+ * key is at or above the key, so only the min key is left to compare (a load
+ * of the max key object and a compare fewer per level). */
 static inline int
 range_holds_as(const Entry *e, const char *k, Py_ssize_t klen, const int picked)
 {
@@ -1032,8 +1031,7 @@ probes_gather(Probes *self, PyObject *key)
     }
     for (Py_ssize_t j = 0; j < c; j++) {
         const Entry *e = &self->e[files[j]];
-        holds[j] = (unsigned char)(j < self->n0 ? range_holds_as(e, k, klen, 0)
-                                                : range_holds_as(e, k, klen, 1));
+        holds[j] = (unsigned char)range_holds_as(e, k, klen, j >= self->n0);
         if (holds[j] && e->m) {
             const unsigned char *bits = (const unsigned char *)e->bits.buf;
             if (e->part) {
@@ -2193,10 +2191,8 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
                                           : level_pick(probes, j - probes->n0,
                                                        PyList_GET_ITEM(keys, i));
             if (whole != NULL ? whole->m && !filter_says_maybe_all(whole, hashes[i])
-                              : f < 0 || !(j < probes->n0
-                                               ? check_raw(&probes->e[f], KEY_AT(i), hashes[i], 0)
-                                               : check_raw(&probes->e[f], KEY_AT(i), hashes[i],
-                                                           1))) {
+                              : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), hashes[i],
+                                                    j >= probes->n0)) {
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
             }

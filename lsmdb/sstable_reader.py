@@ -261,11 +261,17 @@ class SSTableReader:
             raw = self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
         if count:
             self.block_reads += 1
-        if len(raw) != size + BLOCK_TRAILER_SIZE:
-            raise CorruptionError("data block truncated", self.path, offset)
-        if crc32(raw) != CRC32_RESIDUE:  # payload and trailer in one pass
-            raise CorruptionError("data block checksum mismatch", self.path, offset)
+        self._check_raw(i, raw)
         return raw, offset
+
+    def _check_raw(self, i: int, raw: bytes | memoryview) -> None:
+        """CorruptionError unless ``raw`` is data block ``i`` whole (payload and
+        trailer) with a matching checksum."""
+        if len(raw) != self.index_sizes[i] + BLOCK_TRAILER_SIZE:
+            raise CorruptionError("data block truncated", self.path, self.index_offsets[i])
+        if crc32(raw) != CRC32_RESIDUE:  # payload and trailer in one pass
+            raise CorruptionError("data block checksum mismatch", self.path,
+                                  self.index_offsets[i])
 
     def read_block_for(self, i: int, key: bytes) -> tuple[list[bytes], list[bytes | None]] | None:
         """Data block ``i`` read from disk for a lookup of ``key`` (then cached),
@@ -368,14 +374,9 @@ class SSTableReader:
                     ahead = self._read_ahead(order[n:n + span])
                     span = min(2 * span, READAHEAD_BLOCKS)
                     raw = ahead.pop(b)
-                # Checked as it is used: a block read ahead but never used fails nothing.
-                offset = self.index_offsets[b]
-                if len(raw) != self.index_sizes[b] + BLOCK_TRAILER_SIZE:
-                    raise CorruptionError("data block truncated", self.path, offset)
-                if crc32(raw) != CRC32_RESIDUE:
-                    raise CorruptionError("data block checksum mismatch", self.path, offset)
+                self._check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
                 keys, values = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
-                                                     offset)
+                                                     self.index_offsets[b])
             else:
                 keys, values = block
                 self.block_cache_hits += 1

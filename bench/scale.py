@@ -154,9 +154,9 @@ def per_get(before: dict[str, int], after: dict[str, int], gets: int) -> dict[st
             "block_cache_hits": d["block_cache_hits"] / gets}
 
 
-def describe_files(db: Any) -> str:
-    """How many SSTables, and how many in each level: "112 SSTables (L0 3, L1 10, L2 99)"."""
-    infos = db.sstables()
+def describe_files(infos: Sequence[Any]) -> str:
+    """How many SSTables (``db.sstables()``), and how many in each level: "112 SSTables
+    (L0 3, L1 10, L2 99)"."""
     per_level = Counter(i.level for i in infos)
     levels = ", ".join(f"L{level} {per_level[level]}" for level in sorted(per_level))
     return f"{len(infos)} SSTables ({levels or 'none'})"
@@ -171,9 +171,10 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
             progress(f"{compaction}: loaded {n:,} keys")
         dbs = [lsmdb.open(p) for p in paths]
         try:
-            files = [len(db.sstables()) for db in dbs]
-            layout = [describe_files(db) for db in dbs]
-            filter_bytes = [sum(i.filter_bytes for i in db.sstables()) for db in dbs]
+            infos = [db.sstables() for db in dbs]
+            files = [len(i) for i in infos]
+            layout = [describe_files(i) for i in infos]
+            filter_bytes = [sum(f.filter_bytes for f in i) for i in infos]
             qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
             before = [counters(db) for db in dbs]
             rates = timed(sizes, [db.get for db in dbs], qs)

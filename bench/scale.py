@@ -131,6 +131,12 @@ def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
     return rates
 
 
+def small_over_large(rates: Sequence[Sequence[float]]) -> float:
+    """The median over slices of the smaller database's rate over the larger one's
+    (``timed``'s rates of the two sizes)."""
+    return statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+
+
 #: The per-file counters summed over a database's SSTables (``SSTableInfo`` fields).
 COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
             "block_reads", "block_cache_hits")
@@ -182,7 +188,7 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
         finally:
             for db in dbs:
                 db.close()
-    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+    ratio = small_over_large(rates)
     return {"compaction": compaction, "files": files, "layout": layout,
             "filter_bytes": filter_bytes, "per_get": work,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
@@ -245,7 +251,7 @@ def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
         finally:
             for store in opened:
                 store.close()
-    ratio = statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+    ratio = small_over_large(rates)
     return {**entry, "available": True, "describe": describe, "settle_seconds": waits,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
             "slice_rates": rates, "small_over_large": ratio}

@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import lsmdb  # noqa: E402
 import lsmdb.table  # noqa: E402
-from bench.scale import absent_keys, load  # noqa: E402
+from bench.scale import absent_keys, counters, load  # noqa: E402
 from lsmdb.bloom import key_hash  # noqa: E402
 from lsmdb.stats import FILE_COUNTERS  # noqa: E402
 
@@ -104,10 +104,6 @@ def first_from_start(probes: Any) -> Callable[[bytes], Any]:
     return lambda key: first(key, 0)
 
 
-def block_reads(db: Any) -> int:
-    return sum(i.block_reads for i in db.sstables())
-
-
 def setup(db: Any, keys: list[bytes], info: dict[str, Any]
           ) -> list[tuple[str, Callable[[Any], Any], list[bytes]]]:
     """What to time for one database, as (name, call per key, its keys); into info its
@@ -115,16 +111,16 @@ def setup(db: Any, keys: list[bytes], info: dict[str, Any]
     named, layout, filter_bytes = parts(db)
     first = named[0][1].first
     info["layout"], info["filter bytes"] = layout, filter_bytes
-    before = block_reads(db)
+    before = counters(db)["block_reads"]
     for key in keys:
         db.get(key)
-    info["reads per key"] = (block_reads(db) - before) / len(keys)
+    info["reads per key"] = (counters(db)["block_reads"] - before) / len(keys)
     runs: list[tuple[str, Callable[[Any], Any], list[bytes]]] = [("db.get", db.get, keys)]
     for name, p in named:
         runs.append((name, first_from_start(p), keys))
     hot = keys[:HOT_KEYS] * max(1, len(keys) // HOT_KEYS)
     runs.append((f"Probes.first, {HOT_KEYS} keys repeated (lines cached)",
-                 lambda k: first(k, 0), hot))
+                 first_from_start(named[0][1]), hot))
     info["in range"] = {}
     for name, p in named:
         if name.endswith("no filters (pick + range check)"):

@@ -80,6 +80,9 @@ typedef struct {
     char *ikeys;         /* the index keys (last key of each block), back to back */
     Py_ssize_t *ioff;    /* nidx + 1 offsets into ikeys */
     Py_ssize_t nidx;
+    Py_ssize_t icp;      /* how many leading bytes all the index keys share */
+    uint64_t *ipre;      /* each index key's next 8 bytes after those (bisect_index) */
+    uint64_t *itop;      /* ipre's last word of each group of INDEX_GROUP */
     uint64_t *boff;      /* NULL, or each data block's offset and size in the file */
     uint64_t *bsize;
     uint64_t m;
@@ -116,6 +119,10 @@ typedef struct {
  * probes_first gathers them all first and starts loading their filter lines
  * before testing any (probes_gather). */
 #define MAX_GATHER 64
+
+/* Index words per group in bisect_index's two steps: 32 words, four cache
+ * lines. */
+#define INDEX_GROUP 32
 
 /* memcmp-then-length order of a[0:la] and b[0:lb] (bytes order), inline:
  * keys are short, and a call to memcmp costs more than comparing them. */
@@ -420,15 +427,22 @@ speedups_xxh3_64(PyObject *Py_UNUSED(module), PyObject *arg)
     return PyLong_FromUnsignedLongLong(h);
 }
 
+static inline uint64_t be_word(const char *p, Py_ssize_t n);
+static int index_words_init(Entry *e);
+
 static void
 entry_clear(Entry *e)
 {
     PyMem_Free(e->ikeys);
     PyMem_Free(e->ioff);
+    PyMem_Free(e->ipre);
+    PyMem_Free(e->itop);
     PyMem_Free(e->boff);
     PyMem_Free(e->bsize);
     e->ikeys = NULL;
     e->ioff = NULL;
+    e->ipre = NULL;
+    e->itop = NULL;
     e->boff = NULL;
     e->bsize = NULL;
     Py_CLEAR(e->lo);
@@ -540,6 +554,8 @@ entry_init(Entry *e, PyObject *item)
     }
     e->ioff[nidx] = total;
     e->nidx = nidx;
+    if (index_words_init(e) < 0)
+        goto fail;
     if (PyTuple_GET_SIZE(t) >= 10) {  /* where each block is: a get's disk read needs no lookup */
         PyObject *offs = PyTuple_GET_ITEM(t, 8), *sizes = PyTuple_GET_ITEM(t, 9);
         if (!PyList_CheckExact(offs) || !PyList_CheckExact(sizes)
@@ -1208,11 +1224,35 @@ fail:
     return NULL;
 }
 
+static Py_ssize_t bisect_index(const Entry *e, PyObject *key);
+
+/* index_block(f, key): the block of file f (flat index) that a get of key
+ * reads, as the getter finds it (tests compare it with bisect_left). */
+static PyObject *
+Probes_index_block(Probes *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "index_block(f: int, key: bytes)");
+        return NULL;
+    }
+    Py_ssize_t f = PyLong_AsSsize_t(args[0]);
+    if (f == -1 && PyErr_Occurred())
+        return NULL;
+    if (f < 0 || f >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "file index out of range");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(bisect_index(&self->e[f], args[1]));
+}
+
 static PyMethodDef Probes_methods[] = {
     {"first", (PyCFunction)(void (*)(void))Probes_first, METH_FASTCALL,
      "first(key, start) -> index of the first file from start that may hold key, or -1"},
     {"first_many", (PyCFunction)(void (*)(void))Probes_first_many, METH_FASTCALL,
      "first_many(keys, starts=None, seeds=None) -> [first(key, start) for each key]"},
+    {"index_block", (PyCFunction)(void (*)(void))Probes_index_block, METH_FASTCALL,
+     "index_block(f, key) -> bisect_left of key over file f's index keys (the block that "
+     "can hold it; the index's length if none)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1605,12 +1645,49 @@ bisect_bytes(PyObject *list, PyObject *key)
     return lo;
 }
 
-/* bisect_left of key over e's index keys (the compact copy). */
+/* The first i in e's index words (e->ipre[0:nidx]) with ipre[i] >= v, or
+ * nidx: first the group, on itop (one word per INDEX_GROUP, a small array
+ * whose lines every lookup shares), then within it, its lines all loaded at
+ * once.  A plain bisect over a large file's index waits on a cache miss at
+ * each of its last steps. */
+static inline Py_ssize_t
+index_lower_bound(const Entry *e, uint64_t v)
+{
+    Py_ssize_t ngroups = (e->nidx + INDEX_GROUP - 1) / INDEX_GROUP;
+    Py_ssize_t g = lower_bound_u64(e->itop, ngroups, v);
+    if (g == ngroups)
+        return e->nidx;
+    const uint64_t *grp = e->ipre + g * INDEX_GROUP;
+    Py_ssize_t len = e->nidx - g * INDEX_GROUP;
+    if (len > INDEX_GROUP)
+        len = INDEX_GROUP;
+    for (Py_ssize_t j = 0; j < len; j += 8)
+        PREFETCH(grp + j);
+    return g * INDEX_GROUP + lower_bound_u64(grp, len, v);
+}
+
+/* bisect_left of key over e's index keys: on their words (index_lower_bound),
+ * the keys themselves compared only where a word equals the key's, as
+ * level_pick does for a level's max keys. */
 static Py_ssize_t
 bisect_index(const Entry *e, PyObject *key)
 {
     const char *k = PyBytes_AS_STRING(key);
-    Py_ssize_t klen = PyBytes_GET_SIZE(key), lo = 0, hi = e->nidx;
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), cp = e->icp;
+    if (e->nidx == 0)
+        return 0;
+    if (cp && e->ipre != NULL) {
+        int c = mem_order(k, klen < cp ? klen : cp, e->ikeys, cp);
+        if (c)  /* below the prefix every index key starts with, or beyond them all */
+            return c < 0 ? 0 : e->nidx;
+    }
+    Py_ssize_t lo = 0, hi = e->nidx;
+    if (e->ipre != NULL) {
+        uint64_t v = be_word(k + cp, klen - cp);
+        lo = index_lower_bound(e, v);
+        hi = lo < e->nidx && e->ipre[lo] == v
+             ? (v == UINT64_MAX ? e->nidx : index_lower_bound(e, v + 1)) : lo;
+    }
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
         if (mem_order(e->ikeys + e->ioff[mid], e->ioff[mid + 1] - e->ioff[mid], k, klen) < 0)
@@ -1619,6 +1696,48 @@ bisect_index(const Entry *e, PyObject *key)
             hi = mid;
     }
     return lo;
+}
+
+/* icp, ipre and itop of e from its index keys (ikeys, ioff, nidx): the
+ * prefix they all share is the one the first and the last share. */
+static int
+index_words_init(Entry *e)
+{
+    Py_ssize_t n = e->nidx, cp = 0;
+    e->icp = 0;
+    if (n == 0)
+        return 0;
+    const char *a = e->ikeys + e->ioff[0], *b = e->ikeys + e->ioff[n - 1];
+    Py_ssize_t la = e->ioff[1] - e->ioff[0], lb = e->ioff[n] - e->ioff[n - 1];
+    while (cp < la && cp < lb && a[cp] == b[cp])
+        cp++;
+    e->icp = cp;
+    Py_ssize_t ngroups = (n + INDEX_GROUP - 1) / INDEX_GROUP;
+    e->ipre = PyMem_Malloc(sizeof(uint64_t) * (size_t)n);
+    e->itop = PyMem_Malloc(sizeof(uint64_t) * (size_t)ngroups);
+    if (e->ipre == NULL || e->itop == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len = e->ioff[i + 1] - e->ioff[i];
+        e->ipre[i] = len < cp ? 0 : be_word(e->ikeys + e->ioff[i] + cp, len - cp);
+        if (len < cp || mem_order(e->ikeys + e->ioff[i], cp, a, cp) != 0
+            || (i && e->ipre[i] < e->ipre[i - 1])) {
+            /* keys out of order (the reader refuses such an index): the
+             * words would not bisect like the keys, so bisect the keys */
+            PyMem_Free(e->ipre);
+            PyMem_Free(e->itop);
+            e->ipre = e->itop = NULL;
+            e->icp = 0;
+            return 0;
+        }
+    }
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        Py_ssize_t last = (g + 1) * INDEX_GROUP - 1;
+        e->itop[g] = e->ipre[last < n ? last : n - 1];
+    }
+    return 0;
 }
 
 /* The cached block of file entry `item` (reader, index_keys, base, counts)

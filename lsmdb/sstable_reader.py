@@ -192,10 +192,15 @@ class SSTableReader:
         self.index_keys: list[bytes] = index[0]
         self.index_offsets: list[int] = index[1]
         self.index_sizes: list[int] = index[2]
+        prev = None
         for key, off, size in zip(*index, strict=True):
             if (type(key) is not bytes or type(off) is not int or type(size) is not int
                     or off < 0 or size < 0 or off + size + BLOCK_TRAILER_SIZE > idx_off):
                 raise CorruptionError("index block entry invalid", path, idx_off)
+            # Reads bisect the index: keys out of order would send a key to the wrong block.
+            if prev is not None and key <= prev:
+                raise CorruptionError("index block keys out of order", path, idx_off)
+            prev = key
         if not self.index_keys or self.index_keys[-1] != self.max_key:
             raise CorruptionError("index block does not match the key range", path, idx_off)
 

@@ -407,6 +407,21 @@ def test_checksum_valid_data_block_with_a_str_key_is_corruption():
         list(r.iter_range(b"a", b"c"))
 
 
+def test_checksum_valid_index_out_of_order_is_corruption_at_open():
+    """Reads bisect the index keys (block i holds the keys up to index key i):
+    an index whose keys do not rise, checksum or not, is refused at open
+    rather than sending a get to the wrong block."""
+    blocks = [msgpack.packb([[b"a", b"b"], [b"1", b"2"]], use_bin_type=True),
+              msgpack.packb([[b"c", b"d"], [b"3", b"4"]], use_bin_type=True)]
+    sizes = [len(b) for b in blocks]
+    offsets = [0, sizes[0] + 4]
+    assert SSTableReader("<crafted>", 0, data=assemble_sstable(blocks)).find(b"c") == b"3"
+    for keys in ([b"d", b"b"], [b"b", b"b"]):
+        index = msgpack.packb([keys, offsets, sizes], use_bin_type=True)
+        with pytest.raises(lsmdb.CorruptionError, match="out of order"):
+            SSTableReader("<crafted>", 0, data=assemble_sstable(blocks, index_payload=index))
+
+
 # --------------------------------------------------------------------------- filters
 
 @FUZZ

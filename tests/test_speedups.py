@@ -130,6 +130,44 @@ def test_probes_past_the_gather_limit_match_the_python_filter():
                 start = got + 1
 
 
+_TRICKY = st.builds(lambda prefix, tail: prefix + bytes(tail),
+                    st.sampled_from([b"", b"user:", b"p" * 9, b"user:\x00"]),
+                    st.lists(st.sampled_from([0, 1, 0x61, 0xFF]), max_size=12))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_TRICKY, min_size=1, max_size=300), st.lists(_TRICKY, max_size=60),
+       st.booleans())
+def test_index_block_is_bisect_left_over_the_index_keys(keys, queries, unsorted):
+    """The block a get reads: bisected on each index key's 8 bytes after the
+    prefix they share, in groups of 32, keys compared whole only where the
+    words tie -- it must be bisect_left over the keys, for keys that tie in
+    their words (zero bytes, a shared run longer than 8 bytes), keys outside
+    the shared prefix, and (falling back to the plain bisect) an index out of
+    order."""
+    index = list(keys) if unsorted else sorted(keys)
+    e = (counts(), min(keys), max(keys), None, 0, 0, None, index)
+    probes = Probes([e], [], key_hash)
+    for q in queries + keys + [b"", b"\xff" * 20, min(keys) + b"\x00", max(keys) + b"\x00"]:
+        assert probes.index_block(0, q) == bisect.bisect_left(index, q), q
+
+
+def test_index_block_over_a_large_index():
+    """Groups of 32 words at both ends and a last group cut short, keys of a
+    common form (a shared prefix, then digits): every index key, each key just
+    below and just above, and keys past both ends."""
+    for n in (1, 31, 32, 33, 64, 1000, 1025):
+        index = [b"user:%010d" % (7 * i + 3) for i in range(n)]
+        probes = Probes([(counts(), index[0], index[-1], None, 0, 0, None, index)], [], key_hash)
+        for i in range(7 * n + 10):
+            q = b"user:%010d" % i
+            assert probes.index_block(0, q) == bisect.bisect_left(index, q), (n, q)
+        for q in (b"", b"user:", b"user;", b"user:" + b"9" * 11, b"zzz"):
+            assert probes.index_block(0, q) == bisect.bisect_left(index, q), (n, q)
+    with pytest.raises(IndexError):
+        probes.index_block(1, b"a")
+
+
 def test_levels_bisect_and_resume_after_a_level():
     a = [b"a%04d" % i for i in range(0, 100)]
     b = [b"a%04d" % i for i in range(100, 200)]

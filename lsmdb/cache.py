@@ -5,17 +5,26 @@ hold the decoded ``(keys, values)`` lists; the budget counts the block's
 on-disk payload size (decoded Python objects take roughly 2-4x that).
 Eviction is second-chance ("CLOCK"): a hit only marks the entry, so the hot
 path is one dict lookup; when room is needed the oldest entries go first,
-except marked ones, which are unmarked and moved to the back once.  Hits are
-counted per SSTable as ``block_cache_hits``, apart from ``block_reads``
-(disk reads).
+except marked ones, which are unmarked and moved to the back once.  The order
+is a deque of keys beside the dict (the clock's ring): taking the oldest is
+O(1).  (Taking it as ``next(iter(dict))`` is not: a dict keeps the slots of
+the keys popped from its front until it next resizes, and iteration walks
+over them, so a full cache spent microseconds per eviction.)  The block being
+put is never the one evicted to make its room.  ``evict_file``, which walks
+every key anyway, rebuilds the ring without the file's blocks.  Hits are
+counted per SSTable as ``block_cache_hits``, apart from ``block_reads`` (disk
+reads).
 
-Thread safety: every operation is a few dict and set operations under the
-GIL; a race between two threads can at worst turn a hit into a miss or evict
-a block early.
+Thread safety: a lookup and a hit's mark are one dict or set operation each
+under the GIL; ``put`` and ``evict_file``, which change the ring as well,
+hold the cache's lock (they come after a disk read, or a compaction).  A
+race between a lookup and an eviction can at worst turn a hit into a miss.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from typing import Any
 
 DEFAULT_BLOCK_CACHE_SIZE_BYTES = 32 * 1024 * 1024
@@ -33,7 +42,8 @@ class BlockCache:
     ``touch(key)`` marks a hit.
     """
 
-    __slots__ = ("capacity_bytes", "used_bytes", "_map", "_sizes", "_marked", "lookup", "touch")
+    __slots__ = ("capacity_bytes", "used_bytes", "_map", "_sizes", "_marked", "_ring", "_lock",
+                 "lookup", "touch")
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -41,6 +51,8 @@ class BlockCache:
         self._map: dict[int, Any] = {}
         self._sizes: dict[int, int] = {}
         self._marked: set[int] = set()
+        self._ring: deque[int] = deque()  # cached keys, oldest first (and some gone)
+        self._lock = threading.Lock()
         self.lookup = self._map.get
         self.touch = self._marked.add
 
@@ -54,12 +66,16 @@ class BlockCache:
     def put(self, key: int, block: Any, size: int) -> None:
         if size > self.capacity_bytes:
             return
-        self._drop(key)
-        self._map[key] = block
-        self._sizes[key] = size
-        self.used_bytes += size
-        if self.used_bytes > self.capacity_bytes:
-            self._evict()
+        with self._lock:
+            if key in self._sizes:  # already cached (two readers raced): replace, keep its place
+                self.used_bytes -= self._sizes[key]
+            else:
+                self._ring.append(key)
+            self._map[key] = block
+            self._sizes[key] = size
+            self.used_bytes += size
+            if self.used_bytes > self.capacity_bytes:
+                self._evict(key)
 
     def _drop(self, key: int) -> None:
         size = self._sizes.pop(key, None)
@@ -68,27 +84,36 @@ class BlockCache:
         self._map.pop(key, None)
         self._marked.discard(key)
 
-    def _evict(self) -> None:
-        m, marked = self._map, self._marked
-        second_chances = len(m)
-        while self.used_bytes > self.capacity_bytes and m:
-            try:
-                oldest = next(iter(m))
-            except (StopIteration, RuntimeError):  # raced with another thread
-                return
+    def _evict(self, keep: int) -> None:
+        """Free room down to the budget, ``keep`` (the block just put) aside."""
+        ring, sizes, marked = self._ring, self._sizes, self._marked
+        second_chances = len(sizes)
+        while self.used_bytes > self.capacity_bytes and ring:
+            oldest = ring.popleft()
+            if oldest not in sizes:
+                continue  # not cached any more: nothing to free
+            if oldest == keep:
+                ring.append(oldest)
+                continue
             if oldest in marked and second_chances > 0:
                 second_chances -= 1
                 marked.discard(oldest)
-                block = m.pop(oldest, None)
-                if block is not None:
-                    m[oldest] = block  # to the back of the line
+                ring.append(oldest)  # to the back of the line
                 continue
             self._drop(oldest)
 
     def evict_file(self, number: int) -> None:
         """Drop every block of a file that left the database."""
-        for key in [k for k in list(self._map) if k >> _BLOCK_BITS == number]:
-            self._drop(key)
+        with self._lock:
+            gone = [k for k in self._sizes if k >> _BLOCK_BITS == number]
+            if not gone:
+                return
+            for key in gone:
+                self._drop(key)
+            sizes = self._sizes
+            live = [k for k in self._ring if k in sizes]
+            self._ring.clear()
+            self._ring.extend(live)
 
     def __len__(self) -> int:
         return len(self._map)

@@ -1,0 +1,121 @@
+"""The decoded-block cache (lsmdb/cache.py): its byte budget, second-chance
+eviction in the order blocks came in, a file's blocks dropped when it leaves,
+and the ring of keys beside the dict holding each cached block once however
+blocks leave."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+from lsmdb.cache import BlockCache, cache_key
+
+
+def fill(cache: BlockCache, keys, size: int = 100) -> None:
+    for k in keys:
+        cache.put(k, ("block", k), size)
+
+
+def cached(cache: BlockCache) -> set[int]:
+    return {k for k in range(1 << 12) if cache.lookup(k) is not None}
+
+
+def test_the_budget_holds_and_the_oldest_blocks_leave_first():
+    cache = BlockCache(1000)
+    fill(cache, range(10))
+    assert cached(cache) == set(range(10)) and cache.used_bytes == 1000
+    fill(cache, range(10, 13))
+    assert cached(cache) == set(range(3, 13)) and cache.used_bytes == 1000
+    cache.put(13, "big", 350)  # needs four blocks' room
+    assert cached(cache) == set(range(7, 14)) and cache.used_bytes == 950
+
+
+def test_a_block_hit_since_the_last_pass_gets_a_second_chance():
+    cache = BlockCache(500)
+    fill(cache, range(5))
+    assert cache.get(0) == ("block", 0)  # marked
+    cache.touch(1)                       # the C getter's mark
+    fill(cache, [5, 6])
+    assert cached(cache) == {0, 1, 4, 5, 6}  # 2 and 3 went; 0 and 1 moved to the back
+    fill(cache, [7, 8])
+    assert cached(cache) == {0, 1, 6, 7, 8}  # 4 and 5 went
+    fill(cache, [9, 10])  # the marks were spent: 0 and 1 go now
+    assert cached(cache) == {6, 7, 8, 9, 10}
+
+
+def test_every_block_marked_still_makes_room_and_the_new_block_stays():
+    cache = BlockCache(300)
+    fill(cache, range(3))
+    for k in range(3):
+        cache.touch(k)
+    cache.put(3, "x", 100)
+    assert cached(cache) == {1, 2, 3} and cache.used_bytes == 300 and cache.lookup(3) == "x"
+
+
+def test_a_block_put_twice_keeps_one_place_and_its_new_size():
+    cache = BlockCache(1000)
+    fill(cache, range(3))
+    cache.put(0, "again", 300)
+    assert cache.used_bytes == 500 and cache.lookup(0) == "again"
+    assert list(cache._ring) == [0, 1, 2]
+    fill(cache, range(3, 9))  # 0 is still the oldest
+    assert 0 not in cached(cache) and cached(cache) == set(range(1, 9))
+
+
+def test_a_block_larger_than_the_budget_is_not_cached():
+    cache = BlockCache(100)
+    cache.put(1, "huge", 101)
+    assert len(cache) == 0 and cache.used_bytes == 0 and not cache._ring
+
+
+def test_evict_file_drops_only_that_files_blocks_and_their_place_in_the_ring():
+    cache = BlockCache(1 << 30)  # never full: nothing leaves by eviction
+    for number in range(1, 200):
+        fill(cache, [cache_key(number, b) for b in range(20)])
+        cache.evict_file(number - 1)
+        assert len(cache) == 20 and cache.used_bytes == 2000
+        assert all(cache.lookup(cache_key(number, b)) for b in range(20))
+        assert sorted(cache._ring) == sorted(cache._sizes)
+
+
+def test_the_ring_holds_every_cached_block_in_a_random_workload():
+    """Whatever mix of puts, hits, re-puts and dropped files: the budget holds,
+    used_bytes is the sum of the cached sizes, and the ring holds every cached
+    block once (so each can be evicted) and nothing else."""
+    rng = random.Random(7)
+    cache = BlockCache(5000)
+    for _ in range(20_000):
+        op = rng.random()
+        key = cache_key(rng.randrange(1, 8), rng.randrange(40))
+        if op < 0.6:
+            cache.put(key, key, rng.randrange(1, 400))
+        elif op < 0.95:
+            cache.get(key)
+        else:
+            cache.evict_file(rng.randrange(1, 8))
+        assert cache.used_bytes <= 5000
+        assert cache.used_bytes == sum(cache._sizes.values())
+        assert set(cache._map) == set(cache._sizes)
+        assert sorted(cache._ring) == sorted(cache._sizes)
+
+
+def test_threads_putting_and_dropping_keep_the_books_straight():
+    cache = BlockCache(20_000)
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(5000):
+            key = cache_key(rng.randrange(1, 6), rng.randrange(100))
+            if rng.random() < 0.02:
+                cache.evict_file(rng.randrange(1, 6))
+            else:
+                cache.put(key, key, rng.randrange(1, 300))
+                cache.get(key)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000
+    assert sorted(cache._ring) == sorted(cache._sizes)

@@ -1723,7 +1723,8 @@ index_words_init(Entry *e)
         Py_ssize_t len = e->ioff[i + 1] - e->ioff[i];
         e->ipre[i] = len < cp ? 0 : be_word(e->ikeys + e->ioff[i] + cp, len - cp);
         if (len < cp || mem_order(e->ikeys + e->ioff[i], cp, a, cp) != 0
-            || (i && e->ipre[i] < e->ipre[i - 1])) {
+            || (i && mem_order(e->ikeys + e->ioff[i - 1], e->ioff[i] - e->ioff[i - 1],
+                               e->ikeys + e->ioff[i], len) > 0)) {
             /* keys out of order (the reader refuses such an index): the
              * words would not bisect like the keys, so bisect the keys */
             PyMem_Free(e->ipre);

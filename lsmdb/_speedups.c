@@ -1521,6 +1521,7 @@ typedef struct {
     PyObject *decode_read;  /* (reader, block, raw, counts, key) -> value/None/MISSING */
     PyObject *cache_map;    /* the block cache's dict (cache key -> (keys, values)), or NULL */
     PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
+    PyObject *cache_admit;  /* (cache key) -> whether to decode and cache a block read; or NULL */
     Py_ssize_t max_key;
 } Getter;
 
@@ -1537,6 +1538,7 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->lookup_block);
     Py_VISIT(self->slow_get);
     Py_VISIT(self->decode_read);
+    Py_VISIT(self->cache_admit);
     Py_VISIT(self->cache_map);
     Py_VISIT(self->cache_marked);
     if (self->have_counts)
@@ -1557,6 +1559,7 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->lookup_block);
     Py_CLEAR(self->slow_get);
     Py_CLEAR(self->decode_read);
+    Py_CLEAR(self->cache_admit);
     Py_CLEAR(self->cache_map);
     Py_CLEAR(self->cache_marked);
     return 0;
@@ -1577,14 +1580,18 @@ static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
     PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache_map, *cache_marked;
-    PyObject *decode_read;
+    PyObject *decode_read, *cache_admit = Py_None;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             "cache_map", "cache_marked", "decode_read", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOOO:Getter", kwlist, &db, &state,
+                             "cache_map", "cache_marked", "decode_read", "cache_admit", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOOO|O:Getter", kwlist, &db, &state,
                                      &missing, &lookup_block, &slow_get, &max_key, &cache_map,
-                                     &cache_marked, &decode_read))
+                                     &cache_marked, &decode_read, &cache_admit))
         return -1;
+    if (cache_admit != Py_None && !PyCallable_Check(cache_admit)) {
+        PyErr_SetString(PyExc_TypeError, "cache_admit must be callable or None");
+        return -1;
+    }
     if (cache_map != Py_None && (!PyDict_CheckExact(cache_map) || !PySet_Check(cache_marked))) {
         PyErr_SetString(PyExc_TypeError, "cache_map must be a dict and cache_marked a set");
         return -1;
@@ -1621,6 +1628,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     if (cache_map != Py_None) {
         self->cache_map = Py_NewRef(cache_map);
         self->cache_marked = Py_NewRef(cache_marked);
+        if (cache_admit != Py_None)
+            self->cache_admit = Py_NewRef(cache_admit);
     }
     self->max_key = max_key;
     self->vectorcall = Getter_vectorcall;
@@ -1855,6 +1864,31 @@ reader_fd(PyObject *reader, int *fd)
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n);
 static int block_may_hold(const unsigned char *p, size_t n, const unsigned char *key,
                           size_t klen);
+static int block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
+                      const unsigned char **value, size_t *vlen);
+
+/* Whether the cache admits block i of file entry item (reader, index_keys,
+ * base, counts): cache_admit(base | i).  1 or 0; -1 on error. */
+static int
+admit_block(Getter *self, PyObject *item, Py_ssize_t i)
+{
+    PyObject *base = PyTuple_GET_ITEM(item, 2);
+    if (!PyLong_CheckExact(base))
+        return 1;
+    unsigned long long b = PyLong_AsUnsignedLongLong(base);
+    if (b == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    PyObject *ck = PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
+    if (ck == NULL)
+        return -1;
+    PyObject *r = PyObject_CallOneArg(self->cache_admit, ck);
+    Py_DECREF(ck);
+    if (r == NULL)
+        return -1;
+    int t = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return t;
+}
 
 /* After a "maybe" for key in data block i of file entry item (reader,
  * index_keys, base, counts), a block the cache does not hold: read it with
@@ -1862,7 +1896,9 @@ static int block_may_hold(const unsigned char *p, size_t n, const unsigned char 
  * walk its keys (block_may_hold).  0: a false positive, counted (one block
  * read, one false positive) and nothing decoded or cached; 1: the block may
  * hold key: *value is what the Python decode_read made of the bytes read
- * (a new reference: the value, None for a tombstone, or MISSING); 2: let
+ * (a new reference: the value, None for a tombstone, or MISSING) -- or,
+ * when the cache does not admit the block, the value block_find took from
+ * those bytes (one true positive counted), nothing decoded or cached; 2: let
  * the Python lookup_block serve (the reader is closed or in memory, odd
  * types, a short read or a checksum mismatch: it reads again and raises
  * what it should); -1: error. */
@@ -1905,6 +1941,36 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
         PyMem_RawFree(buf);
         counts[FALSE_POSITIVES]++;
         return 0;
+    }
+    if (self->cache_admit != NULL) {
+        /* A full cache takes a block a get read only if it was read not long
+         * ago (BlockCache.admit); else the key's value is taken from the
+         * bytes read, with nothing decoded or cached. */
+        int admit = admit_block(self, item, i);
+        if (admit < 0) {
+            PyMem_RawFree(buf);
+            return -1;
+        }
+        const unsigned char *vp = NULL, *k = (const unsigned char *)PyBytes_AS_STRING(key);
+        size_t vlen = 0;
+        int f = admit ? -1 : block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp,
+                                        &vlen);
+        if (f == 0) {
+            PyMem_RawFree(buf);
+            counts[FALSE_POSITIVES]++;
+            return 0;
+        }
+        if (f > 0) {
+            *value = f == 2 ? Py_NewRef(Py_None)
+                            : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+            PyMem_RawFree(buf);
+            if (*value == NULL)
+                return -1;
+            counts[TRUE_POSITIVES]++;
+            return 1;
+        }
+        /* admitted, or a block block_find cannot read: decoded (and cached) below,
+         * where a malformed block raises CorruptionError */
     }
     PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);
     PyMem_RawFree(buf);
@@ -3072,6 +3138,131 @@ block_may_hold(const unsigned char *p, size_t n, const unsigned char *key, size_
     return 0;
 }
 
+/* msgpack array header at *pp (fixarray, array 16, array 32): its count, *pp
+ * moved past it; -1 when it is not one or runs past end. */
+static int64_t
+mp_read_array(const unsigned char **pp, const unsigned char *end)
+{
+    const unsigned char *p = *pp;
+    if (p >= end)
+        return -1;
+    if ((*p & 0xF0) == 0x90) {
+        *pp = p + 1;
+        return *p & 0x0F;
+    }
+    if (*p == 0xDC && end - p >= 3) {
+        *pp = p + 3;
+        return be16(p + 1);
+    }
+    if (*p == 0xDD && end - p >= 5) {
+        *pp = p + 5;
+        return be32(p + 1);
+    }
+    return -1;
+}
+
+/* msgpack bin header at *pp (bin 8/16/32): its length, *pp moved past it, the
+ * bytes within end; -1 otherwise. */
+static int64_t
+mp_read_bin(const unsigned char **pp, const unsigned char *end)
+{
+    const unsigned char *p = *pp;
+    size_t len;
+    if (end - p >= 2 && *p == 0xC4) {
+        len = p[1];
+        p += 2;
+    } else if (end - p >= 3 && *p == 0xC5) {
+        len = be16(p + 1);
+        p += 3;
+    } else if (end - p >= 5 && *p == 0xC6) {
+        len = be32(p + 1);
+        p += 5;
+    } else {
+        return -1;
+    }
+    if ((size_t)(end - p) < len)
+        return -1;
+    *pp = p;
+    return (int64_t)len;
+}
+
+/* Key's entry in a data block payload p[0:n] ([[key, ...], [value, ...]], as
+ * the writer packs it), without decoding it: 1, *value and *vlen its bytes;
+ * 2, a tombstone; 0, not in the block; -1, a payload of any other shape
+ * (non-bin keys, values neither bin nor nil, arrays of unequal length,
+ * bytes left over), which the Python decoder then reads and refuses with a
+ * CorruptionError.  Walks the whole payload, so it refuses what
+ * decode_data_block would whichever key is asked. */
+static int
+block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
+           const unsigned char **value, size_t *vlen)
+{
+    const unsigned char *end = p + n;
+    if (n < 1 || *p != 0x92)
+        return -1;
+    p++;
+    int64_t count = mp_read_array(&p, end);
+    if (count < 0)
+        return -1;
+    int64_t at = -1;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t len = mp_read_bin(&p, end);
+        if (len < 0)
+            return -1;
+        if (at < 0 && (size_t)len == klen && memcmp(p, key, klen) == 0)
+            at = i;
+        p += len;
+    }
+    if (mp_read_array(&p, end) != count)
+        return -1;
+    int found = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (p < end && *p == 0xC0) {
+            if (i == at)
+                found = 2;
+            p++;
+            continue;
+        }
+        int64_t len = mp_read_bin(&p, end);
+        if (len < 0)
+            return -1;
+        if (i == at) {
+            found = 1;
+            *value = p;
+            *vlen = (size_t)len;
+        }
+        p += len;
+    }
+    return p == end ? found : -1;
+}
+
+static PyObject *
+speedups_block_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* block_find(payload, key, missing) -> the value, None for a tombstone,
+     * missing when the block does not hold key; ValueError for a payload
+     * block_find cannot read (tests). */
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "block_find(payload: bytes, key: bytes, missing)");
+        return NULL;
+    }
+    const unsigned char *vp = NULL;
+    size_t vlen = 0;
+    int r = block_find((const unsigned char *)PyBytes_AS_STRING(args[0]),
+                       (size_t)PyBytes_GET_SIZE(args[0]),
+                       (const unsigned char *)PyBytes_AS_STRING(args[1]),
+                       (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen);
+    if (r < 0) {
+        PyErr_SetString(PyExc_ValueError, "not a data block payload block_find reads");
+        return NULL;
+    }
+    if (r == 0)
+        return Py_NewRef(args[2]);
+    if (r == 2)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+}
+
 static PyObject *
 speedups_block_may_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3339,6 +3530,9 @@ static PyMethodDef speedups_functions[] = {
      "xxh3_64(data) -> xxhash.xxh3_64_intdigest(data), computed here up to 240 bytes"},
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops(seq, table_id, keys, values) -> msgpack [seq, [[table_id, key, value], ...]]"},
+    {"block_find", (PyCFunction)(void (*)(void))speedups_block_find, METH_FASTCALL,
+     "block_find(payload, key, missing) -> key's value in a data block payload, None for a "
+     "tombstone, or missing"},
     {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
      "block_may_hold(raw, key) -> False when the data block certainly does not hold key"},
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,

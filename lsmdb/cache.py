@@ -29,6 +29,8 @@ from typing import Any
 
 DEFAULT_BLOCK_CACHE_SIZE_BYTES = 32 * 1024 * 1024
 _BLOCK_BITS = 24  # block index bits in a cache key: 16M blocks per file
+#: admit remembers at least this many blocks it turned away.
+MIN_GHOSTS = 1024
 
 
 def cache_key(number: int, block: int) -> int:
@@ -43,7 +45,7 @@ class BlockCache:
     """
 
     __slots__ = ("capacity_bytes", "used_bytes", "_map", "_sizes", "_marked", "_ring", "_lock",
-                 "lookup", "touch")
+                 "_ghosts", "_ghost_ring", "lookup", "touch")
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -53,6 +55,8 @@ class BlockCache:
         self._marked: set[int] = set()
         self._ring: deque[int] = deque()  # cached keys, oldest first (and some gone)
         self._lock = threading.Lock()
+        self._ghosts: set[int] = set()  # blocks read but not admitted (admit), and their order:
+        self._ghost_ring: deque[int] = deque()
         self.lookup = self._map.get
         self.touch = self._marked.add
 
@@ -62,6 +66,31 @@ class BlockCache:
         if block is not None:
             self._marked.add(key)
         return block
+
+    def admit(self, key: int) -> bool:
+        """Whether a get that read block ``key`` from disk should decode and cache it.
+
+        Yes while a block of the cached blocks' average size fits without an
+        eviction.  A full cache admits a block only if it was read, and not
+        admitted, among the last reads of as many blocks as it holds: a block
+        read once in a table far larger than the cache would be evicted before
+        it is read again, and decoding it, then freeing it, cost several times
+        the read (the getter takes the value from the bytes read instead).
+        """
+        with self._lock:
+            held = len(self._sizes)
+            if not held or self.used_bytes + self.used_bytes // held <= self.capacity_bytes:
+                return True
+            ghosts = self._ghosts
+            if key in ghosts:
+                ghosts.discard(key)
+                return True
+            ghosts.add(key)
+            ring = self._ghost_ring
+            ring.append(key)
+            while len(ring) > max(MIN_GHOSTS, len(self._sizes)):
+                ghosts.discard(ring.popleft())
+            return False
 
     def put(self, key: int, block: Any, size: int) -> None:
         if size > self.capacity_bytes:

@@ -222,7 +222,8 @@ def make_getter(db: DB, state: TableState) -> Any:
         # in C, exactly what ``lookup``/``touch`` do).
         return Getter(db, state, missing, lookup_block, get, max_key,
                       cache._map if cache is not None else None,
-                      cache._marked if cache is not None else None, decode_read)
+                      cache._marked if cache is not None else None, decode_read,
+                      cache.admit if cache is not None else None)
     return get
 
 

@@ -904,6 +904,159 @@ def test_block_may_hold_never_denies_a_key_a_decodable_block_holds(payload, key)
         assert speedups.block_may_hold(raw, k)
 
 
+MISSING = object()
+
+
+def decoded_answer(payload: bytes, key: bytes):
+    """What the Python read path answers for key from a data block payload
+    (CorruptionError when it refuses the block)."""
+    from lsmdb.block import decode_data_block
+    keys, values = decode_data_block(payload, "<test>", 0)
+    j = bisect.bisect_left(keys, key)
+    return values[j] if j < len(keys) and keys[j] == key else MISSING
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=40, unique=True),
+       st.lists(st.binary(max_size=300) | st.none(), max_size=40),
+       st.lists(st.binary(max_size=300), max_size=5), st.integers(0, 70_000))
+def test_block_find_answers_as_the_decoder_for_well_formed_blocks(keys, values, others, big):
+    keys.sort()
+    values = (values + [b"x"] * len(keys))[:len(keys)]
+    payload = encoded_block(keys, values)[:-4]
+    for k in keys + others:
+        assert speedups.block_find(payload, k, MISSING) is decoded_answer(payload, k) \
+            or speedups.block_find(payload, k, MISSING) == decoded_answer(payload, k)
+    # array16/array32 headers, bin16 keys and values
+    many = [b"k%07d" % i for i in range(0, big, 7)]
+    payload = encoded_block(many, [m * 40 for m in many])[:-4]
+    for probe in (0, big // 2, big - 1, big + 1):
+        key = b"k%07d" % probe
+        want = key * 40 if probe % 7 == 0 and probe < big else MISSING
+        assert speedups.block_find(payload, key, MISSING) == want or want is MISSING
+        assert (speedups.block_find(payload, key, MISSING) is MISSING) == (want is MISSING)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.binary(max_size=200)
+       | st.builds(_mutated_block, st.lists(st.binary(max_size=4), max_size=8, unique=True),
+                   st.integers(0, 200), st.integers(1, 255)),
+       st.binary(max_size=4))
+def test_block_find_refuses_every_block_the_decoder_refuses(payload, key):
+    """The C getter takes a value from the bytes read (block_find) only from a
+    block the Python decoder would accept: whatever it refuses (ValueError)
+    goes to the decoder, which raises CorruptionError.  Where the decoder
+    accepts a block in the shape lsmdb writes, both give the same answer."""
+    from lsmdb.errors import CorruptionError
+    try:
+        want = decoded_answer(payload, key)
+    except CorruptionError:
+        with pytest.raises(ValueError):
+            speedups.block_find(payload, key, MISSING)
+        return
+    try:
+        got = speedups.block_find(payload, key, MISSING)
+    except ValueError:
+        return  # a shape the writer never uses (e.g. an array 16 of two): the decoder reads it
+    from lsmdb.block import decode_data_block
+    keys = decode_data_block(payload, "<test>", 0)[0]
+    if keys == sorted(set(keys)):
+        assert got is want or got == want
+
+
+def test_block_find_refuses_leftover_bytes_unequal_arrays_and_wrong_types():
+    import msgpack
+    good = msgpack.packb([[b"a", b"b"], [b"1", None]], use_bin_type=True)
+    assert speedups.block_find(good, b"a", MISSING) == b"1"
+    assert speedups.block_find(good, b"b", MISSING) is None
+    assert speedups.block_find(good, b"c", MISSING) is MISSING
+    for bad in (good + b"\x00",
+                msgpack.packb([[b"a", b"b"], [b"1"]], use_bin_type=True),
+                msgpack.packb([["a", b"b"], [b"1", b"2"]], use_bin_type=True),
+                msgpack.packb([[b"a", b"b"], [b"1", 2]], use_bin_type=True),
+                msgpack.packb([[b"a", b"b"], [b"1", b"2"], []], use_bin_type=True),
+                good[:-1], b"", b"\x92"):
+        with pytest.raises(ValueError):
+            speedups.block_find(bad, b"a", MISSING)
+
+
+def _full_cache_db(path: str) -> lsmdb.DB:
+    """key000000.. -> v0.. (even numbers) in 512-byte blocks of one SSTable,
+    reopened with a block cache of two blocks' room, filled by reading two
+    blocks."""
+    db = lsmdb.open(path, auto_compaction=False)
+    if not db.sstables():
+        db.alter_table("default", **SMALL)
+        for i in range(0, 4000, 2):
+            db.put(b"key%06d" % i, b"v%d" % i)
+        db.flush()
+    sizes = db._default_state.fast[5][0][0].index_sizes
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=2 * max(sizes) + 10)
+    assert type(db.get).__name__ == "Getter"
+    assert db.get(b"key%06d" % 0) == b"v0" and db.get(b"key%06d" % 2000) == b"v2000"
+    cache = db._block_cache
+    assert len(cache) == 2 and not cache.admit(-1)  # full: a first read is turned away
+    return db
+
+
+def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path):
+    """Once the cache is full, a get that reads a block takes the value from
+    the bytes read (one read, one true positive, nothing decoded or cached);
+    a block read again soon after is decoded and cached; either way the
+    answers are right, tombstones included."""
+    db = _full_cache_db(str(tmp_path / "db"))
+    try:
+        cache = db._block_cache
+        db.delete(b"key%06d" % 3000)
+        db.flush()
+        before = db.table_stats()
+        cached_before = set(cache._map)
+        assert db.get(b"key%06d" % 3600) == b"v3600"
+        after = db.table_stats()
+        assert after["block_reads"] == before["block_reads"] + 1
+        assert after["true_positives"] == before["true_positives"] + 1
+        assert set(cache._map) == cached_before  # not decoded, not cached
+        assert db.get(b"key%06d" % 3602) == b"v3602"  # the same block again: now cached
+        assert db.table_stats()["block_reads"] == before["block_reads"] + 2
+        assert set(cache._map) - cached_before
+        assert db.get(b"key%06d" % 3604) == b"v3604"  # a cache hit: no read
+        assert db.table_stats()["block_reads"] == before["block_reads"] + 2
+        assert db.get(b"key%06d" % 3000) is None  # the tombstone, in the newer file
+        for i in range(0, 4000, 37):
+            assert db.get(b"key%06d" % i) == (b"v%d" % i if i % 2 == 0 and i != 3000 else None)
+    finally:
+        db.close()
+
+
+def test_a_checksum_valid_block_of_the_wrong_shape_is_corruption_with_a_full_cache(tmp_path):
+    """A data block whose checksum is right but whose key is a msgpack str: the
+    C getter, not caching, cannot take a value from it and hands it to the
+    decoder, which raises CorruptionError at the block's offset."""
+    from lsmdb.coding import crc32
+    path = str(tmp_path / "db")
+    db = _full_cache_db(path)
+    reader = db._default_state.fast[5][0][0]
+    i = len(reader.index_keys) - 3
+    offset, size, key = reader.index_offsets[i], reader.index_sizes[i], reader.index_keys[i]
+    name = os.path.basename(reader.path)
+    db.close()
+    with open(os.path.join(path, name), "r+b") as f:
+        f.seek(offset)
+        payload = bytearray(f.read(size))
+        at = payload.index(b"\xc4\x09" + key)  # the block's last key, a bin 8
+        payload[at] = 0xD9  # now a str 8 of the same length
+        f.seek(offset)
+        f.write(bytes(payload) + crc32(bytes(payload)).to_bytes(4, "little"))
+    db = _full_cache_db(path)
+    try:
+        with pytest.raises(lsmdb.CorruptionError) as exc:
+            db.get(key)
+        assert exc.value.path == os.path.join(path, name) and exc.value.offset == offset
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize("version", [1, 2])
 def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
     """Large filters (488 KiB here) next to a small one: every filter in the way

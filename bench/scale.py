@@ -15,7 +15,9 @@ is at the larger size.  Beside each rate, from the files' own counters over
 the timed gets: the filters each get probed, the files it skipped by their
 key range and the data blocks it read (false positives), and the filters'
 bytes in all -- whether a key meets more filters at the larger size, or the
-same number of larger ones.
+same number of larger ones.  Then, the same way, Q/4 gets of present keys
+(even numbers): at 2,000,000 keys the data outgrows the 32 MiB block cache,
+so most of them read a block from disk.
 
 Size-tiered compaction leaves files that each span the whole key range, so
 every file costs a filter probe (and 1% of the time a block read) per absent
@@ -104,14 +106,25 @@ class Items(Sequence[tuple[bytes, bytes]]):
             yield key_of(2 * j), value_of(2 * j)
 
 
+#: Present gets are timed over queries // PRESENT_SHARE keys.
+PRESENT_SHARE = 4
+
+
 def absent_keys(n: int, q: int, seed: int) -> list[bytes]:
     rng = random.Random(seed)
     return [key_of(2 * rng.randrange(n - 1) + 1) for _ in range(q)]
 
 
+def present_keys(n: int, q: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return [key_of(2 * rng.randrange(n)) for _ in range(q)]
+
+
 def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
-          queries: Sequence[Sequence[bytes]], slices: int = SLICES) -> list[list[float]]:
-    """Per database, the rate of each slice; databases take turns (A B, B A, ...)."""
+          queries: Sequence[Sequence[bytes]], slices: int = SLICES,
+          present: bool = False) -> list[list[float]]:
+    """Per database, the rate of each slice; databases take turns (A B, B A, ...).
+    Every key must be absent (or, with ``present``, found)."""
     rates: list[list[float]] = [[] for _ in getters]
     q = len(queries[0])
     cuts = [q * i // slices for i in range(slices + 1)]
@@ -125,8 +138,9 @@ def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
                 for key in part:
                     if get(key) is not None:
                         found += 1
-            if found:
-                raise AssertionError(f"{found} absent keys found at {sizes[d]:,} keys")
+            if found != (len(part) if present else 0):
+                raise AssertionError(f"{found} of {len(part)} {'present' if present else 'absent'}"
+                                     f" keys found at {sizes[d]:,} keys")
             rates[d].append(per_second(len(part), t.seconds))
     return rates
 
@@ -185,6 +199,12 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
             before = [counters(db) for db in dbs]
             rates = timed(sizes, [db.get for db in dbs], qs)
             work = [per_get(b, counters(db), queries) for b, db in zip(before, dbs, strict=True)]
+            pq = queries // PRESENT_SHARE
+            ps = [present_keys(n, pq, seed=n + 2) for n in sizes]
+            before = [counters(db) for db in dbs]
+            present = timed(sizes, [db.get for db in dbs], ps, present=True)
+            present_work = [per_get(b, counters(db), pq)
+                            for b, db in zip(before, dbs, strict=True)]
         finally:
             for db in dbs:
                 db.close()
@@ -192,7 +212,10 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
     return {"compaction": compaction, "files": files, "layout": layout,
             "filter_bytes": filter_bytes, "per_get": work,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
-            "slice_rates": rates, "small_over_large": ratio}
+            "slice_rates": rates, "small_over_large": ratio,
+            "present_per_s": [statistics.median(r) for r in present],
+            "present_slice_rates": present, "present_per_get": present_work,
+            "present_small_over_large": small_over_large(present)}
 
 
 def directory_state(path: str) -> list[tuple[str, int]]:
@@ -247,6 +270,8 @@ def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
                 waits.append(settle(store.path))
             qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
             rates = timed(sizes, [s.getter() for s in opened], qs)
+            ps = [present_keys(n, queries // PRESENT_SHARE, seed=n + 2) for n in sizes]
+            present = timed(sizes, [s.getter() for s in opened], ps, present=True)
             describe = stores[0].describe()
         finally:
             for store in opened:
@@ -254,7 +279,10 @@ def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
     ratio = small_over_large(rates)
     return {**entry, "available": True, "describe": describe, "settle_seconds": waits,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
-            "slice_rates": rates, "small_over_large": ratio}
+            "slice_rates": rates, "small_over_large": ratio,
+            "present_per_s": [statistics.median(r) for r in present],
+            "present_slice_rates": present,
+            "present_small_over_large": small_over_large(present)}
 
 
 def run_peer_or_failure(cls: type[Store], sizes: Sequence[int], queries: int,
@@ -284,8 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "without names)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    if min(args.small, args.large) < 2 or args.queries < SLICES:
-        parser.error("sizes must be at least 2 and queries at least 5")
+    if min(args.small, args.large) < 2 or args.queries < PRESENT_SHARE * SLICES:
+        parser.error(f"sizes must be at least 2 and queries at least {PRESENT_SHARE * SLICES}")
     progress = Progress()
     sizes = [args.small, args.large]
     runs = [run_strategy(c, sizes, args.queries, progress) for c in args.compaction]
@@ -309,6 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"({work['block_cache_hits']:.3f} from the cache); filters: {fb:,} bytes")
         print(f"  {args.small:,}-key rate / {args.large:,}-key rate: "
               f"{run['small_over_large']:.2f}x (median over slices)")
+        for n, r, work in zip(sizes, run["present_per_s"], run["present_per_get"], strict=True):
+            print(f"  present keys, {n:>10,} keys: {r / 1e3:,.0f}k gets/s; per get "
+                  f"{work['block_reads']:.3f} blocks read from disk, "
+                  f"{work['block_cache_hits']:.3f} from the cache")
+        print(f"  present keys, {args.small:,}-key rate / {args.large:,}-key rate: "
+              f"{run['present_small_over_large']:.2f}x")
     if peers:
         print("the same test on the peer stores (loaded alike, reopened, background work "
               "settled):")
@@ -319,6 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rates = peer["absent_in_range_per_s"]
         print(f"  {peer['label']}: {rates[0] / 1e3:,.0f}k gets/s at {sizes[0]:,} keys, "
               f"{rates[1] / 1e3:,.0f}k at {sizes[1]:,}: {peer['small_over_large']:.2f}x")
+        rates = peer["present_per_s"]
+        print(f"  {'':>{len(peer['label'])}}  present keys: {rates[0] / 1e3:,.0f}k gets/s at "
+              f"{sizes[0]:,} keys, {rates[1] / 1e3:,.0f}k at {sizes[1]:,}: "
+              f"{peer['present_small_over_large']:.2f}x")
     if args.json:
         write_json(args.json, report)
     return 0

@@ -403,12 +403,23 @@ def test_scale(tmp_path: Path) -> None:
     assert report["runs"][1]["layout"][1].startswith(f"{report['runs'][1]['files'][1]} SSTables (L")
     assert report["runs"][0]["layout"][1] == f"{report['runs'][0]['files'][1]} SSTables " \
         f"(L0 {report['runs'][0]['files'][1]})"  # size-tiered: every file in level 0
-    assert done.stdout.count("rate / 50,000-key rate") == 2
+    assert done.stdout.count("rate / 50,000-key rate") == 4
     assert "leveled compaction:" in done.stdout
+    # present keys, a quarter as many, every one found (timed raises otherwise)
+    for run in report["runs"]:
+        assert all(r > 0 for r in run["present_per_s"]) and run["present_small_over_large"] > 0
+        assert len(run["present_slice_rates"][0]) == 5
+        # one block per present get, from disk or the cache, none when in the memtable
+        for work in run["present_per_get"]:
+            assert work["block_reads"] + work["block_cache_hits"] <= 1.05
+        large = run["present_per_get"][1]
+        assert large["block_reads"] + large["block_cache_hits"] >= 0.5
+    assert done.stdout.count("present keys, ") == 6
     # the same test on a peer: sqlite3 (stdlib), loaded with the same keys, timed the same way
     [peer] = report["peers"]
     assert peer["store"] == "sqlite3" and peer["available"]
     assert all(r > 0 for r in peer["absent_in_range_per_s"]) and peer["small_over_large"] > 0
+    assert all(r > 0 for r in peer["present_per_s"]) and peer["present_small_over_large"] > 0
     assert len(peer["slice_rates"][0]) == len(peer["slice_rates"][1]) == 5
     assert all(2.0 <= w < 120 for w in peer["settle_seconds"])
     assert "sqlite3: " in done.stdout and "k at 50,000:" in done.stdout

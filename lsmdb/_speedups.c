@@ -1750,6 +1750,17 @@ index_words_init(Entry *e)
     return 0;
 }
 
+/* The block cache's key of block i of a file whose key base is base (an
+ * int): base | i, a new reference; NULL with an exception set. */
+static PyObject *
+block_cache_key(PyObject *base, Py_ssize_t i)
+{
+    unsigned long long b = PyLong_AsUnsignedLongLong(base);
+    if (b == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
+}
+
 /* The cached block of file entry `item` (reader, index_keys, base, counts)
  * that can hold key: 1 and *block (a new reference, marked as used, its keys
  * and values lists of one length); 0 when the cache cannot answer (no cache,
@@ -1770,10 +1781,7 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
     Py_ssize_t i = bisect_index(e, key);
     if (i == e->nidx)
         return 0; /* past the last block: let the Python side count it */
-    unsigned long long b = PyLong_AsUnsignedLongLong(base);
-    if (b == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    PyObject *ck = PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
+    PyObject *ck = block_cache_key(base, i);
     if (ck == NULL)
         return -1;
     PyObject *bl = PyDict_GetItemWithError(self->cache_map, ck);
@@ -1875,10 +1883,7 @@ admit_block(Getter *self, PyObject *item, Py_ssize_t i)
     PyObject *base = PyTuple_GET_ITEM(item, 2);
     if (!PyLong_CheckExact(base))
         return 1;
-    unsigned long long b = PyLong_AsUnsignedLongLong(base);
-    if (b == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    PyObject *ck = PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
+    PyObject *ck = block_cache_key(base, i);
     if (ck == NULL)
         return -1;
     PyObject *r = PyObject_CallOneArg(self->cache_admit, ck);
@@ -3089,55 +3094,6 @@ be32(const unsigned char *p)
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 
-/* 0 when the data block payload p[0:n] certainly does not hold key, else 1.
- * The payload is msgpack [[key, ...], [value, ...]] with the keys as bins in
- * strictly increasing order (docs/FORMAT.md): the keys are walked in place
- * until one is >= key.  Anything else than that shape answers 1, so the
- * caller decodes the block and reports what is wrong with it. */
-static int
-block_may_hold(const unsigned char *p, size_t n, const unsigned char *key, size_t klen)
-{
-    const unsigned char *end = p + n;
-    if (n < 2 || p[0] != 0x92)
-        return 1;
-    p++;
-    uint32_t count;
-    if ((*p & 0xF0) == 0x90) {
-        count = *p & 0x0F;
-        p += 1;
-    } else if (*p == 0xDC && end - p >= 3) {
-        count = be16(p + 1);
-        p += 3;
-    } else if (*p == 0xDD && end - p >= 5) {
-        count = be32(p + 1);
-        p += 5;
-    } else {
-        return 1;
-    }
-    for (uint32_t i = 0; i < count; i++) {
-        size_t len;
-        if (end - p >= 2 && *p == 0xC4) {
-            len = p[1];
-            p += 2;
-        } else if (end - p >= 3 && *p == 0xC5) {
-            len = be16(p + 1);
-            p += 3;
-        } else if (end - p >= 5 && *p == 0xC6) {
-            len = be32(p + 1);
-            p += 5;
-        } else {
-            return 1;
-        }
-        if ((size_t)(end - p) < len)
-            return 1;
-        int c = mem_order((const char *)p, (Py_ssize_t)len, (const char *)key, (Py_ssize_t)klen);
-        if (c >= 0)
-            return c == 0;  /* found it, or passed where it would be */
-        p += len;
-    }
-    return 0;
-}
-
 /* msgpack array header at *pp (fixarray, array 16, array 32): its count, *pp
  * moved past it; -1 when it is not one or runs past end. */
 static int64_t
@@ -3184,6 +3140,33 @@ mp_read_bin(const unsigned char **pp, const unsigned char *end)
         return -1;
     *pp = p;
     return (int64_t)len;
+}
+
+/* 0 when the data block payload p[0:n] certainly does not hold key, else 1.
+ * The payload is msgpack [[key, ...], [value, ...]] with the keys as bins in
+ * strictly increasing order (docs/FORMAT.md): the keys are walked in place
+ * until one is >= key.  Anything else than that shape answers 1, so the
+ * caller decodes the block and reports what is wrong with it. */
+static int
+block_may_hold(const unsigned char *p, size_t n, const unsigned char *key, size_t klen)
+{
+    const unsigned char *end = p + n;
+    if (n < 2 || p[0] != 0x92)
+        return 1;
+    p++;
+    int64_t count = mp_read_array(&p, end);
+    if (count < 0)
+        return 1;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t len = mp_read_bin(&p, end);
+        if (len < 0)
+            return 1;
+        int c = mem_order((const char *)p, (Py_ssize_t)len, (const char *)key, (Py_ssize_t)klen);
+        if (c >= 0)
+            return c == 0;  /* found it, or passed where it would be */
+        p += len;
+    }
+    return 0;
 }
 
 /* Key's entry in a data block payload p[0:n] ([[key, ...], [value, ...]], as

@@ -877,11 +877,15 @@ def _mutated_block(keys: list[bytes], at: int, xor: int) -> bytes:
     return bytes(payload)
 
 
+#: Data block payloads: random bytes, or a well-formed block with one byte changed.
+GARBAGE_OR_MUTATED_BLOCKS = (
+    st.binary(max_size=200)
+    | st.builds(_mutated_block, st.lists(st.binary(max_size=4), max_size=8, unique=True),
+                st.integers(0, 200), st.integers(1, 255)))
+
+
 @settings(max_examples=2000, deadline=None)
-@given(st.binary(max_size=200)
-       | st.builds(_mutated_block, st.lists(st.binary(max_size=4), max_size=8, unique=True),
-                   st.integers(0, 200), st.integers(1, 255)),
-       st.binary(max_size=4))
+@given(GARBAGE_OR_MUTATED_BLOCKS, st.binary(max_size=4))
 def test_block_may_hold_never_denies_a_key_a_decodable_block_holds(payload, key):
     """Garbage never crashes the walk, and when msgpack decodes a block to
     sorted bytes keys (the shape lsmdb writes), no key among them is answered
@@ -938,10 +942,7 @@ def test_block_find_answers_as_the_decoder_for_well_formed_blocks(keys, values, 
 
 
 @settings(max_examples=2000, deadline=None)
-@given(st.binary(max_size=200)
-       | st.builds(_mutated_block, st.lists(st.binary(max_size=4), max_size=8, unique=True),
-                   st.integers(0, 200), st.integers(1, 255)),
-       st.binary(max_size=4))
+@given(GARBAGE_OR_MUTATED_BLOCKS, st.binary(max_size=4))
 def test_block_find_refuses_every_block_the_decoder_refuses(payload, key):
     """The C getter takes a value from the bytes read (block_find) only from a
     block the Python decoder would accept: whatever it refuses (ValueError)

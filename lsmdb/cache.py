@@ -53,7 +53,7 @@ class BlockCache:
         self._map: dict[int, Any] = {}
         self._sizes: dict[int, int] = {}
         self._marked: set[int] = set()
-        self._ring: deque[int] = deque()  # cached keys, oldest first (and some gone)
+        self._ring: deque[int] = deque()  # the cached keys, oldest first
         self._lock = threading.Lock()
         self._ghosts: set[int] = set()  # blocks read but not admitted (admit), and their order:
         self._ghost_ring: deque[int] = deque()

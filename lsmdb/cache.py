@@ -75,7 +75,8 @@ class BlockCache:
         admitted, among the last reads of as many blocks as it holds: a block
         read once in a table far larger than the cache would be evicted before
         it is read again, and decoding it, then freeing it, cost several times
-        the read (the getter takes the value from the bytes read instead).
+        the read (the C getter takes the value from the bytes read instead; the
+        Python read path decodes the block for that lookup only).
         """
         with self._lock:
             held = len(self._sizes)

@@ -279,19 +279,25 @@ class SSTableReader:
                                   self.index_offsets[i])
 
     def read_block_for(self, i: int, key: bytes) -> tuple[list[bytes], list[bytes | None]] | None:
-        """Data block ``i`` read from disk for a lookup of ``key`` (then cached),
-        or None when it certainly does not hold ``key``.
+        """Data block ``i`` read from disk for a lookup of ``key`` (then cached,
+        if the cache admits it), or None when it certainly does not hold ``key``.
 
         A key is stored in a block as a msgpack bin among the block's sorted
         keys.  So when the checksum-verified block's keys, walked in place
         (``block_may_hold``; without the C speedups: when the key's bytes
         appear nowhere in the block), do not include the key, it is a false
         positive of the filter, and the block is neither decoded nor cached:
-        it costs one read and one checksum, not a decode.
+        it costs one read and one checksum, not a decode.  A full cache
+        admits the block only on its second read (``BlockCache.admit``), as
+        for the C getter; a block turned away is decoded for this lookup only.
         """
         raw, _offset = self._read_raw(i)
         if not block_may_hold(raw, key):
             return None
+        cache = self.cache
+        if cache is not None and not cache.admit(self.cache_base | i):
+            return blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
+                                         self.index_offsets[i])
         return self.decode_read(i, raw)
 
     def decode_read(self, i: int, raw: bytes) -> tuple[list[bytes], list[bytes | None]]:

@@ -430,6 +430,17 @@ speedups_xxh3_64(PyObject *Py_UNUSED(module), PyObject *arg)
 static inline uint64_t be_word(const char *p, Py_ssize_t n);
 static int index_words_init(Entry *e);
 
+/* How many leading bytes a[0:la] and b[0:lb] share: for keys in order, the
+ * prefix every key from a to b starts with. */
+static inline Py_ssize_t
+shared_prefix(const char *a, Py_ssize_t la, const char *b, Py_ssize_t lb)
+{
+    Py_ssize_t cp = 0;
+    while (cp < la && cp < lb && a[cp] == b[cp])
+        cp++;
+    return cp;
+}
+
 static void
 entry_clear(Entry *e)
 {
@@ -604,9 +615,8 @@ level_keys_init(Probes *self, Py_ssize_t L, PyObject *keys)
 {
     Py_ssize_t count = PyTuple_GET_SIZE(keys);
     PyObject *a = PyTuple_GET_ITEM(keys, 0), *b = PyTuple_GET_ITEM(keys, count - 1);
-    Py_ssize_t la = PyBytes_GET_SIZE(a), lb = PyBytes_GET_SIZE(b), cp = 0;
-    while (cp < la && cp < lb && PyBytes_AS_STRING(a)[cp] == PyBytes_AS_STRING(b)[cp])
-        cp++;
+    Py_ssize_t cp = shared_prefix(PyBytes_AS_STRING(a), PyBytes_GET_SIZE(a),
+                                  PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
     self->cp[L] = cp;
     self->pre[L] = PyMem_Malloc(sizeof(uint64_t) * (size_t)count);
     if (self->pre[L] == NULL) {
@@ -1707,20 +1717,24 @@ bisect_index(const Entry *e, PyObject *key)
     return lo;
 }
 
-/* icp, ipre and itop of e from its index keys (ikeys, ioff, nidx): the
- * prefix they all share is the one the first and the last share. */
+/* icp, ipre and itop of e from its index keys (ikeys, ioff, nidx), when the
+ * keys are in order (ties allowed): then every key starts with the prefix
+ * the first and the last share.  Keys out of order (the reader refuses such
+ * an index) leave ipre NULL: their words would not bisect like the keys, so
+ * bisect_index bisects the keys. */
 static int
 index_words_init(Entry *e)
 {
-    Py_ssize_t n = e->nidx, cp = 0;
+    Py_ssize_t n = e->nidx;
+    const char *ik = e->ikeys;
+    const Py_ssize_t *off = e->ioff;
     e->icp = 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (mem_order(ik + off[i - 1], off[i] - off[i - 1], ik + off[i], off[i + 1] - off[i]) > 0)
+            return 0;
     if (n == 0)
         return 0;
-    const char *a = e->ikeys + e->ioff[0], *b = e->ikeys + e->ioff[n - 1];
-    Py_ssize_t la = e->ioff[1] - e->ioff[0], lb = e->ioff[n] - e->ioff[n - 1];
-    while (cp < la && cp < lb && a[cp] == b[cp])
-        cp++;
-    e->icp = cp;
+    Py_ssize_t cp = shared_prefix(ik, off[1] - off[0], ik + off[n - 1], off[n] - off[n - 1]);
     Py_ssize_t ngroups = (n + INDEX_GROUP - 1) / INDEX_GROUP;
     e->ipre = PyMem_Malloc(sizeof(uint64_t) * (size_t)n);
     e->itop = PyMem_Malloc(sizeof(uint64_t) * (size_t)ngroups);
@@ -1728,21 +1742,9 @@ index_words_init(Entry *e)
         PyErr_NoMemory();
         return -1;
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t len = e->ioff[i + 1] - e->ioff[i];
-        e->ipre[i] = len < cp ? 0 : be_word(e->ikeys + e->ioff[i] + cp, len - cp);
-        if (len < cp || mem_order(e->ikeys + e->ioff[i], cp, a, cp) != 0
-            || (i && mem_order(e->ikeys + e->ioff[i - 1], e->ioff[i] - e->ioff[i - 1],
-                               e->ikeys + e->ioff[i], len) > 0)) {
-            /* keys out of order (the reader refuses such an index): the
-             * words would not bisect like the keys, so bisect the keys */
-            PyMem_Free(e->ipre);
-            PyMem_Free(e->itop);
-            e->ipre = e->itop = NULL;
-            e->icp = 0;
-            return 0;
-        }
-    }
+    e->icp = cp;
+    for (Py_ssize_t i = 0; i < n; i++)
+        e->ipre[i] = be_word(ik + off[i] + cp, off[i + 1] - off[i] - cp);
     for (Py_ssize_t g = 0; g < ngroups; g++) {
         Py_ssize_t last = (g + 1) * INDEX_GROUP - 1;
         e->itop[g] = e->ipre[last < n ? last : n - 1];
@@ -1958,13 +1960,10 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
         }
         const unsigned char *vp = NULL, *k = (const unsigned char *)PyBytes_AS_STRING(key);
         size_t vlen = 0;
+        /* block_may_hold found the key among the keys (or could not read
+         * them): block_find finds it too, or refuses the block */
         int f = admit ? -1 : block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp,
                                         &vlen);
-        if (f == 0) {
-            PyMem_RawFree(buf);
-            counts[FALSE_POSITIVES]++;
-            return 0;
-        }
         if (f > 0) {
             *value = f == 2 ? Py_NewRef(Py_None)
                             : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
@@ -1974,7 +1973,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
             counts[TRUE_POSITIVES]++;
             return 1;
         }
-        /* admitted, or a block block_find cannot read: decoded (and cached) below,
+        /* admitted, or a block block_find refuses: decoded (and cached) below,
          * where a malformed block raises CorruptionError */
     }
     PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);

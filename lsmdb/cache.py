@@ -116,12 +116,10 @@ class BlockCache:
 
     def _evict(self, keep: int) -> None:
         """Free room down to the budget, ``keep`` (the block just put) aside."""
-        ring, sizes, marked = self._ring, self._sizes, self._marked
-        second_chances = len(sizes)
+        ring, marked = self._ring, self._marked
+        second_chances = len(self._sizes)
         while self.used_bytes > self.capacity_bytes and ring:
             oldest = ring.popleft()
-            if oldest not in sizes:
-                continue  # not cached any more: nothing to free
             if oldest == keep:
                 ring.append(oldest)
                 continue

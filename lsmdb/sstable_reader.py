@@ -296,17 +296,19 @@ class SSTableReader:
             return None
         cache = self.cache
         if cache is not None and not cache.admit(self.cache_base | i):
-            return blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
-                                         self.index_offsets[i])
+            return self._decode(i, raw)
         return self.decode_read(i, raw)
 
     def decode_read(self, i: int, raw: bytes) -> tuple[list[bytes], list[bytes | None]]:
         """Decode data block ``i`` from ``raw``, the bytes read from disk (payload
         and trailer, checksum already verified), and cache it."""
-        block = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
-                                      self.index_offsets[i])
+        block = self._decode(i, raw)
         self._remember(i, block)
         return block
+
+    def _decode(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[bytes | None]]:
+        """Data block ``i`` decoded from ``raw`` (payload and verified trailer)."""
+        return blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path, self.index_offsets[i])
 
     def block_for(self, key: bytes) -> int:
         """Index of the only data block that can hold ``key`` (len(index) if none)."""
@@ -386,8 +388,7 @@ class SSTableReader:
                     span = min(2 * span, READAHEAD_BLOCKS)
                     raw = ahead.pop(b)
                 self._check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
-                keys, values = blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path,
-                                                     self.index_offsets[b])
+                keys, values = self._decode(b, raw)
             else:
                 keys, values = block
                 self.block_cache_hits += 1

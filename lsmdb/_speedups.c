@@ -11,8 +11,11 @@
  *               memtable's dict for keys it does not hold
  *   crc32       zlib's CRC-32, folded with PCLMULQDQ where the CPU has it
  *   xxh3_64     the filters' key hash, for keys up to 240 bytes
- *   block_may_hold, encode_ops, bloom_add: a data block's keys walked in
- *               place, a one-table WAL record, filter bits set
+ *   block_may_hold, block_find, block_entry, entry_find, encode_ops,
+ *               bloom_add: a data block's keys walked in place (a false
+ *               positive; a value from a block read), the block cache's form
+ *               of a block and a lookup in it, a one-table WAL record, filter
+ *               bits set
  *
  * For each SSTable a get consults it does what the Python read path does,
  * in the same order:
@@ -1529,9 +1532,10 @@ typedef struct {
     PyObject *lookup_block; /* (reader, index_keys, base, counts, key[, block]) -> value/None/MISSING */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
     PyObject *decode_read;  /* (reader, block, raw, counts, key) -> value/None/MISSING */
-    PyObject *cache_map;    /* the block cache's dict (cache key -> (keys, values)), or NULL */
+    PyObject *cache_map;    /* the block cache's dict (cache key -> block_entry bytes), or NULL */
     PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
-    PyObject *cache_admit;  /* (cache key) -> whether to decode and cache a block read; or NULL */
+    PyObject *cache_admit;  /* (cache key) -> whether to cache a block read; or NULL */
+    PyObject *cache_put;    /* (cache key, payload, size) -> None: cache a block; or NULL */
     Py_ssize_t max_key;
 } Getter;
 
@@ -1549,6 +1553,7 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->slow_get);
     Py_VISIT(self->decode_read);
     Py_VISIT(self->cache_admit);
+    Py_VISIT(self->cache_put);
     Py_VISIT(self->cache_map);
     Py_VISIT(self->cache_marked);
     if (self->have_counts)
@@ -1570,6 +1575,7 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->slow_get);
     Py_CLEAR(self->decode_read);
     Py_CLEAR(self->cache_admit);
+    Py_CLEAR(self->cache_put);
     Py_CLEAR(self->cache_map);
     Py_CLEAR(self->cache_marked);
     return 0;
@@ -1590,16 +1596,18 @@ static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
     PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache_map, *cache_marked;
-    PyObject *decode_read, *cache_admit = Py_None;
+    PyObject *decode_read, *cache_admit = Py_None, *cache_put = Py_None;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             "cache_map", "cache_marked", "decode_read", "cache_admit", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOOO|O:Getter", kwlist, &db, &state,
+                             "cache_map", "cache_marked", "decode_read", "cache_admit",
+                             "cache_put", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOOO|OO:Getter", kwlist, &db, &state,
                                      &missing, &lookup_block, &slow_get, &max_key, &cache_map,
-                                     &cache_marked, &decode_read, &cache_admit))
+                                     &cache_marked, &decode_read, &cache_admit, &cache_put))
         return -1;
-    if (cache_admit != Py_None && !PyCallable_Check(cache_admit)) {
-        PyErr_SetString(PyExc_TypeError, "cache_admit must be callable or None");
+    if ((cache_admit != Py_None && !PyCallable_Check(cache_admit))
+        || (cache_put != Py_None && !PyCallable_Check(cache_put))) {
+        PyErr_SetString(PyExc_TypeError, "cache_admit and cache_put must be callable or None");
         return -1;
     }
     if (cache_map != Py_None && (!PyDict_CheckExact(cache_map) || !PySet_Check(cache_marked))) {
@@ -1640,28 +1648,12 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         self->cache_marked = Py_NewRef(cache_marked);
         if (cache_admit != Py_None)
             self->cache_admit = Py_NewRef(cache_admit);
+        if (cache_put != Py_None)
+            self->cache_put = Py_NewRef(cache_put);
     }
     self->max_key = max_key;
     self->vectorcall = Getter_vectorcall;
     return 0;
-}
-
-/* bisect_left over a list of bytes; -2 when an item is not bytes. */
-static Py_ssize_t
-bisect_bytes(PyObject *list, PyObject *key)
-{
-    Py_ssize_t lo = 0, hi = PyList_GET_SIZE(list);
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        PyObject *item = PyList_GET_ITEM(list, mid);
-        if (!PyBytes_CheckExact(item))
-            return -2;
-        if (bytes_cmp(item, key) < 0)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
 }
 
 /* The first i in e's index words (e->ipre[0:nidx]) with ipre[i] >= v, or
@@ -1764,10 +1756,10 @@ block_cache_key(PyObject *base, Py_ssize_t i)
 }
 
 /* The cached block of file entry `item` (reader, index_keys, base, counts)
- * that can hold key: 1 and *block (a new reference, marked as used, its keys
- * and values lists of one length); 0 when the cache cannot answer (no cache,
- * odd types, key past the last block, or the block is not cached: then
- * *block_index is that block, else -1); -1: error. */
+ * that can hold key: 1 and *block (a new reference to its payload bytes,
+ * marked as used); 0 when the cache cannot answer (no cache, odd types, key
+ * past the last block, or the block is not cached: then *block_index is that
+ * block, else -1); -1: error. */
 static int
 cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
                  Py_ssize_t *block_index)
@@ -1794,40 +1786,88 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
         *block_index = i;
         return 0;
     }
-    if (!PyTuple_CheckExact(bl) || PyTuple_GET_SIZE(bl) != 2
-        || !PyList_CheckExact(PyTuple_GET_ITEM(bl, 0))
-        || !PyList_CheckExact(PyTuple_GET_ITEM(bl, 1))) {
+    if (!PyBytes_CheckExact(bl)) {
         Py_DECREF(ck);
         return 0;
     }
     Py_INCREF(bl);  /* the dict may change under the set insertion below */
     int r = PySet_Add(self->cache_marked, ck);
     Py_DECREF(ck);
-    if (r < 0 || PyList_GET_SIZE(PyTuple_GET_ITEM(bl, 0))
-                     != PyList_GET_SIZE(PyTuple_GET_ITEM(bl, 1))) {
+    if (r < 0) {
         Py_DECREF(bl);
-        return r < 0 ? -1 : 0;
+        return -1;
     }
+    PREFETCH(PyBytes_AS_STRING(bl));
     *block = bl;
     return 1;
 }
 
-/* The answer for key from a cached block whose keys put it at j (bisect_left),
- * counted: 1, found (*value: a new reference, None for a tombstone), or 0, a
- * false positive. */
-static int
-cached_answer(Entry *e, PyObject *block, Py_ssize_t j, PyObject *key, PyObject **value)
+/* A cached block: the payload as stored, then the offsets of its entries,
+ * so that a cache hit bisects the keys instead of walking up to the key and
+ * then the values before its own (a walk of up to a few dozen dependent
+ * loads over a cold 4 KiB):
+ *
+ *   payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32  (little-endian)
+ *
+ * key_at[j] is the offset in the payload of entry j's key's bin header,
+ * value_at[j] of its value's header (bin or nil).  Built by block_entry from
+ * a payload block_find reads whole, so the keys are bins in the order the
+ * payload has them. */
+#define ENTRY_TAIL 8
+
+static inline uint32_t
+le32(const unsigned char *p)
 {
-    PyObject *keys = PyTuple_GET_ITEM(block, 0);
+    uint32_t v;
+    memcpy(&v, p, 4);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    return v;
+}
+
+static inline void
+put_le32(unsigned char *p, uint32_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap32(v);
+#endif
+    memcpy(p, &v, 4);
+}
+
+static int block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
+                      const unsigned char **value, size_t *vlen);
+static int entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t klen,
+                      const unsigned char **value, size_t *vlen);
+static PyObject *block_entry(const unsigned char *p, size_t n);
+
+/* The answer for key from a cached block (entry_find), counted: 1, found
+ * (*value: a new reference, None for a tombstone); 0, a false positive; 2,
+ * an entry that does not hold together (not counted: the Python lookup
+ * decodes its payload, and refuses it); -1, error. */
+static int
+cached_answer(Entry *e, PyObject *payload, PyObject *key, PyObject **value)
+{
+    const unsigned char *vp = NULL;
+    size_t vlen = 0;
+    int f = entry_find((const unsigned char *)PyBytes_AS_STRING(payload),
+                       (size_t)PyBytes_GET_SIZE(payload),
+                       (const unsigned char *)PyBytes_AS_STRING(key),
+                       (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    if (f < 0)
+        return 2;
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_CACHE_HITS]++;
-    if (j < PyList_GET_SIZE(keys) && bytes_cmp(PyList_GET_ITEM(keys, j), key) == 0) {
-        counts[TRUE_POSITIVES]++;
-        *value = Py_NewRef(PyList_GET_ITEM(PyTuple_GET_ITEM(block, 1), j));
-        return 1;
+    if (f == 0) {
+        counts[FALSE_POSITIVES]++;
+        return 0;
     }
-    counts[FALSE_POSITIVES]++;
-    return 0;
+    *value = f == 2 ? Py_NewRef(Py_None)
+                    : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+    if (*value == NULL)
+        return -1;
+    counts[TRUE_POSITIVES]++;
+    return 1;
 }
 
 /* After a "maybe" from file entry `item`: answer from the block cache when
@@ -1844,8 +1884,7 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     int r = cached_block_for(self, e, item, key, &block, block_index);
     if (r <= 0)
         return r < 0 ? -1 : 2;
-    Py_ssize_t j = bisect_bytes(PyTuple_GET_ITEM(block, 0), key);
-    int found = j == -2 ? 2 : cached_answer(e, block, j, key, value);
+    int found = cached_answer(e, block, key, value);
     Py_DECREF(block);
     return found;
 }
@@ -1874,8 +1913,6 @@ reader_fd(PyObject *reader, int *fd)
 static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n);
 static int block_may_hold(const unsigned char *p, size_t n, const unsigned char *key,
                           size_t klen);
-static int block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
-                      const unsigned char **value, size_t *vlen);
 
 /* Whether the cache admits block i of file entry item (reader, index_keys,
  * base, counts): cache_admit(base | i).  1 or 0; -1 on error. */
@@ -1897,18 +1934,51 @@ admit_block(Getter *self, PyObject *item, Py_ssize_t i)
     return t;
 }
 
+/* Cache block i of file entry item (reader, index_keys, base, counts),
+ * whose payload p[0:size] block_find read whole: cache_put(base | i, its
+ * block_entry, that entry's size).  0, or -1 on error. */
+static int
+cache_payload(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size)
+{
+    PyObject *base = PyTuple_GET_ITEM(item, 2);
+    if (!PyLong_CheckExact(base))
+        return 0;
+    PyObject *ck = block_cache_key(base, i);
+    if (ck == NULL)
+        return -1;
+    PyObject *entry = block_entry(p, size);
+    if (entry == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();  /* a block over 1 GiB: not cached */
+        Py_DECREF(ck);
+        return 0;
+    }
+    PyObject *n = entry != NULL ? PyLong_FromSsize_t(PyBytes_GET_SIZE(entry)) : NULL;
+    PyObject *r = NULL;
+    if (n != NULL) {
+        PyObject *args[3] = {ck, entry, n};
+        r = PyObject_Vectorcall(self->cache_put, args, 3, NULL);
+    }
+    Py_DECREF(ck);
+    Py_XDECREF(entry);
+    Py_XDECREF(n);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* After a "maybe" for key in data block i of file entry item (reader,
  * index_keys, base, counts), a block the cache does not hold: read it with
  * one pread (the GIL released, as os.pread does), verify its checksum and
  * walk its keys (block_may_hold).  0: a false positive, counted (one block
- * read, one false positive) and nothing decoded or cached; 1: the block may
- * hold key: *value is what the Python decode_read made of the bytes read
- * (a new reference: the value, None for a tombstone, or MISSING) -- or,
- * when the cache does not admit the block, the value block_find took from
- * those bytes (one true positive counted), nothing decoded or cached; 2: let
- * the Python lookup_block serve (the reader is closed or in memory, odd
- * types, a short read or a checksum mismatch: it reads again and raises
- * what it should); -1: error. */
+ * read, one false positive) and nothing cached; 1: found, *value the value
+ * block_find took from the bytes read (a new reference; None for a
+ * tombstone), one true positive counted, and the payload cached if the
+ * cache admits it -- or, for a block block_find refuses, what the Python
+ * decode_read made of the bytes read (it raises CorruptionError for a
+ * malformed block); 2: let the Python lookup_block serve (the reader is
+ * closed or in memory, odd types, a short read or a checksum mismatch: it
+ * reads again and raises what it should); -1: error. */
 static int
 disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
            PyObject **value)
@@ -1949,33 +2019,36 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
         counts[FALSE_POSITIVES]++;
         return 0;
     }
-    if (self->cache_admit != NULL) {
-        /* A full cache takes a block a get read only if it was read not long
-         * ago (BlockCache.admit); else the key's value is taken from the
-         * bytes read, with nothing decoded or cached. */
-        int admit = admit_block(self, item, i);
-        if (admit < 0) {
-            PyMem_RawFree(buf);
-            return -1;
-        }
-        const unsigned char *vp = NULL, *k = (const unsigned char *)PyBytes_AS_STRING(key);
-        size_t vlen = 0;
-        /* block_may_hold found the key among the keys (or could not read
-         * them): block_find finds it too, or refuses the block */
-        int f = admit ? -1 : block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp,
-                                        &vlen);
-        if (f > 0) {
-            *value = f == 2 ? Py_NewRef(Py_None)
-                            : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
-            PyMem_RawFree(buf);
-            if (*value == NULL)
+    const unsigned char *vp = NULL, *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    size_t vlen = 0;
+    /* block_may_hold found the key among the keys (or could not read them):
+     * block_find finds it too, or refuses the block */
+    int f = block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    if (f >= 0) {
+        if (f > 0 && self->cache_put != NULL) {
+            /* a full cache takes a block a get read only if it was read not
+             * long ago (BlockCache.admit) */
+            int admit = self->cache_admit != NULL ? admit_block(self, item, i) : 1;
+            if (admit < 0 || (admit && cache_payload(self, item, i, buf, (size_t)size) < 0)) {
+                PyMem_RawFree(buf);
                 return -1;
-            counts[TRUE_POSITIVES]++;
-            return 1;
+            }
         }
-        /* admitted, or a block block_find refuses: decoded (and cached) below,
-         * where a malformed block raises CorruptionError */
+        if (f == 0) {
+            PyMem_RawFree(buf);
+            counts[FALSE_POSITIVES]++;
+            return 0;
+        }
+        *value = f == 2 ? Py_NewRef(Py_None)
+                        : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+        PyMem_RawFree(buf);
+        if (*value == NULL)
+            return -1;
+        counts[TRUE_POSITIVES]++;
+        return 1;
     }
+    /* a block block_find refuses: the Python decode_read decodes the bytes
+     * read, and raises CorruptionError for a malformed block */
     PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);
     PyMem_RawFree(buf);
     if (raw == NULL)
@@ -2213,18 +2286,38 @@ miss_order(const void *x, const void *y)
 typedef struct {
     Py_ssize_t i, f;     /* the key, the file (flat index) */
     Py_ssize_t block;    /* out: for res 2, the block to read (-1: unknown) */
-    PyObject *cached;    /* the cached block (a new reference) while searched */
-    Py_ssize_t lo, hi;   /* bisect_left bounds over the block's keys */
-    PyObject *probe;     /* the block key at (lo + hi) / 2, on its way in */
+    PyObject *cached;    /* the cached payload (a new reference) while looked up */
     PyObject *value;     /* out: for res 1, the value (a new reference) */
     int res;             /* out: as cached_lookup: 0 false positive, 1 found, 2 not here */
 } Cand;
 
-/* cached_lookup for many keys at once, counted the same: each key's bisect
- * over its cached block's keys (objects spread over the heap: a cache miss
- * per step) advances one step per round with the next step's memory
- * prefetched for every key, so the misses overlap instead of adding up.
- * 0, or -1 with an exception set (every Cand's references released). */
+/* Start loading what entry_find reads of a cached block: its offsets and the
+ * keys (the payload's first part), once its tail (the count) is in. */
+static inline void
+entry_prefetch(PyObject *entry)
+{
+    const unsigned char *e = (const unsigned char *)PyBytes_AS_STRING(entry);
+    size_t n = (size_t)PyBytes_GET_SIZE(entry);
+    if (n < ENTRY_TAIL)
+        return;
+    uint64_t count = le32(e + n - 8), plen = le32(e + n - 4);
+    if (plen + 8 * count + ENTRY_TAIL != n)
+        return;
+    for (uint64_t off = 0; off < 4 * count; off += 64)  /* key_at */
+        PREFETCH(e + plen + off);
+    uint64_t keys = plen / 4 < 1024 ? plen / 4 : 1024;  /* where the keys usually are */
+    for (uint64_t off = 64; off < keys; off += 64)
+        PREFETCH(e + off);
+}
+
+/* Cands whose cached blocks cached_batch prefetches ahead of the one it looks in. */
+#define CAND_AHEAD 4
+
+/* cached_lookup for many keys at once, counted the same: first every key's
+ * cached block is found (its first and last lines prefetched), then each is
+ * looked in with the offsets and keys of the blocks CAND_AHEAD further on
+ * already loading, so that their misses overlap.  0, or -1 with an
+ * exception set (every Cand's references released). */
 static int
 cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand *cs,
              Py_ssize_t nc)
@@ -2232,65 +2325,35 @@ cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand 
     for (Py_ssize_t c = 0; c < nc; c++) {
         cs[c].block = -1;
         cs[c].cached = cs[c].value = NULL;
-        cs[c].lo = cs[c].hi = 0;
         cs[c].res = 2;
     }
     for (Py_ssize_t c = 0; c < nc; c++) {
         Cand *x = &cs[c];
-        PyObject *block;
         int r = cached_block_for(self, &probes->e[x->f], PyTuple_GET_ITEM(flat, x->f),
-                                 PyList_GET_ITEM(keys, x->i), &block, &x->block);
+                                 PyList_GET_ITEM(keys, x->i), &x->cached, &x->block);
         if (r < 0)
             goto error;
-        if (r == 0)
-            continue;
-        x->cached = block;
-        x->hi = PyList_GET_SIZE(PyTuple_GET_ITEM(block, 0));
-        PREFETCH(&((PyListObject *)PyTuple_GET_ITEM(block, 0))->ob_item[x->hi / 2]);
-    }
-    for (;;) {  /* one bisect step per key per round */
-        Py_ssize_t active = 0;
-        for (Py_ssize_t c = 0; c < nc; c++) {
-            Cand *x = &cs[c];
-            if (x->cached == NULL || x->lo >= x->hi)
-                continue;
-            x->probe = PyList_GET_ITEM(PyTuple_GET_ITEM(x->cached, 0), (x->lo + x->hi) / 2);
-            PREFETCH(x->probe);
-            PREFETCH((const char *)x->probe + 48);
-            active++;
-        }
-        if (active == 0)
-            break;
-        for (Py_ssize_t c = 0; c < nc; c++) {
-            Cand *x = &cs[c];
-            if (x->cached == NULL || x->lo >= x->hi)
-                continue;
-            if (!PyBytes_CheckExact(x->probe)) {  /* odd: cached_lookup would say 2 */
-                Py_CLEAR(x->cached);
-                continue;
-            }
-            Py_ssize_t mid = (x->lo + x->hi) / 2;
-            if (bytes_cmp(x->probe, PyList_GET_ITEM(keys, x->i)) < 0)
-                x->lo = mid + 1;
-            else
-                x->hi = mid;
-            if (x->lo < x->hi)
-                PREFETCH(&((PyListObject *)PyTuple_GET_ITEM(x->cached, 0))
-                              ->ob_item[(x->lo + x->hi) / 2]);
-        }
+        if (r > 0)
+            PREFETCH(PyBytes_AS_STRING(x->cached) + PyBytes_GET_SIZE(x->cached) - 1);
     }
     for (Py_ssize_t c = 0; c < nc; c++) {
         Cand *x = &cs[c];
+        if (c + CAND_AHEAD < nc && cs[c + CAND_AHEAD].cached != NULL)
+            entry_prefetch(cs[c + CAND_AHEAD].cached);
         if (x->cached == NULL)
             continue;
-        x->res = cached_answer(&probes->e[x->f], x->cached, x->lo, PyList_GET_ITEM(keys, x->i),
+        x->res = cached_answer(&probes->e[x->f], x->cached, PyList_GET_ITEM(keys, x->i),
                                &x->value);
         Py_CLEAR(x->cached);
+        if (x->res < 0)
+            goto error;
     }
     return 0;
 error:
-    for (Py_ssize_t c = 0; c < nc; c++)
+    for (Py_ssize_t c = 0; c < nc; c++) {
         Py_CLEAR(cs[c].cached);
+        Py_CLEAR(cs[c].value);
+    }
     return -1;
 }
 
@@ -3218,6 +3281,150 @@ block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t kl
     return p == end ? found : -1;
 }
 
+/* The cached block of payload p[0:n]: a new bytes object, or NULL with
+ * ValueError set for a payload block_find would refuse (any other shape than
+ * the writer's), or another exception. */
+static PyObject *
+block_entry(const unsigned char *p, size_t n)
+{
+    const unsigned char *q = p, *end = p + n;
+    if (n < 1 || n > UINT32_MAX / 4 || *q != 0x92)
+        goto refuse;
+    q++;
+    int64_t count = mp_read_array(&q, end);
+    if (count < 0 || (uint64_t)count > n / 3)  /* a key takes 2 bytes at least, a value 1 */
+        goto refuse;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n + 8 * (size_t)count + ENTRY_TAIL));
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(o, p, n);
+    unsigned char *keys_at = o + n, *values_at = keys_at + 4 * count;
+    for (int64_t i = 0; i < count; i++) {
+        put_le32(keys_at + 4 * i, (uint32_t)(q - p));
+        int64_t len = mp_read_bin(&q, end);
+        if (len < 0)
+            goto refuse_out;
+        q += len;
+    }
+    if (mp_read_array(&q, end) != count)
+        goto refuse_out;
+    for (int64_t i = 0; i < count; i++) {
+        put_le32(values_at + 4 * i, (uint32_t)(q - p));
+        if (q < end && *q == 0xC0) {
+            q++;
+            continue;
+        }
+        int64_t len = mp_read_bin(&q, end);
+        if (len < 0)
+            goto refuse_out;
+        q += len;
+    }
+    if (q != end)
+        goto refuse_out;
+    put_le32(values_at + 4 * count, (uint32_t)count);
+    put_le32(values_at + 4 * count + 4, (uint32_t)n);
+    return out;
+refuse_out:
+    Py_DECREF(out);
+refuse:
+    PyErr_SetString(PyExc_ValueError, "not a data block payload block_find reads");
+    return NULL;
+}
+
+/* block_find for a cached block e[0:n] (block_entry's layout): the key's
+ * bin headers bisected through key_at, its value read at value_at.  Every
+ * offset and header is checked against the payload's bounds: -1 for an
+ * entry that does not hold together. */
+static int
+entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t klen,
+           const unsigned char **value, size_t *vlen)
+{
+    if (n < ENTRY_TAIL)
+        return -1;
+    uint64_t count = le32(e + n - 8), plen = le32(e + n - 4);
+    if (plen + 8 * count + ENTRY_TAIL != n)
+        return -1;
+    const unsigned char *end = e + plen, *keys_at = end, *values_at = end + 4 * count;
+    uint64_t lo = 0, hi = count;
+    while (lo < hi) {
+        uint64_t mid = (lo + hi) / 2, at = le32(keys_at + 4 * mid);
+        if (at >= plen)
+            return -1;
+        const unsigned char *q = e + at;
+        int64_t len = mp_read_bin(&q, end);
+        if (len < 0)
+            return -1;
+        if (mem_order((const char *)q, (Py_ssize_t)len, (const char *)key, (Py_ssize_t)klen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == count)
+        return 0;
+    uint64_t at = le32(keys_at + 4 * lo);
+    if (at >= plen)
+        return -1;
+    const unsigned char *q = e + at;
+    int64_t len = mp_read_bin(&q, end);
+    if (len < 0)
+        return -1;
+    if ((size_t)len != klen || memcmp(q, key, klen) != 0)
+        return 0;
+    at = le32(values_at + 4 * lo);
+    if (at >= plen)
+        return -1;
+    q = e + at;
+    if (*q == 0xC0)
+        return 2;
+    len = mp_read_bin(&q, end);
+    if (len < 0)
+        return -1;
+    *value = q;
+    *vlen = (size_t)len;
+    return 1;
+}
+
+static PyObject *
+speedups_block_entry(PyObject *Py_UNUSED(module), PyObject *payload)
+{
+    /* block_entry(payload) -> the cached block: the payload, then its entries'
+     * offsets; ValueError for a payload block_find cannot read. */
+    if (!PyBytes_Check(payload)) {
+        PyErr_SetString(PyExc_TypeError, "block_entry(payload: bytes)");
+        return NULL;
+    }
+    return block_entry((const unsigned char *)PyBytes_AS_STRING(payload),
+                       (size_t)PyBytes_GET_SIZE(payload));
+}
+
+static PyObject *
+speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* entry_find(entry, key, missing) -> key's value in a cached block
+     * (block_entry), None for a tombstone, or missing; ValueError for an
+     * entry that does not hold together. */
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "entry_find(entry: bytes, key: bytes, missing)");
+        return NULL;
+    }
+    const unsigned char *vp = NULL;
+    size_t vlen = 0;
+    int r = entry_find((const unsigned char *)PyBytes_AS_STRING(args[0]),
+                       (size_t)PyBytes_GET_SIZE(args[0]),
+                       (const unsigned char *)PyBytes_AS_STRING(args[1]),
+                       (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen);
+    if (r < 0) {
+        PyErr_SetString(PyExc_ValueError, "not a cached block entry_find reads");
+        return NULL;
+    }
+    if (r == 0)
+        return Py_NewRef(args[2]);
+    if (r == 2)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+}
+
 static PyObject *
 speedups_block_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -3515,6 +3722,12 @@ static PyMethodDef speedups_functions[] = {
     {"block_find", (PyCFunction)(void (*)(void))speedups_block_find, METH_FASTCALL,
      "block_find(payload, key, missing) -> key's value in a data block payload, None for a "
      "tombstone, or missing"},
+    {"block_entry", (PyCFunction)speedups_block_entry, METH_O,
+     "block_entry(payload) -> the block cache's form of a data block: the payload, then its "
+     "entries' offsets"},
+    {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
+     "entry_find(entry, key, missing) -> key's value in a cached block (block_entry), None for "
+     "a tombstone, or missing"},
     {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
      "block_may_hold(raw, key) -> False when the data block certainly does not hold key"},
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,

@@ -1,8 +1,13 @@
-"""A decoded-data-block cache with a byte budget, shared by every SSTable of a DB.
+"""A data-block cache with a byte budget, shared by every SSTable of a DB.
 
 Entries are keyed by an int, ``cache_key(file number, block index)``, and
-hold the decoded ``(keys, values)`` lists; the budget counts the block's
-on-disk payload size (decoded Python objects take roughly 2-4x that).
+hold the block as one ``bytes``: its payload as on disk (checksum verified
+and read whole once without a fault), then, with the C speedups, its
+entries' offsets (``_speedups.block_entry``; a lookup bisects the keys
+through them, ``entry_find``).  The budget counts those bytes.  Decoded
+``(keys, values)`` lists, which the cache held before, took about twice the
+budget in Python objects, and a full cache spent more decoding and freeing
+them than the disk reads they saved.
 Eviction is second-chance ("CLOCK"): a hit only marks the entry, so the hot
 path is one dict lookup; when room is needed the oldest entries go first,
 except marked ones, which are unmarked and moved to the back once.  The order
@@ -38,7 +43,7 @@ def cache_key(number: int, block: int) -> int:
 
 
 class BlockCache:
-    """Map cache key -> decoded block, bounded by ``capacity_bytes``.
+    """Map cache key -> cached block (bytes), bounded by ``capacity_bytes``.
 
     ``lookup(key)`` (a bound ``dict.get``) is what the read path calls;
     ``touch(key)`` marks a hit.
@@ -68,15 +73,14 @@ class BlockCache:
         return block
 
     def admit(self, key: int) -> bool:
-        """Whether a get that read block ``key`` from disk should decode and cache it.
+        """Whether a get that read block ``key`` from disk should cache it.
 
         Yes while a block of the cached blocks' average size fits without an
         eviction.  A full cache admits a block only if it was read, and not
         admitted, among the last reads of as many blocks as it holds: a block
         read once in a table far larger than the cache would be evicted before
-        it is read again, and decoding it, then freeing it, cost several times
-        the read (the C getter takes the value from the bytes read instead; the
-        Python read path decodes the block for that lookup only).
+        it is read again, having cost a copy, the cache's books and an
+        eviction for nothing.
         """
         with self._lock:
             held = len(self._sizes)

@@ -764,8 +764,9 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
     ``put(..., sync=...)``).  ``read_only=True`` takes no lock, so it can read
     a database another process has open; it sees the data as of opening.
     ``auto_compaction`` runs compactions on a background thread after
-    flushes.  ``block_cache_size_bytes`` bounds the shared cache of decoded
-    data blocks (0 disables it; cache hits are counted apart from disk reads).
+    flushes.  ``block_cache_size_bytes`` bounds the shared cache of data
+    blocks, their payloads as on disk (0 disables it; cache hits are counted
+    apart from disk reads).
     """
     return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
               auto_compaction=auto_compaction, block_cache_size_bytes=block_cache_size_bytes)

@@ -89,10 +89,12 @@ def make_getter(db: DB, state: TableState) -> Any:
             if block is None:
                 counts[FALSE_POSITIVES] += 1
                 return missing
-        else:
-            touch(base | i)
-            counts[BLOCK_CACHE_HITS] += 1
-        return find_in(block, counts, key)
+            return find_in(block, counts, key)
+        touch(base | i)
+        counts[BLOCK_CACHE_HITS] += 1
+        value = reader.find_in_cached(i, block, key)
+        counts[FALSE_POSITIVES if value is missing else TRUE_POSITIVES] += 1
+        return value
 
     def find_in(block: tuple[list[bytes], list[bytes | None]], counts: Any, key: bytes) -> Any:
         block_keys = block[0]
@@ -105,8 +107,9 @@ def make_getter(db: DB, state: TableState) -> Any:
 
     def decode_read(reader: SSTableReader, i: int, raw: bytes, counts: Any, key: bytes) -> Any:
         """The C getter read block ``i`` from disk (counted, checksum verified)
-        and its keys may hold ``key``: decode it (then cached) and look."""
-        return find_in(reader.decode_read(i, raw), counts, key)
+        and could not walk it: decode it (a malformed block raises
+        CorruptionError) and look.  Not cached."""
+        return find_in(reader._decode(i, raw), counts, key)
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
@@ -223,7 +226,8 @@ def make_getter(db: DB, state: TableState) -> Any:
         return Getter(db, state, missing, lookup_block, get, max_key,
                       cache._map if cache is not None else None,
                       cache._marked if cache is not None else None, decode_read,
-                      cache.admit if cache is not None else None)
+                      cache.admit if cache is not None else None,
+                      cache.put if cache is not None else None)
     return get
 
 

@@ -12,7 +12,7 @@ import logging
 import os
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import Any
 
@@ -31,9 +31,15 @@ from .sstable_format import (
 )
 from .stats import FILE_COUNTERS, ArrayCounter
 
+_block_entry: Callable[[bytes], bytes] | None
+_entry_find: Callable[[bytes, bytes, object], Any] | None
 try:  # optional C speedups (lsmdb/_speedups.c)
+    from ._speedups import block_entry as _block_entry
     from ._speedups import block_may_hold
+    from ._speedups import entry_find as _entry_find
 except ImportError:  # pragma: no cover - built without a C compiler
+    _block_entry = _entry_find = None
+
     def block_may_hold(raw: bytes, key: bytes) -> bool:
         """False when the data block ``raw`` (payload and trailer) certainly
         does not hold ``key``: its bytes appear nowhere in it."""
@@ -88,7 +94,7 @@ class SSTableReader:
         # Counters (#4): cumulative, never reset on read; named by the
         # ArrayCounter attributes below (the C read path counts into slots 0, 1).
         self.counts = array("Q", bytes(8 * len(FILE_COUNTERS)))
-        #: Shared decoded-block cache (set by the DB), or None.
+        #: Shared block cache of payloads (set by the DB), or None.
         self.cache: Any = None
         self._fd = -1
         self._parked = -1  # the descriptor's number after close (see close)
@@ -287,28 +293,49 @@ class SSTableReader:
         (``block_may_hold``; without the C speedups: when the key's bytes
         appear nowhere in the block), do not include the key, it is a false
         positive of the filter, and the block is neither decoded nor cached:
-        it costs one read and one checksum, not a decode.  A full cache
-        admits the block only on its second read (``BlockCache.admit``), as
-        for the C getter; a block turned away is decoded for this lookup only.
+        it costs one read and one checksum, not a decode.  Otherwise the block
+        is decoded for this lookup, and its payload cached if the cache admits
+        it (``BlockCache.admit``: a full cache, only on the block's second
+        read), as the C getter does.
         """
         raw, _offset = self._read_raw(i)
         if not block_may_hold(raw, key):
             return None
+        block = self._decode(i, raw)  # a malformed block raises here, before it is cached
         cache = self.cache
-        if cache is not None and not cache.admit(self.cache_base | i):
-            return self._decode(i, raw)
-        return self.decode_read(i, raw)
-
-    def decode_read(self, i: int, raw: bytes) -> tuple[list[bytes], list[bytes | None]]:
-        """Decode data block ``i`` from ``raw``, the bytes read from disk (payload
-        and trailer, checksum already verified), and cache it."""
-        block = self._decode(i, raw)
-        self._remember(i, block)
+        if cache is not None and cache.admit(self.cache_base | i):
+            self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
         return block
 
     def _decode(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` decoded from ``raw`` (payload and verified trailer)."""
-        return blk.decode_data_block(raw[:-BLOCK_TRAILER_SIZE], self.path, self.index_offsets[i])
+        return self._decode_payload(i, raw[:-BLOCK_TRAILER_SIZE])
+
+    def _decode_payload(self, i: int, payload: bytes | memoryview
+                        ) -> tuple[list[bytes], list[bytes | None]]:
+        """Data block ``i`` decoded from its checksum-verified payload."""
+        return blk.decode_data_block(payload, self.path, self.index_offsets[i])
+
+    def find_in_cached(self, i: int, entry: bytes, key: bytes) -> Any:
+        """``key``'s value in data block ``i`` as the cache holds it: the value,
+        None for a tombstone, or MISSING.  With the C speedups the entry is
+        the payload followed by its entries' offsets (``block_entry``), and
+        ``entry_find`` bisects the keys in place; without them it is the
+        payload, decoded here (as is one ``entry_find`` cannot read: then the
+        decoder raises CorruptionError if it is malformed)."""
+        if _entry_find is not None:
+            try:
+                return _entry_find(entry, key, MISSING)
+            except ValueError:
+                pass
+        keys, values = self._decode_payload(i, self._cached_payload(i, entry))
+        j = bisect_left(keys, key)
+        return values[j] if j < len(keys) and keys[j] == key else MISSING
+
+    def _cached_payload(self, i: int, entry: bytes) -> bytes | memoryview:
+        """Data block ``i``'s payload in its cache entry (its first bytes)."""
+        size = self.index_sizes[i]
+        return entry if len(entry) == size else memoryview(entry)[:size]
 
     def block_for(self, key: bytes) -> int:
         """Index of the only data block that can hold ``key`` (len(index) if none)."""
@@ -339,19 +366,32 @@ class SSTableReader:
         return block
 
     def cached_block(self, i: int) -> tuple[list[bytes], list[bytes | None]] | None:
-        """Data block ``i`` if the cache holds it (marked as used; not counted)."""
+        """Data block ``i`` decoded from the cache's copy, if the cache holds
+        it (marked as used; not counted)."""
         cache = self.cache
-        return cache.get(self.cache_base | i) if cache is not None else None
+        entry = cache.get(self.cache_base | i) if cache is not None else None
+        return None if entry is None else self._decode_payload(i, self._cached_payload(i, entry))
 
     def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` read from disk (a counted read), then cached."""
-        block = self.read_data_block(i)
-        self._remember(i, block)
+        payload, offset = self._read_payload(i)
+        block = blk.decode_data_block(payload, self.path, offset)
+        self._remember(i, payload)
         return block
 
-    def _remember(self, i: int, block: tuple[list[bytes], list[bytes | None]]) -> None:
-        if self.cache is not None:
-            self.cache.put(self.cache_base | i, block, self.index_sizes[i])
+    def _remember(self, i: int, payload: bytes) -> None:
+        """Cache data block ``i`` from its payload (checksum verified and
+        decoded): with the C speedups as ``block_entry`` makes it (not cached
+        if that refuses it), else the payload itself."""
+        if self.cache is None:
+            return
+        entry = payload if type(payload) is bytes else bytes(payload)
+        if _block_entry is not None:
+            try:
+                entry = _block_entry(entry)
+            except ValueError:
+                return
+        self.cache.put(self.cache_base | i, entry, len(entry))
 
     def iter_range(self, start: bytes | None, end: bytes | None,
                    reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
@@ -390,7 +430,7 @@ class SSTableReader:
                 self._check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
                 keys, values = self._decode(b, raw)
             else:
-                keys, values = block
+                keys, values = self._decode_payload(b, self._cached_payload(b, block))
                 self.block_cache_hits += 1
             lo = 0 if start is None else bisect_left(keys, start)
             hi = len(keys) if end is None else bisect_left(keys, end)

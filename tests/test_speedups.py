@@ -1007,6 +1007,69 @@ def test_block_find_refuses_every_block_the_decoder_refuses(payload, key):
         assert got is want or got == want
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=300), max_size=40, unique=True),
+       st.lists(st.binary(max_size=300) | st.none(), max_size=40),
+       st.lists(st.binary(max_size=300), max_size=5), st.integers(0, 70_000))
+def test_a_cached_block_answers_as_block_find(keys, values, others, big):
+    """The cache holds a block as block_entry makes it (the payload, then its
+    entries' offsets); entry_find, which bisects the keys through them,
+    answers what block_find answers on the payload, for every key."""
+    keys.sort()
+    values = (values + [b"x"] * len(keys))[:len(keys)]
+    many = [b"k%07d" % i for i in range(0, big, 7)]  # array16/array32 headers, bin16 values
+    for ks, vs in ((keys, values), (many, [m * 40 for m in many])):
+        payload = encoded_block(ks, vs)[:-4]
+        entry = speedups.block_entry(payload)
+        assert entry[:len(payload)] == payload and len(entry) == len(payload) + 8 * len(ks) + 8
+        for k in ks + others + [k + b"\x00" for k in ks] + [k[:-1] for k in ks if k]:
+            want = speedups.block_find(payload, k, MISSING)
+            got = speedups.entry_find(entry, k, MISSING)
+            assert got is want or got == want
+
+
+@settings(max_examples=2000, deadline=None)
+@given(GARBAGE_OR_MUTATED_BLOCKS, st.binary(max_size=4))
+def test_block_entry_refuses_what_block_find_refuses(payload, key):
+    """Only a payload block_find reads whole is cached: block_entry refuses
+    (ValueError) exactly the payloads block_find refuses."""
+    try:
+        speedups.block_find(payload, key, MISSING)
+    except ValueError:
+        with pytest.raises(ValueError):
+            speedups.block_entry(payload)
+        return
+    entry = speedups.block_entry(payload)
+    want = speedups.block_find(payload, key, MISSING)
+    from lsmdb.block import decode_data_block
+    ks = decode_data_block(payload, "<test>", 0)[0]
+    if ks == sorted(set(ks)):
+        got = speedups.entry_find(entry, key, MISSING)
+        assert got is want or got == want
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.lists(st.binary(max_size=6), min_size=1, max_size=8, unique=True),
+       st.integers(0, 10_000), st.integers(0, 255), st.binary(max_size=6))
+def test_entry_find_stays_inside_any_entry(keys, at, byte, key):
+    """An entry with any byte changed (its offsets, counts or payload) makes
+    entry_find answer with bytes of the entry, or refuse (ValueError): every
+    offset and header is checked against the payload's end."""
+    keys.sort()
+    entry = bytearray(speedups.block_entry(encoded_block(keys, keys)[:-4]))
+    entry[at % len(entry)] = byte
+    entry = bytes(entry)
+    for k in (key, *keys):
+        try:
+            got = speedups.entry_find(entry, k, MISSING)
+        except ValueError:
+            continue
+        assert got is MISSING or got is None or got in entry
+    for cut in (0, 1, 7, 8, len(entry) - 1):
+        with pytest.raises(ValueError):
+            speedups.entry_find(entry[:cut], keys[0], MISSING)
+
+
 def test_block_find_refuses_leftover_bytes_unequal_arrays_and_wrong_types():
     import msgpack
     good = msgpack.packb([[b"a", b"b"], [b"1", None]], use_bin_type=True)
@@ -1023,6 +1086,15 @@ def test_block_find_refuses_leftover_bytes_unequal_arrays_and_wrong_types():
             speedups.block_find(bad, b"a", MISSING)
 
 
+def _cached_size(payload: bytes) -> int:
+    """What the block cache counts for a block: its block_entry (or, for one
+    the cache never takes, its payload)."""
+    try:
+        return len(speedups.block_entry(payload))
+    except ValueError:
+        return len(payload)
+
+
 def _full_cache_db(path: str) -> lsmdb.DB:
     """key000000.. -> v0.. (even numbers) in 512-byte blocks of one SSTable,
     reopened with a block cache of two blocks' room, filled by reading two
@@ -1033,7 +1105,8 @@ def _full_cache_db(path: str) -> lsmdb.DB:
         for i in range(0, 4000, 2):
             db.put(b"key%06d" % i, b"v%d" % i)
         db.flush()
-    sizes = db._default_state.fast[5][0][0].index_sizes
+    sizes = [_cached_size(item[0]._read_payload(i, count=False)[0])
+             for item in db._default_state.fast[5] for i in range(len(item[1]))]
     db.close()
     db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=2 * max(sizes) + 10)
     assert type(db.get).__name__ == "Getter"
@@ -1072,30 +1145,105 @@ def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path)
         db.close()
 
 
-def test_a_checksum_valid_block_of_the_wrong_shape_is_corruption_with_a_full_cache(tmp_path):
-    """A data block whose checksum is right but whose key is a msgpack str: the
-    C getter, not caching, cannot take a value from it and hands it to the
-    decoder, which raises CorruptionError at the block's offset."""
+def _str_key_block(path: str) -> tuple[bytes, str, int, int]:
+    """Rewrite a data block of _full_cache_db's SSTable with its last key as a
+    msgpack str, under a right checksum: (that key, the file, the block's
+    offset, its index)."""
     from lsmdb.coding import crc32
-    path = str(tmp_path / "db")
     db = _full_cache_db(path)
     reader = db._default_state.fast[5][0][0]
     i = len(reader.index_keys) - 3
     offset, size, key = reader.index_offsets[i], reader.index_sizes[i], reader.index_keys[i]
-    name = os.path.basename(reader.path)
+    file = reader.path
     db.close()
-    with open(os.path.join(path, name), "r+b") as f:
+    with open(file, "r+b") as f:
         f.seek(offset)
         payload = bytearray(f.read(size))
         at = payload.index(b"\xc4\x09" + key)  # the block's last key, a bin 8
         payload[at] = 0xD9  # now a str 8 of the same length
         f.seek(offset)
         f.write(bytes(payload) + crc32(bytes(payload)).to_bytes(4, "little"))
+    return key, file, offset, i
+
+
+def test_a_checksum_valid_block_of_the_wrong_shape_is_corruption_with_a_full_cache(tmp_path):
+    """A data block whose checksum is right but whose key is a msgpack str: the
+    C getter, not caching, cannot take a value from it and hands it to the
+    decoder, which raises CorruptionError at the block's offset."""
+    path = str(tmp_path / "db")
+    key, file, offset, _i = _str_key_block(path)
     db = _full_cache_db(path)
     try:
         with pytest.raises(lsmdb.CorruptionError) as exc:
             db.get(key)
-        assert exc.value.path == os.path.join(path, name) and exc.value.offset == offset
+        assert exc.value.path == file and exc.value.offset == offset
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("c_getter", [True, False])
+def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, monkeypatch,
+                                                                    c_getter):
+    """With room in the cache, which admits every block read, the block of the
+    wrong shape is not cached: every get of a key it may hold raises
+    CorruptionError at its offset, on both read paths, get_many too."""
+    path = str(tmp_path / "db")
+    key, file, offset, i = _str_key_block(path)
+    if not c_getter:
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
+    db = lsmdb.open(path, auto_compaction=False)
+    try:
+        assert (type(db.get).__name__ == "Getter") == c_getter
+        base = db._default_state.fast[5][0][0].cache_base
+        for call in (db.get, db.get, lambda k: db.get_many([k])):
+            with pytest.raises(lsmdb.CorruptionError) as exc:
+                call(key)
+            assert exc.value.path == file and exc.value.offset == offset
+            assert base | i not in db._block_cache._map
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("c_getter", [True, False])
+def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_getter):
+    """The block cache keeps a block's checksum-verified payload, the bytes on
+    disk, followed by its entries' offsets (block_entry), whichever path read
+    it (gets, get_many; the C or the Python read path), and its budget counts
+    exactly those bytes."""
+    if not c_getter:
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", **SMALL)
+    for i in range(0, 4000, 2):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False)
+    try:
+        assert (type(db.get).__name__ == "Getter") == c_getter
+        for i in range(0, 2000, 7):
+            assert db.get(b"key%06d" % i) == (b"v%d" % i if i % 2 == 0 else None)
+        keys = [b"key%06d" % i for i in range(1990, 4000, 3)]
+        assert db.get_many(keys) == [b"v%d" % i if i % 2 == 0 else None
+                                     for i in range(1990, 4000, 3)]
+        from lsmdb.cache import _BLOCK_BITS
+        cache = db._block_cache
+        readers = {item[0].cache_base: item[0] for item in db._default_state.fast[5]}
+        assert len(readers) > 1 and len(cache) > 10
+        for ck, entry in cache._map.items():
+            reader = readers[ck >> _BLOCK_BITS << _BLOCK_BITS]
+            i = ck - reader.cache_base
+            offset, size = reader.index_offsets[i], reader.index_sizes[i]
+            with open(reader.path, "rb") as f:
+                f.seek(offset)
+                payload = f.read(size)
+            assert type(entry) is bytes and entry == speedups.block_entry(payload)
+        assert cache.used_bytes == sum(len(e) for e in cache._map.values())
+        # hits answer from those bytes, the same again
+        for i in range(0, 4000, 5):
+            assert db.get(b"key%06d" % i) == (b"v%d" % i if i % 2 == 0 else None)
+        assert sum(s.block_cache_hits for s in db.sstables()) > 0
     finally:
         db.close()
 

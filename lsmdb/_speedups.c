@@ -1535,7 +1535,7 @@ typedef struct {
     PyObject *cache_map;    /* the block cache's dict (cache key -> block_entry bytes), or NULL */
     PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
     PyObject *cache_admit;  /* (cache key) -> whether to cache a block read; or NULL */
-    PyObject *cache_put;    /* (cache key, payload, size) -> None: cache a block; or NULL */
+    PyObject *cache_put;    /* (cache key, entry, size) -> None: cache a block; or NULL */
     Py_ssize_t max_key;
 } Getter;
 
@@ -1756,8 +1756,8 @@ block_cache_key(PyObject *base, Py_ssize_t i)
 }
 
 /* The cached block of file entry `item` (reader, index_keys, base, counts)
- * that can hold key: 1 and *block (a new reference to its payload bytes,
- * marked as used); 0 when the cache cannot answer (no cache, odd types, key
+ * that can hold key: 1 and *block (a new reference to its cached bytes, as
+ * block_entry made them; marked as used); 0 when the cache cannot answer (no cache, odd types, key
  * past the last block, or the block is not cached: then *block_index is that
  * block, else -1); -1: error. */
 static int
@@ -1835,6 +1835,40 @@ put_le32(unsigned char *p, uint32_t v)
     memcpy(p, &v, 4);
 }
 
+static int64_t mp_read_bin(const unsigned char **pp, const unsigned char *end);
+
+/* The count and payload size of a cached block e[0:n] whose tail and size
+ * agree: 0; else -1. */
+static int
+entry_shape(const unsigned char *e, size_t n, uint64_t *count, uint64_t *plen)
+{
+    if (n < ENTRY_TAIL)
+        return -1;
+    *count = le32(e + n - 8);
+    *plen = le32(e + n - 4);
+    return *plen + 8 * *count + ENTRY_TAIL == n ? 0 : -1;
+}
+
+/* Entry j's value in a cached block (bounds-checked): 1, *value and *vlen;
+ * 2, a tombstone; -1, an offset or header that does not hold. */
+static int
+entry_value(const unsigned char *e, uint64_t count, uint64_t plen, uint64_t j,
+            const unsigned char **value, size_t *vlen)
+{
+    uint64_t at = le32(e + plen + 4 * count + 4 * j);
+    if (at >= plen)
+        return -1;
+    const unsigned char *q = e + at;
+    if (*q == 0xC0)
+        return 2;
+    int64_t len = mp_read_bin(&q, e + plen);
+    if (len < 0)
+        return -1;
+    *value = q;
+    *vlen = (size_t)len;
+    return 1;
+}
+
 static int block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
                       const unsigned char **value, size_t *vlen);
 static int entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t klen,
@@ -1846,12 +1880,12 @@ static PyObject *block_entry(const unsigned char *p, size_t n);
  * an entry that does not hold together (not counted: the Python lookup
  * decodes its payload, and refuses it); -1, error. */
 static int
-cached_answer(Entry *e, PyObject *payload, PyObject *key, PyObject **value)
+cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
 {
     const unsigned char *vp = NULL;
     size_t vlen = 0;
-    int f = entry_find((const unsigned char *)PyBytes_AS_STRING(payload),
-                       (size_t)PyBytes_GET_SIZE(payload),
+    int f = entry_find((const unsigned char *)PyBytes_AS_STRING(entry),
+                       (size_t)PyBytes_GET_SIZE(entry),
                        (const unsigned char *)PyBytes_AS_STRING(key),
                        (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
     if (f < 0)
@@ -2286,7 +2320,7 @@ miss_order(const void *x, const void *y)
 typedef struct {
     Py_ssize_t i, f;     /* the key, the file (flat index) */
     Py_ssize_t block;    /* out: for res 2, the block to read (-1: unknown) */
-    PyObject *cached;    /* the cached payload (a new reference) while looked up */
+    PyObject *cached;    /* the cached block (a new reference) while looked up */
     PyObject *value;     /* out: for res 1, the value (a new reference) */
     int res;             /* out: as cached_lookup: 0 false positive, 1 found, 2 not here */
 } Cand;
@@ -2297,11 +2331,8 @@ static inline void
 entry_prefetch(PyObject *entry)
 {
     const unsigned char *e = (const unsigned char *)PyBytes_AS_STRING(entry);
-    size_t n = (size_t)PyBytes_GET_SIZE(entry);
-    if (n < ENTRY_TAIL)
-        return;
-    uint64_t count = le32(e + n - 8), plen = le32(e + n - 4);
-    if (plen + 8 * count + ENTRY_TAIL != n)
+    uint64_t count, plen;
+    if (entry_shape(e, (size_t)PyBytes_GET_SIZE(entry), &count, &plen) < 0)
         return;
     for (uint64_t off = 0; off < 4 * count; off += 64)  /* key_at */
         PREFETCH(e + plen + off);
@@ -3340,12 +3371,10 @@ static int
 entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t klen,
            const unsigned char **value, size_t *vlen)
 {
-    if (n < ENTRY_TAIL)
+    uint64_t count, plen;
+    if (entry_shape(e, n, &count, &plen) < 0)
         return -1;
-    uint64_t count = le32(e + n - 8), plen = le32(e + n - 4);
-    if (plen + 8 * count + ENTRY_TAIL != n)
-        return -1;
-    const unsigned char *end = e + plen, *keys_at = end, *values_at = end + 4 * count;
+    const unsigned char *end = e + plen, *keys_at = end;
     uint64_t lo = 0, hi = count;
     while (lo < hi) {
         uint64_t mid = (lo + hi) / 2, at = le32(keys_at + 4 * mid);
@@ -3371,18 +3400,56 @@ entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t kl
         return -1;
     if ((size_t)len != klen || memcmp(q, key, klen) != 0)
         return 0;
-    at = le32(values_at + 4 * lo);
-    if (at >= plen)
-        return -1;
-    q = e + at;
-    if (*q == 0xC0)
-        return 2;
-    len = mp_read_bin(&q, end);
-    if (len < 0)
-        return -1;
-    *value = q;
-    *vlen = (size_t)len;
-    return 1;
+    return entry_value(e, count, plen, lo, value, vlen);
+}
+
+static PyObject *
+speedups_entry_lists(PyObject *Py_UNUSED(module), PyObject *entry)
+{
+    /* entry_lists(entry) -> (keys, values): a cached block (block_entry)
+     * decoded, as lsmdb.block.decode_data_block decodes its payload;
+     * ValueError for an entry that does not hold together. */
+    if (!PyBytes_Check(entry)) {
+        PyErr_SetString(PyExc_TypeError, "entry_lists(entry: bytes)");
+        return NULL;
+    }
+    const unsigned char *e = (const unsigned char *)PyBytes_AS_STRING(entry);
+    uint64_t count, plen;
+    if (entry_shape(e, (size_t)PyBytes_GET_SIZE(entry), &count, &plen) < 0)
+        goto refuse;
+    PyObject *keys = PyList_New((Py_ssize_t)count), *values = PyList_New((Py_ssize_t)count);
+    if (keys == NULL || values == NULL)
+        goto fail;
+    for (uint64_t j = 0; j < count; j++) {
+        uint64_t at = le32(e + plen + 4 * j);
+        const unsigned char *q = e + at, *vp = NULL;
+        size_t vlen = 0;
+        int64_t len = at < plen ? mp_read_bin(&q, e + plen) : -1;
+        int v = len < 0 ? -1 : entry_value(e, count, plen, j, &vp, &vlen);
+        if (v < 0) {
+            Py_DECREF(keys);
+            Py_DECREF(values);
+            goto refuse;
+        }
+        PyObject *k = PyBytes_FromStringAndSize((const char *)q, (Py_ssize_t)len);
+        PyObject *val = v == 2 ? Py_NewRef(Py_None)
+                               : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+        if (k == NULL || val == NULL) {
+            Py_XDECREF(k);
+            Py_XDECREF(val);
+            goto fail;
+        }
+        PyList_SET_ITEM(keys, (Py_ssize_t)j, k);
+        PyList_SET_ITEM(values, (Py_ssize_t)j, val);
+    }
+    return Py_BuildValue("(NN)", keys, values);
+fail:
+    Py_XDECREF(keys);
+    Py_XDECREF(values);
+    return NULL;
+refuse:
+    PyErr_SetString(PyExc_ValueError, "not a cached block entry_lists reads");
+    return NULL;
 }
 
 static PyObject *
@@ -3725,6 +3792,8 @@ static PyMethodDef speedups_functions[] = {
     {"block_entry", (PyCFunction)speedups_block_entry, METH_O,
      "block_entry(payload) -> the block cache's form of a data block: the payload, then its "
      "entries' offsets"},
+    {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
+     "entry_lists(entry) -> (keys, values) of a cached block (block_entry)"},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
      "entry_find(entry, key, missing) -> key's value in a cached block (block_entry), None for "
      "a tombstone, or missing"},

@@ -33,12 +33,14 @@ from .stats import FILE_COUNTERS, ArrayCounter
 
 _block_entry: Callable[[bytes], bytes] | None
 _entry_find: Callable[[bytes, bytes, object], Any] | None
+_entry_lists: Callable[[bytes], tuple[list[bytes], list[bytes | None]]] | None
 try:  # optional C speedups (lsmdb/_speedups.c)
     from ._speedups import block_entry as _block_entry
     from ._speedups import block_may_hold
     from ._speedups import entry_find as _entry_find
+    from ._speedups import entry_lists as _entry_lists
 except ImportError:  # pragma: no cover - built without a C compiler
-    _block_entry = _entry_find = None
+    _block_entry = _entry_find = _entry_lists = None
 
     def block_may_hold(raw: bytes, key: bytes) -> bool:
         """False when the data block ``raw`` (payload and trailer) certainly
@@ -337,6 +339,16 @@ class SSTableReader:
         size = self.index_sizes[i]
         return entry if len(entry) == size else memoryview(entry)[:size]
 
+    def _decode_cached(self, i: int, entry: bytes) -> tuple[list[bytes], list[bytes | None]]:
+        """Data block ``i`` decoded from its cache entry: through its offsets
+        (``entry_lists``) with the C speedups, else from its payload."""
+        if _entry_lists is not None:
+            try:
+                return _entry_lists(entry)
+            except ValueError:
+                pass
+        return self._decode_payload(i, self._cached_payload(i, entry))
+
     def block_for(self, key: bytes) -> int:
         """Index of the only data block that can hold ``key`` (len(index) if none)."""
         return bisect_left(self.index_keys, key)
@@ -370,7 +382,7 @@ class SSTableReader:
         it (marked as used; not counted)."""
         cache = self.cache
         entry = cache.get(self.cache_base | i) if cache is not None else None
-        return None if entry is None else self._decode_payload(i, self._cached_payload(i, entry))
+        return None if entry is None else self._decode_cached(i, entry)
 
     def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` read from disk (a counted read), then cached."""
@@ -430,7 +442,7 @@ class SSTableReader:
                 self._check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
                 keys, values = self._decode(b, raw)
             else:
-                keys, values = self._decode_payload(b, self._cached_payload(b, block))
+                keys, values = self._decode_cached(b, block)
                 self.block_cache_hits += 1
             lo = 0 if start is None else bisect_left(keys, start)
             hi = len(keys) if end is None else bisect_left(keys, end)

@@ -1014,7 +1014,9 @@ def test_block_find_refuses_every_block_the_decoder_refuses(payload, key):
 def test_a_cached_block_answers_as_block_find(keys, values, others, big):
     """The cache holds a block as block_entry makes it (the payload, then its
     entries' offsets); entry_find, which bisects the keys through them,
-    answers what block_find answers on the payload, for every key."""
+    answers what block_find answers on the payload, for every key, and
+    entry_lists decodes it as the decoder decodes the payload."""
+    from lsmdb.block import decode_data_block
     keys.sort()
     values = (values + [b"x"] * len(keys))[:len(keys)]
     many = [b"k%07d" % i for i in range(0, big, 7)]  # array16/array32 headers, bin16 values
@@ -1022,6 +1024,7 @@ def test_a_cached_block_answers_as_block_find(keys, values, others, big):
         payload = encoded_block(ks, vs)[:-4]
         entry = speedups.block_entry(payload)
         assert entry[:len(payload)] == payload and len(entry) == len(payload) + 8 * len(ks) + 8
+        assert speedups.entry_lists(entry) == decode_data_block(payload, "<test>", 0)
         for k in ks + others + [k + b"\x00" for k in ks] + [k[:-1] for k in ks if k]:
             want = speedups.block_find(payload, k, MISSING)
             got = speedups.entry_find(entry, k, MISSING)
@@ -1053,8 +1056,9 @@ def test_block_entry_refuses_what_block_find_refuses(payload, key):
        st.integers(0, 10_000), st.integers(0, 255), st.binary(max_size=6))
 def test_entry_find_stays_inside_any_entry(keys, at, byte, key):
     """An entry with any byte changed (its offsets, counts or payload) makes
-    entry_find answer with bytes of the entry, or refuse (ValueError): every
-    offset and header is checked against the payload's end."""
+    entry_find and entry_lists answer with bytes of the entry, or refuse
+    (ValueError): every offset and header is checked against the payload's
+    end."""
     keys.sort()
     entry = bytearray(speedups.block_entry(encoded_block(keys, keys)[:-4]))
     entry[at % len(entry)] = byte
@@ -1065,9 +1069,18 @@ def test_entry_find_stays_inside_any_entry(keys, at, byte, key):
         except ValueError:
             continue
         assert got is MISSING or got is None or got in entry
+    try:
+        ks, vs = speedups.entry_lists(entry)
+    except ValueError:
+        pass
+    else:
+        assert len(ks) == len(vs) and all(k in entry for k in ks)
+        assert all(v is None or v in entry for v in vs)
     for cut in (0, 1, 7, 8, len(entry) - 1):
         with pytest.raises(ValueError):
             speedups.entry_find(entry[:cut], keys[0], MISSING)
+        with pytest.raises(ValueError):
+            speedups.entry_lists(entry[:cut])
 
 
 def test_block_find_refuses_leftover_bytes_unequal_arrays_and_wrong_types():
@@ -1118,9 +1131,9 @@ def _full_cache_db(path: str) -> lsmdb.DB:
 
 def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path):
     """Once the cache is full, a get that reads a block takes the value from
-    the bytes read (one read, one true positive, nothing decoded or cached);
-    a block read again soon after is decoded and cached; either way the
-    answers are right, tombstones included."""
+    the bytes read (one read, one true positive, nothing cached); a block
+    read again soon after is cached; either way the answers are right,
+    tombstones included."""
     db = _full_cache_db(str(tmp_path / "db"))
     try:
         cache = db._block_cache
@@ -1132,7 +1145,7 @@ def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path)
         after = db.table_stats()
         assert after["block_reads"] == before["block_reads"] + 1
         assert after["true_positives"] == before["true_positives"] + 1
-        assert set(cache._map) == cached_before  # not decoded, not cached
+        assert set(cache._map) == cached_before  # not cached
         assert db.get(b"key%06d" % 3602) == b"v3602"  # the same block again: now cached
         assert db.table_stats()["block_reads"] == before["block_reads"] + 2
         assert set(cache._map) - cached_before

@@ -24,6 +24,11 @@ Thread safety: a lookup and a hit's mark are one dict or set operation each
 under the GIL; ``put`` and ``evict_file``, which change the ring as well,
 hold the cache's lock (they come after a disk read, or a compaction).  A
 race between a lookup and an eviction can at worst turn a hit into a miss.
+``admit``, called on every block a get reads from disk, takes no lock: it
+changes only its own set and ring of turned-away blocks, one operation at a
+time, and it keeps the ring at least ``MIN_GHOSTS`` long, so two threads
+never both trim it empty; a race between two admits can at worst misjudge
+one block's admission.  (The lock cost more than the rest of ``admit``.)
 """
 
 from __future__ import annotations
@@ -82,20 +87,21 @@ class BlockCache:
         it is read again, having cost a copy, the cache's books and an
         eviction for nothing.
         """
-        with self._lock:
-            held = len(self._sizes)
-            if not held or self.used_bytes + self.used_bytes // held <= self.capacity_bytes:
-                return True
-            ghosts = self._ghosts
-            if key in ghosts:
-                ghosts.discard(key)
-                return True
-            ghosts.add(key)
-            ring = self._ghost_ring
-            ring.append(key)
-            while len(ring) > max(MIN_GHOSTS, len(self._sizes)):
-                ghosts.discard(ring.popleft())
-            return False
+        held = len(self._sizes)
+        used = self.used_bytes
+        if not held or used + used // held <= self.capacity_bytes:
+            return True
+        ghosts = self._ghosts
+        if key in ghosts:
+            ghosts.discard(key)
+            return True
+        ghosts.add(key)
+        ring = self._ghost_ring
+        ring.append(key)
+        limit = held if held > MIN_GHOSTS else MIN_GHOSTS
+        while len(ring) > limit:
+            ghosts.discard(ring.popleft())
+        return False
 
     def put(self, key: int, block: Any, size: int) -> None:
         if size > self.capacity_bytes:

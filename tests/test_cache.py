@@ -1,14 +1,14 @@
-"""The decoded-block cache (lsmdb/cache.py): its byte budget, second-chance
-eviction in the order blocks came in, a file's blocks dropped when it leaves,
-and the ring of keys beside the dict holding each cached block once however
-blocks leave."""
+"""The block cache (lsmdb/cache.py): its byte budget, second-chance eviction
+in the order blocks came in, a file's blocks dropped when it leaves, the ring
+of keys beside the dict holding each cached block once however blocks leave,
+and the admission of a full cache's blocks on their second read."""
 
 from __future__ import annotations
 
 import random
 import threading
 
-from lsmdb.cache import BlockCache, cache_key
+from lsmdb.cache import MIN_GHOSTS, BlockCache, cache_key
 
 
 def fill(cache: BlockCache, keys, size: int = 100) -> None:
@@ -119,3 +119,45 @@ def test_threads_putting_and_dropping_keep_the_books_straight():
         t.join()
     assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000
     assert sorted(cache._ring) == sorted(cache._sizes)
+
+
+def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads():
+    cache = BlockCache(1000)
+    assert cache.admit(1) and cache.admit(1)  # room: every block
+    fill(cache, range(10))
+    assert not cache.admit(100) and cache.admit(100)  # full: the second read
+    assert not cache.admit(100)  # admitted once: a read after that is a first again
+    assert not cache.admit(200)
+    for k in range(1000, 1000 + MIN_GHOSTS):  # as many other blocks turned away
+        assert not cache.admit(k)
+    assert not cache.admit(200)  # forgotten
+    assert cache.admit(1000 + MIN_GHOSTS - 1)  # remembered
+    assert len(cache._ghost_ring) <= MIN_GHOSTS and cache._ghosts <= set(cache._ghost_ring)
+
+
+def test_threads_admitting_and_putting_keep_the_ghosts_bounded():
+    """admit takes no lock: threads admitting and putting at once leave its
+    ring at its bound and every remembered block in the ring."""
+    cache = BlockCache(20_000)
+    fill(cache, range(200))
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(20_000):
+                key = rng.randrange(5000)
+                if cache.admit(key):
+                    cache.put(key, key, 100)
+        except BaseException as exc:  # pragma: no cover - what the test looks for
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(cache._ghost_ring) <= max(MIN_GHOSTS, len(cache._sizes)) + len(threads)
+    assert cache._ghosts <= set(cache._ghost_ring)
+    assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000

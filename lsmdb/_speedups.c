@@ -1807,24 +1807,14 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
  * then the values before its own (a walk of up to a few dozen dependent
  * loads over a cold 4 KiB):
  *
- *   payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32  (little-endian)
+ *   payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32  (little-endian:
+ *   rd32 reads them, put_le32 writes them)
  *
  * key_at[j] is the offset in the payload of entry j's key's bin header,
  * value_at[j] of its value's header (bin or nil).  Built by block_entry from
  * a payload block_find reads whole, so the keys are bins in the order the
  * payload has them. */
 #define ENTRY_TAIL 8
-
-static inline uint32_t
-le32(const unsigned char *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    return v;
-}
 
 static inline void
 put_le32(unsigned char *p, uint32_t v)
@@ -1844,9 +1834,21 @@ entry_shape(const unsigned char *e, size_t n, uint64_t *count, uint64_t *plen)
 {
     if (n < ENTRY_TAIL)
         return -1;
-    *count = le32(e + n - 8);
-    *plen = le32(e + n - 4);
+    *count = rd32(e + n - 8);
+    *plen = rd32(e + n - 4);
     return *plen + 8 * *count + ENTRY_TAIL == n ? 0 : -1;
+}
+
+/* Entry j's key in a cached block (bounds-checked): its length and *kp; -1
+ * for an offset or header that does not hold. */
+static inline int64_t
+entry_key(const unsigned char *e, uint64_t plen, uint64_t j, const unsigned char **kp)
+{
+    uint64_t at = rd32(e + plen + 4 * j);
+    if (at >= plen)
+        return -1;
+    *kp = e + at;
+    return mp_read_bin(kp, e + plen);
 }
 
 /* Entry j's value in a cached block (bounds-checked): 1, *value and *vlen;
@@ -1855,7 +1857,7 @@ static int
 entry_value(const unsigned char *e, uint64_t count, uint64_t plen, uint64_t j,
             const unsigned char **value, size_t *vlen)
 {
-    uint64_t at = le32(e + plen + 4 * count + 4 * j);
+    uint64_t at = rd32(e + plen + 4 * count + 4 * j);
     if (at >= plen)
         return -1;
     const unsigned char *q = e + at;
@@ -1948,31 +1950,13 @@ static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n);
 static int block_may_hold(const unsigned char *p, size_t n, const unsigned char *key,
                           size_t klen);
 
-/* Whether the cache admits block i of file entry item (reader, index_keys,
- * base, counts): cache_admit(base | i).  1 or 0; -1 on error. */
+/* Offer block i of file entry item (reader, index_keys, base, counts),
+ * whose payload p[0:size] block_find read whole, to the cache: if
+ * cache_admit(base | i) says yes (or there is no cache_admit),
+ * cache_put(base | i, its block_entry, that entry's size).  0, or -1 on
+ * error. */
 static int
-admit_block(Getter *self, PyObject *item, Py_ssize_t i)
-{
-    PyObject *base = PyTuple_GET_ITEM(item, 2);
-    if (!PyLong_CheckExact(base))
-        return 1;
-    PyObject *ck = block_cache_key(base, i);
-    if (ck == NULL)
-        return -1;
-    PyObject *r = PyObject_CallOneArg(self->cache_admit, ck);
-    Py_DECREF(ck);
-    if (r == NULL)
-        return -1;
-    int t = PyObject_IsTrue(r);
-    Py_DECREF(r);
-    return t;
-}
-
-/* Cache block i of file entry item (reader, index_keys, base, counts),
- * whose payload p[0:size] block_find read whole: cache_put(base | i, its
- * block_entry, that entry's size).  0, or -1 on error. */
-static int
-cache_payload(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size)
+offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size)
 {
     PyObject *base = PyTuple_GET_ITEM(item, 2);
     if (!PyLong_CheckExact(base))
@@ -1980,14 +1964,24 @@ cache_payload(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p
     PyObject *ck = block_cache_key(base, i);
     if (ck == NULL)
         return -1;
-    PyObject *entry = block_entry(p, size);
+    PyObject *entry = NULL, *n = NULL, *r = NULL;
+    int admit = 1;
+    if (self->cache_admit != NULL) {
+        PyObject *yes = PyObject_CallOneArg(self->cache_admit, ck);
+        admit = yes == NULL ? -1 : PyObject_IsTrue(yes);
+        Py_XDECREF(yes);
+    }
+    if (admit <= 0) {
+        Py_DECREF(ck);
+        return admit;
+    }
+    entry = block_entry(p, size);
     if (entry == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
         PyErr_Clear();  /* a block over 1 GiB: not cached */
         Py_DECREF(ck);
         return 0;
     }
-    PyObject *n = entry != NULL ? PyLong_FromSsize_t(PyBytes_GET_SIZE(entry)) : NULL;
-    PyObject *r = NULL;
+    n = entry != NULL ? PyLong_FromSsize_t(PyBytes_GET_SIZE(entry)) : NULL;
     if (n != NULL) {
         PyObject *args[3] = {ck, entry, n};
         r = PyObject_Vectorcall(self->cache_put, args, 3, NULL);
@@ -2059,14 +2053,11 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
      * block_find finds it too, or refuses the block */
     int f = block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
     if (f >= 0) {
-        if (f > 0 && self->cache_put != NULL) {
-            /* a full cache takes a block a get read only if it was read not
-             * long ago (BlockCache.admit) */
-            int admit = self->cache_admit != NULL ? admit_block(self, item, i) : 1;
-            if (admit < 0 || (admit && cache_payload(self, item, i, buf, (size_t)size) < 0)) {
-                PyMem_RawFree(buf);
-                return -1;
-            }
+        /* a full cache takes a block a get read only if it was read not long
+         * ago (BlockCache.admit) */
+        if (f > 0 && self->cache_put != NULL && offer_block(self, item, i, buf, (size_t)size) < 0) {
+            PyMem_RawFree(buf);
+            return -1;
         }
         if (f == 0) {
             PyMem_RawFree(buf);
@@ -3374,14 +3365,11 @@ entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t kl
     uint64_t count, plen;
     if (entry_shape(e, n, &count, &plen) < 0)
         return -1;
-    const unsigned char *end = e + plen, *keys_at = end;
+    const unsigned char *q;
     uint64_t lo = 0, hi = count;
     while (lo < hi) {
-        uint64_t mid = (lo + hi) / 2, at = le32(keys_at + 4 * mid);
-        if (at >= plen)
-            return -1;
-        const unsigned char *q = e + at;
-        int64_t len = mp_read_bin(&q, end);
+        uint64_t mid = (lo + hi) / 2;
+        int64_t len = entry_key(e, plen, mid, &q);
         if (len < 0)
             return -1;
         if (mem_order((const char *)q, (Py_ssize_t)len, (const char *)key, (Py_ssize_t)klen) < 0)
@@ -3391,11 +3379,7 @@ entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t kl
     }
     if (lo == count)
         return 0;
-    uint64_t at = le32(keys_at + 4 * lo);
-    if (at >= plen)
-        return -1;
-    const unsigned char *q = e + at;
-    int64_t len = mp_read_bin(&q, end);
+    int64_t len = entry_key(e, plen, lo, &q);
     if (len < 0)
         return -1;
     if ((size_t)len != klen || memcmp(q, key, klen) != 0)
@@ -3421,10 +3405,9 @@ speedups_entry_lists(PyObject *Py_UNUSED(module), PyObject *entry)
     if (keys == NULL || values == NULL)
         goto fail;
     for (uint64_t j = 0; j < count; j++) {
-        uint64_t at = le32(e + plen + 4 * j);
-        const unsigned char *q = e + at, *vp = NULL;
+        const unsigned char *q = NULL, *vp = NULL;
         size_t vlen = 0;
-        int64_t len = at < plen ? mp_read_bin(&q, e + plen) : -1;
+        int64_t len = entry_key(e, plen, j, &q);
         int v = len < 0 ? -1 : entry_value(e, count, plen, j, &vp, &vlen);
         if (v < 0) {
             Py_DECREF(keys);
@@ -3465,24 +3448,26 @@ speedups_block_entry(PyObject *Py_UNUSED(module), PyObject *payload)
                        (size_t)PyBytes_GET_SIZE(payload));
 }
 
+/* The Python face of block_find and entry_find: (bytes, key, missing) ->
+ * the value, None for a tombstone, or missing; ValueError with `refused`
+ * for what find cannot read. */
 static PyObject *
-speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+find_call(int (*find)(const unsigned char *, size_t, const unsigned char *, size_t,
+                      const unsigned char **, size_t *),
+          const char *usage, const char *refused, PyObject *const *args, Py_ssize_t nargs)
 {
-    /* entry_find(entry, key, missing) -> key's value in a cached block
-     * (block_entry), None for a tombstone, or missing; ValueError for an
-     * entry that does not hold together. */
     if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "entry_find(entry: bytes, key: bytes, missing)");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     const unsigned char *vp = NULL;
     size_t vlen = 0;
-    int r = entry_find((const unsigned char *)PyBytes_AS_STRING(args[0]),
-                       (size_t)PyBytes_GET_SIZE(args[0]),
-                       (const unsigned char *)PyBytes_AS_STRING(args[1]),
-                       (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen);
+    int r = find((const unsigned char *)PyBytes_AS_STRING(args[0]),
+                 (size_t)PyBytes_GET_SIZE(args[0]),
+                 (const unsigned char *)PyBytes_AS_STRING(args[1]),
+                 (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen);
     if (r < 0) {
-        PyErr_SetString(PyExc_ValueError, "not a cached block entry_find reads");
+        PyErr_SetString(PyExc_ValueError, refused);
         return NULL;
     }
     if (r == 0)
@@ -3493,30 +3478,23 @@ speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
 }
 
 static PyObject *
+speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* entry_find(entry, key, missing) -> key's value in a cached block
+     * (block_entry), None for a tombstone, or missing; ValueError for an
+     * entry that does not hold together. */
+    return find_call(entry_find, "entry_find(entry: bytes, key: bytes, missing)",
+                     "not a cached block entry_find reads", args, nargs);
+}
+
+static PyObject *
 speedups_block_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     /* block_find(payload, key, missing) -> the value, None for a tombstone,
      * missing when the block does not hold key; ValueError for a payload
      * block_find cannot read (tests). */
-    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "block_find(payload: bytes, key: bytes, missing)");
-        return NULL;
-    }
-    const unsigned char *vp = NULL;
-    size_t vlen = 0;
-    int r = block_find((const unsigned char *)PyBytes_AS_STRING(args[0]),
-                       (size_t)PyBytes_GET_SIZE(args[0]),
-                       (const unsigned char *)PyBytes_AS_STRING(args[1]),
-                       (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen);
-    if (r < 0) {
-        PyErr_SetString(PyExc_ValueError, "not a data block payload block_find reads");
-        return NULL;
-    }
-    if (r == 0)
-        return Py_NewRef(args[2]);
-    if (r == 2)
-        Py_RETURN_NONE;
-    return PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+    return find_call(block_find, "block_find(payload: bytes, key: bytes, missing)",
+                     "not a data block payload block_find reads", args, nargs);
 }
 
 static PyObject *

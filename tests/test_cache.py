@@ -16,6 +16,18 @@ def fill(cache: BlockCache, keys, size: int = 100) -> None:
         cache.put(k, ("block", k), size)
 
 
+THREADS = 4
+
+
+def run_threads(work) -> None:
+    """work(seed) on THREADS threads at once (seeds 0..THREADS-1)."""
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def cached(cache: BlockCache) -> set[int]:
     return {k for k in range(1 << 12) if cache.lookup(k) is not None}
 
@@ -112,11 +124,7 @@ def test_threads_putting_and_dropping_keep_the_books_straight():
                 cache.put(key, key, rng.randrange(1, 300))
                 cache.get(key)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(work)
     assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000
     assert sorted(cache._ring) == sorted(cache._sizes)
 
@@ -152,12 +160,8 @@ def test_threads_admitting_and_putting_keep_the_ghosts_bounded():
         except BaseException as exc:  # pragma: no cover - what the test looks for
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_threads(work)
     assert not errors
-    assert len(cache._ghost_ring) <= max(MIN_GHOSTS, len(cache._sizes)) + len(threads)
+    assert len(cache._ghost_ring) <= max(MIN_GHOSTS, len(cache._sizes)) + THREADS
     assert cache._ghosts <= set(cache._ghost_ring)
     assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000

@@ -1099,6 +1099,17 @@ def test_block_find_refuses_leftover_bytes_unequal_arrays_and_wrong_types():
             speedups.block_find(bad, b"a", MISSING)
 
 
+def _even_keys_db(path: str, **options) -> None:
+    """key000000.. -> v0.. (even numbers) in small SSTables (``SMALL``, and
+    ``options``) of a database at ``path``, closed."""
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", **SMALL, **options)
+    for i in range(0, 4000, 2):
+        db.put(b"key%06d" % i, b"v%d" % i)
+    db.flush()
+    db.close()
+
+
 def _cached_size(payload: bytes) -> int:
     """What the block cache counts for a block: its block_entry (or, for one
     the cache never takes, its payload)."""
@@ -1112,12 +1123,9 @@ def _full_cache_db(path: str) -> lsmdb.DB:
     """key000000.. -> v0.. (even numbers) in 512-byte blocks of one SSTable,
     reopened with a block cache of two blocks' room, filled by reading two
     blocks."""
+    if not os.path.exists(path):
+        _even_keys_db(path)
     db = lsmdb.open(path, auto_compaction=False)
-    if not db.sstables():
-        db.alter_table("default", **SMALL)
-        for i in range(0, 4000, 2):
-            db.put(b"key%06d" % i, b"v%d" % i)
-        db.flush()
     sizes = [_cached_size(item[0]._read_payload(i, count=False)[0])
              for item in db._default_state.fast[5] for i in range(len(item[1]))]
     db.close()
@@ -1226,12 +1234,7 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_
     if not c_getter:
         monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
     path = str(tmp_path / "db")
-    db = lsmdb.open(path, auto_compaction=False)
-    db.alter_table("default", **SMALL)
-    for i in range(0, 4000, 2):
-        db.put(b"key%06d" % i, b"v%d" % i)
-    db.flush()
-    db.close()
+    _even_keys_db(path)
     db = lsmdb.open(path, auto_compaction=False)
     try:
         assert (type(db.get).__name__ == "Getter") == c_getter
@@ -1332,16 +1335,11 @@ def test_the_c_key_order_at_every_length_and_position():
 def test_a_false_positive_read_in_c_is_one_read_counted_and_nothing_cached(tmp_path):
     """The C getter reads an uncached block itself (one pread, checksum, key
     walk): a false positive is one block read and one false positive in the
-    counters, one read for the kernel, and leaves nothing decoded in the cache;
-    a true positive decodes and caches the block it already read."""
+    counters, one read for the kernel, and leaves nothing in the cache; a
+    true positive caches the block it already read."""
     from bench.common import ReadSyscalls
     path = str(tmp_path / "db")
-    db = lsmdb.open(path, auto_compaction=False)
-    db.alter_table("default", bloom_filter_fp_chance=0.2, **SMALL)
-    for i in range(0, 4000, 2):
-        db.put(b"key%06d" % i, b"v%d" % i)
-    db.flush()
-    db.close()
+    _even_keys_db(path, bloom_filter_fp_chance=0.2)
     db = lsmdb.open(path, auto_compaction=False)
     try:
         assert type(db.get).__name__ == "Getter"

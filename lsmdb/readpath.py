@@ -109,7 +109,7 @@ def make_getter(db: DB, state: TableState) -> Any:
         """The C getter read block ``i`` from disk (counted, checksum verified)
         and could not walk it: decode it (a malformed block raises
         CorruptionError) and look.  Not cached."""
-        return find_in(reader._decode(i, raw), counts, key)
+        return find_in(reader.decode_raw(i, raw), counts, key)
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:

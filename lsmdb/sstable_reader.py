@@ -303,13 +303,13 @@ class SSTableReader:
         raw, _offset = self._read_raw(i)
         if not block_may_hold(raw, key):
             return None
-        block = self._decode(i, raw)  # a malformed block raises here, before it is cached
+        block = self.decode_raw(i, raw)  # a malformed block raises here, before it is cached
         cache = self.cache
         if cache is not None and cache.admit(self.cache_base | i):
             self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
         return block
 
-    def _decode(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[bytes | None]]:
+    def decode_raw(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` decoded from ``raw`` (payload and verified trailer)."""
         return self._decode_payload(i, raw[:-BLOCK_TRAILER_SIZE])
 
@@ -330,7 +330,7 @@ class SSTableReader:
                 return _entry_find(entry, key, MISSING)
             except ValueError:
                 pass
-        keys, values = self._decode_payload(i, self._cached_payload(i, entry))
+        keys, values = self._decode_cached(i, entry)
         j = bisect_left(keys, key)
         return values[j] if j < len(keys) and keys[j] == key else MISSING
 
@@ -440,7 +440,7 @@ class SSTableReader:
                     span = min(2 * span, READAHEAD_BLOCKS)
                     raw = ahead.pop(b)
                 self._check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
-                keys, values = self._decode(b, raw)
+                keys, values = self.decode_raw(b, raw)
             else:
                 keys, values = self._decode_cached(b, block)
                 self.block_cache_hits += 1

@@ -2052,17 +2052,17 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     /* block_may_hold found the key among the keys (or could not read them):
      * block_find finds it too, or refuses the block */
     int f = block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
-    if (f >= 0) {
+    if (f == 0) {
+        PyMem_RawFree(buf);
+        counts[FALSE_POSITIVES]++;
+        return 0;
+    }
+    if (f > 0) {
         /* a full cache takes a block a get read only if it was read not long
          * ago (BlockCache.admit) */
-        if (f > 0 && self->cache_put != NULL && offer_block(self, item, i, buf, (size_t)size) < 0) {
+        if (self->cache_put != NULL && offer_block(self, item, i, buf, (size_t)size) < 0) {
             PyMem_RawFree(buf);
             return -1;
-        }
-        if (f == 0) {
-            PyMem_RawFree(buf);
-            counts[FALSE_POSITIVES]++;
-            return 0;
         }
         *value = f == 2 ? Py_NewRef(Py_None)
                         : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);

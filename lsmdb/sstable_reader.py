@@ -334,10 +334,9 @@ class SSTableReader:
         j = bisect_left(keys, key)
         return values[j] if j < len(keys) and keys[j] == key else MISSING
 
-    def _cached_payload(self, i: int, entry: bytes) -> bytes | memoryview:
+    def _cached_payload(self, i: int, entry: bytes) -> memoryview:
         """Data block ``i``'s payload in its cache entry (its first bytes)."""
-        size = self.index_sizes[i]
-        return entry if len(entry) == size else memoryview(entry)[:size]
+        return memoryview(entry)[:self.index_sizes[i]]
 
     def _decode_cached(self, i: int, entry: bytes) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` decoded from its cache entry: through its offsets
@@ -386,8 +385,8 @@ class SSTableReader:
 
     def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` read from disk (a counted read), then cached."""
-        payload, offset = self._read_payload(i)
-        block = blk.decode_data_block(payload, self.path, offset)
+        payload, _offset = self._read_payload(i)
+        block = self._decode_payload(i, payload)
         self._remember(i, payload)
         return block
 
@@ -397,10 +396,10 @@ class SSTableReader:
         if that refuses it), else the payload itself."""
         if self.cache is None:
             return
-        entry = payload if type(payload) is bytes else bytes(payload)
+        entry = payload
         if _block_entry is not None:
             try:
-                entry = _block_entry(entry)
+                entry = _block_entry(payload)
             except ValueError:
                 return
         self.cache.put(self.cache_base | i, entry, len(entry))

@@ -159,25 +159,25 @@ def median_ratio(a: GetTiming, b: GetTiming) -> float:
 
 
 # ---------------------------------------------------------- kernel read count
-class ReadSyscalls:
-    """The kernel's count of read system calls of this process (``syscr`` in /proc/self/io).
+class ProcIoCounter:
+    """One field of this process's I/O accounting (/proc/self/io), read on demand.
 
-    ``pread`` counts as a read, so around a loop of gets the delta is the
-    number of data blocks the engine really asked the kernel for -- an
-    independent check of the engine's own ``block_reads`` counter.  Reading
-    /proc/self/io is itself one read; :meth:`delta` subtracts that overhead,
-    calibrated at construction.  Where the file is missing (not Linux) or
-    unreadable (some containers), :attr:`available` is False and every
-    delta is None; :attr:`unavailable_reason` says why.
+    Where the file is missing (not Linux) or unreadable (some containers),
+    or has no such field, :attr:`available` is False and every delta is
+    None; :attr:`unavailable_reason` says why.  With ``calibrate``, the
+    counter's own change from one reading to the next (reading the file is
+    itself one read system call) is measured at construction and
+    :meth:`delta` subtracts it.
     """
 
     PATH = "/proc/self/io"
 
-    def __init__(self) -> None:
+    def __init__(self, field: str, calibrate: bool = False) -> None:
+        self.field = field
         self.unavailable_reason: str | None = None
         self.overhead = 0
         first = self._read()
-        if first is None:
+        if first is None or not calibrate:
             return
         gaps = []
         for _ in range(5):
@@ -205,9 +205,9 @@ class ReadSyscalls:
             return None
         for line in text.splitlines():
             name, _, value = line.partition(":")
-            if name.strip() == "syscr":
+            if name.strip() == self.field:
                 return int(value)
-        self.unavailable_reason = f"{self.PATH} has no syscr field"
+        self.unavailable_reason = f"{self.PATH} has no {self.field} field"
         return None
 
     def snapshot(self) -> int | None:
@@ -215,11 +215,38 @@ class ReadSyscalls:
         return self._read()
 
     def delta(self, start: int | None) -> int | None:
-        """Read system calls since ``start``, less the cost of reading the counter."""
+        """The change since ``start``, less the cost of reading the counter."""
         end = self._read()
         if start is None or end is None:
             return None
         return end - start - self.overhead
+
+
+class ReadSyscalls(ProcIoCounter):
+    """The kernel's count of read system calls of this process (``syscr``).
+
+    ``pread`` counts as a read, so around a loop of gets the delta is the
+    number of data blocks the engine really asked the kernel for -- an
+    independent check of the engine's own ``block_reads`` counter.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("syscr", calibrate=True)
+
+
+class DeviceReads(ProcIoCounter):
+    """Bytes this process caused to be read from the storage device (``read_bytes``).
+
+    A read the page cache serves adds nothing; one that goes to the device
+    adds what the kernel fetched (read-ahead included), whichever thread
+    asked.  Around timed gets it says whether they were timed on data in the
+    page cache: a machine can page out file pages that sat unused for a while
+    (this one's kernel runs a DAMON scheme that pages out page-cache pages
+    not accessed for about a minute, free memory or not).
+    """
+
+    def __init__(self) -> None:
+        super().__init__("read_bytes")
 
 
 # ------------------------------------------------------------------- statistics

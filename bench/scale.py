@@ -49,7 +49,16 @@ from typing import Any, overload
 
 import lsmdb
 
-from .common import SLICES, Progress, Timer, describe_machine, machine_info, per_second, write_json
+from .common import (
+    SLICES,
+    DeviceReads,
+    Progress,
+    Timer,
+    describe_machine,
+    machine_info,
+    per_second,
+    write_json,
+)
 from .keys import key_of, value_of
 from .stores import BATCH_KEYS, STORES, Store
 
@@ -122,9 +131,14 @@ def present_keys(n: int, q: int, seed: int) -> list[bytes]:
 
 def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
           queries: Sequence[Sequence[bytes]], slices: int = SLICES,
-          present: bool = False) -> list[list[float]]:
+          present: bool = False, device: list[int | None] | None = None) -> list[list[float]]:
     """Per database, the rate of each slice; databases take turns (A B, B A, ...).
-    Every key must be absent (or, with ``present``, found)."""
+    Every key must be absent (or, with ``present``, found).  ``device``, one
+    item per database: set to the bytes the process read from the storage
+    device during that database's slices (None where that is not measured)."""
+    reads = DeviceReads()
+    if device is not None:
+        device[:] = [0 if reads.available else None for _ in getters]
     rates: list[list[float]] = [[] for _ in getters]
     q = len(queries[0])
     cuts = [q * i // slices for i in range(slices + 1)]
@@ -134,10 +148,14 @@ def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
             get = getters[d]
             part = queries[d][cuts[s]:cuts[s + 1]]
             found = 0
+            before = reads.snapshot()
             with Timer() as t:
                 for key in part:
                     if get(key) is not None:
                         found += 1
+            so_far = device[d] if device is not None else None
+            if device is not None and so_far is not None:
+                device[d] = so_far + (reads.delta(before) or 0)
             if found != (len(part) if present else 0):
                 raise AssertionError(f"{found} of {len(part)} {'present' if present else 'absent'}"
                                      f" keys found at {sizes[d]:,} keys")
@@ -149,6 +167,19 @@ def small_over_large(rates: Sequence[Sequence[float]]) -> float:
     """The median over slices of the smaller database's rate over the larger one's
     (``timed``'s rates of the two sizes)."""
     return statistics.median(a / b for a, b in zip(rates[0], rates[1], strict=True))
+
+
+def per_key(totals: Sequence[int | None], gets: int) -> list[float | None]:
+    """Each database's total (``timed``'s ``device``) per get; None stays None."""
+    return [None if t is None else t / gets for t in totals]
+
+
+def device_note(per_get: Sequence[float | None]) -> str:
+    """How much the timed gets read from the storage device, per get, for each size."""
+    if any(x is None for x in per_get):
+        return "device reads not measured (no /proc/self/io read_bytes here)"
+    return "from the device: " + ", ".join(f"{x:,.1f}" for x in per_get if x is not None) \
+        + " bytes a get"
 
 
 #: The per-file counters summed over a database's SSTables (``SSTableInfo`` fields).
@@ -197,12 +228,15 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
             filter_bytes = [sum(f.filter_bytes for f in i) for i in infos]
             qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
             before = [counters(db) for db in dbs]
-            rates = timed(sizes, [db.get for db in dbs], qs)
+            device: list[int | None] = []
+            rates = timed(sizes, [db.get for db in dbs], qs, device=device)
             work = [per_get(b, counters(db), queries) for b, db in zip(before, dbs, strict=True)]
             pq = queries // PRESENT_SHARE
             ps = [present_keys(n, pq, seed=n + 2) for n in sizes]
             before = [counters(db) for db in dbs]
-            present = timed(sizes, [db.get for db in dbs], ps, present=True)
+            present_device: list[int | None] = []
+            present = timed(sizes, [db.get for db in dbs], ps, present=True,
+                            device=present_device)
             present_work = [per_get(b, counters(db), pq)
                             for b, db in zip(before, dbs, strict=True)]
         finally:
@@ -213,8 +247,10 @@ def run_strategy(compaction: str, sizes: Sequence[int], queries: int,
             "filter_bytes": filter_bytes, "per_get": work,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
             "slice_rates": rates, "small_over_large": ratio,
+            "device_bytes_per_get": per_key(device, queries),
             "present_per_s": [statistics.median(r) for r in present],
             "present_slice_rates": present, "present_per_get": present_work,
+            "present_device_bytes_per_get": per_key(present_device, pq),
             "present_small_over_large": small_over_large(present)}
 
 
@@ -269,9 +305,13 @@ def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
                 opened.append(store)
                 waits.append(settle(store.path))
             qs = [absent_keys(n, queries, seed=n + 1) for n in sizes]
-            rates = timed(sizes, [s.getter() for s in opened], qs)
-            ps = [present_keys(n, queries // PRESENT_SHARE, seed=n + 2) for n in sizes]
-            present = timed(sizes, [s.getter() for s in opened], ps, present=True)
+            device: list[int | None] = []
+            rates = timed(sizes, [s.getter() for s in opened], qs, device=device)
+            pq = queries // PRESENT_SHARE
+            ps = [present_keys(n, pq, seed=n + 2) for n in sizes]
+            present_device: list[int | None] = []
+            present = timed(sizes, [s.getter() for s in opened], ps, present=True,
+                            device=present_device)
             describe = stores[0].describe()
         finally:
             for store in opened:
@@ -280,8 +320,10 @@ def run_peer(cls: type[Store], sizes: Sequence[int], queries: int,
     return {**entry, "available": True, "describe": describe, "settle_seconds": waits,
             "absent_in_range_per_s": [statistics.median(r) for r in rates],
             "slice_rates": rates, "small_over_large": ratio,
+            "device_bytes_per_get": per_key(device, queries),
             "present_per_s": [statistics.median(r) for r in present],
             "present_slice_rates": present,
+            "present_device_bytes_per_get": per_key(present_device, pq),
             "present_small_over_large": small_over_large(present)}
 
 
@@ -336,13 +378,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{work['block_reads'] + work['block_cache_hits']:.3f} blocks read "
                   f"({work['block_cache_hits']:.3f} from the cache); filters: {fb:,} bytes")
         print(f"  {args.small:,}-key rate / {args.large:,}-key rate: "
-              f"{run['small_over_large']:.2f}x (median over slices)")
+              f"{run['small_over_large']:.2f}x (median over slices); "
+              f"{device_note(run['device_bytes_per_get'])}")
         for n, r, work in zip(sizes, run["present_per_s"], run["present_per_get"], strict=True):
             print(f"  present keys, {n:>10,} keys: {r / 1e3:,.0f}k gets/s; per get "
                   f"{work['block_reads']:.3f} blocks read from disk, "
                   f"{work['block_cache_hits']:.3f} from the cache")
         print(f"  present keys, {args.small:,}-key rate / {args.large:,}-key rate: "
-              f"{run['present_small_over_large']:.2f}x")
+              f"{run['present_small_over_large']:.2f}x; "
+              f"{device_note(run['present_device_bytes_per_get'])}")
     if peers:
         print("the same test on the peer stores (loaded alike, reopened, background work "
               "settled):")
@@ -352,11 +396,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         rates = peer["absent_in_range_per_s"]
         print(f"  {peer['label']}: {rates[0] / 1e3:,.0f}k gets/s at {sizes[0]:,} keys, "
-              f"{rates[1] / 1e3:,.0f}k at {sizes[1]:,}: {peer['small_over_large']:.2f}x")
+              f"{rates[1] / 1e3:,.0f}k at {sizes[1]:,}: {peer['small_over_large']:.2f}x; "
+              f"{device_note(peer['device_bytes_per_get'])}")
         rates = peer["present_per_s"]
         print(f"  {'':>{len(peer['label'])}}  present keys: {rates[0] / 1e3:,.0f}k gets/s at "
               f"{sizes[0]:,} keys, {rates[1] / 1e3:,.0f}k at {sizes[1]:,}: "
-              f"{peer['present_small_over_large']:.2f}x")
+              f"{peer['present_small_over_large']:.2f}x; "
+              f"{device_note(peer['present_device_bytes_per_get'])}")
     if args.json:
         write_json(args.json, report)
     return 0

@@ -423,6 +423,52 @@ def test_scale(tmp_path: Path) -> None:
     assert len(peer["slice_rates"][0]) == len(peer["slice_rates"][1]) == 5
     assert all(2.0 <= w < 120 for w in peer["settle_seconds"])
     assert "sqlite3: " in done.stdout and "k at 50,000:" in done.stdout
+    # the bytes each database's timed gets read from the storage device, per get (None
+    # only where /proc/self/io has no read_bytes); printed beside each ratio
+    from bench.common import DeviceReads
+    measured = DeviceReads().available
+    for entry in [*report["runs"], peer]:
+        for field in ("device_bytes_per_get", "present_device_bytes_per_get"):
+            assert len(entry[field]) == 2
+            assert all((x is not None and x >= 0) if measured else x is None
+                       for x in entry[field])
+    assert done.stdout.count("from the device: " if measured else "device reads not measured") \
+        == 6
+
+
+def test_scale_timed_counts_the_bytes_read_from_the_device(tmp_path: Path) -> None:
+    """A getter reading a file the page cache dropped is charged its device reads; one
+    reading nothing is charged none of them."""
+    from bench.common import DeviceReads
+    from bench.scale import timed
+    if not DeviceReads().available:
+        pytest.skip("no read_bytes in /proc/self/io here")
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise: cannot drop a file from the page cache")
+    path = tmp_path / "cold"
+    size = 8 << 20
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        keys = [b"%d" % i for i in range(100)]
+
+        def cold_get(key: bytes) -> None:
+            os.pread(fd, 4096, int(key) * (size // 100))  # 100 pages 80 KiB apart
+
+        def no_read(key: bytes) -> None:
+            return None
+
+        device: list[int | None] = []
+        timed([1, 2], [cold_get, no_read], [keys, keys], slices=4, device=device)
+    finally:
+        os.close(fd)
+    cold, none = device
+    assert cold is not None and none is not None
+    assert cold >= 100 * 4096 and none < cold
 
 
 def test_scale_reports_a_peer_that_fails_and_goes_on() -> None:

@@ -36,15 +36,20 @@ def table_name(fp_chance: float) -> str:
 
 # --------------------------------------------------------------- the database
 def open_db(path: str) -> lsmdb.DB:
-    """Open without compaction and without a block cache, where the engine has one.
+    """Open without compaction, without a block cache and reading blocks with
+    ``pread`` rather than out of a mapping, where the engine has those options.
 
     Without the cache every "maybe" from a filter costs a real read of the
     file (from the page cache: a system call, not a seek), which is what the
-    filter is there to save and what the kernel's read count can confirm.
+    filter is there to save and what the kernel's read count can confirm; a
+    block copied out of a mapping is no read call, so the kernel could not.
     """
     options: dict[str, Any] = {"auto_compaction": False}
-    if "block_cache_size_bytes" in inspect.signature(lsmdb.open).parameters:
+    parameters = inspect.signature(lsmdb.open).parameters
+    if "block_cache_size_bytes" in parameters:
         options["block_cache_size_bytes"] = 0
+    if "mmap_reads" in parameters:
+        options["mmap_reads"] = False
     return lsmdb.open(path, **options)
 
 

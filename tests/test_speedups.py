@@ -13,6 +13,9 @@ from __future__ import annotations
 import bisect
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 from array import array
 
@@ -1332,17 +1335,22 @@ def test_the_c_key_order_at_every_length_and_position():
                 assert speedups._cmp(x, y) == (x > y) - (x < y), (x, y)
 
 
-def test_a_false_positive_read_in_c_is_one_read_counted_and_nothing_cached(tmp_path):
-    """The C getter reads an uncached block itself (one pread, checksum, key
-    walk): a false positive is one block read and one false positive in the
-    counters, one read for the kernel, and leaves nothing in the cache; a
-    true positive caches the block it already read."""
+@pytest.mark.parametrize("mmap_reads", [False, True])
+def test_a_false_positive_read_in_c_is_one_read_counted_and_nothing_cached(tmp_path,
+                                                                           mmap_reads):
+    """The C getter reads an uncached block itself (one pread, or one copy out
+    of the file's mapping; checksum, key walk): a false positive is one block
+    read and one false positive in the counters, one read for the kernel (none
+    from a mapping), and leaves nothing in the cache; a true positive caches
+    the block it already read."""
     from bench.common import ReadSyscalls
     path = str(tmp_path / "db")
     _even_keys_db(path, bloom_filter_fp_chance=0.2)
-    db = lsmdb.open(path, auto_compaction=False)
+    db = lsmdb.open(path, auto_compaction=False, mmap_reads=mmap_reads)
     try:
         assert type(db.get).__name__ == "Getter"
+        mapped = mmap_reads and MAPS
+        assert all((r.mapped is not None) == mapped for r in _readers(db))
         cache = db._block_cache
         syscalls = ReadSyscalls()
         start = syscalls.snapshot()
@@ -1354,7 +1362,7 @@ def test_a_false_positive_read_in_c_is_one_read_counted_and_nothing_cached(tmp_p
         assert stats["block_reads"] == stats["false_positives"]
         assert stats["true_positives"] == 0 and len(cache) == 0
         if kernel is not None:
-            assert kernel == stats["block_reads"]
+            assert kernel == (0 if mapped else stats["block_reads"])
         assert db.get(b"key%06d" % 2000) == b"v2000"
         assert db.table_stats()["block_reads"] == stats["block_reads"] + 1 and len(cache) == 1
         assert db.get(b"key%06d" % 2000) == b"v2000"  # now a cache hit: no read
@@ -1625,3 +1633,123 @@ def test_the_c_get_skips_the_dict_when_the_memtable_filter_says_no(tmp_path, mon
     db2._default_state.mem.data[planted] = b"x"
     assert db2.get(planted) == b"x"
     db2.close()
+
+
+MAPS = os.name == "posix" and sys.maxsize > 2 ** 32  # where a database maps its files
+
+
+def _readers(db) -> list:
+    return [item[0] for item in db._default_state.fast[5]]
+
+
+def test_mmap_reads_maps_each_file_and_a_closed_reader_lets_its_mapping_go(tmp_path):
+    """Each file a database takes on is mapped whole (with mmap_reads, where
+    files are mapped at all); closing the database lets the mappings go."""
+    path = str(tmp_path / "db")
+    _even_keys_db(path)
+    db = lsmdb.open(path, auto_compaction=False, mmap_reads=False)
+    try:
+        readers = _readers(db)
+        assert len(readers) > 1 and all(r.mapped is None for r in readers)
+        assert db.get(b"key%06d" % 2) == b"v2" and db.get(b"key%06d" % 3) is None
+    finally:
+        db.close()
+    db = lsmdb.open(path, auto_compaction=False)
+    try:
+        readers = _readers(db)
+        assert all((r.mapped is not None) == MAPS for r in readers)
+        if MAPS:
+            for r in readers:  # the whole file, byte for byte
+                with open(r.path, "rb") as f:
+                    assert bytes(memoryview(r.mapped)) == f.read()
+                assert r.mapped.size == os.path.getsize(r.path)
+        db.compact()  # the inputs are deleted; a get that still holds one reads on
+        assert not any(os.path.exists(r.path) for r in readers)
+        assert all((r.mapped is not None) == MAPS for r in readers)  # freed with the reader
+        [out] = _readers(db)
+        assert (out.mapped is not None) == MAPS
+        assert db.get(b"key%06d" % 3998) == b"v3998" and db.get(b"key%06d" % 3) is None
+    finally:
+        db.close()
+    assert out.mapped is None
+
+
+_CUT_SHORT = r"""
+import os, sys
+import lsmdb
+from bench.common import ReadSyscalls
+from lsmdb.errors import CorruptionError
+db = lsmdb.open(sys.argv[1], auto_compaction=False)
+[item] = db._default_state.fast[5]
+reader = item[0]
+assert reader.mapped is not None and type(db.get).__name__ == "Getter"
+first, last = reader.index_keys[0], reader.index_keys[-1]
+syscalls = ReadSyscalls()
+start = syscalls.snapshot()
+assert db.get(first) is not None  # copied out of the mapping (no read call), then cached
+print("read calls", syscalls.delta(start))
+reads = db.table_stats()["block_reads"]
+os.truncate(reader.path, reader.index_offsets[len(reader.index_offsets) // 2])
+try:
+    db.get(last)  # past the cut: the copy faults (SIGBUS), pread finds the file short
+except CorruptionError as exc:
+    print("CorruptionError:", exc)
+else:
+    print("no error")
+assert db.get(first) is not None  # from the cache
+print("offset", reader.index_offsets[-1], "reads", db.table_stats()["block_reads"] - reads)
+"""
+
+
+@pytest.mark.skipif(not MAPS, reason="files are not mapped here")
+def test_a_file_cut_short_under_its_mapping_is_corruption_not_sigbus(tmp_path):
+    """A page of a mapping past the end of its (since truncated) file raises
+    SIGBUS; the copy out of it is guarded, so the get reads the block again
+    with pread, which reports the file short at the block's offset, and the
+    process goes on.  In a child process: unguarded, the child dies."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    for i in range(20000):
+        db.put(b"key%06d" % i, b"v%d" % i * 5)
+    db.flush()
+    db.close()
+    done = subprocess.run([sys.executable, "-c", _CUT_SHORT, path], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] in ("read calls 0", "read calls None")  # None: no /proc/self/io
+    offset = int(lines[2].split()[1])
+    assert lines[1].startswith("CorruptionError: data block truncated")
+    assert f".sst @ offset {offset}]" in lines[1]
+    assert lines[2].endswith("reads 1")  # the pread that found the file short; the copy
+    # that faulted is not a read
+
+
+_SIGBUS_ELSEWHERE = r"""
+import mmap, os, signal, sys
+import lsmdb
+db = lsmdb.open(sys.argv[1], auto_compaction=False)
+assert db._default_state.fast[5][0][0].mapped is not None  # lsmdb's handler is installed
+if sys.argv[2] == "sent":
+    os.kill(os.getpid(), signal.SIGBUS)
+else:  # a fault in a mapping of someone else's: Python's mmap of a file cut short
+    other = sys.argv[1] + "-other"
+    with open(other, "wb") as f:
+        f.write(b"x" * 65536)
+    fd = os.open(other, os.O_RDONLY)
+    m = mmap.mmap(fd, 65536, access=mmap.ACCESS_READ)
+    os.truncate(other, 0)
+    m[40000]
+print("survived")
+"""
+
+
+@pytest.mark.skipif(not MAPS, reason="files are not mapped here")
+@pytest.mark.parametrize("how", ["sent", "fault"])
+def test_a_sigbus_outside_lsmdbs_copies_still_ends_the_process(tmp_path, how):
+    path = str(tmp_path / "db")
+    _even_keys_db(path)
+    done = subprocess.run([sys.executable, "-c", _SIGBUS_ELSEWHERE, path, how],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGBUS, (done.returncode, done.stdout, done.stderr)
+    assert "survived" not in done.stdout

@@ -27,6 +27,24 @@ def test_profile_scale_reports_every_part(capsys):
 
 
 @needs_c
+def test_profile_scale_profiles_databases_already_loaded(tmp_path, capsys):
+    paths = [str(tmp_path / "small"), str(tmp_path / "large")]
+    for path, n in zip(paths, (40_000, 120_000), strict=True):
+        profile_scale.load(path, n, seed=n, compaction="size_tiered")
+    files = []
+    for path in paths:
+        db = lsmdb.open(path)
+        files.append(len(db.sstables()))
+        db.close()
+    assert profile_scale.main(["--small", "40000", "--large", "120000", "--queries", "1000",
+                               "--rounds", "1", "--paths", *paths]) == 0
+    out = capsys.readouterr().out
+    assert "size_tiered compaction" in out and "40,000-key rate / 120,000-key rate" in out
+    layout = next(line for line in out.splitlines() if line.startswith("SSTables per level"))
+    assert layout.split()[-4:] == ["L0", str(files[0]), "L0", str(files[1])]
+
+
+@needs_c
 def test_the_parts_count_on_counters_of_their_own(tmp_path):
     path = str(tmp_path / "db")
     profile_scale.load(path, 40_000, seed=1, compaction="leveled")

@@ -1,7 +1,7 @@
 """Where the extra time of an absent get goes at the larger size (issue #7's scale goal).
 
     python tools/profile_scale.py [--small N] [--large N] [--queries Q] [--rounds R]
-                                  [--compaction NAME]
+                                  [--compaction NAME] [--paths SMALL LARGE]
 
 Run from the repository root.  Loads two databases with ``bench.scale``'s loader (default:
 leveled compaction, 200,000 and 2,000,000 keys), reads their files once so that false-positive
@@ -18,6 +18,11 @@ before the next:
   there: no filter probe);
 * a get of a key no filter lets through, and the false positives: block reads per key, times
   what a get that meets one costs more.
+
+``--paths SMALL LARGE`` profiles two databases already loaded (by ``bench.scale``'s loader,
+with ``--small`` and ``--large`` keys; opened read-only, so another copy can be timed against
+them) instead of loading new ones: a size-tiered load leaves 2 to 6 files at 2,000,000 keys,
+so comparing like with like can take a few loads.
 
 Needs the C speedups.  The parts are timed with Probes built over the same files and filters
 but with counters of their own, so the databases' counters see only the gets.
@@ -163,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200_000, metavar="Q")
     parser.add_argument("--rounds", type=int, default=5, metavar="R")
     parser.add_argument("--compaction", choices=("leveled", "size_tiered"), default="leveled")
+    parser.add_argument("--paths", nargs=2, metavar=("SMALL", "LARGE"),
+                        help="profile these two databases (loaded with --small and --large keys) "
+                             "instead of loading new ones")
     args = parser.parse_args(argv)
     if lsmdb.table.Probes is None:
         print("the C speedups are not built: nothing to profile", file=sys.stderr)
@@ -171,11 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"sizes must be at least 2, queries at least {HOT_KEYS}, rounds at least 1")
     sizes = [args.small, args.large]
     with tempfile.TemporaryDirectory(prefix="lsmdb-profile-scale-") as root:
-        paths = [os.path.join(root, f"db{n}") for n in sizes]
-        for path, n in zip(paths, sizes, strict=True):
-            load(path, n, seed=n, compaction=args.compaction)
+        if args.paths:
+            paths = list(args.paths)
+        else:
+            paths = [os.path.join(root, f"db{n}") for n in sizes]
+            for path, n in zip(paths, sizes, strict=True):
+                load(path, n, seed=n, compaction=args.compaction)
+        for path in paths:
             read_files(path)
-        dbs = [lsmdb.open(p) for p in paths]
+        dbs = [lsmdb.open(p, read_only=bool(args.paths)) for p in paths]
+        if args.paths:  # the strategy the databases were loaded with
+            args.compaction = "/".join(sorted({db._default_state.options.compaction
+                                               for db in dbs}))
         try:
             if any(not db.sstables() for db in dbs):
                 print("a database has no SSTables at this size: nothing to profile",

@@ -1793,16 +1793,14 @@ block_cache_key(PyObject *base, Py_ssize_t i)
 
 /* The cached block of file entry `item` (reader, index_keys, base, counts)
  * that can hold key: 1 and *block (a new reference to its cached bytes, as
- * block_entry made them; marked as used); 0 when the cache cannot answer (no cache, odd types, key
- * past the last block, or the block is not cached: then *block_index is that
- * block, else -1); -1: error. */
+ * block_entry made them; marked as used); 0 when the cache cannot answer (odd
+ * types, key past the last block, no cache, or the block is not cached: for
+ * the last two *block_index is that block, else -1); -1: error. */
 static int
 cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
                  Py_ssize_t *block_index)
 {
     *block_index = -1;
-    if (self->cache_map == NULL)
-        return 0;
     PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
     if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
         return 0;
@@ -1811,6 +1809,10 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
     Py_ssize_t i = bisect_index(e, key);
     if (i == e->nidx)
         return 0; /* past the last block: let the Python side count it */
+    if (self->cache_map == NULL) {  /* no cache: the caller reads block i */
+        *block_index = i;
+        return 0;
+    }
     PyObject *ck = block_cache_key(base, i);
     if (ck == NULL)
         return -1;
@@ -1947,7 +1949,7 @@ cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
  * tombstone); 0: a false positive (counted); 2: not answerable here (block
  * not cached, no cache, odd types): the caller asks the Python lookup_block,
  * passing it *block_index when that is >= 0 (the block that can hold key,
- * which the cache does not hold); -1: error. */
+ * which the cache does not hold, or there is no cache); -1: error. */
 static int
 cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
               Py_ssize_t *block_index)
@@ -2017,8 +2019,9 @@ static PyTypeObject MappingType = {
  * device error) raises SIGBUS at the access.  guarded_copy points bus_env
  * at its jump buffer for the length of its copy; the handler jumps back
  * there, and the copy reports failure instead of the process ending.  A
- * SIGBUS anywhere else goes to the handler there was before (or ends the
- * process, as it would have).  The handler runs with SA_NODEFER, so jumping
+ * SIGBUS anywhere else, or one sent (kill) rather than raised by a fault,
+ * goes to the handler there was before (or ends the process, as it would
+ * have).  The handler runs with SA_NODEFER, so jumping
  * out of it leaves SIGBUS unblocked, and sigsetjmp need not save the signal
  * mask (which would be a system call per copy).  bus_env is initial-exec
  * TLS: read in a signal handler, it must not need an allocation. */
@@ -2030,7 +2033,7 @@ static void
 on_sigbus(int sig, siginfo_t *info, void *uctx)
 {
     sigjmp_buf *env = bus_env;
-    if (env != NULL) {
+    if (env != NULL && (info == NULL || info->si_code > 0)) {  /* a fault, not a signal sent */
         bus_env = NULL;
         siglongjmp(*env, 1);
     }
@@ -2489,7 +2492,7 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             f = probes_first(probes, key, f + 1);
             continue;
         }
-        if (c == 2 && block >= 0) {  /* not in the cache: read it here */
+        if (c == 2 && block >= 0) {  /* not in the cache (or no cache): read it here */
             c = disk_probe(self, &probes->e[f], item, key, block, &value);
             if (c < 0)
                 goto done;
@@ -2544,7 +2547,7 @@ done:
  * hash (each key hashed once, up front).  0, or -1 with an exception set. */
 typedef struct {
     Py_ssize_t f;      /* file (flat index) */
-    Py_ssize_t block;  /* its block that can hold the key; -1: unknown (no cache) */
+    Py_ssize_t block;  /* its block that can hold the key; -1: not known */
     Py_ssize_t i;      /* the key */
 } Miss;
 

@@ -1753,3 +1753,27 @@ def test_a_sigbus_outside_lsmdbs_copies_still_ends_the_process(tmp_path, how):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == -signal.SIGBUS, (done.returncode, done.stdout, done.stderr)
     assert "survived" not in done.stdout
+
+
+@pytest.mark.skipif(not MAPS, reason="files are not mapped here")
+def test_a_database_without_a_block_cache_reads_its_blocks_in_c(tmp_path):
+    """With no block cache the C getter still reads a block itself, out of the
+    file's mapping: no read call for the kernel (the Python read path, which
+    served such gets before, reads with pread), every read counted."""
+    from bench.common import ReadSyscalls
+    path = str(tmp_path / "db")
+    _even_keys_db(path, bloom_filter_fp_chance=0.2)
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    try:
+        syscalls = ReadSyscalls()
+        start = syscalls.snapshot()
+        for i in range(4000):
+            assert db.get(b"key%06d" % i) == (b"v%d" % i if i % 2 == 0 else None)
+        kernel = syscalls.delta(start)
+        stats = db.table_stats()
+        assert stats["true_positives"] == 2000 and stats["false_positives"] > 100
+        assert stats["block_reads"] == stats["true_positives"] + stats["false_positives"]
+        if kernel is not None:
+            assert kernel == 0
+    finally:
+        db.close()

@@ -1991,7 +1991,7 @@ Mapping_getbuffer(Mapping *self, Py_buffer *view, int flags)
 }
 
 static PyObject *
-Mapping_len(Mapping *self, void *Py_UNUSED(closure))
+Mapping_size(Mapping *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSize_t(self->len);
 }
@@ -1999,7 +1999,7 @@ Mapping_len(Mapping *self, void *Py_UNUSED(closure))
 static PyBufferProcs Mapping_as_buffer = {(getbufferproc)Mapping_getbuffer, NULL};
 
 static PyGetSetDef Mapping_getset[] = {
-    {"size", (getter)Mapping_len, NULL, "bytes mapped", NULL},
+    {"size", (getter)Mapping_size, NULL, "bytes mapped", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -1636,6 +1636,7 @@ def test_the_c_get_skips_the_dict_when_the_memtable_filter_says_no(tmp_path, mon
 
 
 MAPS = os.name == "posix" and sys.maxsize > 2 ** 32  # where a database maps its files
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _readers(db) -> list:
@@ -1714,7 +1715,7 @@ def test_a_file_cut_short_under_its_mapping_is_corruption_not_sigbus(tmp_path):
     db.flush()
     db.close()
     done = subprocess.run([sys.executable, "-c", _CUT_SHORT, path], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, cwd=REPO)  # REPO: bench.common
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] in ("read calls 0", "read calls None")  # None: no /proc/self/io

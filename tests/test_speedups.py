@@ -1778,3 +1778,17 @@ def test_a_database_without_a_block_cache_reads_its_blocks_in_c(tmp_path):
             assert kernel == 0
     finally:
         db.close()
+
+
+@pytest.mark.skipif(not MAPS, reason="files are not mapped here")
+def test_files_cut_short_under_threads_getting_give_right_values_or_corruption():
+    """tools/truncate_soak.py, short: threads get while every SSTable is cut to
+    a third; each get answers its key's value or raises CorruptionError, and
+    the process lives (in a child: a SIGBUS the guard missed would end it)."""
+    done = subprocess.run([sys.executable, os.path.join(REPO, "tools", "truncate_soak.py"),
+                           "--keys", "20000", "--threads", "3", "--seconds", "1.5",
+                           "--rounds", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.returncode, done.stdout, done.stderr)
+    [line] = done.stdout.splitlines()
+    answered, corruption = (int(line.split(": ")[2].split()[i].replace(",", "")) for i in (0, 3))
+    assert line.endswith(" 0 problems") and answered > 100 and corruption > 100, line

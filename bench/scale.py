@@ -148,7 +148,7 @@ def timed(sizes: Sequence[int], getters: Sequence[Callable[[bytes], Any]],
             get = getters[d]
             part = queries[d][cuts[s]:cuts[s + 1]]
             found = 0
-            before = reads.snapshot()
+            before = reads.snapshot() if device is not None else None
             with Timer() as t:
                 for key in part:
                     if get(key) is not None:

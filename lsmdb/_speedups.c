@@ -9,6 +9,7 @@
  *   Merge       the k-way merge of scans and compactions
  *   MemFilter   a Bloom filter of a memtable's keys, so that a get skips the
  *               memtable's dict for keys it does not hold
+ *   Admission   which blocks read from disk a full block cache takes in
  *   crc32       zlib's CRC-32, folded with PCLMULQDQ where the CPU has it
  *   xxh3_64     the filters' key hash, for keys up to 240 bytes
  *   block_may_hold, block_find, block_entry, entry_find, encode_ops,
@@ -1319,6 +1320,8 @@ static PyTypeObject ProbesType = {
 
 /* ---- Getter: a table's whole point read, falling back to Python ------- */
 
+static PyTypeObject AdmissionType;  /* the block cache's admission, below */
+
 #define GETS 0
 #define GETS_ABSENT 1
 #define PREFETCH_AHEAD 8
@@ -1570,7 +1573,8 @@ typedef struct {
     PyObject *decode_read;  /* (reader, block, raw, counts, key) -> value/None/MISSING */
     PyObject *cache_map;    /* the block cache's dict (cache key -> block_entry bytes), or NULL */
     PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
-    PyObject *cache_admit;  /* (cache key) -> whether to cache a block read; or NULL */
+    PyObject *cache_admit;  /* Admission, or (cache key) -> whether to cache a block read;
+                             * or NULL */
     PyObject *cache_put;    /* (cache key, entry, size) -> None: cache a block; or NULL */
     Py_ssize_t max_key;
 } Getter;
@@ -1641,9 +1645,12 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
                                      &missing, &lookup_block, &slow_get, &max_key, &cache_map,
                                      &cache_marked, &decode_read, &cache_admit, &cache_put))
         return -1;
-    if ((cache_admit != Py_None && !PyCallable_Check(cache_admit))
+    if ((cache_admit != Py_None && !PyCallable_Check(cache_admit)
+         && !Py_IS_TYPE(cache_admit, &AdmissionType))
         || (cache_put != Py_None && !PyCallable_Check(cache_put))) {
-        PyErr_SetString(PyExc_TypeError, "cache_admit and cache_put must be callable or None");
+        PyErr_SetString(PyExc_TypeError,
+                        "cache_admit must be an Admission, callable or None, "
+                        "and cache_put callable or None");
         return -1;
     }
     if (cache_map != Py_None && (!PyDict_CheckExact(cache_map) || !PySet_Check(cache_marked))) {
@@ -1963,6 +1970,215 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     return found;
 }
 
+/* ---- the block cache's admission of blocks read from disk -------------- */
+
+/* Which blocks a full block cache takes in (BlockCache.admit): a block read
+ * from disk whose cache key was turned away once within the last `window`
+ * turned-away reads.  A table larger than the cache read at random would
+ * otherwise have every block it reads put in and another evicted, for a hit
+ * rate no policy raises above the cache's share of the table: the puts and
+ * evictions cost more than the hits they bring (issue #7).  The memory of
+ * turned-away keys is a bitmap of 64 bits per key of the window (a
+ * "doorkeeper", as in TinyLFU), cleared once `window` keys have been set in
+ * it: a key is remembered for between 0 and `window` turned-away reads, and
+ * a block never read before is let in with a probability of at most
+ * 1/64 (a bit some other key set).  A key admitted has its bit cleared: its
+ * next read is a first one again.  While the cache is not full (`full`,
+ * which BlockCache keeps up to date) every block is admitted.  Each call
+ * runs under the GIL without releasing it, so threads need no lock. */
+typedef struct {
+    PyObject_HEAD
+    uint64_t *bits;
+    uint64_t mask;        /* bit count - 1 (a power of two) */
+    Py_ssize_t window;    /* turned-away reads remembered at most */
+    Py_ssize_t count;     /* keys set since the last clear */
+    char full;
+} Admission;
+
+#define ADMISSION_BITS_PER_KEY 64
+#define ADMISSION_MAX_BITS ((uint64_t)1 << 26)   /* 8 MiB of bits */
+
+/* splitmix64's finaliser: cache keys are (file number << 24) | block index,
+ * whose low bits alone would crowd a few words */
+static inline uint64_t
+admission_mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Whether to cache the block with cache key `key` (and the books kept). */
+static int
+admission_admit(Admission *self, uint64_t key)
+{
+    if (!self->full)
+        return 1;
+    uint64_t b = admission_mix(key) & self->mask;
+    uint64_t *word = &self->bits[b >> 6], bit = (uint64_t)1 << (b & 63);
+    if (*word & bit) {
+        *word &= ~bit;
+        return 1;
+    }
+    *word |= bit;
+    if (++self->count >= self->window) {
+        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
+        self->count = 0;
+    }
+    return 0;
+}
+
+static int
+Admission_init(Admission *self, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t window;
+    static char *kwlist[] = {"window", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:Admission", kwlist, &window))
+        return -1;
+    if (window < 1) {
+        PyErr_SetString(PyExc_ValueError, "window must be >= 1");
+        return -1;
+    }
+    if (self->bits != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission cannot be initialised twice");
+        return -1;
+    }
+    uint64_t want = (uint64_t)window * ADMISSION_BITS_PER_KEY, nbits = 64;
+    while (nbits < want && nbits < ADMISSION_MAX_BITS)
+        nbits <<= 1;
+    self->bits = PyMem_Calloc((size_t)(nbits >> 6), sizeof(uint64_t));
+    if (self->bits == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mask = nbits - 1;
+    self->window = window;
+    self->count = 0;
+    self->full = 0;
+    return 0;
+}
+
+static void
+Admission_dealloc(Admission *self)
+{
+    PyMem_Free(self->bits);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Admission_admit(Admission *self, PyObject *key)
+{
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return NULL;
+    }
+    if (!PyLong_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
+        return NULL;
+    }
+    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
+    if (k == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(admission_admit(self, (uint64_t)k));
+}
+
+static PyObject *
+Admission_get_window(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->window);
+}
+
+static int
+Admission_set_window(Admission *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return -1;
+    }
+    Py_ssize_t w = value != NULL ? PyLong_AsSsize_t(value) : -1;
+    if (w == -1 && PyErr_Occurred())
+        return -1;
+    if (w < 1 || (uint64_t)w > ((self->mask + 1) / ADMISSION_BITS_PER_KEY)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "window must be >= 1 and within the bits made at creation");
+        return -1;
+    }
+    self->window = w;
+    if (self->count >= w) {  /* the window is spent: forget */
+        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
+        self->count = 0;
+    }
+    return 0;
+}
+
+static PyObject *
+Admission_get_full(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->full);
+}
+
+static int
+Admission_set_full(Admission *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return -1;
+    }
+    int t = value != NULL ? PyObject_IsTrue(value) : -1;
+    if (t < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "full cannot be deleted");
+        return -1;
+    }
+    self->full = (char)t;
+    return 0;
+}
+
+static PyObject *
+Admission_get_bits(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->mask + 1);
+}
+
+static PyObject *
+Admission_get_count(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->count);
+}
+
+static PyMethodDef Admission_methods[] = {
+    {"admit", (PyCFunction)Admission_admit, METH_O,
+     "admit(key) -> whether a full cache takes the block read with this cache key"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Admission_getset[] = {
+    {"window", (getter)Admission_get_window, (setter)Admission_set_window,
+     "turned-away reads remembered at most", NULL},
+    {"full", (getter)Admission_get_full, (setter)Admission_set_full,
+     "whether the cache is full (if not, every block is admitted)", NULL},
+    {"bits", (getter)Admission_get_bits, NULL, "size of the bitmap, in bits", NULL},
+    {"count", (getter)Admission_get_count, NULL, "keys set since the bitmap was cleared",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject AdmissionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Admission",
+    .tp_basicsize = sizeof(Admission),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Admission(window): which blocks read from disk a full block cache takes in.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Admission_init,
+    .tp_dealloc = (destructor)Admission_dealloc,
+    .tp_methods = Admission_methods,
+    .tp_getset = Admission_getset,
+};
+
 /* ---- a file mapped for block reads ------------------------------------- */
 
 /* A whole SSTable mapped read-only (map_file): the C getter copies a block
@@ -2194,7 +2410,8 @@ static int block_may_hold(const unsigned char *p, size_t n, const unsigned char 
 
 /* Offer block i of file entry item (reader, index_keys, base, counts),
  * whose payload p[0:size] block_find read whole, to the cache: if
- * cache_admit(base | i) says yes (or there is no cache_admit),
+ * cache_admit, an Admission (asked here, with no call) or a callable given
+ * base | i, says yes (or there is no cache_admit),
  * cache_put(base | i, its block_entry, that entry's size).  0, or -1 on
  * error. */
 static int
@@ -2203,12 +2420,21 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
     PyObject *base = PyTuple_GET_ITEM(item, 2);
     if (!PyLong_CheckExact(base))
         return 0;
+    if (self->cache_admit != NULL && Py_IS_TYPE(self->cache_admit, &AdmissionType)) {
+        /* decided here, without a call or an int object for the blocks
+         * turned away */
+        unsigned long long b = PyLong_AsUnsignedLongLong(base);
+        if (b == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        if (!admission_admit((Admission *)self->cache_admit, b | (unsigned long long)i))
+            return 0;
+    }
     PyObject *ck = block_cache_key(base, i);
     if (ck == NULL)
         return -1;
     PyObject *entry = NULL, *n = NULL, *r = NULL;
     int admit = 1;
-    if (self->cache_admit != NULL) {
+    if (self->cache_admit != NULL && !Py_IS_TYPE(self->cache_admit, &AdmissionType)) {
         PyObject *yes = PyObject_CallOneArg(self->cache_admit, ck);
         admit = yes == NULL ? -1 : PyObject_IsTrue(yes);
         Py_XDECREF(yes);
@@ -4062,7 +4288,7 @@ PyInit__speedups(void)
 {
     if (PyType_Ready(&ProbesType) < 0 || PyType_Ready(&GetterType) < 0
         || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0
-        || PyType_Ready(&MappingType) < 0)
+        || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0)
         return NULL;
     str_closed = PyUnicode_InternFromString("_closed");
     str_fast = PyUnicode_InternFromString("fast");
@@ -4089,6 +4315,7 @@ PyInit__speedups(void)
         || add_type(mod, "Merge", &MergeType) < 0
         || add_type(mod, "MemFilter", &MemFilterType) < 0
         || add_type(mod, "Mapping", &MappingType) < 0
+        || add_type(mod, "Admission", &AdmissionType) < 0
 #ifdef HAVE_CLMUL_CODE
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
 #else

@@ -226,7 +226,7 @@ def make_getter(db: DB, state: TableState) -> Any:
         return Getter(db, state, missing, lookup_block, get, max_key,
                       cache._map if cache is not None else None,
                       cache._marked if cache is not None else None, decode_read,
-                      cache.admit if cache is not None else None,
+                      cache.admission if cache is not None else None,
                       cache.put if cache is not None else None)
     return get
 

@@ -1,14 +1,22 @@
 """The block cache (lsmdb/cache.py): its byte budget, second-chance eviction
 in the order blocks came in, a file's blocks dropped when it leaves, the ring
 of keys beside the dict holding each cached block once however blocks leave,
-and the admission of a full cache's blocks on their second read."""
+and the admission of a full cache's blocks on their second read (in C and
+in Python, alike)."""
 
 from __future__ import annotations
 
 import random
 import threading
 
-from lsmdb.cache import MIN_GHOSTS, BlockCache, cache_key
+import pytest
+
+from lsmdb.cache import MIN_GHOSTS, BlockCache, PyAdmission, cache_key
+
+try:
+    from lsmdb._speedups import Admission as CAdmission
+except ImportError:  # pragma: no cover - no C compiler when installed
+    CAdmission = None
 
 
 def fill(cache: BlockCache, keys, size: int = 100) -> None:
@@ -133,19 +141,93 @@ def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads():
     cache = BlockCache(1000)
     assert cache.admit(1) and cache.admit(1)  # room: every block
     fill(cache, range(10))
+    assert cache.admission.full
     assert not cache.admit(100) and cache.admit(100)  # full: the second read
     assert not cache.admit(100)  # admitted once: a read after that is a first again
+    assert cache.admit(100)
     assert not cache.admit(200)
-    for k in range(1000, 1000 + MIN_GHOSTS):  # as many other blocks turned away
-        assert not cache.admit(k)
+    assert cache.admission.window == MIN_GHOSTS  # 10 blocks held: the least window
+    # other blocks turned away until the window is spent and the memory cleared
+    k = 1000
+    while cache.admission.count:
+        cache.admit(k)
+        k += 1
+    assert k - 1000 >= MIN_GHOSTS - 2  # false admissions do not count
     assert not cache.admit(200)  # forgotten
-    assert cache.admit(1000 + MIN_GHOSTS - 1)  # remembered
-    assert len(cache._ghost_ring) <= MIN_GHOSTS and cache._ghosts <= set(cache._ghost_ring)
+    assert cache.admit(200)  # remembered again
 
 
-def test_threads_admitting_and_putting_keep_the_ghosts_bounded():
-    """admit takes no lock: threads admitting and putting at once leave its
-    ring at its bound and every remembered block in the ring."""
+def test_room_in_the_cache_admits_every_block_and_books_follow_evictions():
+    cache = BlockCache(1000)
+    fill(cache, range(9))
+    assert not cache.admission.full  # a tenth block of the average size fits
+    assert all(cache.admit(k) for k in range(100, 200))
+    fill(cache, [9])
+    assert cache.admission.full
+    cache.evict_file(0)  # keys 0..9 belong to file 0: the cache is empty again
+    assert len(cache) == 0 and not cache.admission.full
+    assert all(cache.admit(k) for k in range(100, 200))
+
+
+def test_blocks_never_read_before_are_rarely_admitted():
+    """A full cache admits a block read once only when another block's mark
+    shares its bit: at most 1/64 of the time (64 bits per block remembered);
+    about 1/128 on average over a window.  Binomial bound: 20,480 blocks at
+    p = 1/64 would average 320 (sd 17.7); at the expected 1/128, 160."""
+    cache = BlockCache(1000)
+    fill(cache, range(10))
+    window = cache.admission.window
+    n = 20 * window
+    admitted = sum(cache.admit(k) for k in range(10_000, 10_000 + n))
+    assert admitted < n / 64
+    # Blocks read twice within a window are admitted on the second read,
+    # unless another block sharing a bit was let in between and cleared it
+    # (100 blocks in 65,536 bits: 0.08 such pairs expected).
+    k = 20_000_000
+    while cache.admission.count:  # to the start of a window
+        cache.admit(k)
+        k += 1
+    for k in range(50_000, 50_100):
+        cache.admit(k)
+    again = sum(cache.admit(k) for k in range(50_000, 50_100))
+    assert again >= 98
+
+
+@pytest.mark.skipif(CAdmission is None, reason="needs the C speedups")
+def test_the_c_admission_and_its_python_twin_decide_alike():
+    """The C getter asks _speedups.Admission; the Python fallback PyAdmission
+    must turn away and let in the same blocks, window ends and all."""
+    rng = random.Random(3)
+    twins = [CAdmission(4096), PyAdmission(4096)]
+    assert twins[0].bits == twins[1].bits == 4096 * 64
+    for step in range(60_000):
+        if step % 5000 == 0:
+            full, window = rng.random() < 0.8, rng.randrange(1, 4097)
+            for t in twins:
+                t.full, t.window = full, window
+        key = rng.choice([rng.randrange(1 << 40), rng.randrange(3000), -rng.randrange(1, 50)])
+        decisions = [t.admit(key) for t in twins]
+        assert decisions[0] == decisions[1], (step, key)
+        assert twins[0].count == twins[1].count < twins[0].window
+
+
+@pytest.mark.parametrize("make", [PyAdmission] + ([CAdmission] if CAdmission else []))
+def test_admission_refuses_bad_settings(make):
+    with pytest.raises(ValueError):
+        make(0)
+    a = make(100)
+    with pytest.raises(ValueError):
+        a.window = 0
+    with pytest.raises(ValueError):
+        a.window = a.bits // 64 + 1  # more than its bits were made for
+    a.window = a.bits // 64
+    with pytest.raises(TypeError):
+        a.admit("key")
+
+
+def test_threads_admitting_and_putting_keep_the_books_straight():
+    """Threads admitting and putting at once: the budget holds, the books add
+    up, and the admission's count stays within its window."""
     cache = BlockCache(20_000)
     fill(cache, range(200))
     errors: list[BaseException] = []
@@ -162,6 +244,6 @@ def test_threads_admitting_and_putting_keep_the_ghosts_bounded():
 
     run_threads(work)
     assert not errors
-    assert len(cache._ghost_ring) <= max(MIN_GHOSTS, len(cache._sizes)) + THREADS
-    assert cache._ghosts <= set(cache._ghost_ring)
     assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000
+    assert sorted(cache._ring) == sorted(cache._sizes)
+    assert cache.admission.count < cache.admission.window

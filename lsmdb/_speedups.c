@@ -10,6 +10,7 @@
  *   MemFilter   a Bloom filter of a memtable's keys, so that a get skips the
  *               memtable's dict for keys it does not hold
  *   Admission   which blocks read from disk a full block cache takes in
+ *   Cache       the block cache's books (lsmdb/cache.py's BlockCache)
  *   crc32       zlib's CRC-32, folded with PCLMULQDQ where the CPU has it
  *   xxh3_64     the filters' key hash, for keys up to 240 bytes
  *   block_may_hold, block_find, block_entry, entry_find, encode_ops,
@@ -1318,9 +1319,749 @@ static PyTypeObject ProbesType = {
     .tp_new = PyType_GenericNew,
 };
 
-/* ---- Getter: a table's whole point read, falling back to Python ------- */
+/* ---- the block cache's admission of blocks read from disk -------------- */
 
-static PyTypeObject AdmissionType;  /* the block cache's admission, below */
+/* Which blocks a full block cache takes in (BlockCache.admit): a block read
+ * from disk whose cache key was turned away once within the last `window`
+ * turned-away reads.  A table larger than the cache read at random would
+ * otherwise have every block it reads put in and another evicted, for a hit
+ * rate no policy raises above the cache's share of the table: the puts and
+ * evictions cost more than the hits they bring (issue #7).  The memory of
+ * turned-away keys is a bitmap of 64 bits per key of the window (a
+ * "doorkeeper", as in TinyLFU), cleared once `window` keys have been set in
+ * it: a key is remembered for between 0 and `window` turned-away reads, and
+ * a block never read before is let in with a probability of at most
+ * 1/64 (a bit some other key set).  A key admitted has its bit cleared: its
+ * next read is a first one again.  While the cache is not full (`full`,
+ * which BlockCache keeps up to date) every block is admitted.  Each call
+ * runs under the GIL without releasing it, so threads need no lock. */
+typedef struct {
+    PyObject_HEAD
+    uint64_t *bits;
+    uint64_t mask;        /* bit count - 1 (a power of two) */
+    Py_ssize_t window;    /* turned-away reads remembered at most */
+    Py_ssize_t count;     /* keys set since the last clear */
+    char full;
+} Admission;
+
+#define ADMISSION_BITS_PER_KEY 64
+#define ADMISSION_MAX_BITS ((uint64_t)1 << 26)   /* 8 MiB of bits */
+
+/* splitmix64's finaliser: cache keys are (file number << 24) | block index,
+ * whose low bits alone would crowd a few words */
+static inline uint64_t
+admission_mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Whether to cache the block with cache key `key` (and the books kept). */
+static int
+admission_admit(Admission *self, uint64_t key)
+{
+    if (!self->full)
+        return 1;
+    uint64_t b = admission_mix(key) & self->mask;
+    uint64_t *word = &self->bits[b >> 6], bit = (uint64_t)1 << (b & 63);
+    if (*word & bit) {
+        *word &= ~bit;
+        return 1;
+    }
+    *word |= bit;
+    if (++self->count >= self->window) {
+        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
+        self->count = 0;
+    }
+    return 0;
+}
+
+static int
+Admission_init(Admission *self, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t window;
+    static char *kwlist[] = {"window", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:Admission", kwlist, &window))
+        return -1;
+    if (window < 1) {
+        PyErr_SetString(PyExc_ValueError, "window must be >= 1");
+        return -1;
+    }
+    if (self->bits != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission cannot be initialised twice");
+        return -1;
+    }
+    uint64_t want = (uint64_t)window * ADMISSION_BITS_PER_KEY, nbits = 64;
+    while (nbits < want && nbits < ADMISSION_MAX_BITS)
+        nbits <<= 1;
+    self->bits = PyMem_Calloc((size_t)(nbits >> 6), sizeof(uint64_t));
+    if (self->bits == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->mask = nbits - 1;
+    self->window = window;
+    self->count = 0;
+    self->full = 0;
+    return 0;
+}
+
+static void
+Admission_dealloc(Admission *self)
+{
+    PyMem_Free(self->bits);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Admission_admit(Admission *self, PyObject *key)
+{
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return NULL;
+    }
+    if (!PyLong_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
+        return NULL;
+    }
+    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
+    if (k == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(admission_admit(self, (uint64_t)k));
+}
+
+static PyObject *
+Admission_get_window(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->window);
+}
+
+static int
+Admission_set_window(Admission *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return -1;
+    }
+    Py_ssize_t w = value != NULL ? PyLong_AsSsize_t(value) : -1;
+    if (w == -1 && PyErr_Occurred())
+        return -1;
+    if (w < 1 || (uint64_t)w > ((self->mask + 1) / ADMISSION_BITS_PER_KEY)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "window must be >= 1 and within the bits made at creation");
+        return -1;
+    }
+    self->window = w;
+    if (self->count >= w) {  /* the window is spent: forget */
+        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
+        self->count = 0;
+    }
+    return 0;
+}
+
+static PyObject *
+Admission_get_full(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->full);
+}
+
+static int
+Admission_set_full(Admission *self, PyObject *value, void *Py_UNUSED(closure))
+{
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return -1;
+    }
+    int t = value != NULL ? PyObject_IsTrue(value) : -1;
+    if (t < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "full cannot be deleted");
+        return -1;
+    }
+    self->full = (char)t;
+    return 0;
+}
+
+static PyObject *
+Admission_get_bits(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->mask + 1);
+}
+
+static PyObject *
+Admission_get_count(Admission *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->count);
+}
+
+static PyMethodDef Admission_methods[] = {
+    {"admit", (PyCFunction)Admission_admit, METH_O,
+     "admit(key) -> whether a full cache takes the block read with this cache key"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Admission_getset[] = {
+    {"window", (getter)Admission_get_window, (setter)Admission_set_window,
+     "turned-away reads remembered at most", NULL},
+    {"full", (getter)Admission_get_full, (setter)Admission_set_full,
+     "whether the cache is full (if not, every block is admitted)", NULL},
+    {"bits", (getter)Admission_get_bits, NULL, "size of the bitmap, in bits", NULL},
+    {"count", (getter)Admission_get_count, NULL, "keys set since the bitmap was cleared",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject AdmissionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Admission",
+    .tp_basicsize = sizeof(Admission),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Admission(window): which blocks read from disk a full block cache takes in.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Admission_init,
+    .tp_dealloc = (destructor)Admission_dealloc,
+    .tp_methods = Admission_methods,
+    .tp_getset = Admission_getset,
+};
+
+/* ---- the block cache's books: table, clock and admission ---------------- */
+
+/* BlockCache's state in C (lsmdb/cache.py has its Python twin for builds
+ * without this extension): cache key -> block object and its size, a byte
+ * budget, second-chance ("CLOCK") eviction in the order blocks came in, and
+ * the Admission of a full cache's reads.  The table is open addressing with
+ * linear probing on the keys' splitmix64 mix; the clock's ring is a circular
+ * array of the cached blocks' keys, oldest first, one per cached block
+ * (eviction pops the blocks it drops, evict_file rebuilds it without its
+ * blocks; a replaced block keeps its place).  A block counting more than
+ * 4 GiB (or than the budget) is not cached.  Every method
+ * runs under the GIL without letting it go (a block's release can run no
+ * Python code for the bytes the read path caches), so threads need no lock,
+ * and the C getter looks blocks up, marks hits and puts blocks it read with
+ * no call into Python. */
+enum { SLOT_EMPTY = 0, SLOT_LIVE = 1, SLOT_GONE = 2 };
+
+typedef struct {
+    uint64_t key;
+    PyObject *block;     /* a reference while live */
+    uint32_t size;       /* what the budget counts for it */
+    uint8_t state;
+    uint8_t marked;      /* hit since the clock last passed it */
+} CacheSlot;             /* 24 bytes */
+
+typedef uint64_t RingItem;  /* a cached block's key */
+
+typedef struct {
+    PyObject_HEAD
+    CacheSlot *slots;
+    size_t nslots;                  /* a power of two, or 0 before __init__ */
+    Py_ssize_t live, gone;          /* slots live, and gone (tombstones) */
+    RingItem *ring;                 /* circular: oldest at rhead */
+    size_t rcap, rhead, rlen;       /* rcap a power of two */
+    Py_ssize_t capacity, used;      /* bytes */
+    Py_ssize_t min_window, window_divisor;
+    Admission *admission;
+} Cache;
+
+static Py_ssize_t
+cache_find(const Cache *c, uint64_t key)
+{
+    size_t mask = c->nslots - 1, i = (size_t)admission_mix(key) & mask;
+    for (;;) {
+        const CacheSlot *s = &c->slots[i];
+        if (s->state == SLOT_EMPTY)
+            return -1;
+        if (s->state == SLOT_LIVE && s->key == key)
+            return (Py_ssize_t)i;
+        i = (i + 1) & mask;
+    }
+}
+
+/* The table rebuilt with nslots slots (a power of two above twice the live
+ * ones): no tombstones left.  0, or -1 with MemoryError. */
+static int
+cache_resize(Cache *c, size_t nslots)
+{
+    CacheSlot *fresh = PyMem_Calloc(nslots, sizeof(CacheSlot));
+    if (fresh == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t mask = nslots - 1;
+    for (size_t j = 0; j < c->nslots; j++) {
+        if (c->slots[j].state != SLOT_LIVE)
+            continue;
+        size_t i = (size_t)admission_mix(c->slots[j].key) & mask;
+        while (fresh[i].state != SLOT_EMPTY)
+            i = (i + 1) & mask;
+        fresh[i] = c->slots[j];
+    }
+    PyMem_Free(c->slots);
+    c->slots = fresh;
+    c->nslots = nslots;
+    c->gone = 0;
+    return 0;
+}
+
+static int
+ring_push(Cache *c, uint64_t key)
+{
+    if (c->rlen == c->rcap) {
+        size_t cap = c->rcap ? c->rcap * 2 : 64;
+        RingItem *fresh = PyMem_Malloc(cap * sizeof(RingItem));
+        if (fresh == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (size_t j = 0; j < c->rlen; j++)
+            fresh[j] = c->ring[(c->rhead + j) & (c->rcap - 1)];
+        PyMem_Free(c->ring);
+        c->ring = fresh;
+        c->rcap = cap;
+        c->rhead = 0;
+    }
+    c->ring[(c->rhead + c->rlen) & (c->rcap - 1)] = key;
+    c->rlen++;
+    return 0;
+}
+
+static RingItem
+ring_pop(Cache *c)
+{
+    RingItem it = c->ring[c->rhead];
+    c->rhead = (c->rhead + 1) & (c->rcap - 1);
+    c->rlen--;
+    return it;
+}
+
+/* Slot i given up: its block (the reference the caller releases). */
+static PyObject *
+cache_drop(Cache *c, Py_ssize_t i)
+{
+    CacheSlot *s = &c->slots[i];
+    PyObject *block = s->block;
+    c->used -= (Py_ssize_t)s->size;
+    s->block = NULL;
+    s->state = SLOT_GONE;
+    s->marked = 0;
+    c->live--;
+    c->gone++;
+    return block;
+}
+
+static void
+cache_tell_admission(Cache *c)
+{
+    Admission *a = c->admission;
+    a->full = c->live > 0 && c->used + c->used / c->live > c->capacity;
+    Py_ssize_t w = c->live / c->window_divisor, most = (Py_ssize_t)((a->mask + 1) / 64);
+    if (w < c->min_window)
+        w = c->min_window;
+    if (w > most)
+        w = most;
+    if (w != a->window) {
+        a->window = w;
+        if (a->count >= w) {  /* the window is spent: forget */
+            memset(a->bits, 0, (size_t)((a->mask >> 6) + 1) * sizeof(uint64_t));
+            a->count = 0;
+        }
+    }
+}
+
+/* Free room down to the budget, the block `keep` (just put) aside: the
+ * oldest go first, except marked ones, which are unmarked and go to the
+ * back of the ring once each. */
+static void
+cache_evict(Cache *c, uint64_t keep)
+{
+    Py_ssize_t second_chances = c->live;
+    while (c->used > c->capacity && c->rlen > 0) {
+        RingItem it = ring_pop(c);
+        Py_ssize_t i = cache_find(c, it);
+        if (i < 0)
+            continue;  /* cannot be: every cached block has one item */
+        if (it == keep || (c->slots[i].marked && second_chances > 0)) {
+            if (it != keep) {
+                second_chances--;
+                c->slots[i].marked = 0;
+            }
+            c->ring[(c->rhead + c->rlen) & (c->rcap - 1)] = it;  /* popped: room */
+            c->rlen++;
+            continue;
+        }
+        PyObject *block = cache_drop(c, i);
+        Py_DECREF(block);
+    }
+}
+
+/* Cache `block` under key, counting size bytes (not cached if larger than
+ * the whole budget); one already there is replaced in its place.  0, or -1
+ * with an exception set (memory). */
+static int
+cache_put(Cache *c, uint64_t key, PyObject *block, Py_ssize_t size)
+{
+    if (size < 0 || size > c->capacity || (uint64_t)size > UINT32_MAX)
+        return 0;
+    Py_ssize_t i = cache_find(c, key);
+    if (i >= 0) {
+        CacheSlot *s = &c->slots[i];
+        PyObject *old = s->block;
+        c->used += size - (Py_ssize_t)s->size;
+        s->block = Py_NewRef(block);
+        s->size = (uint32_t)size;
+        Py_DECREF(old);
+    }
+    else {
+        if ((size_t)(c->live + c->gone + 1) * 2 > c->nslots) {
+            size_t n = 16;
+            while (n < (size_t)(c->live + 1) * 4)
+                n <<= 1;
+            if (cache_resize(c, n) < 0)
+                return -1;
+        }
+        if (ring_push(c, key) < 0)
+            return -1;
+        size_t mask = c->nslots - 1, j = (size_t)admission_mix(key) & mask;
+        while (c->slots[j].state == SLOT_LIVE)
+            j = (j + 1) & mask;
+        if (c->slots[j].state == SLOT_GONE)
+            c->gone--;
+        c->slots[j] = (CacheSlot){key, Py_NewRef(block), (uint32_t)size, SLOT_LIVE, 0};
+        c->live++;
+        c->used += size;
+    }
+    if (c->used > c->capacity)
+        cache_evict(c, key);
+    cache_tell_admission(c);
+    return 0;
+}
+
+/* Drop every block of file `number` (keys number << 24 | block), and their
+ * items from the ring.  0, or -1 with an exception set. */
+static int
+cache_evict_file(Cache *c, uint64_t number)
+{
+    Py_ssize_t dropped = 0;
+    PyObject **blocks = NULL;
+    for (size_t j = 0; j < c->nslots; j++)
+        if (c->slots[j].state == SLOT_LIVE && (c->slots[j].key >> 24) == number)
+            dropped++;
+    if (dropped == 0)
+        return 0;
+    blocks = PyMem_Malloc((size_t)dropped * sizeof(PyObject *));
+    if (blocks == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t n = 0;
+    for (size_t j = 0; j < c->nslots; j++)
+        if (c->slots[j].state == SLOT_LIVE && (c->slots[j].key >> 24) == number)
+            blocks[n++] = cache_drop(c, (Py_ssize_t)j);
+    size_t kept = 0, len = c->rlen;
+    for (size_t j = 0; j < len; j++) {  /* the ring without them, in order */
+        RingItem it = c->ring[(c->rhead + j) & (c->rcap - 1)];
+        if (cache_find(c, it) >= 0)
+            c->ring[(c->rhead + kept++) & (c->rcap - 1)] = it;
+    }
+    c->rlen = kept;
+    cache_tell_admission(c);
+    for (Py_ssize_t j = 0; j < n; j++)  /* released once the books are straight */
+        Py_DECREF(blocks[j]);
+    PyMem_Free(blocks);
+    return 0;
+}
+
+static int
+cache_key_arg(PyObject *key, uint64_t *out)
+{
+    if (!PyLong_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
+        return -1;
+    }
+    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
+    if (k == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)k;
+    return 0;
+}
+
+static int
+Cache_init(Cache *self, PyObject *args, PyObject *kwds)
+{
+    Py_ssize_t capacity, min_window = 1024, divisor = 4;
+    PyObject *admission;
+    static char *kwlist[] = {"capacity_bytes", "admission", "min_window", "window_divisor", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nO!|nn:Cache", kwlist, &capacity,
+                                     &AdmissionType, &admission, &min_window, &divisor))
+        return -1;
+    if (self->slots != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Cache cannot be initialised twice");
+        return -1;
+    }
+    if (capacity < 0 || min_window < 1 || divisor < 1) {
+        PyErr_SetString(PyExc_ValueError,
+                        "capacity_bytes must be >= 0, min_window and window_divisor >= 1");
+        return -1;
+    }
+    if (((Admission *)admission)->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return -1;
+    }
+    self->slots = PyMem_Calloc(16, sizeof(CacheSlot));
+    if (self->slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->nslots = 16;
+    self->capacity = capacity;
+    self->min_window = min_window;
+    self->window_divisor = divisor;
+    self->admission = (Admission *)Py_NewRef(admission);
+    cache_tell_admission(self);
+    return 0;
+}
+
+static int
+Cache_traverse(Cache *self, visitproc visit, void *arg)
+{
+    for (size_t j = 0; j < self->nslots; j++)
+        if (self->slots[j].state == SLOT_LIVE)
+            Py_VISIT(self->slots[j].block);
+    return 0;
+}
+
+/* Every block dropped (the cycle collector's tp_clear: a block could refer
+ * back to the cache); the cache stays usable, empty.  The admission, which
+ * refers to nothing, stays until the cache goes. */
+static int
+Cache_clear(Cache *self)
+{
+    if (self->live == 0)
+        return 0;
+    CacheSlot *old = self->slots, *fresh = PyMem_Calloc(16, sizeof(CacheSlot));
+    size_t n = self->nslots;
+    if (fresh == NULL) {  /* no memory for an empty table: drop in place */
+        for (size_t j = 0; j < n; j++)
+            if (old[j].state == SLOT_LIVE)
+                Py_DECREF(cache_drop(self, (Py_ssize_t)j));
+        self->rlen = 0;
+        return 0;
+    }
+    /* the books emptied first, the blocks released after: a block's
+     * release cannot find the cache half cleared */
+    self->slots = fresh;
+    self->nslots = 16;
+    self->live = self->gone = 0;
+    self->used = 0;
+    self->rlen = 0;
+    if (self->admission != NULL)
+        cache_tell_admission(self);
+    for (size_t j = 0; j < n; j++)
+        if (old[j].state == SLOT_LIVE)
+            Py_DECREF(old[j].block);
+    PyMem_Free(old);
+    return 0;
+}
+
+static void
+Cache_dealloc(Cache *self)
+{
+    PyObject_GC_UnTrack(self);
+    Cache_clear(self);
+    Py_CLEAR(self->admission);
+    PyMem_Free(self->slots);
+    PyMem_Free(self->ring);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+cache_ready(Cache *self)
+{
+    if (self->slots == NULL || self->admission == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Cache is not initialised");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+Cache_lookup(Cache *self, PyObject *key)
+{
+    uint64_t k;
+    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
+        return NULL;
+    Py_ssize_t i = cache_find(self, k);
+    return i < 0 ? Py_NewRef(Py_None) : Py_NewRef(self->slots[i].block);
+}
+
+static PyObject *
+Cache_get(Cache *self, PyObject *key)
+{
+    uint64_t k;
+    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
+        return NULL;
+    Py_ssize_t i = cache_find(self, k);
+    if (i < 0)
+        Py_RETURN_NONE;
+    self->slots[i].marked = 1;
+    return Py_NewRef(self->slots[i].block);
+}
+
+static PyObject *
+Cache_touch(Cache *self, PyObject *key)
+{
+    uint64_t k;
+    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
+        return NULL;
+    Py_ssize_t i = cache_find(self, k);
+    if (i >= 0)
+        self->slots[i].marked = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Cache_put(Cache *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t k;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "put(key, block, size)");
+        return NULL;
+    }
+    if (!cache_ready(self) || cache_key_arg(args[0], &k) < 0)
+        return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[2]);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a block's size must be >= 0");
+        return NULL;
+    }
+    if (cache_put(self, k, args[1], size) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Cache_admit(Cache *self, PyObject *key)
+{
+    uint64_t k;
+    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
+        return NULL;
+    return PyBool_FromLong(admission_admit(self->admission, k));
+}
+
+static PyObject *
+Cache_evict_file(Cache *self, PyObject *number)
+{
+    uint64_t n;
+    if (!cache_ready(self) || cache_key_arg(number, &n) < 0)
+        return NULL;
+    if (cache_evict_file(self, n) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* [(key, size, marked)] of the cached blocks in the ring's order, oldest
+ * first: for tests and inspection. */
+static PyObject *
+Cache_entries(Cache *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!cache_ready(self))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL)
+        return NULL;
+    for (size_t j = 0; j < self->rlen; j++) {
+        RingItem it = self->ring[(self->rhead + j) & (self->rcap - 1)];
+        Py_ssize_t i = cache_find(self, it);
+        if (i < 0)
+            continue;
+        PyObject *t = Py_BuildValue("(KnO)", (unsigned long long)it,
+                                    (Py_ssize_t)self->slots[i].size,
+                                    self->slots[i].marked ? Py_True : Py_False);
+        if (t == NULL || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(t);
+    }
+    return out;
+}
+
+static Py_ssize_t
+Cache_len(Cache *self)
+{
+    return self->live;
+}
+
+static PyObject *
+Cache_get_used(Cache *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->used);
+}
+
+static PyObject *
+Cache_get_capacity(Cache *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->capacity);
+}
+
+static PyObject *
+Cache_get_admission(Cache *self, void *Py_UNUSED(closure))
+{
+    if (self->admission == NULL)
+        Py_RETURN_NONE;
+    return Py_NewRef((PyObject *)self->admission);
+}
+
+static PyMethodDef Cache_methods[] = {
+    {"lookup", (PyCFunction)Cache_lookup, METH_O, "lookup(key) -> the cached block or None"},
+    {"get", (PyCFunction)Cache_get, METH_O,
+     "get(key) -> the cached block or None; a hit is marked as recently used"},
+    {"touch", (PyCFunction)Cache_touch, METH_O, "touch(key): mark a hit"},
+    {"put", (PyCFunction)(void (*)(void))Cache_put, METH_FASTCALL,
+     "put(key, block, size): cache a block, evicting down to the budget"},
+    {"admit", (PyCFunction)Cache_admit, METH_O,
+     "admit(key) -> whether to cache the block a get read from disk"},
+    {"evict_file", (PyCFunction)Cache_evict_file, METH_O,
+     "evict_file(number): drop every block of a file"},
+    {"entries", (PyCFunction)Cache_entries, METH_NOARGS,
+     "entries() -> [(key, size, marked)], oldest first"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Cache_getset[] = {
+    {"used_bytes", (getter)Cache_get_used, NULL, "bytes the cached blocks count", NULL},
+    {"capacity_bytes", (getter)Cache_get_capacity, NULL, "the budget", NULL},
+    {"admission", (getter)Cache_get_admission, NULL, "its Admission", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods Cache_as_sequence = {.sq_length = (lenfunc)Cache_len};
+
+static PyTypeObject CacheType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Cache",
+    .tp_basicsize = sizeof(Cache),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Cache(capacity_bytes, admission, min_window=1024, window_divisor=4): "
+              "the block cache's books in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Cache_init,
+    .tp_dealloc = (destructor)Cache_dealloc,
+    .tp_traverse = (traverseproc)Cache_traverse,
+    .tp_clear = (inquiry)Cache_clear,
+    .tp_methods = Cache_methods,
+    .tp_getset = Cache_getset,
+    .tp_as_sequence = &Cache_as_sequence,
+};
+
+/* ---- Getter: a table's whole point read, falling back to Python ------- */
 
 #define GETS 0
 #define GETS_ABSENT 1
@@ -1571,11 +2312,7 @@ typedef struct {
     PyObject *lookup_block; /* (reader, index_keys, base, counts, key[, block]) -> value/None/MISSING */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
     PyObject *decode_read;  /* (reader, block, raw, counts, key) -> value/None/MISSING */
-    PyObject *cache_map;    /* the block cache's dict (cache key -> block_entry bytes), or NULL */
-    PyObject *cache_marked; /* its set of keys hit since their last eviction pass */
-    PyObject *cache_admit;  /* Admission, or (cache key) -> whether to cache a block read;
-                             * or NULL */
-    PyObject *cache_put;    /* (cache key, entry, size) -> None: cache a block; or NULL */
+    Cache *cache;           /* the block cache (its entries: block_entry bytes), or NULL */
     Py_ssize_t max_key;
 } Getter;
 
@@ -1592,10 +2329,7 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->lookup_block);
     Py_VISIT(self->slow_get);
     Py_VISIT(self->decode_read);
-    Py_VISIT(self->cache_admit);
-    Py_VISIT(self->cache_put);
-    Py_VISIT(self->cache_map);
-    Py_VISIT(self->cache_marked);
+    Py_VISIT(self->cache);
     if (self->have_counts)
         Py_VISIT(self->counts.obj);
     return 0;
@@ -1614,10 +2348,7 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->lookup_block);
     Py_CLEAR(self->slow_get);
     Py_CLEAR(self->decode_read);
-    Py_CLEAR(self->cache_admit);
-    Py_CLEAR(self->cache_put);
-    Py_CLEAR(self->cache_map);
-    Py_CLEAR(self->cache_marked);
+    Py_CLEAR(self->cache);
     return 0;
 }
 
@@ -1635,26 +2366,17 @@ static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, si
 static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache_map, *cache_marked;
-    PyObject *decode_read, *cache_admit = Py_None, *cache_put = Py_None;
+    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache, *decode_read;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             "cache_map", "cache_marked", "decode_read", "cache_admit",
-                             "cache_put", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOOO|OO:Getter", kwlist, &db, &state,
-                                     &missing, &lookup_block, &slow_get, &max_key, &cache_map,
-                                     &cache_marked, &decode_read, &cache_admit, &cache_put))
+                             "cache", "decode_read", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOO:Getter", kwlist, &db, &state,
+                                     &missing, &lookup_block, &slow_get, &max_key, &cache,
+                                     &decode_read))
         return -1;
-    if ((cache_admit != Py_None && !PyCallable_Check(cache_admit)
-         && !Py_IS_TYPE(cache_admit, &AdmissionType))
-        || (cache_put != Py_None && !PyCallable_Check(cache_put))) {
-        PyErr_SetString(PyExc_TypeError,
-                        "cache_admit must be an Admission, callable or None, "
-                        "and cache_put callable or None");
-        return -1;
-    }
-    if (cache_map != Py_None && (!PyDict_CheckExact(cache_map) || !PySet_Check(cache_marked))) {
-        PyErr_SetString(PyExc_TypeError, "cache_map must be a dict and cache_marked a set");
+    if (cache != Py_None && (!PyObject_TypeCheck(cache, &CacheType)
+                             || ((Cache *)cache)->slots == NULL)) {
+        PyErr_SetString(PyExc_TypeError, "cache must be an initialised Cache or None");
         return -1;
     }
     if (self->db != NULL) {
@@ -1686,14 +2408,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     self->lookup_block = Py_NewRef(lookup_block);
     self->slow_get = Py_NewRef(slow_get);
     self->decode_read = Py_NewRef(decode_read);
-    if (cache_map != Py_None) {
-        self->cache_map = Py_NewRef(cache_map);
-        self->cache_marked = Py_NewRef(cache_marked);
-        if (cache_admit != Py_None)
-            self->cache_admit = Py_NewRef(cache_admit);
-        if (cache_put != Py_None)
-            self->cache_put = Py_NewRef(cache_put);
-    }
+    if (cache != Py_None)
+        self->cache = (Cache *)Py_NewRef(cache);
     self->max_key = max_key;
     self->vectorcall = Getter_vectorcall;
     return 0;
@@ -1788,14 +2504,15 @@ index_words_init(Entry *e)
 }
 
 /* The block cache's key of block i of a file whose key base is base (an
- * int): base | i, a new reference; NULL with an exception set. */
-static PyObject *
-block_cache_key(PyObject *base, Py_ssize_t i)
+ * int): base | i in *key; 0, or -1 with an exception set. */
+static int
+block_cache_key(PyObject *base, Py_ssize_t i, uint64_t *key)
 {
     unsigned long long b = PyLong_AsUnsignedLongLong(base);
     if (b == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    return PyLong_FromUnsignedLongLong(b | (unsigned long long)i);
+        return -1;
+    *key = b | (unsigned long long)i;
+    return 0;
 }
 
 /* The cached block of file entry `item` (reader, index_keys, base, counts)
@@ -1816,34 +2533,24 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
     Py_ssize_t i = bisect_index(e, key);
     if (i == e->nidx)
         return 0; /* past the last block: let the Python side count it */
-    if (self->cache_map == NULL) {  /* no cache: the caller reads block i */
+    if (self->cache == NULL) {  /* no cache: the caller reads block i */
         *block_index = i;
         return 0;
     }
-    PyObject *ck = block_cache_key(base, i);
-    if (ck == NULL)
+    uint64_t ck;
+    if (block_cache_key(base, i, &ck) < 0)
         return -1;
-    PyObject *bl = PyDict_GetItemWithError(self->cache_map, ck);
-    if (bl == NULL) {
-        Py_DECREF(ck);
-        if (PyErr_Occurred())
-            return -1;
+    Py_ssize_t s = cache_find(self->cache, ck);
+    if (s < 0) {
         *block_index = i;
         return 0;
     }
-    if (!PyBytes_CheckExact(bl)) {
-        Py_DECREF(ck);
+    PyObject *bl = self->cache->slots[s].block;
+    if (!PyBytes_CheckExact(bl))
         return 0;
-    }
-    Py_INCREF(bl);  /* the dict may change under the set insertion below */
-    int r = PySet_Add(self->cache_marked, ck);
-    Py_DECREF(ck);
-    if (r < 0) {
-        Py_DECREF(bl);
-        return -1;
-    }
+    self->cache->slots[s].marked = 1;
     PREFETCH(PyBytes_AS_STRING(bl));
-    *block = bl;
+    *block = Py_NewRef(bl);
     return 1;
 }
 
@@ -1969,215 +2676,6 @@ cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **
     Py_DECREF(block);
     return found;
 }
-
-/* ---- the block cache's admission of blocks read from disk -------------- */
-
-/* Which blocks a full block cache takes in (BlockCache.admit): a block read
- * from disk whose cache key was turned away once within the last `window`
- * turned-away reads.  A table larger than the cache read at random would
- * otherwise have every block it reads put in and another evicted, for a hit
- * rate no policy raises above the cache's share of the table: the puts and
- * evictions cost more than the hits they bring (issue #7).  The memory of
- * turned-away keys is a bitmap of 64 bits per key of the window (a
- * "doorkeeper", as in TinyLFU), cleared once `window` keys have been set in
- * it: a key is remembered for between 0 and `window` turned-away reads, and
- * a block never read before is let in with a probability of at most
- * 1/64 (a bit some other key set).  A key admitted has its bit cleared: its
- * next read is a first one again.  While the cache is not full (`full`,
- * which BlockCache keeps up to date) every block is admitted.  Each call
- * runs under the GIL without releasing it, so threads need no lock. */
-typedef struct {
-    PyObject_HEAD
-    uint64_t *bits;
-    uint64_t mask;        /* bit count - 1 (a power of two) */
-    Py_ssize_t window;    /* turned-away reads remembered at most */
-    Py_ssize_t count;     /* keys set since the last clear */
-    char full;
-} Admission;
-
-#define ADMISSION_BITS_PER_KEY 64
-#define ADMISSION_MAX_BITS ((uint64_t)1 << 26)   /* 8 MiB of bits */
-
-/* splitmix64's finaliser: cache keys are (file number << 24) | block index,
- * whose low bits alone would crowd a few words */
-static inline uint64_t
-admission_mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
-
-/* Whether to cache the block with cache key `key` (and the books kept). */
-static int
-admission_admit(Admission *self, uint64_t key)
-{
-    if (!self->full)
-        return 1;
-    uint64_t b = admission_mix(key) & self->mask;
-    uint64_t *word = &self->bits[b >> 6], bit = (uint64_t)1 << (b & 63);
-    if (*word & bit) {
-        *word &= ~bit;
-        return 1;
-    }
-    *word |= bit;
-    if (++self->count >= self->window) {
-        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
-        self->count = 0;
-    }
-    return 0;
-}
-
-static int
-Admission_init(Admission *self, PyObject *args, PyObject *kwds)
-{
-    Py_ssize_t window;
-    static char *kwlist[] = {"window", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n:Admission", kwlist, &window))
-        return -1;
-    if (window < 1) {
-        PyErr_SetString(PyExc_ValueError, "window must be >= 1");
-        return -1;
-    }
-    if (self->bits != NULL) {
-        PyErr_SetString(PyExc_TypeError, "Admission cannot be initialised twice");
-        return -1;
-    }
-    uint64_t want = (uint64_t)window * ADMISSION_BITS_PER_KEY, nbits = 64;
-    while (nbits < want && nbits < ADMISSION_MAX_BITS)
-        nbits <<= 1;
-    self->bits = PyMem_Calloc((size_t)(nbits >> 6), sizeof(uint64_t));
-    if (self->bits == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    self->mask = nbits - 1;
-    self->window = window;
-    self->count = 0;
-    self->full = 0;
-    return 0;
-}
-
-static void
-Admission_dealloc(Admission *self)
-{
-    PyMem_Free(self->bits);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *
-Admission_admit(Admission *self, PyObject *key)
-{
-    if (self->bits == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
-        return NULL;
-    }
-    if (!PyLong_Check(key)) {
-        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
-        return NULL;
-    }
-    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
-    if (k == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    return PyBool_FromLong(admission_admit(self, (uint64_t)k));
-}
-
-static PyObject *
-Admission_get_window(Admission *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromSsize_t(self->window);
-}
-
-static int
-Admission_set_window(Admission *self, PyObject *value, void *Py_UNUSED(closure))
-{
-    if (self->bits == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
-        return -1;
-    }
-    Py_ssize_t w = value != NULL ? PyLong_AsSsize_t(value) : -1;
-    if (w == -1 && PyErr_Occurred())
-        return -1;
-    if (w < 1 || (uint64_t)w > ((self->mask + 1) / ADMISSION_BITS_PER_KEY)) {
-        PyErr_SetString(PyExc_ValueError,
-                        "window must be >= 1 and within the bits made at creation");
-        return -1;
-    }
-    self->window = w;
-    if (self->count >= w) {  /* the window is spent: forget */
-        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
-        self->count = 0;
-    }
-    return 0;
-}
-
-static PyObject *
-Admission_get_full(Admission *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(self->full);
-}
-
-static int
-Admission_set_full(Admission *self, PyObject *value, void *Py_UNUSED(closure))
-{
-    if (self->bits == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
-        return -1;
-    }
-    int t = value != NULL ? PyObject_IsTrue(value) : -1;
-    if (t < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, "full cannot be deleted");
-        return -1;
-    }
-    self->full = (char)t;
-    return 0;
-}
-
-static PyObject *
-Admission_get_bits(Admission *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromUnsignedLongLong(self->mask + 1);
-}
-
-static PyObject *
-Admission_get_count(Admission *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromSsize_t(self->count);
-}
-
-static PyMethodDef Admission_methods[] = {
-    {"admit", (PyCFunction)Admission_admit, METH_O,
-     "admit(key) -> whether a full cache takes the block read with this cache key"},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef Admission_getset[] = {
-    {"window", (getter)Admission_get_window, (setter)Admission_set_window,
-     "turned-away reads remembered at most", NULL},
-    {"full", (getter)Admission_get_full, (setter)Admission_set_full,
-     "whether the cache is full (if not, every block is admitted)", NULL},
-    {"bits", (getter)Admission_get_bits, NULL, "size of the bitmap, in bits", NULL},
-    {"count", (getter)Admission_get_count, NULL, "keys set since the bitmap was cleared",
-     NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyTypeObject AdmissionType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "lsmdb._speedups.Admission",
-    .tp_basicsize = sizeof(Admission),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Admission(window): which blocks read from disk a full block cache takes in.",
-    .tp_new = PyType_GenericNew,
-    .tp_init = (initproc)Admission_init,
-    .tp_dealloc = (destructor)Admission_dealloc,
-    .tp_methods = Admission_methods,
-    .tp_getset = Admission_getset,
-};
 
 /* ---- a file mapped for block reads ------------------------------------- */
 
@@ -2409,58 +2907,30 @@ static int block_may_hold(const unsigned char *p, size_t n, const unsigned char 
                           size_t klen);
 
 /* Offer block i of file entry item (reader, index_keys, base, counts),
- * whose payload p[0:size] block_find read whole, to the cache: if
- * cache_admit, an Admission (asked here, with no call) or a callable given
- * base | i, says yes (or there is no cache_admit),
- * cache_put(base | i, its block_entry, that entry's size).  0, or -1 on
- * error. */
+ * whose payload p[0:size] block_find read whole, to the cache: if its
+ * admission takes base | i, cache its block_entry there, counting that
+ * entry's size.  0, or -1 on error. */
 static int
 offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size)
 {
     PyObject *base = PyTuple_GET_ITEM(item, 2);
     if (!PyLong_CheckExact(base))
         return 0;
-    if (self->cache_admit != NULL && Py_IS_TYPE(self->cache_admit, &AdmissionType)) {
-        /* decided here, without a call or an int object for the blocks
-         * turned away */
-        unsigned long long b = PyLong_AsUnsignedLongLong(base);
-        if (b == (unsigned long long)-1 && PyErr_Occurred())
-            return -1;
-        if (!admission_admit((Admission *)self->cache_admit, b | (unsigned long long)i))
-            return 0;
-    }
-    PyObject *ck = block_cache_key(base, i);
-    if (ck == NULL)
+    uint64_t key;
+    if (block_cache_key(base, i, &key) < 0)
         return -1;
-    PyObject *entry = NULL, *n = NULL, *r = NULL;
-    int admit = 1;
-    if (self->cache_admit != NULL && !Py_IS_TYPE(self->cache_admit, &AdmissionType)) {
-        PyObject *yes = PyObject_CallOneArg(self->cache_admit, ck);
-        admit = yes == NULL ? -1 : PyObject_IsTrue(yes);
-        Py_XDECREF(yes);
-    }
-    if (admit <= 0) {
-        Py_DECREF(ck);
-        return admit;
-    }
-    entry = block_entry(p, size);
-    if (entry == NULL && PyErr_ExceptionMatches(PyExc_ValueError)) {
+    if (!admission_admit(self->cache->admission, key))
+        return 0;
+    PyObject *entry = block_entry(p, size);
+    if (entry == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
         PyErr_Clear();  /* a block over 1 GiB: not cached */
-        Py_DECREF(ck);
         return 0;
     }
-    n = entry != NULL ? PyLong_FromSsize_t(PyBytes_GET_SIZE(entry)) : NULL;
-    if (n != NULL) {
-        PyObject *args[3] = {ck, entry, n};
-        r = PyObject_Vectorcall(self->cache_put, args, 3, NULL);
-    }
-    Py_DECREF(ck);
-    Py_XDECREF(entry);
-    Py_XDECREF(n);
-    if (r == NULL)
-        return -1;
-    Py_DECREF(r);
-    return 0;
+    int r = cache_put(self->cache, key, entry, PyBytes_GET_SIZE(entry));
+    Py_DECREF(entry);
+    return r;
 }
 
 /* After a "maybe" for key in data block i of file entry item (reader,
@@ -2536,7 +3006,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     if (f > 0) {
         /* a full cache takes a block a get read only if it was read not long
          * ago (BlockCache.admit) */
-        if (self->cache_put != NULL && offer_block(self, item, i, buf, (size_t)size) < 0) {
+        if (self->cache != NULL && offer_block(self, item, i, buf, (size_t)size) < 0) {
             PyMem_RawFree(buf);
             return -1;
         }
@@ -4288,7 +4758,8 @@ PyInit__speedups(void)
 {
     if (PyType_Ready(&ProbesType) < 0 || PyType_Ready(&GetterType) < 0
         || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0
-        || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0)
+        || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0
+        || PyType_Ready(&CacheType) < 0)
         return NULL;
     str_closed = PyUnicode_InternFromString("_closed");
     str_fast = PyUnicode_InternFromString("fast");
@@ -4316,6 +4787,7 @@ PyInit__speedups(void)
         || add_type(mod, "MemFilter", &MemFilterType) < 0
         || add_type(mod, "Mapping", &MappingType) < 0
         || add_type(mod, "Admission", &AdmissionType) < 0
+        || add_type(mod, "Cache", &CacheType) < 0
 #ifdef HAVE_CLMUL_CODE
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
 #else

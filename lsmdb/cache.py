@@ -8,27 +8,30 @@ through them, ``entry_find``).  The budget counts those bytes.  Decoded
 ``(keys, values)`` lists, which the cache held before, took about twice the
 budget in Python objects, and a full cache spent more decoding and freeing
 them than the disk reads they saved.
-Eviction is second-chance ("CLOCK"): a hit only marks the entry, so the hot
-path is one dict lookup; when room is needed the oldest entries go first,
-except marked ones, which are unmarked and moved to the back once.  The order
-is a deque of keys beside the dict (the clock's ring): taking the oldest is
-O(1).  (Taking it as ``next(iter(dict))`` is not: a dict keeps the slots of
-the keys popped from its front until it next resizes, and iteration walks
-over them, so a full cache spent microseconds per eviction.)  The block being
-put is never the one evicted to make its room.  ``evict_file``, which walks
-every key anyway, rebuilds the ring without the file's blocks.  Hits are
-counted per SSTable as ``block_cache_hits``, apart from ``block_reads`` (disk
-reads).
+Eviction is second-chance ("CLOCK"): a hit only marks the entry; when room
+is needed the oldest entries go first, except marked ones, which are
+unmarked and moved to the back once.  The block being put is never the one
+evicted to make its room.  A block put again keeps its place and takes its
+new size.  Hits are counted per SSTable as ``block_cache_hits``, apart from
+``block_reads`` (disk reads).
 
-Thread safety: a lookup and a hit's mark are one dict or set operation each
-under the GIL; ``put`` and ``evict_file``, which change the ring as well,
-hold the cache's lock (they come after a disk read, or a compaction).  A
-race between a lookup and an eviction can at worst turn a hit into a miss.
-``admit``, asked about every block a get reads from disk, takes no lock:
-with the C speedups it is ``_speedups.Admission``, one call that never lets
-the GIL go (the C getter asks it without a call at all); without them its
-Python twin, whose race between two threads can at worst misjudge one
-block's admission.
+Two implementations keep these books, alike to the order of the blocks and
+their marks (a test runs them side by side):
+
+* ``CBlockCache`` (``_speedups.Cache``, what a DB makes where the C speedups
+  are built): an open-addressing table and a ring of keys in C.  The C
+  getter looks blocks up, marks hits, asks the admission and puts the blocks
+  it read without a call into Python, and every method runs under the GIL
+  without letting it go, so threads need no lock.  (Kept in Python, the
+  books cost more than the hits saved at 2,000,000 keys: a put, in a stream
+  of gets whose memory is cold, took 9-18 us.)
+* ``PyBlockCache``: a dict, a set of marks and a deque of keys (the clock's
+  ring: taking the oldest is O(1); ``next(iter(dict))`` is not, since a dict
+  keeps the slots of keys popped from its front until it next resizes).  A
+  lookup and a hit's mark are one dict or set operation each under the GIL;
+  ``put`` and ``evict_file`` hold the cache's lock; a race between a lookup
+  and an eviction can at worst turn a hit into a miss, and one between two
+  admits misjudge one block's admission.
 
 Admission.  A full cache takes a block read from disk only if the same block
 was read and turned away not long before (``Admission``): a table larger
@@ -56,8 +59,10 @@ from typing import Any
 
 try:  # optional C speedups (lsmdb/_speedups.c)
     from ._speedups import Admission as _CAdmission
+    from ._speedups import Cache as _CCache
 except ImportError:  # pragma: no cover - no C compiler when installed
     _CAdmission = None  # type: ignore[assignment,misc]
+    _CCache = None  # type: ignore[assignment,misc]
 
 DEFAULT_BLOCK_CACHE_SIZE_BYTES = 32 * 1024 * 1024
 _BLOCK_BITS = 24  # block index bits in a cache key: 16M blocks per file
@@ -129,17 +134,19 @@ class PyAdmission:
         return False
 
 
-def new_admission(window: int) -> Any:
-    """The C Admission where the speedups are built, else PyAdmission."""
-    return _CAdmission(window) if _CAdmission is not None else PyAdmission(window)
-
-
 def cache_key(number: int, block: int) -> int:
     return (number << _BLOCK_BITS) | block
 
 
-class BlockCache:
-    """Map cache key -> cached block (bytes), bounded by ``capacity_bytes``.
+def max_window(capacity_bytes: int) -> int:
+    """The longest window of turned-away reads a cache of this budget remembers."""
+    return max(MIN_GHOSTS, capacity_bytes // BYTES_PER_REMEMBERED)
+
+
+class PyBlockCache:
+    """Map cache key -> cached block (bytes), bounded by ``capacity_bytes``:
+    the books in Python, for builds without the C speedups (``BlockCache``
+    is ``CBlockCache`` where they are built; the two behave alike).
 
     ``lookup(key)`` (a bound ``dict.get``) is what the read path calls;
     ``touch(key)`` marks a hit.
@@ -156,17 +163,17 @@ class BlockCache:
         self._marked: set[int] = set()
         self._ring: deque[int] = deque()  # the cached keys, oldest first
         self._lock = threading.Lock()
-        self._max_window = max(MIN_GHOSTS, capacity_bytes // BYTES_PER_REMEMBERED)
-        #: which blocks read from disk a full cache takes in (the C getter asks it)
-        self.admission = new_admission(self._max_window)
+        self._max_window = max_window(capacity_bytes)
+        #: which blocks read from disk a full cache takes in
+        self.admission = PyAdmission(self._max_window)
         self.admission.window = MIN_GHOSTS
         self.lookup = self._map.get
         self.touch = self._marked.add
         #: ``admit(key)``: whether a get that read block ``key`` from disk
         #: should cache it: yes while a block of the cached blocks' average
         #: size fits without an eviction; when full, only on the block's
-        #: second read among the last reads of as many blocks as the cache
-        #: holds (see the module's docstring).
+        #: second read within a window of recent reads (see the module's
+        #: docstring).
         self.admit = self.admission.admit
 
     def get(self, key: int) -> Any:
@@ -184,6 +191,7 @@ class BlockCache:
                 self.used_bytes -= self._sizes[key]
             else:
                 self._ring.append(key)
+                self._marked.discard(key)  # a touch while it was not cached: no mark
             self._map[key] = block
             self._sizes[key] = size
             self.used_bytes += size
@@ -241,3 +249,26 @@ class BlockCache:
 
     def __len__(self) -> int:
         return len(self._map)
+
+    def entries(self) -> list[tuple[int, int, bool]]:
+        """(key, size, marked) of each cached block, oldest first."""
+        with self._lock:
+            return [(k, self._sizes[k], k in self._marked) for k in self._ring]
+
+
+if _CCache is not None:
+    class CBlockCache(_CCache):
+        """``PyBlockCache`` with its books in C (``_speedups.Cache``): the C
+        getter looks blocks up, marks hits, asks the admission and puts the
+        blocks it read without a call into Python."""
+
+        __slots__ = ()
+
+        def __init__(self, capacity_bytes: int) -> None:
+            super().__init__(capacity_bytes, _CAdmission(max_window(capacity_bytes)),
+                             MIN_GHOSTS, WINDOW_DIVISOR)
+
+    #: The block cache a DB makes: the C books where the speedups are built.
+    BlockCache: type[PyBlockCache] | type[CBlockCache] = CBlockCache
+else:  # pragma: no cover - no C compiler when installed
+    BlockCache = PyBlockCache

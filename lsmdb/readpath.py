@@ -30,7 +30,7 @@ from .sstable_reader import (
 from .table import TableState
 
 try:
-    from ._speedups import Getter
+    from ._speedups import Cache, Getter
     USE_C_GETTER = True
 except ImportError:  # pragma: no cover - built without a C compiler
     USE_C_GETTER = False
@@ -217,17 +217,13 @@ def make_getter(db: DB, state: TableState) -> Any:
         state.gets_absent += 1
         return default
 
-    if USE_C_GETTER and table.USE_SPEEDUPS:
+    if USE_C_GETTER and table.USE_SPEEDUPS and (cache is None or isinstance(cache, Cache)):
         # The same read with the per-file steps and the bookkeeping in C;
         # unusual calls (non-bytes keys, keywords, closed database, shadow
-        # mode) go to ``get`` above, and blocks the cache does not hold to
-        # ``lookup_block`` (a cache hit is one dict lookup and a set insertion
-        # in C, exactly what ``lookup``/``touch`` do).
-        return Getter(db, state, missing, lookup_block, get, max_key,
-                      cache._map if cache is not None else None,
-                      cache._marked if cache is not None else None, decode_read,
-                      cache.admission if cache is not None else None,
-                      cache.put if cache is not None else None)
+        # mode) go to ``get`` above.  It looks blocks up in the cache's C
+        # books, marks hits and puts the blocks it reads there itself, as
+        # ``lookup``/``touch``/``admit``/``put`` do.
+        return Getter(db, state, missing, lookup_block, get, max_key, cache, decode_read)
     return get
 
 

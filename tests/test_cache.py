@@ -11,15 +11,42 @@ import threading
 
 import pytest
 
-from lsmdb.cache import MIN_GHOSTS, BlockCache, PyAdmission, cache_key
+from lsmdb import cache as cache_module
+from lsmdb.cache import MIN_GHOSTS, BlockCache, PyAdmission, PyBlockCache, cache_key
 
 try:
     from lsmdb._speedups import Admission as CAdmission
 except ImportError:  # pragma: no cover - no C compiler when installed
     CAdmission = None
 
+#: The books in Python, and in C where the speedups are built.
+IMPLEMENTATIONS = [PyBlockCache] + ([cache_module.CBlockCache] if CAdmission else [])
 
-def fill(cache: BlockCache, keys, size: int = 100) -> None:
+
+@pytest.fixture(params=IMPLEMENTATIONS, ids=lambda c: c.__name__)
+def make(request):
+    return request.param
+
+
+def test_a_db_makes_the_c_books_where_the_speedups_are_built():
+    assert BlockCache is IMPLEMENTATIONS[-1]
+
+
+def ring(cache) -> list[int]:
+    """The cached keys, oldest first."""
+    return [k for k, _size, _marked in cache.entries()]
+
+
+def books_straight(cache, budget: int) -> None:
+    """The budget holds, used_bytes is the sum of the cached sizes, and the
+    ring holds every cached block once (so each can be evicted), nothing else."""
+    entries = cache.entries()
+    assert cache.used_bytes == sum(size for _k, size, _m in entries) <= budget
+    assert len(entries) == len(cache) == len({k for k, _s, _m in entries})
+    assert all(cache.lookup(k) is not None for k, _s, _m in entries)
+
+
+def fill(cache, keys, size: int = 100) -> None:
     for k in keys:
         cache.put(k, ("block", k), size)
 
@@ -36,12 +63,12 @@ def run_threads(work) -> None:
         t.join()
 
 
-def cached(cache: BlockCache) -> set[int]:
+def cached(cache) -> set[int]:
     return {k for k in range(1 << 12) if cache.lookup(k) is not None}
 
 
-def test_the_budget_holds_and_the_oldest_blocks_leave_first():
-    cache = BlockCache(1000)
+def test_the_budget_holds_and_the_oldest_blocks_leave_first(make):
+    cache = make(1000)
     fill(cache, range(10))
     assert cached(cache) == set(range(10)) and cache.used_bytes == 1000
     fill(cache, range(10, 13))
@@ -50,8 +77,8 @@ def test_the_budget_holds_and_the_oldest_blocks_leave_first():
     assert cached(cache) == set(range(7, 14)) and cache.used_bytes == 950
 
 
-def test_a_block_hit_since_the_last_pass_gets_a_second_chance():
-    cache = BlockCache(500)
+def test_a_block_hit_since_the_last_pass_gets_a_second_chance(make):
+    cache = make(500)
     fill(cache, range(5))
     assert cache.get(0) == ("block", 0)  # marked
     cache.touch(1)                       # the C getter's mark
@@ -63,8 +90,8 @@ def test_a_block_hit_since_the_last_pass_gets_a_second_chance():
     assert cached(cache) == {6, 7, 8, 9, 10}
 
 
-def test_every_block_marked_still_makes_room_and_the_new_block_stays():
-    cache = BlockCache(300)
+def test_every_block_marked_still_makes_room_and_the_new_block_stays(make):
+    cache = make(300)
     fill(cache, range(3))
     for k in range(3):
         cache.touch(k)
@@ -72,38 +99,38 @@ def test_every_block_marked_still_makes_room_and_the_new_block_stays():
     assert cached(cache) == {1, 2, 3} and cache.used_bytes == 300 and cache.lookup(3) == "x"
 
 
-def test_a_block_put_twice_keeps_one_place_and_its_new_size():
-    cache = BlockCache(1000)
+def test_a_block_put_twice_keeps_one_place_and_its_new_size(make):
+    cache = make(1000)
     fill(cache, range(3))
     cache.put(0, "again", 300)
     assert cache.used_bytes == 500 and cache.lookup(0) == "again"
-    assert list(cache._ring) == [0, 1, 2]
+    assert ring(cache) == [0, 1, 2]
     fill(cache, range(3, 9))  # 0 is still the oldest
     assert 0 not in cached(cache) and cached(cache) == set(range(1, 9))
 
 
-def test_a_block_larger_than_the_budget_is_not_cached():
-    cache = BlockCache(100)
+def test_a_block_larger_than_the_budget_is_not_cached(make):
+    cache = make(100)
     cache.put(1, "huge", 101)
-    assert len(cache) == 0 and cache.used_bytes == 0 and not cache._ring
+    assert len(cache) == 0 and cache.used_bytes == 0 and cache.entries() == []
 
 
-def test_evict_file_drops_only_that_files_blocks_and_their_place_in_the_ring():
-    cache = BlockCache(1 << 30)  # never full: nothing leaves by eviction
+def test_evict_file_drops_only_that_files_blocks_and_their_place_in_the_ring(make):
+    cache = make(1 << 30)  # never full: nothing leaves by eviction
     for number in range(1, 200):
         fill(cache, [cache_key(number, b) for b in range(20)])
         cache.evict_file(number - 1)
         assert len(cache) == 20 and cache.used_bytes == 2000
         assert all(cache.lookup(cache_key(number, b)) for b in range(20))
-        assert sorted(cache._ring) == sorted(cache._sizes)
+        assert sorted(ring(cache)) == sorted(cache_key(number, b) for b in range(20))
 
 
-def test_the_ring_holds_every_cached_block_in_a_random_workload():
+def test_the_ring_holds_every_cached_block_in_a_random_workload(make):
     """Whatever mix of puts, hits, re-puts and dropped files: the budget holds,
     used_bytes is the sum of the cached sizes, and the ring holds every cached
     block once (so each can be evicted) and nothing else."""
     rng = random.Random(7)
-    cache = BlockCache(5000)
+    cache = make(5000)
     for _ in range(20_000):
         op = rng.random()
         key = cache_key(rng.randrange(1, 8), rng.randrange(40))
@@ -113,14 +140,11 @@ def test_the_ring_holds_every_cached_block_in_a_random_workload():
             cache.get(key)
         else:
             cache.evict_file(rng.randrange(1, 8))
-        assert cache.used_bytes <= 5000
-        assert cache.used_bytes == sum(cache._sizes.values())
-        assert set(cache._map) == set(cache._sizes)
-        assert sorted(cache._ring) == sorted(cache._sizes)
+        books_straight(cache, 5000)
 
 
-def test_threads_putting_and_dropping_keep_the_books_straight():
-    cache = BlockCache(20_000)
+def test_threads_putting_and_dropping_keep_the_books_straight(make):
+    cache = make(20_000)
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
@@ -133,12 +157,11 @@ def test_threads_putting_and_dropping_keep_the_books_straight():
                 cache.get(key)
 
     run_threads(work)
-    assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000
-    assert sorted(cache._ring) == sorted(cache._sizes)
+    books_straight(cache, 20_000)
 
 
-def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads():
-    cache = BlockCache(1000)
+def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads(make):
+    cache = make(1000)
     assert cache.admit(1) and cache.admit(1)  # room: every block
     fill(cache, range(10))
     assert cache.admission.full
@@ -157,8 +180,8 @@ def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads():
     assert cache.admit(200)  # remembered again
 
 
-def test_room_in_the_cache_admits_every_block_and_books_follow_evictions():
-    cache = BlockCache(1000)
+def test_room_in_the_cache_admits_every_block_and_books_follow_evictions(make):
+    cache = make(1000)
     fill(cache, range(9))
     assert not cache.admission.full  # a tenth block of the average size fits
     assert all(cache.admit(k) for k in range(100, 200))
@@ -169,12 +192,12 @@ def test_room_in_the_cache_admits_every_block_and_books_follow_evictions():
     assert all(cache.admit(k) for k in range(100, 200))
 
 
-def test_blocks_never_read_before_are_rarely_admitted():
+def test_blocks_never_read_before_are_rarely_admitted(make):
     """A full cache admits a block read once only when another block's mark
     shares its bit: at most 1/64 of the time (64 bits per block remembered);
     about 1/128 on average over a window.  Binomial bound: 20,480 blocks at
     p = 1/64 would average 320 (sd 17.7); at the expected 1/128, 160."""
-    cache = BlockCache(1000)
+    cache = make(1000)
     fill(cache, range(10))
     window = cache.admission.window
     n = 20 * window
@@ -211,11 +234,11 @@ def test_the_c_admission_and_its_python_twin_decide_alike():
         assert twins[0].count == twins[1].count < twins[0].window
 
 
-@pytest.mark.parametrize("make", [PyAdmission] + ([CAdmission] if CAdmission else []))
-def test_admission_refuses_bad_settings(make):
+@pytest.mark.parametrize("admission", [PyAdmission] + ([CAdmission] if CAdmission else []))
+def test_admission_refuses_bad_settings(admission):
     with pytest.raises(ValueError):
-        make(0)
-    a = make(100)
+        admission(0)
+    a = admission(100)
     with pytest.raises(ValueError):
         a.window = 0
     with pytest.raises(ValueError):
@@ -225,10 +248,10 @@ def test_admission_refuses_bad_settings(make):
         a.admit("key")
 
 
-def test_threads_admitting_and_putting_keep_the_books_straight():
+def test_threads_admitting_and_putting_keep_the_books_straight(make):
     """Threads admitting and putting at once: the budget holds, the books add
     up, and the admission's count stays within its window."""
-    cache = BlockCache(20_000)
+    cache = make(20_000)
     fill(cache, range(200))
     errors: list[BaseException] = []
 
@@ -244,6 +267,89 @@ def test_threads_admitting_and_putting_keep_the_books_straight():
 
     run_threads(work)
     assert not errors
-    assert cache.used_bytes == sum(cache._sizes.values()) <= 20_000
-    assert sorted(cache._ring) == sorted(cache._sizes)
+    books_straight(cache, 20_000)
     assert cache.admission.count < cache.admission.window
+
+
+@pytest.mark.skipif(CAdmission is None, reason="needs the C speedups")
+@pytest.mark.parametrize("seed", range(4))
+def test_the_c_books_and_the_python_books_agree_step_by_step(seed):
+    """The Python books are the reference: given the same puts, hits, re-puts,
+    admissions, dropped files and blocks too large, the C books hold the same
+    blocks in the same order with the same sizes and marks, answer every
+    lookup alike and admit alike -- through a table that grows, fills with
+    dropped slots and is rebuilt many times over."""
+    rng = random.Random(seed)
+    budget = rng.choice([3_000, 20_000, 200_000])
+    py, c = PyBlockCache(budget), cache_module.CBlockCache(budget)
+    files = rng.randrange(2, 12)
+    for step in range(30_000):
+        op = rng.random()
+        key = cache_key(rng.randrange(1, files), rng.randrange(rng.choice([50, 500, 5000])))
+        if op < 0.45:
+            size = rng.choice([rng.randrange(1, 300), rng.randrange(1, budget + 50)])
+            block = ("block", key, step)
+            py.put(key, block, size)
+            c.put(key, block, size)
+        elif op < 0.75:
+            assert py.get(key) == c.get(key), step
+        elif op < 0.85:
+            py.touch(key)
+            c.touch(key)
+        elif op < 0.97:
+            assert py.admit(key) == c.admit(key), step
+        else:
+            number = rng.randrange(1, files)
+            py.evict_file(number)
+            c.evict_file(number)
+        if step % 97 == 0:
+            assert py.entries() == c.entries(), step
+            assert py.used_bytes == c.used_bytes and len(py) == len(c)
+            assert py.admission.full == c.admission.full
+            assert py.admission.window == c.admission.window
+            assert py.admission.count == c.admission.count
+    assert py.entries() == c.entries()
+    books_straight(c, budget)
+    assert [c.lookup(k) for k, _s, _m in c.entries()] == [py.lookup(k)
+                                                          for k, _s, _m in py.entries()]
+
+
+@pytest.mark.skipif(CAdmission is None, reason="needs the C speedups")
+def test_the_c_books_refuse_bad_input_and_hold_their_blocks():
+    c = cache_module.CBlockCache(1000)
+    with pytest.raises(TypeError):
+        c.put("key", b"x", 10)
+    with pytest.raises(ValueError):
+        c.put(1, b"x", -1)
+    with pytest.raises(TypeError):
+        c.put(1, b"x")
+    with pytest.raises(TypeError):
+        c.lookup(1.5)
+    assert len(c) == 0 and c.used_bytes == 0
+    block = bytearray(b"payload")
+    c.put(7, block, 7)
+    del block
+    assert c.lookup(7) == bytearray(b"payload")  # the cache holds its own reference
+    c.evict_file(0)
+    assert c.lookup(7) is None and c.entries() == []
+    with pytest.raises(TypeError):
+        cache_module._CCache(10, "not an Admission")
+
+
+@pytest.mark.skipif(CAdmission is None, reason="needs the C speedups")
+def test_a_block_that_refers_to_its_cache_is_collected_with_it():
+    """The C books take part in cycle collection: a cache holding a block that
+    holds the cache goes when nothing else holds either."""
+    import gc
+    import weakref
+
+    class Block(list):
+        pass
+
+    c = cache_module.CBlockCache(1000)
+    block = Block([c])
+    c.put(5, block, 10)
+    alive = weakref.ref(block)
+    del c, block
+    gc.collect()
+    assert alive() is None

@@ -1151,15 +1151,15 @@ def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path)
         db.delete(b"key%06d" % 3000)
         db.flush()
         before = db.table_stats()
-        cached_before = set(cache._map)
+        cached_before = {k for k, _size, _marked in cache.entries()}
         assert db.get(b"key%06d" % 3600) == b"v3600"
         after = db.table_stats()
         assert after["block_reads"] == before["block_reads"] + 1
         assert after["true_positives"] == before["true_positives"] + 1
-        assert set(cache._map) == cached_before  # not cached
+        assert {k for k, _size, _marked in cache.entries()} == cached_before  # not cached
         assert db.get(b"key%06d" % 3602) == b"v3602"  # the same block again: now cached
         assert db.table_stats()["block_reads"] == before["block_reads"] + 2
-        assert set(cache._map) - cached_before
+        assert {k for k, _size, _marked in cache.entries()} - cached_before
         assert db.get(b"key%06d" % 3604) == b"v3604"  # a cache hit: no read
         assert db.table_stats()["block_reads"] == before["block_reads"] + 2
         assert db.get(b"key%06d" % 3000) is None  # the tombstone, in the newer file
@@ -1223,7 +1223,7 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
             with pytest.raises(lsmdb.CorruptionError) as exc:
                 call(key)
             assert exc.value.path == file and exc.value.offset == offset
-            assert base | i not in db._block_cache._map
+            assert db._block_cache.lookup(base | i) is None
     finally:
         db.close()
 
@@ -1250,7 +1250,9 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_
         cache = db._block_cache
         readers = {item[0].cache_base: item[0] for item in db._default_state.fast[5]}
         assert len(readers) > 1 and len(cache) > 10
-        for ck, entry in cache._map.items():
+        for ck, size, _marked in cache.entries():
+            entry = cache.lookup(ck)
+            assert size == len(entry)
             reader = readers[ck >> _BLOCK_BITS << _BLOCK_BITS]
             i = ck - reader.cache_base
             offset, size = reader.index_offsets[i], reader.index_sizes[i]
@@ -1258,7 +1260,7 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_
                 f.seek(offset)
                 payload = f.read(size)
             assert type(entry) is bytes and entry == speedups.block_entry(payload)
-        assert cache.used_bytes == sum(len(e) for e in cache._map.values())
+        assert cache.used_bytes == sum(size for _ck, size, _marked in cache.entries())
         # hits answer from those bytes, the same again
         for i in range(0, 4000, 5):
             assert db.get(b"key%06d" % i) == (b"v%d" % i if i % 2 == 0 else None)

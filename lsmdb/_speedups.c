@@ -1333,7 +1333,7 @@ static PyTypeObject ProbesType = {
  * a block never read before is let in with a probability of at most
  * 1/64 (a bit some other key set).  A key admitted has its bit cleared: its
  * next read is a first one again.  While the cache is not full (`full`,
- * which BlockCache keeps up to date) every block is admitted.  Each call
+ * which the cache keeps up to date) every block is admitted.  Each call
  * runs under the GIL without releasing it, so threads need no lock. */
 typedef struct {
     PyObject_HEAD
@@ -1360,6 +1360,24 @@ admission_mix(uint64_t x)
     return x;
 }
 
+/* Every turned-away read forgotten: a new window starts. */
+static void
+admission_forget(Admission *self)
+{
+    memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
+    self->count = 0;
+}
+
+/* A window of w turned-away reads (1 <= w <= bits / 64); forgotten at once
+ * if more than that are remembered. */
+static void
+admission_set_window(Admission *self, Py_ssize_t w)
+{
+    self->window = w;
+    if (self->count >= w)
+        admission_forget(self);
+}
+
 /* Whether to cache the block with cache key `key` (and the books kept). */
 static int
 admission_admit(Admission *self, uint64_t key)
@@ -1373,10 +1391,8 @@ admission_admit(Admission *self, uint64_t key)
         return 1;
     }
     *word |= bit;
-    if (++self->count >= self->window) {
-        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
-        self->count = 0;
-    }
+    if (++self->count >= self->window)
+        admission_forget(self);
     return 0;
 }
 
@@ -1455,11 +1471,7 @@ Admission_set_window(Admission *self, PyObject *value, void *Py_UNUSED(closure))
                         "window must be >= 1 and within the bits made at creation");
         return -1;
     }
-    self->window = w;
-    if (self->count >= w) {  /* the window is spent: forget */
-        memset(self->bits, 0, (size_t)((self->mask >> 6) + 1) * sizeof(uint64_t));
-        self->count = 0;
-    }
+    admission_set_window(self, w);
     return 0;
 }
 
@@ -1663,13 +1675,8 @@ cache_tell_admission(Cache *c)
         w = c->min_window;
     if (w > most)
         w = most;
-    if (w != a->window) {
-        a->window = w;
-        if (a->count >= w) {  /* the window is spent: forget */
-            memset(a->bits, 0, (size_t)((a->mask >> 6) + 1) * sizeof(uint64_t));
-            a->count = 0;
-        }
-    }
+    if (w != a->window)
+        admission_set_window(a, w);
 }
 
 /* Free room down to the budget, the block `keep` (just put) aside: the

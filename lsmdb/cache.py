@@ -112,9 +112,13 @@ class PyAdmission:
         if not 1 <= value <= self.bits // _BITS_PER_REMEMBERED:
             raise ValueError("window must be >= 1 and within the bits made at creation")
         self._window = value
-        if self.count >= value:  # the window is spent: forget
-            self._map = bytearray(self.bits // 8)
-            self.count = 0
+        if self.count >= value:
+            self._forget()
+
+    def _forget(self) -> None:
+        """Every turned-away read forgotten: a new window starts."""
+        self._map = bytearray(self.bits // 8)
+        self.count = 0
 
     def admit(self, key: int) -> bool:
         if not isinstance(key, int):
@@ -129,8 +133,7 @@ class PyAdmission:
         m[byte] |= bit
         self.count += 1
         if self.count >= self._window:
-            self._map = bytearray(self.bits // 8)
-            self.count = 0
+            self._forget()
         return False
 
 

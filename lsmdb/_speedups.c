@@ -1433,21 +1433,33 @@ Admission_dealloc(Admission *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* A cache key given from Python (an int, taken modulo 2**64) in *out; 0,
+ * or -1 with TypeError. */
+static int
+cache_key_arg(PyObject *key, uint64_t *out)
+{
+    if (!PyLong_Check(key)) {
+        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
+        return -1;
+    }
+    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
+    if (k == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (uint64_t)k;
+    return 0;
+}
+
 static PyObject *
 Admission_admit(Admission *self, PyObject *key)
 {
+    uint64_t k;
     if (self->bits == NULL) {
         PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
         return NULL;
     }
-    if (!PyLong_Check(key)) {
-        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
+    if (cache_key_arg(key, &k) < 0)
         return NULL;
-    }
-    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
-    if (k == (unsigned long long)-1 && PyErr_Occurred())
-        return NULL;
-    return PyBool_FromLong(admission_admit(self, (uint64_t)k));
+    return PyBool_FromLong(admission_admit(self, k));
 }
 
 static PyObject *
@@ -1783,20 +1795,6 @@ cache_evict_file(Cache *c, uint64_t number)
 }
 
 static int
-cache_key_arg(PyObject *key, uint64_t *out)
-{
-    if (!PyLong_Check(key)) {
-        PyErr_SetString(PyExc_TypeError, "a cache key must be an int");
-        return -1;
-    }
-    unsigned long long k = PyLong_AsUnsignedLongLongMask(key);  /* modulo 2**64 */
-    if (k == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *out = (uint64_t)k;
-    return 0;
-}
-
-static int
 Cache_init(Cache *self, PyObject *args, PyObject *kwds)
 {
     Py_ssize_t capacity, min_window = 1024, divisor = 4;
@@ -1895,39 +1893,50 @@ cache_ready(Cache *self)
     return 1;
 }
 
-static PyObject *
-Cache_lookup(Cache *self, PyObject *key)
+/* The slot of the block cached under `key` (an int from Python) in *slot,
+ * -1 if none; 0, or -1 with an exception set. */
+static int
+cache_slot_of(Cache *self, PyObject *key, Py_ssize_t *slot)
 {
     uint64_t k;
     if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
+        return -1;
+    *slot = cache_find(self, k);
+    return 0;
+}
+
+static PyObject *
+Cache_lookup(Cache *self, PyObject *key)
+{
+    Py_ssize_t i;
+    if (cache_slot_of(self, key, &i) < 0)
         return NULL;
-    Py_ssize_t i = cache_find(self, k);
     return i < 0 ? Py_NewRef(Py_None) : Py_NewRef(self->slots[i].block);
+}
+
+/* lookup, and a hit marked (mark: get) or only the mark (touch) */
+static PyObject *
+cache_mark(Cache *self, PyObject *key, int answer)
+{
+    Py_ssize_t i;
+    if (cache_slot_of(self, key, &i) < 0)
+        return NULL;
+    if (i < 0)
+        Py_RETURN_NONE;
+    self->slots[i].marked = 1;
+    return answer ? Py_NewRef(self->slots[i].block) : Py_NewRef(Py_None);
 }
 
 static PyObject *
 Cache_get(Cache *self, PyObject *key)
 {
-    uint64_t k;
-    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
-        return NULL;
-    Py_ssize_t i = cache_find(self, k);
-    if (i < 0)
-        Py_RETURN_NONE;
-    self->slots[i].marked = 1;
-    return Py_NewRef(self->slots[i].block);
+    return cache_mark(self, key, 1);
 }
 
 static PyObject *
 Cache_touch(Cache *self, PyObject *key)
 {
-    uint64_t k;
-    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
-        return NULL;
-    Py_ssize_t i = cache_find(self, k);
-    if (i >= 0)
-        self->slots[i].marked = 1;
-    Py_RETURN_NONE;
+    return cache_mark(self, key, 0);
 }
 
 static PyObject *

@@ -46,9 +46,10 @@ of a quarter as many blocks as the cache holds (``WINDOW_DIVISOR``; at least
 ``MIN_GHOSTS``, at most one per ``BYTES_PER_REMEMBERED`` bytes of the
 budget): a block is remembered for between none and that many later reads,
 and one never read before is let in with a chance of at most 1/64.  (A
-window as long as the cache held blocks let in twice as many blocks of a
-uniform random read for the same hit rate, within half a point in
-simulated Zipf workloads.)
+window as long as the cache holds blocks, simulated, let in three to six
+times as many blocks of a uniform random read for the same hit rate, and
+reached hit rates at most two points higher under Zipf workloads:
+bench/README.md.)
 """
 
 from __future__ import annotations

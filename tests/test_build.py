@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import lsmdb
@@ -31,3 +33,47 @@ def test_the_built_extension_is_not_older_than_its_source():
         pytest.skip("not a source checkout")
     assert os.path.getmtime(_speedups.__file__) >= os.path.getmtime(source), \
         "lsmdb/_speedups.c changed since the extension was built: rebuild (pip install -e .)"
+
+
+NO_SPEEDUPS_CHILD = r'''
+import importlib.abc, os, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "lsmdb._speedups":
+            raise ImportError("no C extension in this test")
+        return None
+sys.meta_path.insert(0, Block())
+import lsmdb, lsmdb.cache, lsmdb.table
+assert not lsmdb.SPEEDUPS and not lsmdb.table.USE_SPEEDUPS
+assert lsmdb.cache.BlockCache is lsmdb.cache.PyBlockCache
+db = lsmdb.open(sys.argv[1], block_cache_size_bytes=16 * 1024)
+for i in range(20000):
+    db.put(b"k%06d" % (2 * i), b"v%d" % i)
+db.flush()
+def want(i):
+    return b"v%d" % (i // 2) if i % 2 == 0 else None
+for _ in range(2):  # the small cache fills, then admits on second reads
+    for i in range(0, 40000, 7):
+        assert db.get(b"k%06d" % i) == want(i), i
+assert db._block_cache.admission.full and len(db._block_cache) > 0
+keys = [b"k%06d" % i for i in range(0, 40000, 13)]
+assert db.get_many(keys) == [want(i) for i in range(0, 40000, 13)]
+db.compact()
+assert sum(1 for _ in db.scan()) == 20000
+assert db.get(b"k000002") == b"v1" and db.get(b"k000003") is None
+db.close()
+print("ok")
+'''
+
+
+def test_lsmdb_works_without_its_c_extension(tmp_path):
+    """The extension is optional: with its import failing, a database is
+    written, read (the Python block cache full and admitting), read many
+    keys at once, compacted and scanned, with the same answers."""
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(lsmdb.__file__)))
+    out = subprocess.run([sys.executable, "-c", NO_SPEEDUPS_CHILD, str(tmp_path / "db")],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -1368,8 +1368,15 @@ admission_forget(Admission *self)
     self->count = 0;
 }
 
-/* A window of w turned-away reads (1 <= w <= bits / 64); forgotten at once
- * if more than that are remembered. */
+/* The longest window the bits made at creation allow. */
+static inline Py_ssize_t
+admission_max_window(const Admission *self)
+{
+    return (Py_ssize_t)((self->mask + 1) / ADMISSION_BITS_PER_KEY);
+}
+
+/* A window of w turned-away reads (1 <= w <= admission_max_window);
+ * forgotten at once if more than that are remembered. */
 static void
 admission_set_window(Admission *self, Py_ssize_t w)
 {
@@ -1478,7 +1485,7 @@ Admission_set_window(Admission *self, PyObject *value, void *Py_UNUSED(closure))
     Py_ssize_t w = value != NULL ? PyLong_AsSsize_t(value) : -1;
     if (w == -1 && PyErr_Occurred())
         return -1;
-    if (w < 1 || (uint64_t)w > ((self->mask + 1) / ADMISSION_BITS_PER_KEY)) {
+    if (w < 1 || w > admission_max_window(self)) {
         PyErr_SetString(PyExc_ValueError,
                         "window must be >= 1 and within the bits made at creation");
         return -1;
@@ -1682,7 +1689,7 @@ cache_tell_admission(Cache *c)
 {
     Admission *a = c->admission;
     a->full = c->live > 0 && c->used + c->used / c->live > c->capacity;
-    Py_ssize_t w = c->live / c->window_divisor, most = (Py_ssize_t)((a->mask + 1) / 64);
+    Py_ssize_t w = c->live / c->window_divisor, most = admission_max_window(a);
     if (w < c->min_window)
         w = c->min_window;
     if (w > most)

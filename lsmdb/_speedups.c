@@ -1385,12 +1385,13 @@ admission_set_window(Admission *self, Py_ssize_t w)
         admission_forget(self);
 }
 
-/* Whether to cache the block with cache key `key` (and the books kept). */
+/* Whether the block with cache key `key` is read again: it was read and
+ * turned away within the window (its bit is cleared, so that its next read
+ * is a first one again); if not, it is remembered now.  A full cache admits
+ * a block on this, and any cache the block of a false positive. */
 static int
-admission_admit(Admission *self, uint64_t key)
+admission_admit_reread(Admission *self, uint64_t key)
 {
-    if (!self->full)
-        return 1;
     uint64_t b = admission_mix(key) & self->mask;
     uint64_t *word = &self->bits[b >> 6], bit = (uint64_t)1 << (b & 63);
     if (*word & bit) {
@@ -1401,6 +1402,14 @@ admission_admit(Admission *self, uint64_t key)
     if (++self->count >= self->window)
         admission_forget(self);
     return 0;
+}
+
+/* Whether to cache the block with cache key `key` that a lookup found its
+ * key in (and the books kept): every one while the cache has room. */
+static inline int
+admission_admit(Admission *self, uint64_t key)
+{
+    return !self->full || admission_admit_reread(self, key);
 }
 
 static int
@@ -1470,6 +1479,19 @@ Admission_admit(Admission *self, PyObject *key)
 }
 
 static PyObject *
+Admission_admit_reread(Admission *self, PyObject *key)
+{
+    uint64_t k;
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return NULL;
+    }
+    if (cache_key_arg(key, &k) < 0)
+        return NULL;
+    return PyBool_FromLong(admission_admit_reread(self, k));
+}
+
+static PyObject *
 Admission_get_window(Admission *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(self->window);
@@ -1532,6 +1554,9 @@ Admission_get_count(Admission *self, void *Py_UNUSED(closure))
 static PyMethodDef Admission_methods[] = {
     {"admit", (PyCFunction)Admission_admit, METH_O,
      "admit(key) -> whether a full cache takes the block read with this cache key"},
+    {"admit_reread", (PyCFunction)Admission_admit_reread, METH_O,
+     "admit_reread(key) -> whether the block read with this cache key is read again "
+     "within the window"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1978,6 +2003,15 @@ Cache_admit(Cache *self, PyObject *key)
 }
 
 static PyObject *
+Cache_admit_reread(Cache *self, PyObject *key)
+{
+    uint64_t k;
+    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
+        return NULL;
+    return PyBool_FromLong(admission_admit_reread(self->admission, k));
+}
+
+static PyObject *
 Cache_evict_file(Cache *self, PyObject *number)
 {
     uint64_t n;
@@ -2051,6 +2085,8 @@ static PyMethodDef Cache_methods[] = {
      "put(key, block, size): cache a block, evicting down to the budget"},
     {"admit", (PyCFunction)Cache_admit, METH_O,
      "admit(key) -> whether to cache the block a get read from disk"},
+    {"admit_reread", (PyCFunction)Cache_admit_reread, METH_O,
+     "admit_reread(key) -> whether to cache the block of a false positive: on its second read"},
     {"evict_file", (PyCFunction)Cache_evict_file, METH_O,
      "evict_file(number): drop every block of a file"},
     {"entries", (PyCFunction)Cache_entries, METH_NOARGS,
@@ -2930,11 +2966,13 @@ static int block_may_hold(const unsigned char *p, size_t n, const unsigned char 
                           size_t klen);
 
 /* Offer block i of file entry item (reader, index_keys, base, counts),
- * whose payload p[0:size] block_find read whole, to the cache: if its
- * admission takes base | i, cache its block_entry there, counting that
- * entry's size.  0, or -1 on error. */
+ * whose checksum-verified payload is p[0:size], to the cache: if its
+ * admission takes base | i (admission_admit for a block that held the key
+ * looked up; admission_admit_reread for a false positive's), cache its
+ * block_entry there, counting that entry's size.  0, or -1 on error. */
 static int
-offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size)
+offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size,
+            int false_positive)
 {
     PyObject *base = PyTuple_GET_ITEM(item, 2);
     if (!PyLong_CheckExact(base))
@@ -2942,13 +2980,14 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
     uint64_t key;
     if (block_cache_key(base, i, &key) < 0)
         return -1;
-    if (!admission_admit(self->cache->admission, key))
+    Admission *a = self->cache->admission;
+    if (!(false_positive ? admission_admit_reread(a, key) : admission_admit(a, key)))
         return 0;
     PyObject *entry = block_entry(p, size);
     if (entry == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_ValueError))
             return -1;
-        PyErr_Clear();  /* a block over 1 GiB: not cached */
+        PyErr_Clear();  /* a block over 1 GiB, or one block_find cannot read: not cached */
         return 0;
     }
     int r = cache_put(self->cache, key, entry, PyBytes_GET_SIZE(entry));
@@ -2961,7 +3000,8 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
  * one copy out of the reader's mapping, or where it has none one pread (the
  * GIL released either way, as os.pread does), verify its checksum and
  * walk its keys (block_may_hold).  0: a false positive, counted (one block
- * read, one false positive) and nothing cached; 1: found, *value the value
+ * read, one false positive), its block cached if the cache admits it on its
+ * second read (admission_admit_reread); 1: found, *value the value
  * block_find took from the bytes read (a new reference; None for a
  * tombstone), one true positive counted, and the payload cached if the
  * cache admits it -- or, for a block block_find refuses, what the Python
@@ -3010,26 +3050,27 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     }
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_READS]++;
-    if (!block_may_hold(buf, (size_t)size, (const unsigned char *)PyBytes_AS_STRING(key),
-                        (size_t)PyBytes_GET_SIZE(key))) {
-        PyMem_RawFree(buf);
-        counts[FALSE_POSITIVES]++;
-        return 0;
-    }
     const unsigned char *vp = NULL, *k = (const unsigned char *)PyBytes_AS_STRING(key);
     size_t vlen = 0;
+    int f = 0;
     /* block_may_hold found the key among the keys (or could not read them):
      * block_find finds it too, or refuses the block */
-    int f = block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    if (block_may_hold(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key)))
+        f = block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
     if (f == 0) {
+        /* a false positive: its block is cached only on its second read
+         * within the admission's window (BlockCache.admit_reread) */
+        r = self->cache != NULL ? offer_block(self, item, i, buf, (size_t)size, 1) : 0;
         PyMem_RawFree(buf);
+        if (r < 0)
+            return -1;
         counts[FALSE_POSITIVES]++;
         return 0;
     }
     if (f > 0) {
         /* a full cache takes a block a get read only if it was read not long
          * ago (BlockCache.admit) */
-        if (self->cache != NULL && offer_block(self, item, i, buf, (size_t)size) < 0) {
+        if (self->cache != NULL && offer_block(self, item, i, buf, (size_t)size, 0) < 0) {
             PyMem_RawFree(buf);
             return -1;
         }

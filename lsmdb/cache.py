@@ -50,6 +50,12 @@ window as long as the cache holds blocks, simulated, let in three to six
 times as many blocks of a uniform random read for the same hit rate, and
 reached hit rates at most two points higher under Zipf workloads:
 bench/README.md.)
+
+A block read for a key it does not hold (a false positive of the filter) is
+taken only on its second read within the window, whether the cache is full
+or not (``admit_reread``): the false positives of a key looked up again and
+again then stop reading the disk, and those of keys looked up once, which a
+cache with room would otherwise fill up with, are not cached.
 """
 
 from __future__ import annotations
@@ -122,10 +128,21 @@ class PyAdmission:
         self.count = 0
 
     def admit(self, key: int) -> bool:
+        """Whether to cache a block a lookup found its key in: every one while
+        the cache has room, then on its second read (``admit_reread``)."""
+        if self.full:
+            return self.admit_reread(key)
         if not isinstance(key, int):
             raise TypeError("a cache key must be an int")
-        if not self.full:
-            return True
+        return True
+
+    def admit_reread(self, key: int) -> bool:
+        """Whether block ``key`` was read and turned away within the window
+        (then forgotten: its next read is a first one again); if not, it is
+        remembered now.  What a full cache admits a block on, and any cache a
+        false positive's block."""
+        if not isinstance(key, int):
+            raise TypeError("a cache key must be an int")
         b = _mix(key & _MASK64) & (self.bits - 1)
         m, byte, bit = self._map, b >> 3, 1 << (b & 7)
         if m[byte] & bit:
@@ -157,7 +174,7 @@ class PyBlockCache:
     """
 
     __slots__ = ("capacity_bytes", "used_bytes", "_map", "_sizes", "_marked", "_ring", "_lock",
-                 "admission", "_max_window", "lookup", "touch", "admit")
+                 "admission", "_max_window", "lookup", "touch", "admit", "admit_reread")
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -179,6 +196,11 @@ class PyBlockCache:
         #: second read within a window of recent reads (see the module's
         #: docstring).
         self.admit = self.admission.admit
+        #: ``admit_reread(key)``: whether a get that read block ``key`` from
+        #: disk and did not find its key there (a false positive of the
+        #: filter) should cache it: only on the block's second read within
+        #: the window, full or not.
+        self.admit_reread = self.admission.admit_reread
 
     def get(self, key: int) -> Any:
         """The cached block or None; a hit is marked as recently used."""

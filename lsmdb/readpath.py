@@ -426,7 +426,7 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
     for b, members in by_block.items():
         block = reader.cached_block(b)
         if block is None:
-            if len(members) == 1:  # as get does: a false positive is neither decoded nor cached
+            if len(members) == 1:  # as get does: a false positive is not decoded
                 block = reader.read_block_for(b, ks[members[0]])
                 if block is None:
                     fp += 1

@@ -300,14 +300,20 @@ class SSTableReader:
         keys.  So when the checksum-verified block's keys, walked in place
         (``block_may_hold``; without the C speedups: when the key's bytes
         appear nowhere in the block), do not include the key, it is a false
-        positive of the filter, and the block is neither decoded nor cached:
-        it costs one read and one checksum, not a decode.  Otherwise the block
-        is decoded for this lookup, and its payload cached if the cache admits
-        it (``BlockCache.admit``: a full cache, only on the block's second
-        read), as the C getter does.
+        positive of the filter, and the block is not decoded: it costs one
+        read and one checksum.  It is cached only on its second read within
+        the admission's window (``BlockCache.admit_reread``), so that the
+        false positives of keys looked up again and again stop reading the
+        disk, while those of keys looked up once do not fill the cache.
+        Otherwise the block is decoded for this lookup, and its payload cached
+        if the cache admits it (``BlockCache.admit``: a full cache, only on
+        the block's second read), as the C getter does.
         """
         raw, _offset = self._read_raw(i)
         if not block_may_hold(raw, key):
+            cache = self.cache
+            if cache is not None and cache.admit_reread(self.cache_base | i):
+                self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
             return None
         block = self.decode_raw(i, raw)  # a malformed block raises here, before it is cached
         cache = self.cache

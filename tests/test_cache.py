@@ -180,6 +180,26 @@ def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads(mak
     assert cache.admit(200)  # remembered again
 
 
+def test_a_false_positives_block_is_admitted_on_its_second_read_full_or_not(make):
+    """admit_reread (a block read for a key it did not hold) asks the same
+    memory of turned-away reads as a full cache's admit, with room or not;
+    and the reads it turns away count toward the window."""
+    cache = make(1000)
+    assert not cache.admission.full
+    assert cache.admit(5)  # room: a block that held its key goes in
+    assert not cache.admit_reread(5) and cache.admit_reread(5)  # room or not: the second read
+    assert not cache.admit_reread(5)  # admitted once: a read after that is a first again
+    assert cache.admission.count == 2
+    assert not cache.admit_reread(7)
+    fill(cache, range(10))
+    assert cache.admission.full
+    assert cache.admit(7)  # a full cache's admit knows the false positive's read ...
+    assert not cache.admit(8) and cache.admit_reread(8)  # ... and the other way round
+    while cache.admission.count:  # the window spent: all forgotten
+        cache.admit_reread(10_000 + cache.admission.count)
+    assert not cache.admit_reread(5)
+
+
 def test_room_in_the_cache_admits_every_block_and_books_follow_evictions(make):
     cache = make(1000)
     fill(cache, range(9))
@@ -219,7 +239,8 @@ def test_blocks_never_read_before_are_rarely_admitted(make):
 @pytest.mark.skipif(CAdmission is None, reason="needs the C speedups")
 def test_the_c_admission_and_its_python_twin_decide_alike():
     """The C getter asks _speedups.Admission; the Python fallback PyAdmission
-    must turn away and let in the same blocks, window ends and all."""
+    must turn away and let in the same blocks, window ends and all, for
+    blocks that held their key (admit) and false positives' (admit_reread)."""
     rng = random.Random(3)
     twins = [CAdmission(4096), PyAdmission(4096)]
     assert twins[0].bits == twins[1].bits == 4096 * 64
@@ -229,7 +250,8 @@ def test_the_c_admission_and_its_python_twin_decide_alike():
             for t in twins:
                 t.full, t.window = full, window
         key = rng.choice([rng.randrange(1 << 40), rng.randrange(3000), -rng.randrange(1, 50)])
-        decisions = [t.admit(key) for t in twins]
+        reread = rng.random() < 0.3
+        decisions = [t.admit_reread(key) if reread else t.admit(key) for t in twins]
         assert decisions[0] == decisions[1], (step, key)
         assert twins[0].count == twins[1].count < twins[0].window
 
@@ -246,6 +268,8 @@ def test_admission_refuses_bad_settings(admission):
     a.window = a.bits // 64
     with pytest.raises(TypeError):
         a.admit("key")
+    with pytest.raises(TypeError):
+        a.admit_reread(b"key")
 
 
 def test_threads_admitting_and_putting_keep_the_books_straight(make):
@@ -296,8 +320,10 @@ def test_the_c_books_and_the_python_books_agree_step_by_step(seed):
         elif op < 0.85:
             py.touch(key)
             c.touch(key)
-        elif op < 0.97:
+        elif op < 0.92:
             assert py.admit(key) == c.admit(key), step
+        elif op < 0.97:
+            assert py.admit_reread(key) == c.admit_reread(key), step
         else:
             number = rng.randrange(1, files)
             py.evict_file(number)

@@ -1465,8 +1465,10 @@ cache_key_arg(PyObject *key, uint64_t *out)
     return 0;
 }
 
+/* admit(key) (reread 0) or admit_reread(key) (1) of a cache key given from
+ * Python: a bool, or NULL with an error set. */
 static PyObject *
-Admission_admit(Admission *self, PyObject *key)
+admission_answer(Admission *self, PyObject *key, int reread)
 {
     uint64_t k;
     if (self->bits == NULL) {
@@ -1475,20 +1477,19 @@ Admission_admit(Admission *self, PyObject *key)
     }
     if (cache_key_arg(key, &k) < 0)
         return NULL;
-    return PyBool_FromLong(admission_admit(self, k));
+    return PyBool_FromLong(reread ? admission_admit_reread(self, k) : admission_admit(self, k));
+}
+
+static PyObject *
+Admission_admit(Admission *self, PyObject *key)
+{
+    return admission_answer(self, key, 0);
 }
 
 static PyObject *
 Admission_admit_reread(Admission *self, PyObject *key)
 {
-    uint64_t k;
-    if (self->bits == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
-        return NULL;
-    }
-    if (cache_key_arg(key, &k) < 0)
-        return NULL;
-    return PyBool_FromLong(admission_admit_reread(self, k));
+    return admission_answer(self, key, 1);
 }
 
 static PyObject *
@@ -1996,19 +1997,13 @@ Cache_put(Cache *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 Cache_admit(Cache *self, PyObject *key)
 {
-    uint64_t k;
-    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
-        return NULL;
-    return PyBool_FromLong(admission_admit(self->admission, k));
+    return cache_ready(self) ? admission_answer(self->admission, key, 0) : NULL;
 }
 
 static PyObject *
 Cache_admit_reread(Cache *self, PyObject *key)
 {
-    uint64_t k;
-    if (!cache_ready(self) || cache_key_arg(key, &k) < 0)
-        return NULL;
-    return PyBool_FromLong(admission_admit_reread(self->admission, k));
+    return cache_ready(self) ? admission_answer(self->admission, key, 1) : NULL;
 }
 
 static PyObject *

@@ -310,13 +310,12 @@ class SSTableReader:
         the block's second read), as the C getter does.
         """
         raw, _offset = self._read_raw(i)
+        cache = self.cache
         if not block_may_hold(raw, key):
-            cache = self.cache
             if cache is not None and cache.admit_reread(self.cache_base | i):
                 self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
             return None
         block = self.decode_raw(i, raw)  # a malformed block raises here, before it is cached
-        cache = self.cache
         if cache is not None and cache.admit(self.cache_base | i):
             self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
         return block

@@ -143,12 +143,15 @@ class DB:
 
     def _close_readers(self) -> None:
         """Close every reader and drop the tables' references to them, so each
-        is freed (its descriptor number released) once no read holds it."""
+        is freed (its descriptor number released) once no read holds it; and
+        empty the tables' fast cells, which sends the C getters to the Python
+        ones (and so to DatabaseClosedError)."""
         for state in self._tables.values():
             for reader in state.files:
                 reader.close()
             state.files = ()
             state.publish()
+            state.fast_cell[0] = None
 
     def _new_segment(self) -> None:
         """Start a new WAL segment; the previous one is closed for good."""

@@ -46,7 +46,7 @@ class TableState:
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
                  "view", "dropped", "counts", "shadow", "compact_pointer", "fast",
-                 "getter", "__weakref__")
+                 "fast_cell", "getter", "__weakref__")
 
     gets = ArrayCounter(0)         # point reads answered
     gets_absent = ArrayCounter(1)  # ... that found nothing
@@ -62,6 +62,10 @@ class TableState:
         self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))  # gets, gets_absent
         self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
         self.getter: Any = None  # the compiled point-read closure (readpath.make_getter)
+        #: [fast], what the C getter reads instead of two attribute lookups a
+        #: get; [None] once the database is closed (DB.close), which sends
+        #: the C getter to the Python one, and so to DatabaseClosedError.
+        self.fast_cell: list[Any] = [None]
         self.set_options(explicit)  # publishes
 
     def set_options(self, explicit: dict[str, Any]) -> None:
@@ -88,7 +92,7 @@ class TableState:
         probes = (_c_probes(l0, deeper) if USE_SPEEDUPS and not self.shadow
                   else None)
         flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
-        self.fast = (self.mem.data, tuple(m.data for m in self.imms),
+        self.fast = self.fast_cell[0] = (self.mem.data, tuple(m.data for m in self.imms),
                      tuple(_probe(r) for r in l0),
                      tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper),
                      probes,

@@ -799,6 +799,30 @@ def test_a_closed_database_is_freed(tmp_path):
     assert ref() is None
 
 
+def test_the_c_getter_reads_the_states_cell_which_close_empties(tmp_path):
+    """The C getter takes the table's read path from state.fast_cell, which
+    every publish fills with state.fast (a flush's file is read at once) and
+    close empties (a get then raises DatabaseClosedError, get_many too); it
+    refuses a state without such a cell."""
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    state = db._default_state
+    assert type(db.get).__name__ == "Getter"
+    db.put(b"k", b"v")
+    assert state.fast_cell == [state.fast] and db.get(b"k") == b"v"
+    db.flush()  # the value now only in a file
+    assert state.fast_cell[0] is state.fast and state.fast[0] == {}
+    assert db.get(b"k") == b"v" and db.get_many([b"k", b"x"]) == [b"v", None]
+    getter = db.get
+    with pytest.raises(TypeError, match="fast_cell"):
+        type(getter)(db, type("State", (), {"counts": state.counts, "fast_cell": ()})(),
+                     object(), print, print, 10, None, print)
+    db.close()
+    assert state.fast_cell == [None]
+    for call in (lambda: getter(b"k"), lambda: db.get_many([b"k"])):
+        with pytest.raises(lsmdb.DatabaseClosedError):
+            call()
+
+
 @settings(max_examples=2000, deadline=None)
 @given(st.integers(0, 2**32 - 1) | st.sampled_from([0, 1, 2**31, 2**32 - 1]),
        st.integers(1, 2**32 - 1) | st.sampled_from([1, 2, 3, 2**31 - 1, 2**31, 2**32 - 1]))

@@ -837,13 +837,12 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
  * probes decide together (they are the lines the gathered probes prefetch,
  * in the first two partitions, the part of every filter every absent key
  * touches): one branch, right three times in four on an absent key, where a
- * branch per probe is a coin toss.  Then, with `early`, only if both are
- * set, the rest; without it all k are loaded and one branch decides -- for
- * get_many, which tests one filter for many keys in a row, where
- * mispredicting the early exit cost more than the extra loads.  Callers pass
- * `early` as a constant (filter_maybe, filter_maybe_all). */
+ * branch per probe is a coin toss.  Then, only if both are set, the rest.
+ * (get_many, which tests one filter for many keys in a row, loaded all k
+ * and let one branch decide until 2026-12-01; with the early exit its absent
+ * keys took 0.91-0.98x the time.) */
 static inline int
-filter_test_part(const Entry *e, uint64_t h, const int early)
+filter_test_part(const Entry *e, uint64_t h)
 {
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t s = e->part, base = 0;
@@ -858,7 +857,7 @@ filter_test_part(const Entry *e, uint64_t h, const int early)
         all &= bits[pos >> 3] >> (pos & 7);
         i = 2;
     }
-    if (early && !(all & 1))
+    if (!(all & 1))
         return 0;
     for (; i < e->k; i++) {
         g += h2;
@@ -871,7 +870,7 @@ filter_test_part(const Entry *e, uint64_t h, const int early)
 
 /* filter_test_part for a format-1 filter. */
 static inline int
-filter_test_whole(const Entry *e, uint64_t h, const int early)
+filter_test_whole(const Entry *e, uint64_t h)
 {
     const unsigned char *bits = (const unsigned char *)e->bits.buf;
     uint64_t m = e->m;
@@ -884,7 +883,7 @@ filter_test_whole(const Entry *e, uint64_t h, const int early)
         all &= bits[pos >> 3] >> (pos & 7);
         i = 2;
     }
-    if (early && !(all & 1))
+    if (!(all & 1))
         return 0;
     for (; i < e->k; i++) {
         pos += step;
@@ -898,14 +897,7 @@ filter_test_whole(const Entry *e, uint64_t h, const int early)
 static inline int
 filter_maybe(const Entry *e, uint64_t h)
 {
-    return e->part ? filter_test_part(e, h, 1) : filter_test_whole(e, h, 1);
-}
-
-/* filter_maybe without an early exit (get_many). */
-static inline int
-filter_maybe_all(const Entry *e, uint64_t h)
-{
-    return e->part ? filter_test_part(e, h, 0) : filter_test_whole(e, h, 0);
+    return e->part ? filter_test_part(e, h) : filter_test_whole(e, h);
 }
 
 /* Whether k[0:klen] is at or above e's min key. */
@@ -969,22 +961,12 @@ check(Probes *self, Entry *e, PyObject *key, const int picked)
     return filter_says_maybe(e, h);
 }
 
-/* filter_says_maybe by filter_maybe_all (get_many). */
-static inline int
-filter_says_maybe_all(Entry *e, uint64_t h)
-{
-    if (filter_maybe_all(e, h))
-        return 1;
-    ((uint64_t *)e->counts.buf)[FILTER_NEGATIVES]++;
-    return 0;
-}
-
 /* check for a file of the fast hash, given the key's bytes k[0:klen] and
  * its hash h (get_many). */
 static inline int
 check_raw(Entry *e, const char *k, Py_ssize_t klen, uint64_t h, const int picked)
 {
-    return in_range(e, k, klen, picked) && (!e->m || filter_says_maybe_all(e, h));
+    return in_range(e, k, klen, picked) && (!e->m || filter_says_maybe(e, h));
 }
 
 /* The first i in a[0:n] (n >= 1, in order) with a[i] >= v, or n: a binary
@@ -3483,7 +3465,7 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             Py_ssize_t f = j < probes->n0 ? j
                                           : level_pick(probes, j - probes->n0,
                                                        PyList_GET_ITEM(keys, i));
-            if (whole != NULL ? whole->m && !filter_says_maybe_all(whole, hashes[i])
+            if (whole != NULL ? whole->m && !filter_says_maybe(whole, hashes[i])
                               : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), hashes[i],
                                                     j >= probes->n0)) {
                 pending[keep++] = i;  /* not in this file: on to the next */

@@ -2341,7 +2341,6 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *db;           /* the database (its close empties the cell) */
-    PyObject *state;        /* TableState */
     PyObject *cell;         /* state.fast_cell: [state.fast], or [None] once the database closed */
     Py_buffer counts;       /* state.counts: gets, gets_absent */
     int have_counts;
@@ -2361,7 +2360,6 @@ static int
 Getter_traverse(Getter *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->db);
-    Py_VISIT(self->state);
     Py_VISIT(self->cell);
     Py_VISIT(self->missing);
     Py_VISIT(self->lookup_block);
@@ -2381,7 +2379,6 @@ Getter_clear(Getter *self)
         PyBuffer_Release(&self->counts);
     }
     Py_CLEAR(self->db);  /* a cleared Getter refuses calls: db is NULL */
-    Py_CLEAR(self->state);
     Py_CLEAR(self->cell);
     Py_CLEAR(self->missing);
     Py_CLEAR(self->lookup_block);
@@ -2451,7 +2448,6 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     }
     self->cell = cell;
     self->db = Py_NewRef(db);
-    self->state = Py_NewRef(state);
     self->missing = Py_NewRef(missing);
     self->lookup_block = Py_NewRef(lookup_block);
     self->slow_get = Py_NewRef(slow_get);
@@ -3095,7 +3091,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
  * puts None in the cell; no C probes: shadow mode).  The tuple is taken out
  * of the state's cell, a list that TableState.publish and DB.close write:
  * the attribute lookups of db._closed and state.fast it replaced took
- * 12-16% of an absent get. */
+ * 13-20% of an absent get (paired, 2,000,000 and 200,000 keys). */
 static int
 getter_fast(Getter *self, PyObject **fast)
 {

@@ -433,7 +433,7 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
                     still.append(members[0])
                     continue
             else:
-                block = reader.fetch_block(b)  # from disk (then cached)
+                block = reader.fetch_block(b)  # from disk (cached if admitted)
         else:
             reader.block_cache_hits += len(members)
         block_keys, values = block

@@ -380,7 +380,8 @@ class SSTableReader:
         return MISSING
 
     def load_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` from the cache (a counted hit), or from disk (then cached)."""
+        """Data block ``i`` from the cache (a counted hit), or from disk (then
+        cached if the cache admits it)."""
         block = self.cached_block(i)
         if block is None:
             return self.fetch_block(i)
@@ -395,10 +396,16 @@ class SSTableReader:
         return None if entry is None else self._decode_cached(i, entry)
 
     def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` read from disk (a counted read), then cached."""
+        """Data block ``i`` read from disk (a counted read), then cached if the
+        cache admits it (``BlockCache.admit``, as for a get's block: a full
+        cache only on the block's second read), so that a ``get_many`` of
+        many cold keys, or shadow mode's reads, cannot flush a cache that a
+        loop of ``get`` would have kept."""
         payload, _offset = self._read_payload(i)
         block = self._decode_payload(i, payload)
-        self._remember(i, payload)
+        cache = self.cache
+        if cache is not None and cache.admit(self.cache_base | i):
+            self._remember(i, payload)
         return block
 
     def _remember(self, i: int, payload: bytes) -> None:

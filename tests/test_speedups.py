@@ -1194,6 +1194,34 @@ def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path)
         db.close()
 
 
+def test_a_full_cache_takes_a_block_get_many_read_for_several_keys_on_its_second_read(tmp_path):
+    """A block get_many reads once for several keys goes through the same
+    admission as a get's: a full cache turns its first read away (one read,
+    its keys answered, nothing cached or evicted) and takes it on its second;
+    after that its keys are cache hits."""
+    db = _full_cache_db(str(tmp_path / "db"))
+    try:
+        cache = db._block_cache
+        reader = db._default_state.fast[5][0][0]
+        keys = [b"key%06d" % i for i in (3600, 3602, 3604)]
+        assert len({reader.block_for(k) for k in keys}) == 1  # one block for all three
+        values = [b"v3600", b"v3602", b"v3604"]
+        before = db.table_stats()
+        hits_before = sum(i.block_cache_hits for i in db.sstables())
+        cached_before = {k for k, _size, _marked in cache.entries()}
+        assert db.get_many(keys) == values
+        assert db.table_stats()["block_reads"] == before["block_reads"] + 1
+        assert {k for k, _size, _marked in cache.entries()} == cached_before  # not cached
+        assert db.get_many(keys) == values  # the same block again: now cached
+        assert db.table_stats()["block_reads"] == before["block_reads"] + 2
+        assert {k for k, _size, _marked in cache.entries()} - cached_before
+        assert db.get_many(keys) == values  # cache hits: no read
+        assert db.table_stats()["block_reads"] == before["block_reads"] + 2
+        assert sum(i.block_cache_hits for i in db.sstables()) == hits_before + 3
+    finally:
+        db.close()
+
+
 def _str_key_block(path: str) -> tuple[bytes, str, int, int]:
     """Rewrite a data block of _full_cache_db's SSTable with its last key as a
     msgpack str, under a right checksum: (that key, the file, the block's

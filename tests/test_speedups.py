@@ -666,6 +666,85 @@ def test_get_many_hashes_once_and_reads_each_block_once(tmp_path, monkeypatch):
     db.close()
 
 
+def test_get_many_reads_a_block_several_keys_need_once_in_c_counted_as_gets_are(tmp_path,
+                                                                                monkeypatch):
+    """A block that several keys of one get_many need, and the cache does not
+    hold, is read once in C for all of them (the Python side is never
+    called): the answers are a loop of get's -- values, absent keys (false
+    positives inside a block others were found in) and tombstones -- each
+    key counts the true or false positives its gets count, and the blocks
+    read are exactly the distinct blocks the gets' traces read."""
+    def no_python(*_args):
+        raise AssertionError("a block several keys need went to the Python side")
+
+    monkeypatch.setattr(lsmdb.readpath, "_files_many_c", no_python)
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False, block_cache_size_bytes=0)
+    try:
+        db.alter_table("default", bloom_filter_fp_chance=0.3, **SMALL)
+        for part in range(3):  # three files over the whole range: keys resume after a "maybe"
+            with db.batch() as b:
+                for i in range(part, 900, 3):
+                    b.put(b"key%06d" % (2 * i), b"v%d" % i)
+            db.flush()
+        for i in range(0, 900, 7):
+            db.delete(b"key%06d" % (2 * i))
+        db.flush()
+        assert type(db.get).__name__ == "Getter" and len(db.sstables()) == 4
+        queries = [b"key%06d" % i for i in range(0, 1800, 1)]  # present, absent, deleted
+        blocks = {(step["file"], step["block"]["index"])
+                  for k in queries for step in db.trace(k)["steps"] if "block" in step}
+        before = db.table_stats()
+        expected = [db.get(k) for k in queries]
+        loop = db.table_stats()
+        assert db.get_many(queries) == expected
+        many = db.table_stats()
+        assert b"v0" not in expected and expected.count(None) > 900  # tombstones, absent
+        for c in ("true_positives", "false_positives", "filter_negatives", "range_skips"):
+            assert many[c] - loop[c] == loop[c] - before[c], c
+        assert loop["false_positives"] - before["false_positives"] > 100
+        assert many["block_reads"] - loop["block_reads"] == len(blocks)
+        assert len(blocks) < loop["block_reads"] - before["block_reads"]  # shared blocks
+    finally:
+        db.close()
+
+
+def test_a_block_get_many_reads_for_several_keys_is_admitted_as_its_keys_answer(tmp_path):
+    """With room in the cache: a block read once for several keys is cached
+    at once when it held one of them (a get's block), and only on its second
+    read when it held none (a false positive's block, admit_reread)."""
+    db = _no_filter_no_cache_db(str(tmp_path / "db"), 3000)  # no filter: absent keys read
+    db.close()
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    try:
+        cache = db._block_cache
+
+        def block(key: bytes) -> tuple[object, int]:
+            """The file whose range holds key, and its block that may."""
+            [reader] = [item[0] for item in db._default_state.fast[5]
+                        if item[0].min_key <= key <= item[0].max_key]
+            return reader, reader.block_for(key)
+
+        def cached(key: bytes) -> bool:
+            reader, i = block(key)
+            return cache.lookup(reader.cache_base | i) is not None
+
+        absent = [b"key%06dx" % i for i in (1000, 1001)]  # in one block, neither there
+        present = [b"key%06d" % i for i in (2000, 2001)]
+        assert block(absent[0]) == block(absent[1]) and block(present[0]) == block(present[1])
+        reads = db.table_stats()["block_reads"]
+        assert db.get_many(present) == [b"v2000", b"v2001"]
+        assert cached(present[0])  # held the keys: cached on its first read
+        assert db.get_many(absent) == [None, None]
+        assert not cached(absent[0])  # held neither: not yet
+        assert db.table_stats()["block_reads"] == reads + 2
+        assert db.get_many(absent) == [None, None]
+        assert cached(absent[0])  # its second read
+        assert db.get_many(absent + present) == [None, None, b"v2000", b"v2001"]
+        assert db.table_stats()["block_reads"] == reads + 3  # both from the cache now
+    finally:
+        db.close()
+
+
 # ------------------------------------------------------------------- merge
 def chunked(entries: dict[bytes, bytes | None], reverse: bool, size: int) -> list[tuple]:
     keys = sorted(entries, reverse=reverse)
@@ -1263,7 +1342,8 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
                                                                     c_getter):
     """With room in the cache, which admits every block read, the block of the
     wrong shape is not cached: every get of a key it may hold raises
-    CorruptionError at its offset, on both read paths, get_many too."""
+    CorruptionError at its offset, on both read paths, get_many too (for one
+    key, and for two that need the block)."""
     path = str(tmp_path / "db")
     key, file, offset, i = _str_key_block(path)
     if not c_getter:
@@ -1271,8 +1351,12 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
     db = lsmdb.open(path, auto_compaction=False)
     try:
         assert (type(db.get).__name__ == "Getter") == c_getter
-        base = db._default_state.fast[5][0][0].cache_base
-        for call in (db.get, db.get, lambda k: db.get_many([k])):
+        reader = db._default_state.fast[5][0][0]
+        base = reader.cache_base
+        other = b"key%06d" % (int(key[3:]) - 2)  # the key before it, in the same block
+        assert reader.block_for(other) == reader.block_for(key) == i
+        for call in (db.get, db.get, lambda k: db.get_many([k]),
+                     lambda k: db.get_many([other, k])):
             with pytest.raises(lsmdb.CorruptionError) as exc:
                 call(key)
             assert exc.value.path == file and exc.value.offset == offset
@@ -1489,11 +1573,12 @@ def test_a_damaged_block_read_by_the_c_getter_is_corruption_at_its_offset(tmp_pa
         db.close()
 
 
-def _no_filter_no_cache_db(path: str, n: int) -> lsmdb.DB:
-    """A database of keys key000000.. -> v0.. in SSTables without filters,
-    reopened without a block cache: every key a get_many asks reads a block."""
+def _no_filter_no_cache_db(path: str, n: int, **options) -> lsmdb.DB:
+    """A database of keys key000000.. -> v0.. in SSTables without filters (or
+    with what ``options`` ask), reopened without a block cache: every key a
+    get_many asks reads a block."""
     db = lsmdb.open(path, auto_compaction=False)
-    db.alter_table("default", bloom_filter_fp_chance=1.0, **SMALL)
+    db.alter_table("default", **{"bloom_filter_fp_chance": 1.0, **SMALL, **options})
     for i in range(n):
         db.put(b"key%06d" % i, b"v%d" % i)
     db.flush()
@@ -1501,14 +1586,21 @@ def _no_filter_no_cache_db(path: str, n: int) -> lsmdb.DB:
     return lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
 
 
-def test_get_many_survives_the_callers_list_changing_under_it(tmp_path):
+@pytest.mark.parametrize("options", [{}, {"bloom_filter_fp_chance": 0.01,
+                                          "bloom_filter_hash": "keyed"}],
+                         ids=["fast-no-filter", "keyed-filter"])
+def test_get_many_survives_the_callers_list_changing_under_it(tmp_path, options):
     """get_many's C part holds the keys by borrowed reference; Python code run
     by a garbage collection one of its allocations starts (here: a gc callback
     clearing the caller's list at the k-th collection of the call, for many k)
     must not pull them out from under it: the answer is for the list as it
-    was when get_many took it, or for the emptied list."""
+    was when get_many took it, or for the emptied list.  With the fast hash
+    every block is read in C (since 2026-12-01, blocks several keys need
+    too), and no collection starts after the C part took the list; with a
+    keyed filter the blocks are read by the Python side, whose allocations
+    start collections while the call runs."""
     import gc
-    db = _no_filter_no_cache_db(str(tmp_path / "db"), 3000)
+    db = _no_filter_no_cache_db(str(tmp_path / "db"), 3000, **options)
     query = [b"key%06d" % i for i in range(0, 3000, 3)] + [b"key%06dx" % i for i in range(500)]
     expected = [b"v%d" % i for i in range(0, 3000, 3)] + [None] * 500
     state = {"keys": [], "left": 0}
@@ -1535,7 +1627,8 @@ def test_get_many_survives_the_callers_list_changing_under_it(tmp_path):
         gc.callbacks.remove(clear_at_kth)
         gc.set_threshold(*old)
         db.close()
-    assert cleared_inside > 0  # the list really was cleared while get_many ran
+    if options:
+        assert cleared_inside > 0  # the list really was cleared while get_many ran
 
 
 def test_get_many_answers_the_list_it_was_given_while_another_thread_changes_it(tmp_path):
@@ -1782,8 +1875,13 @@ assert db.get(first) is not None  # copied out of the mapping (no read call), th
 print("read calls", syscalls.delta(start))
 reads = db.table_stats()["block_reads"]
 os.truncate(reader.path, reader.index_offsets[len(reader.index_offsets) // 2])
+before_last = b"key%06d" % (int(last[3:]) - 1)  # in the last block too
+assert reader.block_for(before_last) == reader.block_for(last) == len(reader.index_keys) - 1
 try:
-    db.get(last)  # past the cut: the copy faults (SIGBUS), pread finds the file short
+    if sys.argv[2] == "get":
+        db.get(last)  # past the cut: the copy faults (SIGBUS), pread finds the file short
+    else:  # one copy for both keys faults; the Python side's pread finds the file short
+        db.get_many([last, before_last])
 except CorruptionError as exc:
     print("CorruptionError:", exc)
 else:
@@ -1794,18 +1892,20 @@ print("offset", reader.index_offsets[-1], "reads", db.table_stats()["block_reads
 
 
 @pytest.mark.skipif(not MAPS, reason="files are not mapped here")
-def test_a_file_cut_short_under_its_mapping_is_corruption_not_sigbus(tmp_path):
+@pytest.mark.parametrize("how", ["get", "get_many"])
+def test_a_file_cut_short_under_its_mapping_is_corruption_not_sigbus(tmp_path, how):
     """A page of a mapping past the end of its (since truncated) file raises
-    SIGBUS; the copy out of it is guarded, so the get reads the block again
-    with pread, which reports the file short at the block's offset, and the
-    process goes on.  In a child process: unguarded, the child dies."""
+    SIGBUS; the copy out of it is guarded, so the get (or get_many, for a
+    block two keys need) reads the block again with pread, which reports the
+    file short at the block's offset, and the process goes on.  In a child
+    process: unguarded, the child dies."""
     path = str(tmp_path / "db")
     db = lsmdb.open(path, auto_compaction=False)
     for i in range(20000):
         db.put(b"key%06d" % i, b"v%d" % i * 5)
     db.flush()
     db.close()
-    done = subprocess.run([sys.executable, "-c", _CUT_SHORT, path], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", _CUT_SHORT, path, how], capture_output=True,
                           text=True, timeout=120, cwd=REPO)  # REPO: bench.common
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

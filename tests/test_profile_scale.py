@@ -46,11 +46,16 @@ def test_profile_scale_profiles_databases_already_loaded(tmp_path, capsys):
     assert layout.split()[-4:] == ["L0", str(files[0]), "L0", str(files[1])]
 
 
+def loaded(tmp_path, compaction: str) -> lsmdb.DB:
+    """A database of 40,000 keys loaded as bench.scale loads it, open."""
+    path = str(tmp_path / "db")
+    profile_scale.load(path, 40_000, seed=1, compaction=compaction)
+    return lsmdb.open(path)
+
+
 @needs_c
 def test_the_parts_count_on_counters_of_their_own(tmp_path):
-    path = str(tmp_path / "db")
-    profile_scale.load(path, 40_000, seed=1, compaction="leveled")
-    db = lsmdb.open(path)
+    db = loaded(tmp_path, "leveled")
     try:
         before = [(i.range_skips, i.filter_negatives) for i in db.sstables()]
         named, layout, filter_bytes = profile_scale.parts(db)
@@ -81,9 +86,7 @@ def test_a_pool_hands_its_keys_out_in_turn_as_new_objects():
 
 @needs_c
 def test_no_timing_runs_on_the_keys_of_another_and_the_outcomes_are_right(tmp_path):
-    path = str(tmp_path / "db")
-    profile_scale.load(path, 40_000, seed=1, compaction="size_tiered")
-    db = lsmdb.open(path)
+    db = loaded(tmp_path, "size_tiered")
     try:
         info: dict = {}
         runs = profile_scale.setup(db, 40_000, 2, info)

@@ -3312,7 +3312,9 @@ done:
  * (disk_probe, disk_probe_many); only a block those cannot serve sends its
  * keys to maybes as (file, i, seed) and no further, and the Python side
  * reads it once.  Only for tables whose filters all use the inline fast
- * hash (each key hashed once, up front).  0, or -1 with an exception set. */
+ * hash, or all one keyed hash (kf: each key hashed once, up front, by a
+ * Python call, the keys then held by a copy).  0, or -1 with an exception
+ * set. */
 typedef struct {
     Py_ssize_t f;      /* file (flat index) */
     Py_ssize_t block;  /* its block that can hold the key; -1: not known */
@@ -3495,9 +3497,35 @@ fail:
     return r;
 }
 
+/* The one keyed hash function every filter of probes tests with: 1 and
+ * *kf (borrowed), or *kf NULL when no filter is keyed; 0 when the filters
+ * use different hashes (the fast one and a keyed one, or two keyed ones, as
+ * while rebuild_filters or compactions move a table to another hash). */
+static int
+probes_one_hash(const Probes *self, PyObject **kf)
+{
+    PyObject *one = NULL;
+    int fast = 0;
+    for (Py_ssize_t i = 0; i < self->n; i++) {
+        const Entry *e = &self->e[i];
+        if (!e->m)
+            continue;
+        if (e->kf == NULL)
+            fast = 1;
+        else if (one == NULL)
+            one = e->kf;
+        else if (e->kf != one)
+            return 0;
+    }
+    if (fast && one != NULL)
+        return 0;
+    *kf = one;
+    return 1;
+}
+
 static int
 many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObject *out,
-             PyObject *maybes, uint64_t *absent)
+             PyObject *maybes, uint64_t *absent, PyObject *kf)
 {
     PyObject *keys = mk->keys;
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
@@ -3513,8 +3541,11 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
     Cand *cands = PyMem_Malloc((n ? n : 1) * sizeof(Cand));
     int *res = PyMem_Malloc((n ? n : 1) * sizeof(int));
     PyObject **vals = PyMem_Malloc((n ? n : 1) * sizeof(PyObject *));
+    /* the hashes the files' filters test: the fast ones, or those of kf */
+    uint64_t *fh = kf != NULL ? PyMem_Malloc((n ? n : 1) * sizeof(uint64_t)) : hashes;
+    Py_XINCREF(kf);
     if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL || misses == NULL
-        || cands == NULL || res == NULL || vals == NULL) {
+        || cands == NULL || res == NULL || vals == NULL || fh == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -3531,6 +3562,16 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             *absent += value == Py_None;
             PyList_SET_ITEM(out, i, Py_NewRef(value));
             continue;
+        }
+        if (kf != NULL) {  /* Python code: the caller made keys a copy (own_keys) */
+            PyObject *r = PyObject_CallOneArg(kf, key);
+            if (r == NULL)
+                goto done;
+            unsigned long long v = PyLong_AsUnsignedLongLong(r);
+            Py_DECREF(r);
+            if (v == (unsigned long long)-1 && PyErr_Occurred())
+                goto done;
+            fh[i] = (uint64_t)v;
         }
         memcpy(kbuf + koff[i], PyBytes_AS_STRING(key), (size_t)klen);
         pending[npend++] = i;
@@ -3556,8 +3597,8 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             Py_ssize_t f = j < probes->n0 ? j
                                           : level_pick(probes, j - probes->n0,
                                                        PyList_GET_ITEM(keys, i));
-            if (whole != NULL ? whole->m && !filter_says_maybe(whole, hashes[i])
-                              : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), hashes[i],
+            if (whole != NULL ? whole->m && !filter_says_maybe(whole, fh[i])
+                              : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), fh[i],
                                                     j >= probes->n0)) {
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
@@ -3641,7 +3682,9 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             for (Py_ssize_t c = a; c < b; c++) {
                 Py_ssize_t i = misses[c].i;
                 PyObject *entry = Py_BuildValue("(nn(LLO))", misses[c].f, i,
-                                                (long long)hashes[i], -1LL, Py_None);
+                                                (long long)hashes[i],
+                                                kf != NULL ? (long long)fh[i] : -1LL,
+                                                kf != NULL ? kf : Py_None);
                 if (entry == NULL)
                     goto done;
                 int r = PyList_Append(maybes, entry);
@@ -3668,6 +3711,10 @@ done:
     PyMem_Free(cands);
     PyMem_Free(res);
     PyMem_Free(vals);
+    if (kf != NULL) {
+        PyMem_Free(fh);
+        Py_DECREF(kf);
+    }
     return rc;
 }
 
@@ -3707,7 +3754,8 @@ Getter_many(Getter *self, PyObject *keys)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
     Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
     PyObject *flat = PyTuple_GET_ITEM(fast, 5);
-    int by_file = probes->native_hash && !probes->has_keyed, all_short = 1;
+    PyObject *kf = NULL;  /* the keyed hash of every filter, if they all use one */
+    int by_file = probes->native_hash && probes_one_hash(probes, &kf), all_short = 1;
     ManyKeys mk = {keys, Py_NewRef(keys), PyGC_Disable()};
     PyObject *out = NULL, *maybes = NULL, *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
@@ -3724,7 +3772,7 @@ Getter_many(Getter *self, PyObject *keys)
         }
         all_short &= PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;  /* hashed here, not by xxhash */
     }
-    if (!(by_file && all_short) && own_keys(&mk) < 0)
+    if (!(by_file && all_short && kf == NULL) && own_keys(&mk) < 0)
         goto done;
     out = PyList_New(n);
     maybes = PyList_New(0);
@@ -3733,7 +3781,7 @@ Getter_many(Getter *self, PyObject *keys)
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t absent = 0;
     if (by_file) {
-        if (many_by_file(self, probes, fast, &mk, out, maybes, &absent) < 0)
+        if (many_by_file(self, probes, fast, &mk, out, maybes, &absent, kf) < 0)
             goto done;
         n = 0;  /* every key answered or in maybes (which only a block read adds: mk owns) */
     }

@@ -666,21 +666,25 @@ def test_get_many_hashes_once_and_reads_each_block_once(tmp_path, monkeypatch):
     db.close()
 
 
+@pytest.mark.parametrize("hash_name", ["fast", "keyed"])
 def test_get_many_reads_a_block_several_keys_need_once_in_c_counted_as_gets_are(tmp_path,
-                                                                                monkeypatch):
+                                                                                monkeypatch,
+                                                                                hash_name):
     """A block that several keys of one get_many need, and the cache does not
     hold, is read once in C for all of them (the Python side is never
-    called): the answers are a loop of get's -- values, absent keys (false
-    positives inside a block others were found in) and tombstones -- each
-    key counts the true or false positives its gets count, and the blocks
-    read are exactly the distinct blocks the gets' traces read."""
+    called), whether the filters use the fast hash or all one keyed hash:
+    the answers are a loop of get's -- values, absent keys (false positives
+    inside a block others were found in) and tombstones -- each key counts
+    the true or false positives its gets count, and the blocks read are
+    exactly the distinct blocks the gets' traces read."""
     def no_python(*_args):
         raise AssertionError("a block several keys need went to the Python side")
 
     monkeypatch.setattr(lsmdb.readpath, "_files_many_c", no_python)
     db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False, block_cache_size_bytes=0)
     try:
-        db.alter_table("default", bloom_filter_fp_chance=0.3, **SMALL)
+        db.alter_table("default", bloom_filter_fp_chance=0.3, bloom_filter_hash=hash_name,
+                       **SMALL)
         for part in range(3):  # three files over the whole range: keys resume after a "maybe"
             with db.batch() as b:
                 for i in range(part, 900, 3):
@@ -704,6 +708,37 @@ def test_get_many_reads_a_block_several_keys_need_once_in_c_counted_as_gets_are(
         assert loop["false_positives"] - before["false_positives"] > 100
         assert many["block_reads"] - loop["block_reads"] == len(blocks)
         assert len(blocks) < loop["block_reads"] - before["block_reads"]  # shared blocks
+    finally:
+        db.close()
+
+
+def test_get_many_on_a_table_of_fast_and_keyed_filters_answers_as_gets_do(tmp_path,
+                                                                          monkeypatch):
+    """A table whose files use different hashes (the fast one, then a keyed
+    one after alter_table) cannot hash each key once for all its filters:
+    its get_many leaves the blocks to the Python side, and answers as a loop
+    of get does."""
+    calls = []
+    real = lsmdb.readpath._files_many_c
+
+    def counting(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(lsmdb.readpath, "_files_many_c", counting)
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False, block_cache_size_bytes=0)
+    try:
+        db.alter_table("default", bloom_filter_fp_chance=0.3, **SMALL)
+        for part, hash_name in enumerate(("fast", "keyed", "fast", "keyed")):
+            db.alter_table("default", bloom_filter_hash=hash_name)
+            with db.batch() as b:
+                for i in range(part, 800, 4):
+                    b.put(b"key%06d" % (2 * i), b"v%d" % i)
+            db.flush()
+        queries = [b"key%06d" % i for i in range(1600)]
+        expected = [db.get(k) for k in queries]
+        assert db.get_many(queries) == expected
+        assert expected.count(None) == 800 and calls  # the Python side read blocks
     finally:
         db.close()
 
@@ -1589,7 +1624,8 @@ def _no_filter_no_cache_db(path: str, n: int, **options) -> lsmdb.DB:
 @pytest.mark.parametrize("options", [{}, {"bloom_filter_fp_chance": 0.01,
                                           "bloom_filter_hash": "keyed"}],
                          ids=["fast-no-filter", "keyed-filter"])
-def test_get_many_survives_the_callers_list_changing_under_it(tmp_path, options):
+def test_get_many_survives_the_callers_list_changing_under_it(tmp_path, monkeypatch,
+                                                               options):
     """get_many's C part holds the keys by borrowed reference; Python code run
     by a garbage collection one of its allocations starts (here: a gc callback
     clearing the caller's list at the k-th collection of the call, for many k)
@@ -1597,9 +1633,22 @@ def test_get_many_survives_the_callers_list_changing_under_it(tmp_path, options)
     was when get_many took it, or for the emptied list.  With the fast hash
     every block is read in C (since 2026-12-01, blocks several keys need
     too), and no collection starts after the C part took the list; with a
-    keyed filter the blocks are read by the Python side, whose allocations
-    start collections while the call runs."""
+    keyed filter each key's hash is a Python call, here one that allocates a
+    list, so collections start while the call runs."""
     import gc
+
+    import lsmdb.secret
+    real = lsmdb.secret.keyed_hasher
+
+    def allocating(secret: bytes) -> object:
+        hasher = real(secret)
+
+        def fn(key: bytes) -> int:
+            return hasher.fn((lambda: key)())  # a new function object: with threshold 1,
+            # a collection (lists and dicts come from free lists, which do not count)
+        return type(hasher)(hasher.algorithm, hasher.key_id, fn)
+
+    monkeypatch.setattr(lsmdb.secret, "keyed_hasher", allocating)
     db = _no_filter_no_cache_db(str(tmp_path / "db"), 3000, **options)
     query = [b"key%06d" % i for i in range(0, 3000, 3)] + [b"key%06dx" % i for i in range(500)]
     expected = [b"v%d" % i for i in range(0, 3000, 3)] + [None] * 500

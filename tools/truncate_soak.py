@@ -5,12 +5,14 @@
 
 Each round builds a database of N keys (``key%07d`` -> a value made from the number) in
 several SSTables, opens it with a 64 KiB block cache (so most gets read their block from the
-file: with the C speedups, out of its read-only mapping), starts T threads getting random keys,
-and a third of the way into S seconds cuts every SSTable to a third of its length.  Every get
-must either return the key's own value or raise ``CorruptionError``; anything else -- a wrong
-value, None for a key that is there, another exception -- is a problem, and a SIGBUS that the
-copy's guard misses ends the process.  It prints, per round, the gets answered, the
-``CorruptionError``s and the problems, and exits 1 if there was any problem.
+file: with the C speedups, out of its read-only mapping), starts T threads getting random keys
+(every other thread with ``get_many`` of ``MANY_KEYS`` neighbouring keys, which share blocks: a
+block several keys need is read once for them all), and a third of the way into S seconds cuts
+every SSTable to a third of its length.  Every get (and every ``get_many``) must either return
+each key's own value or raise ``CorruptionError``; anything else -- a wrong value, None for a
+key that is there, another exception -- is a problem, and a SIGBUS that the copy's guard misses
+ends the process.  It prints, per round, the keys answered, the ``CorruptionError``s and the
+problems, and exits 1 if there was any problem.
 
 The test suite runs a short version in a child process (tests/test_speedups.py).
 """
@@ -48,6 +50,10 @@ def build(path: str, keys: int) -> None:
         db.close()
 
 
+#: Keys a get_many thread asks for at once: neighbours, so that several share a block.
+MANY_KEYS = 8
+
+
 def round_once(path: str, keys: int, threads: int, seconds: float, seed: int) -> dict[str, int]:
     """One round on the database at ``path`` (built, then cut short): the counts."""
     db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=64 * 1024)
@@ -60,8 +66,12 @@ def round_once(path: str, keys: int, threads: int, seconds: float, seed: int) ->
         answered = corruption = problems = 0
         while time.monotonic() < stop:
             i = rng.randrange(keys)
+            numbers = range(i, min(i + MANY_KEYS, keys)) if worker % 2 else range(i, i + 1)
             try:
-                value = db.get(b"key%07d" % i)
+                if worker % 2:
+                    values = db.get_many([b"key%07d" % j for j in numbers])
+                else:
+                    values = [db.get(b"key%07d" % i)]
             except CorruptionError:
                 corruption += 1
                 continue
@@ -69,11 +79,12 @@ def round_once(path: str, keys: int, threads: int, seconds: float, seed: int) ->
                 print(f"problem: {type(exc).__name__}: {exc}", file=sys.stderr)
                 problems += 1
                 continue
-            if value == value_of(i):
-                answered += 1
-            else:
-                print(f"problem: key{i:07d} read {value!r}", file=sys.stderr)
-                problems += 1
+            for j, value in zip(numbers, values, strict=True):
+                if value == value_of(j):
+                    answered += 1
+                else:
+                    print(f"problem: key{j:07d} read {value!r}", file=sys.stderr)
+                    problems += 1
         with lock:
             counts["answered"] += answered
             counts["corruption"] += corruption
@@ -116,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(path)
             problems += counts["problems"]
             print(f"round {r + 1}: {counts['files']} SSTables cut to a third under "
-                  f"{args.threads} threads: {counts['answered']:,} gets answered, "
+                  f"{args.threads} threads: {counts['answered']:,} keys answered, "
                   f"{counts['corruption']:,} CorruptionError, {counts['problems']} problems",
                   flush=True)
     finally:

@@ -4208,6 +4208,47 @@ static const uint64_t crc_k1k2[2] __attribute__((aligned(16))) = {0x154442bd4, 0
 static const uint64_t crc_k3k4[2] __attribute__((aligned(16))) = {0x1751997d0, 0x0ccaa009e};
 static const uint64_t crc_k5k0[2] __attribute__((aligned(16))) = {0x163cd6124, 0};
 static const uint64_t crc_poly[2] __attribute__((aligned(16))) = {0x1db710641, 0x1f7011641};
+/* k1, k2 for 8*128 +- 32, twice: the fold by 128 bytes of crc_vclmul's
+ * four 256-bit lanes (each of their two 128-bit halves). */
+static const uint64_t crc_k1k2_8[4] __attribute__((aligned(32))) = {0x1e88ef372, 0x14a7fe880,
+                                                                    0x1e88ef372, 0x14a7fe880};
+static int have_vclmul;  /* VPCLMULQDQ and AVX2, and the OS saves the YMM registers */
+
+/* The end of a fold: x1, the 128 bits folded so far, then the 16-byte
+ * lanes left at p (n, a multiple of 16), reduced to the 32-bit register. */
+__attribute__((target("pclmul,sse4.1")))
+static inline uint32_t
+crc_clmul_tail(__m128i x1, const unsigned char *p, size_t n)
+{
+    __m128i x0, x2, x3, x5;
+    x0 = _mm_load_si128((const __m128i *)crc_k3k4);
+    while (n >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)p);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        p += 16;
+        n -= 16;
+    }
+    /* 128 bits to 64 */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = _mm_loadl_epi64((const __m128i *)crc_k5k0);
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    /* Barrett reduction to 32 bits */
+    x0 = _mm_load_si128((const __m128i *)crc_poly);
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
 
 /* The register after n bytes at p: n >= 64 and a multiple of 16. */
 __attribute__((target("pclmul,sse4.1")))
@@ -4250,40 +4291,72 @@ crc_clmul(uint32_t state, const unsigned char *p, size_t n)
     x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
     x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
     x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
-    while (n >= 16) {
-        x2 = _mm_loadu_si128((const __m128i *)p);
-        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-        p += 16;
-        n -= 16;
-    }
-    /* 128 bits to 64 */
-    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
-    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
-    x1 = _mm_srli_si128(x1, 8);
-    x1 = _mm_xor_si128(x1, x2);
-    x0 = _mm_loadl_epi64((const __m128i *)crc_k5k0);
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, x3);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    /* Barrett reduction to 32 bits */
-    x0 = _mm_load_si128((const __m128i *)crc_poly);
-    x2 = _mm_and_si128(x1, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
-    x2 = _mm_and_si128(x2, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
+    return crc_clmul_tail(x1, p, n);
 }
 #endif
+
+/* crc_clmul with the lanes twice as wide (VPCLMULQDQ on 256 bits): four
+ * 256-bit lanes, each folded 1024 bits forward, take 128 bytes a step,
+ * their eight halves then folded into one and the rest as crc_clmul ends.
+ * n >= 256 and a multiple of 16. */
+__attribute__((target("avx2,vpclmulqdq,pclmul,sse4.1")))
+static uint32_t
+crc_vclmul(uint32_t state, const unsigned char *p, size_t n)
+{
+    __m256i y0, y1, y2, y3, y4, y5, y6, y7, k;
+    y1 = _mm256_loadu_si256((const __m256i *)(p + 0x00));
+    y2 = _mm256_loadu_si256((const __m256i *)(p + 0x20));
+    y3 = _mm256_loadu_si256((const __m256i *)(p + 0x40));
+    y4 = _mm256_loadu_si256((const __m256i *)(p + 0x60));
+    y1 = _mm256_xor_si256(y1, _mm256_set_epi64x(0, 0, 0, (long long)state));
+    k = _mm256_load_si256((const __m256i *)crc_k1k2_8);
+    p += 128;
+    n -= 128;
+    while (n >= 128) {
+        y0 = _mm256_clmulepi64_epi128(y1, k, 0x00);
+        y5 = _mm256_clmulepi64_epi128(y2, k, 0x00);
+        y6 = _mm256_clmulepi64_epi128(y3, k, 0x00);
+        y7 = _mm256_clmulepi64_epi128(y4, k, 0x00);
+        y1 = _mm256_clmulepi64_epi128(y1, k, 0x11);
+        y2 = _mm256_clmulepi64_epi128(y2, k, 0x11);
+        y3 = _mm256_clmulepi64_epi128(y3, k, 0x11);
+        y4 = _mm256_clmulepi64_epi128(y4, k, 0x11);
+        y1 = _mm256_xor_si256(_mm256_xor_si256(y1, y0),
+                              _mm256_loadu_si256((const __m256i *)(p + 0x00)));
+        y2 = _mm256_xor_si256(_mm256_xor_si256(y2, y5),
+                              _mm256_loadu_si256((const __m256i *)(p + 0x20)));
+        y3 = _mm256_xor_si256(_mm256_xor_si256(y3, y6),
+                              _mm256_loadu_si256((const __m256i *)(p + 0x40)));
+        y4 = _mm256_xor_si256(_mm256_xor_si256(y4, y7),
+                              _mm256_loadu_si256((const __m256i *)(p + 0x60)));
+        p += 128;
+        n -= 128;
+    }
+    /* the eight 128-bit halves, in the order of the bytes, into one */
+    __m128i h[8] = {_mm256_castsi256_si128(y1), _mm256_extracti128_si256(y1, 1),
+                    _mm256_castsi256_si128(y2), _mm256_extracti128_si256(y2, 1),
+                    _mm256_castsi256_si128(y3), _mm256_extracti128_si256(y3, 1),
+                    _mm256_castsi256_si128(y4), _mm256_extracti128_si256(y4, 1)};
+    __m128i k34 = _mm_load_si128((const __m128i *)crc_k3k4), x1 = h[0];
+    for (int j = 1; j < 8; j++) {
+        __m128i lo = _mm_clmulepi64_si128(x1, k34, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, k34, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, h[j]), lo);
+    }
+    return crc_clmul_tail(x1, p, n);
+}
 
 static uint32_t
 crc32_update(uint32_t crc, const unsigned char *p, size_t n)
 {
     uint32_t state = ~crc;
 #ifdef HAVE_CLMUL_CODE
+    if (have_vclmul && n >= 256) {
+        size_t lanes = n & ~(size_t)15;
+        state = crc_vclmul(state, p, lanes);
+        p += lanes;
+        n -= lanes;
+    }
     if (have_clmul && n >= 64) {
         size_t lanes = n & ~(size_t)15;
         state = crc_clmul(state, p, lanes);
@@ -4984,6 +5057,9 @@ PyInit__speedups(void)
 #ifdef HAVE_CLMUL_CODE
     __builtin_cpu_init();
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    /* "avx2" is reported only where the OS saves the YMM registers */
+    have_vclmul = have_clmul && __builtin_cpu_supports("avx2")
+                  && __builtin_cpu_supports("vpclmulqdq") && getenv("LSMDB_NO_VPCLMUL") == NULL;
 #endif
     PyObject *mod = PyModule_Create(&speedups_module);
     if (mod == NULL)
@@ -4996,6 +5072,7 @@ PyInit__speedups(void)
         || add_type(mod, "Cache", &CacheType) < 0
 #ifdef HAVE_CLMUL_CODE
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
+        || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0
 #else
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", 0) < 0
 #endif

@@ -3488,11 +3488,9 @@ disk_probe_many(Getter *self, Entry *e, PyObject *item, PyObject *keys, const Mi
     counts[TRUE_POSITIVES] += (uint64_t)found;
     counts[FALSE_POSITIVES] += (uint64_t)(nk - found);
     return 1;
-fail:
-    for (Py_ssize_t d = 0; d < c && d < nk; d++)
+fail:  /* vals[0:c] hold values or NULL; vals[c], where the walk stopped, NULL */
+    for (Py_ssize_t d = 0; d < c; d++)
         Py_CLEAR(vals[d]);
-    if (c < nk)
-        Py_CLEAR(vals[c]);
     PyMem_RawFree(buf);
     return r;
 }

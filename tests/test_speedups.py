@@ -109,6 +109,49 @@ def test_probes_match_the_python_filter(file_keys, fps, queries, keyed, versions
                 f = probes.first(key, f + 1)
 
 
+def test_filters_beyond_the_l2_cache_load_every_probe_line_first():
+    """A get whose files' filters are larger in all than FILTER_PREFETCH_BYTES
+    (the L2 cache's size) starts loading the lines of all k probes of each
+    filter before testing any, not just the first two's; it must answer and
+    count as the Python rule does, and a table whose filters fit keeps the
+    two-line start."""
+    assert speedups.FILTER_PREFETCH_BYTES > 0
+    rng = random.Random(5)
+    stored = [sorted({b"k%07d" % rng.randrange(10**7) for _ in range(400)}) for _ in range(3)]
+    small = [entry(keys, 0.01) for keys in stored]
+    p = Probes([f[0] for f in small], [], key_hash)
+    assert p.filter_bytes == sum((f[1].m + 7) // 8 for f in small)
+    assert not p.prefetch_all
+    # filters sized for more keys than they hold: large, few bits set
+    capacity = speedups.FILTER_PREFETCH_BYTES * 8 // 3 // 9 + 1
+    files = []
+    for keys in stored:
+        bloom = BloomFilter(capacity, 0.01, 2)
+        for key in keys:
+            bloom.add_hash(key_hash(key))
+        e = (counts(), keys[0], keys[-1], bloom._bits, bloom.m, bloom.k, None, keys,
+             [0] * len(keys), [0] * len(keys), bloom.part)
+        files.append((e, bloom))
+    big = Probes([f[0] for f in files], [], key_hash)
+    assert big.filter_bytes == sum((f[1].m + 7) // 8 for f in files)
+    assert big.filter_bytes > speedups.FILTER_PREFETCH_BYTES
+    assert big.prefetch_all
+    queries = [b"k%07d" % rng.randrange(10**7) for _ in range(3000)]
+    for key in queries + [k for keys in stored for k in keys]:
+        start = 0
+        while True:
+            before = [list(f[0][0][:2]) for f in files]
+            got = big.first(key, start)
+            want, deltas = reference_first(files, key, start)
+            assert got == want, (key, start)
+            after = [list(f[0][0][:2]) for f in files]
+            assert [[a - b for a, b in zip(x, y, strict=True)]
+                    for x, y in zip(after, before, strict=True)] == deltas
+            if got < 0:
+                break
+            start = got + 1
+
+
 def test_probes_past_the_gather_limit_match_the_python_filter():
     """Up to 64 files a lookup from the start gathers its files and prefetches
     their filters first; past that it tests them one by one.  Both must

@@ -425,6 +425,7 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
     tp = fp = 0
     for b, members in by_block.items():
         block = reader.cached_block(b)
+        payload = None
         if block is None:
             if len(members) == 1:  # as get does: a false positive is not decoded
                 block = reader.read_block_for(b, ks[members[0]])
@@ -432,12 +433,13 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
                     fp += 1
                     still.append(members[0])
                     continue
-            else:
-                block = reader.fetch_block(b)  # from disk (cached if admitted)
+            else:  # from disk, offered to the cache below
+                block, payload = reader.read_block(b)
         else:
             reader.block_cache_hits += len(members)
         block_keys, values = block
         nkeys = len(block_keys)
+        found = tp
         for i in members:
             key = ks[i]
             j = bisect_left(block_keys, key)
@@ -447,6 +449,8 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
             else:
                 fp += 1
                 still.append(i)
+        if payload is not None:  # a get's block if it held one of the keys
+            reader.offer_block(b, payload, held=tp > found)
     reader.true_positives += tp
     reader.false_positives += fp
 

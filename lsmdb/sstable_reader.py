@@ -401,12 +401,26 @@ class SSTableReader:
         cache only on the block's second read), so that a ``get_many`` of
         many cold keys, or shadow mode's reads, cannot flush a cache that a
         loop of ``get`` would have kept."""
-        payload, _offset = self._read_payload(i)
-        block = self._decode_payload(i, payload)
-        cache = self.cache
-        if cache is not None and cache.admit(self.cache_base | i):
-            self._remember(i, payload)
+        block, payload = self.read_block(i)
+        self.offer_block(i, payload, held=True)
         return block
+
+    def read_block(self, i: int) -> tuple[tuple[list[bytes], list[bytes | None]], bytes]:
+        """Data block ``i`` read from disk (a counted read) and decoded, not
+        cached: (block, its checksum-verified payload), for ``offer_block``
+        once the caller knows whether it held what was looked for."""
+        payload, _offset = self._read_payload(i)
+        return self._decode_payload(i, payload), payload
+
+    def offer_block(self, i: int, payload: bytes, held: bool) -> None:
+        """Cache data block ``i`` (its payload, as ``read_block`` gave it) if
+        the cache admits it: as a get's block (``BlockCache.admit``) when it
+        held a key looked up in it, else as a false positive's
+        (``BlockCache.admit_reread``: only on its second read), as the C
+        getter offers the blocks it reads."""
+        cache = self.cache
+        if cache is not None and (cache.admit if held else cache.admit_reread)(self.cache_base | i):
+            self._remember(i, payload)
 
     def _remember(self, i: int, payload: bytes) -> None:
         """Cache data block ``i`` from its payload (checksum verified and

@@ -77,6 +77,23 @@ def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]
     return -1, deltas
 
 
+def assert_first_matches(probes, files, key: bytes, context=()) -> None:
+    """probes.first(key, start) from 0, resumed after each file found, answers
+    and counts (range skips, filter negatives) as the Python rule does."""
+    start = 0
+    while True:
+        before = [list(f[0][0][:2]) for f in files]
+        got = probes.first(key, start)
+        want, deltas = reference_first(files, key, start)
+        assert got == want, (*context, key, start)
+        after = [list(f[0][0][:2]) for f in files]
+        assert [[a - b for a, b in zip(x, y, strict=True)]
+                for x, y in zip(after, before, strict=True)] == deltas
+        if got < 0:
+            break
+        start = got + 1
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.binary(min_size=0, max_size=6), min_size=1, max_size=40),
                 min_size=1, max_size=5),
@@ -88,18 +105,7 @@ def test_probes_match_the_python_filter(file_keys, fps, queries, keyed, versions
     files = [entry(keys, fps[i], kf, version=versions[i]) for i, keys in enumerate(file_keys)]
     probes = Probes([f[0] for f in files], [], key_hash)
     for key in queries + [k for keys in file_keys for k in keys]:
-        start = 0
-        while True:
-            before = [list(f[0][0][:2]) for f in files]
-            got = probes.first(key, start)
-            want, deltas = reference_first(files, key, start)
-            assert got == want, (key, start)
-            after = [list(f[0][0][:2]) for f in files]
-            assert [[a - b for a, b in zip(x, y, strict=True)]
-                    for x, y in zip(after, before, strict=True)] == deltas
-            if got < 0:
-                break
-            start = got + 1
+        assert_first_matches(probes, files, key)
     # No false negative: every key is found in (at least) the first file holding it.
     for i, keys in enumerate(file_keys):
         for key in keys:
@@ -138,18 +144,7 @@ def test_filters_beyond_the_l2_cache_load_every_probe_line_first():
     assert big.prefetch_all
     queries = [b"k%07d" % rng.randrange(10**7) for _ in range(3000)]
     for key in queries + [k for keys in stored for k in keys]:
-        start = 0
-        while True:
-            before = [list(f[0][0][:2]) for f in files]
-            got = big.first(key, start)
-            want, deltas = reference_first(files, key, start)
-            assert got == want, (key, start)
-            after = [list(f[0][0][:2]) for f in files]
-            assert [[a - b for a, b in zip(x, y, strict=True)]
-                    for x, y in zip(after, before, strict=True)] == deltas
-            if got < 0:
-                break
-            start = got + 1
+        assert_first_matches(big, files, key)
 
 
 def test_probes_past_the_gather_limit_match_the_python_filter():
@@ -163,18 +158,7 @@ def test_probes_past_the_gather_limit_match_the_python_filter():
                        0.1, version=1 + i % 3 % 2) for i in range(n_files)]
         probes = Probes([f[0] for f in files], [], key_hash)
         for key in [b"%03d-%05d" % (rng.randrange(2), rng.randrange(10**5)) for _ in range(300)]:
-            start = 0
-            while True:
-                before = [list(f[0][0][:2]) for f in files]
-                got = probes.first(key, start)
-                want, deltas = reference_first(files, key, start)
-                assert got == want, (n_files, key, start)
-                after = [list(f[0][0][:2]) for f in files]
-                assert [[a - b for a, b in zip(x, y, strict=True)]
-                        for x, y in zip(after, before, strict=True)] == deltas
-                if got < 0:
-                    break
-                start = got + 1
+            assert_first_matches(probes, files, key, (n_files,))
 
 
 _TRICKY = st.builds(lambda prefix, tail: prefix + bytes(tail),

@@ -1056,7 +1056,7 @@ can_gather(const Probes *self, PyObject *key)
  * a key that passes a filter's first two probes (one in four absent keys, at
  * fill 0.5) then finds the other k - 2 lines on their way instead of
  * fetching them after the other files' first two.  Paired with the first
- * two only, absent gets at 2,000,000 keys took 0.87-0.92x the time
+ * two only, absent gets at 2,000,000 keys took 0.87-0.93x the time
  * (size-tiered and leveled); loading all k where the filters fit in the L2
  * cache cost 5-9% at 200,000 (the address arithmetic of lines already near),
  * hence the threshold.  Nothing is counted yet. */

@@ -398,9 +398,10 @@ class SSTableReader:
     def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
         """Data block ``i`` read from disk (a counted read), then cached if the
         cache admits it (``BlockCache.admit``, as for a get's block: a full
-        cache only on the block's second read), so that a ``get_many`` of
-        many cold keys, or shadow mode's reads, cannot flush a cache that a
-        loop of ``get`` would have kept."""
+        cache only on the block's second read), so that shadow mode's reads
+        cannot flush a cache that a loop of ``get`` would have kept.
+        (``get_many``'s blocks for several keys go through ``read_block`` and
+        ``offer_block``.)"""
         block, payload = self.read_block(i)
         self.offer_block(i, payload, held=True)
         return block

@@ -2710,6 +2710,15 @@ entry_value(const unsigned char *e, uint64_t count, uint64_t plen, uint64_t j,
     return 1;
 }
 
+/* The value a lookup found: for f 1 the bytes vp[0:vlen], for f 2 (a
+ * tombstone) None.  A new reference, or NULL with an exception set. */
+static inline PyObject *
+found_value(int f, const unsigned char *vp, size_t vlen)
+{
+    return f == 2 ? Py_NewRef(Py_None)
+                  : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+}
+
 static int block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
                       const unsigned char **value, size_t *vlen);
 static int entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t klen,
@@ -2737,8 +2746,7 @@ cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
         counts[FALSE_POSITIVES]++;
         return 0;
     }
-    *value = f == 2 ? Py_NewRef(Py_None)
-                    : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+    *value = found_value(f, vp, vlen);
     if (*value == NULL)
         return -1;
     counts[TRUE_POSITIVES]++;
@@ -2993,6 +3001,20 @@ static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n);
 static int block_may_hold(const unsigned char *p, size_t n, const unsigned char *key,
                           size_t klen);
 
+/* block_find for key in the checksum-verified payload buf[0:size] of a block
+ * read from disk: 0 without it when block_may_hold's walk of the keys does
+ * not meet key (a false positive, recognised without decoding the block);
+ * else what block_find says (1 or 2, *vp and *vlen; 0; -1, it refuses the
+ * block). */
+static inline int
+disk_block_find(const unsigned char *buf, size_t size, PyObject *key, const unsigned char **vp,
+                size_t *vlen)
+{
+    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    size_t klen = (size_t)PyBytes_GET_SIZE(key);
+    return block_may_hold(buf, size, k, klen) ? block_find(buf, size, k, klen, vp, vlen) : 0;
+}
+
 /* Offer block i of file entry item (reader, index_keys, base, counts),
  * whose checksum-verified payload is p[0:size], to the cache: if its
  * admission takes base | i (admission_admit for a block that held the key
@@ -3105,13 +3127,9 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     size_t total = size + 4;
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_READS]++;
-    const unsigned char *vp = NULL, *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    const unsigned char *vp = NULL;
     size_t vlen = 0;
-    int f = 0;
-    /* block_may_hold found the key among the keys (or could not read them):
-     * block_find finds it too, or refuses the block */
-    if (block_may_hold(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key)))
-        f = block_find(buf, (size_t)size, k, (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    int f = disk_block_find(buf, size, key, &vp, &vlen);
     if (f == 0) {
         /* a false positive: its block is cached only on its second read
          * within the admission's window (BlockCache.admit_reread) */
@@ -3129,8 +3147,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
             PyMem_RawFree(buf);
             return -1;
         }
-        *value = f == 2 ? Py_NewRef(Py_None)
-                        : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+        *value = found_value(f, vp, vlen);
         PyMem_RawFree(buf);
         if (*value == NULL)
             return -1;
@@ -3500,11 +3517,9 @@ disk_probe_many(Getter *self, Entry *e, PyObject *item, PyObject *keys, const Mi
         return r;
     Py_ssize_t c, found = 0;
     for (c = 0; c < nk; c++) {
-        PyObject *key = PyList_GET_ITEM(keys, ms[c].i);
-        const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key), *vp = NULL;
-        size_t klen = (size_t)PyBytes_GET_SIZE(key), vlen = 0;
-        int f = block_may_hold(buf, size, k, klen) ? block_find(buf, size, k, klen, &vp, &vlen)
-                                                   : 0;
+        const unsigned char *vp = NULL;
+        size_t vlen = 0;
+        int f = disk_block_find(buf, size, PyList_GET_ITEM(keys, ms[c].i), &vp, &vlen);
         vals[c] = NULL;
         res[c] = f > 0;
         if (f < 0) {
@@ -3512,8 +3527,7 @@ disk_probe_many(Getter *self, Entry *e, PyObject *item, PyObject *keys, const Mi
             goto fail;
         }
         if (f > 0) {
-            vals[c] = f == 2 ? Py_NewRef(Py_None)
-                             : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+            vals[c] = found_value(f, vp, vlen);
             if (vals[c] == NULL) {
                 r = -1;
                 goto fail;
@@ -4689,8 +4703,7 @@ speedups_entry_lists(PyObject *Py_UNUSED(module), PyObject *entry)
             goto refuse;
         }
         PyObject *k = PyBytes_FromStringAndSize((const char *)q, (Py_ssize_t)len);
-        PyObject *val = v == 2 ? Py_NewRef(Py_None)
-                               : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+        PyObject *val = found_value(v, vp, vlen);
         if (k == NULL || val == NULL) {
             Py_XDECREF(k);
             Py_XDECREF(val);

@@ -55,6 +55,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -120,7 +121,7 @@ typedef struct {
     int have_fast;
     int have_keyed;
     uint64_t filter_bytes; /* the bytes of all the files' filters */
-    int prefetch_all;     /* filter_bytes > prefetch_all_bytes: gather_start loads every probe's line */
+    char prefetch_all;    /* filter_bytes > prefetch_all_bytes: gather_start loads every probe's line */
     int native_hash;      /* fast_hash is xxh3_64 below: computed inline */
     int has_keyed;        /* some filter uses a keyed hash */
 } Probes;
@@ -1309,26 +1310,13 @@ static PyMethodDef Probes_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *
-Probes_filter_bytes(Probes *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromUnsignedLongLong(self->filter_bytes);
-}
-
-static PyObject *
-Probes_prefetch_all(Probes *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(self->prefetch_all);
-}
-
-static PyGetSetDef Probes_getset[] = {
-    {"filter_bytes", (getter)Probes_filter_bytes, NULL, "the bytes of all the files' filters",
-     NULL},
-    {"prefetch_all", (getter)Probes_prefetch_all, NULL,
+static PyMemberDef Probes_members[] = {
+    {"filter_bytes", T_ULONGLONG, offsetof(Probes, filter_bytes), READONLY,
+     "the bytes of all the files' filters"},
+    {"prefetch_all", T_BOOL, offsetof(Probes, prefetch_all), READONLY,
      "whether a get starts loading every probe's filter line at once (filter_bytes > "
-     "FILTER_PREFETCH_BYTES) rather than the first two's",
-     NULL},
-    {NULL, NULL, NULL, NULL, NULL},
+     "FILTER_PREFETCH_BYTES) rather than the first two's"},
+    {NULL, 0, 0, 0, NULL},
 };
 
 static PyTypeObject ProbesType = {
@@ -1339,7 +1327,7 @@ static PyTypeObject ProbesType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "The files a point read consults: range checks and Bloom filter probes in C.",
     .tp_methods = Probes_methods,
-    .tp_getset = Probes_getset,
+    .tp_members = Probes_members,
     .tp_init = (initproc)Probes_init,
     .tp_new = PyType_GenericNew,
 };

@@ -310,14 +310,10 @@ class SSTableReader:
         the block's second read), as the C getter does.
         """
         raw, _offset = self._read_raw(i)
-        cache = self.cache
-        if not block_may_hold(raw, key):
-            if cache is not None and cache.admit_reread(self.cache_base | i):
-                self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
-            return None
-        block = self.decode_raw(i, raw)  # a malformed block raises here, before it is cached
-        if cache is not None and cache.admit(self.cache_base | i):
-            self._remember(i, raw[:-BLOCK_TRAILER_SIZE])
+        held = block_may_hold(raw, key)
+        block = self.decode_raw(i, raw) if held else None  # a malformed block raises here
+        if self.cache is not None:
+            self.offer_block(i, raw[:-BLOCK_TRAILER_SIZE], held)
         return block
 
     def decode_raw(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[bytes | None]]:

@@ -49,6 +49,9 @@
  *                   default): format 1
  *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key); given this
  *           module's xxh3_64, the probes compute it inline
+ *   prefetch_all_bytes (keyword only): the filter bytes in all above which
+ *           lookups start loading every probe's line up front (prefetch_all);
+ *           default FILTER_PREFETCH_BYTES, the L2 cache's size
  * Probes.first(key, start) -> index of the first file at or after flat
  *   index `start` (level-0 files, then the deeper levels' files in order)
  *   whose range holds key and whose filter says "maybe"; -1 when none.
@@ -74,10 +77,15 @@
 #define BLOCK_CACHE_HITS 6
 #define MIN_COUNTERS 7
 
+/* A function whose only effect is PREFETCH has none the compiler counts: it
+ * may drop every call of one it does not inline.  Such helpers are
+ * PREFETCH_HELPER, always inlined. */
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch(p)
+#define PREFETCH_HELPER static inline __attribute__((always_inline)) void
 #else
 #define PREFETCH(p) ((void)(p))
+#define PREFETCH_HELPER static inline void
 #endif
 
 typedef struct {
@@ -676,10 +684,15 @@ static int
 Probes_init(Probes *self, PyObject *args, PyObject *kwds)
 {
     PyObject *l0_arg, *deeper_arg, *fast_hash;
-    static char *kwlist[] = {"l0", "deeper", "fast_hash", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Probes", kwlist, &l0_arg, &deeper_arg,
-                                     &fast_hash))
+    long long threshold = -1;  /* prefetch_all_bytes: -1, the module's */
+    static char *kwlist[] = {"l0", "deeper", "fast_hash", "prefetch_all_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$L:Probes", kwlist, &l0_arg, &deeper_arg,
+                                     &fast_hash, &threshold))
         return -1;
+    if (threshold < -1) {
+        PyErr_SetString(PyExc_ValueError, "prefetch_all_bytes must be >= 0");
+        return -1;
+    }
     if (self->e != NULL) {
         PyErr_SetString(PyExc_TypeError, "Probes cannot be initialised twice");
         return -1;
@@ -781,7 +794,8 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
         if (self->e[i].m)
             self->filter_bytes += (self->e[i].m + 7) / 8;
     }
-    self->prefetch_all = self->filter_bytes > prefetch_all_bytes;
+    self->prefetch_all = self->filter_bytes > (threshold < 0 ? prefetch_all_bytes
+                                                             : (uint64_t)threshold);
     self->fast_hash = Py_NewRef(fast_hash);
     Py_DECREF(levels);
     Py_DECREF(l0);
@@ -1033,6 +1047,18 @@ level_pick(Probes *self, Py_ssize_t L, PyObject *key)
     return lo == count ? -1 : off + lo;
 }
 
+/* Start loading the lines of the first `lines` probes (at most k) of key
+ * hash h in e's partitioned filter (e->part > 0). */
+PREFETCH_HELPER
+prefetch_part_lines(const Entry *e, uint64_t h, Py_ssize_t lines)
+{
+    const unsigned char *bits = (const unsigned char *)e->bits.buf;
+    uint32_t g0 = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+    uint64_t base = 0;
+    for (Py_ssize_t q = 0; q < lines; q++, g0 += h2, base += e->part)
+        PREFETCH(bits + ((base + part_pos(g0, e->part)) >> 3));
+}
+
 /* The files a lookup of one key meets, gathered (gather_start) before any of
  * their filters is tested (gather_finish). */
 typedef struct {
@@ -1079,15 +1105,11 @@ gather_start(Probes *self, PyObject *key, uint64_t h, Gather *g)
         const Entry *e = &self->e[g->files[j]];
         g->holds[j] = (unsigned char)range_holds_as(e, k, klen, j >= self->n0);
         if (g->holds[j] && e->m) {
-            const unsigned char *bits = (const unsigned char *)e->bits.buf;
             if (e->part) {
-                uint32_t g0 = (uint32_t)h, h2 = (uint32_t)(h >> 32);
-                uint64_t base = 0;
-                Py_ssize_t lines = self->prefetch_all ? e->k : e->k > 1 ? 2 : 1;
-                for (Py_ssize_t q = 0; q < lines; q++, g0 += h2, base += e->part)
-                    PREFETCH(bits + ((base + part_pos(g0, e->part)) >> 3));
+                prefetch_part_lines(e, h, self->prefetch_all ? e->k : e->k > 1 ? 2 : 1);
                 continue;
             }
+            const unsigned char *bits = (const unsigned char *)e->bits.buf;
             uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
             uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
             PREFETCH(bits + (pos >> 3));
@@ -3392,7 +3414,7 @@ typedef struct {
 
 /* Start loading what entry_find reads of a cached block: its offsets and the
  * keys (the payload's first part), once its tail (the count) is in. */
-static inline void
+PREFETCH_HELPER
 entry_prefetch(PyObject *entry)
 {
     const unsigned char *e = (const unsigned char *)PyBytes_AS_STRING(entry);
@@ -3566,6 +3588,18 @@ probes_one_hash(const Probes *self, PyObject **kf)
     return 1;
 }
 
+/* get_many's pass over one file (or one level) tests the keys' filters one
+ * key after another, each test's early exit a branch the CPU cannot guess,
+ * so the lines of one key were fetched only after the last key's test.
+ * Where the table's filters outgrow the L2 cache (prefetch_all), each step
+ * first starts loading all k probe lines of the key MANY_AHEAD places on.
+ * Paired against that, chunks of 1,000 absent keys at 2,000,000 keys took
+ * 0.78-0.88x the time (size-tiered, three files), 0.86-0.92x (five files),
+ * 0.83-0.87x (leveled); 4 to 32 places ahead measured alike, and only the
+ * first 4 lines 0.90x.  Below the threshold, where the lines stay in the L2
+ * cache, it cost time (1.04-1.17x at 200,000 keys): not done there. */
+#define MANY_AHEAD 8
+
 static int
 many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObject *out,
              PyObject *maybes, uint64_t *absent, PyObject *kf)
@@ -3584,11 +3618,12 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
     Cand *cands = PyMem_Malloc((n ? n : 1) * sizeof(Cand));
     int *res = PyMem_Malloc((n ? n : 1) * sizeof(int));
     PyObject **vals = PyMem_Malloc((n ? n : 1) * sizeof(PyObject *));
+    Py_ssize_t *picks = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
     /* the hashes the files' filters test: the fast ones, or those of kf */
     uint64_t *fh = kf != NULL ? PyMem_Malloc((n ? n : 1) * sizeof(uint64_t)) : hashes;
     Py_XINCREF(kf);
     if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL || misses == NULL
-        || cands == NULL || res == NULL || vals == NULL || fh == NULL) {
+        || cands == NULL || res == NULL || vals == NULL || picks == NULL || fh == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -3635,11 +3670,19 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
         Py_ssize_t keep = 0, nmiss = 0, ncand = 0;
         Entry *whole = j < probes->n0 && range_holds(&probes->e[j], KEY_AT(kmin))
                        && range_holds(&probes->e[j], KEY_AT(kmax)) ? &probes->e[j] : NULL;
+        if (j >= probes->n0) {  /* each key's file of this level, picked up front */
+            for (Py_ssize_t q = 0; q < npend; q++)
+                picks[q] = level_pick(probes, j - probes->n0, PyList_GET_ITEM(keys, pending[q]));
+        }
         for (Py_ssize_t q = 0; q < npend; q++) {
             Py_ssize_t i = pending[q];
-            Py_ssize_t f = j < probes->n0 ? j
-                                          : level_pick(probes, j - probes->n0,
-                                                       PyList_GET_ITEM(keys, i));
+            Py_ssize_t f = j < probes->n0 ? j : picks[q];
+            if (probes->prefetch_all && q + MANY_AHEAD < npend) {
+                Py_ssize_t fa = j < probes->n0 ? j : picks[q + MANY_AHEAD];
+                if (fa >= 0 && probes->e[fa].m && probes->e[fa].part)
+                    prefetch_part_lines(&probes->e[fa], fh[pending[q + MANY_AHEAD]],
+                                        probes->e[fa].k);
+            }
             if (whole != NULL ? whole->m && !filter_says_maybe(whole, fh[i])
                               : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), fh[i],
                                                     j >= probes->n0)) {
@@ -3754,6 +3797,7 @@ done:
     PyMem_Free(cands);
     PyMem_Free(res);
     PyMem_Free(vals);
+    PyMem_Free(picks);
     if (kf != NULL) {
         PyMem_Free(fh);
         Py_DECREF(kf);

@@ -392,12 +392,20 @@ def middle_queries() -> list[bytes]:
     return [b"key%05d" % i for i in range(900, 1100)] + [b"key%05d5" % i for i in range(900, 1100)]
 
 
-def run_all(path: str, use_c: bool, monkeypatch) -> tuple[list, dict]:
+def run_all(path: str, use_c: bool, monkeypatch,
+            prefetch_all: bool | None = None) -> tuple[list, dict]:
+    """Gets and get_many calls on every table of build(path), and the
+    counters after them; with prefetch_all (C path), check that the C probes
+    of each table whose files have filters load every probe line up front
+    (Probes.prefetch_all) or not."""
     monkeypatch.setattr(lsmdb.table, "USE_SPEEDUPS", use_c)
     db = lsmdb.open(path, read_only=True)
     try:
         getter_kind = type(db.get).__name__
         assert (getter_kind == "Getter") == use_c
+        if prefetch_all is not None:
+            for name in ("keyed", "lev", "default"):
+                assert db._table_state(name).fast[4].prefetch_all == prefetch_all, name
         answers = []
         for name in ("keyed", "lev", "nofilter", None):
             get = db.get if name is None else db.table(name).get
@@ -475,11 +483,17 @@ def test_inspect_shows_each_file_s_filter_format_and_a_full_rebuild_upgrades_it(
         db.close()
 
 
-@pytest.mark.parametrize("old_filters", [False, True])
+@pytest.mark.parametrize("old_filters,prefetch_all", [(False, False), (True, False),
+                                                      (False, True)])
 def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path, monkeypatch,
-                                                                         old_filters):
+                                                                         old_filters,
+                                                                         prefetch_all):
     """With old_filters, every other SSTable has a format-1 filter (as written
-    before format 2): files of both layouts side by side in one table."""
+    before format 2): files of both layouts side by side in one table.  With
+    prefetch_all, the C probes take these small tables' filters for larger
+    than the L2 cache (prefetch_all_bytes=0): gets load every probe line up
+    front, and get_many's pass over a file or a level loads the lines of the
+    keys ahead of the one it tests."""
     path = str(tmp_path / "db")
     build(path)
     if old_filters:
@@ -492,7 +506,11 @@ def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path
             assert not [i for i in db.sstables() if i.filter_error]
         finally:
             db.close()
-    c_answers, c_counters = run_all(path, True, monkeypatch)
+    if prefetch_all:
+        probes = lsmdb.table.Probes
+        monkeypatch.setattr(lsmdb.table, "Probes",
+                            lambda *args: probes(*args, prefetch_all_bytes=0))
+    c_answers, c_counters = run_all(path, True, monkeypatch, prefetch_all)
     py_answers, py_counters = run_all(path, False, monkeypatch)
     assert c_answers == py_answers
     assert c_counters == py_counters

@@ -128,6 +128,12 @@ def test_filters_beyond_the_l2_cache_load_every_probe_line_first():
     p = Probes([f[0] for f in small], [], key_hash)
     assert p.filter_bytes == sum((f[1].m + 7) // 8 for f in small)
     assert not p.prefetch_all
+    # the threshold can be set per Probes (tests run small tables above it)
+    assert Probes([f[0] for f in small], [], key_hash, prefetch_all_bytes=0).prefetch_all
+    assert not Probes([f[0] for f in small], [], key_hash,
+                      prefetch_all_bytes=p.filter_bytes).prefetch_all
+    with pytest.raises(ValueError):
+        Probes([f[0] for f in small], [], key_hash, prefetch_all_bytes=-2)
     # filters sized for more keys than they hold: large, few bits set
     capacity = speedups.FILTER_PREFETCH_BYTES * 8 // 3 // 9 + 1
     files = []

@@ -684,14 +684,22 @@ static int
 Probes_init(Probes *self, PyObject *args, PyObject *kwds)
 {
     PyObject *l0_arg, *deeper_arg, *fast_hash;
-    long long threshold = -1;  /* prefetch_all_bytes: -1, the module's */
+    PyObject *threshold_arg = NULL;
+    uint64_t threshold = prefetch_all_bytes;
     static char *kwlist[] = {"l0", "deeper", "fast_hash", "prefetch_all_bytes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$L:Probes", kwlist, &l0_arg, &deeper_arg,
-                                     &fast_hash, &threshold))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$O:Probes", kwlist, &l0_arg, &deeper_arg,
+                                     &fast_hash, &threshold_arg))
         return -1;
-    if (threshold < -1) {
-        PyErr_SetString(PyExc_ValueError, "prefetch_all_bytes must be >= 0");
-        return -1;
+    if (threshold_arg != NULL) {
+        long long v = PyLong_Check(threshold_arg) ? PyLong_AsLongLong(threshold_arg) : -1;
+        if (v < 0) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "prefetch_all_bytes must be an int >= 0");
+            }
+            return -1;
+        }
+        threshold = (uint64_t)v;
     }
     if (self->e != NULL) {
         PyErr_SetString(PyExc_TypeError, "Probes cannot be initialised twice");
@@ -794,8 +802,7 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
         if (self->e[i].m)
             self->filter_bytes += (self->e[i].m + 7) / 8;
     }
-    self->prefetch_all = self->filter_bytes > (threshold < 0 ? prefetch_all_bytes
-                                                             : (uint64_t)threshold);
+    self->prefetch_all = self->filter_bytes > threshold;
     self->fast_hash = Py_NewRef(fast_hash);
     Py_DECREF(levels);
     Py_DECREF(l0);

@@ -132,8 +132,9 @@ def test_filters_beyond_the_l2_cache_load_every_probe_line_first():
     assert Probes([f[0] for f in small], [], key_hash, prefetch_all_bytes=0).prefetch_all
     assert not Probes([f[0] for f in small], [], key_hash,
                       prefetch_all_bytes=p.filter_bytes).prefetch_all
-    with pytest.raises(ValueError):
-        Probes([f[0] for f in small], [], key_hash, prefetch_all_bytes=-2)
+    for bad in (-1, 1.5, 2**70):
+        with pytest.raises(ValueError):
+            Probes([f[0] for f in small], [], key_hash, prefetch_all_bytes=bad)
     # filters sized for more keys than they hold: large, few bits set
     capacity = speedups.FILTER_PREFETCH_BYTES * 8 // 3 // 9 + 1
     files = []

@@ -13,6 +13,7 @@ from .db import DB, open
 from .errors import (
                      CorruptionError,
                      DatabaseClosedError,
+                     DatabaseForkedError,
                      DatabaseLockedError,
                      LsmdbError,
                      NoSuchTableError,
@@ -39,6 +40,7 @@ except ImportError:  # pragma: no cover - built without a C compiler
 __all__ = [
     "open", "DB", "Table", "WriteBatch", "SSTableInfo", "TableOptions", "BloomFilter",
     "LsmdbError", "CorruptionError", "UnsupportedFormatError", "DatabaseLockedError",
-    "DatabaseClosedError", "TableExistsError", "NoSuchTableError", "NotADatabaseError",
-    "ReadOnlyError", "MAX_KEY_SIZE_BYTES", "MAX_VALUE_SIZE_BYTES", "SPEEDUPS", "__version__",
+    "DatabaseClosedError", "DatabaseForkedError", "TableExistsError", "NoSuchTableError",
+    "NotADatabaseError", "ReadOnlyError", "MAX_KEY_SIZE_BYTES", "MAX_VALUE_SIZE_BYTES",
+    "SPEEDUPS", "__version__",
 ]

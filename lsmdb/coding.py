@@ -6,7 +6,6 @@ IEEE polynomial), computed over the bytes they protect.  See docs/FORMAT.md.
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 
@@ -28,50 +27,8 @@ BLOCK_TRAILER = struct.Struct("<I")
 BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size
 assert BLOCK_TRAILER_SIZE == 4
 
-# WAL record header: crc32 (u32) of the payload, payload length (u32).
+# Record header of a WAL segment written before format 2 (read only):
+# crc32 (u32) of the payload, payload length (u32).  DO NOT CHANGE: on disk.
 WAL_HEADER = struct.Struct("<II")
 WAL_HEADER_SIZE = WAL_HEADER.size
 assert WAL_HEADER_SIZE == 8
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory so that entries created, renamed or removed in it persist."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class SwitchedButNotSynced(OSError):
-    """The new file replaced the old one, but fsyncing the directory failed.
-
-    The switch is visible (and is what a reopen reads unless the machine
-    crashes), so the caller must keep the new state -- never roll back to a
-    state that deletes files the new file names -- and must keep anything the
-    old state needs, since a machine crash could still bring it back.
-    """
-
-
-def write_file_durably(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: temp file, fsync, rename, fsync dir.
-
-    Raises SwitchedButNotSynced when only the last step failed.
-    """
-    directory = os.path.dirname(path) or "."
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    try:
-        fsync_dir(directory)
-    except OSError as exc:
-        raise SwitchedButNotSynced(exc.errno, f"{path} replaced, but fsync of its directory "
-                                              f"failed: {exc.strerror}") from exc

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
+from .files import FileWriter
 from .merge import Chunks, merge_newest
 from .sstable import SSTableBuilder, SSTableReader
 from .sstable_writer import WRITE_BUFFER_BYTES, take_chunk
@@ -244,7 +245,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             number = alloc_number()
             path = path_for(number)
             paths.append(path)
-            f = open(path, "wb", buffering=WRITE_BUFFER_BYTES)
+            f = FileWriter(path, WRITE_BUFFER_BYTES)
             builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
                                      table=state.name, hasher=hasher)
             builder.note_seq(min_seq, max_seq)
@@ -259,7 +260,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
                     break
             outputs.append(_seal(builder, f, path, number, job.output_level))
     except BaseException:
-        if f is not None and not f.closed:
+        if f is not None:
             f.close()
         for r in outputs:
             r.close()
@@ -272,10 +273,10 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     return outputs
 
 
-def _seal(builder: SSTableBuilder, f, path: str, number: int, level: int) -> SSTableReader:
+def _seal(builder: SSTableBuilder, f: FileWriter, path: str, number: int,
+          level: int) -> SSTableReader:
     builder.finish()
-    f.flush()
-    os.fsync(f.fileno())
+    f.sync()
     f.close()
     reader = SSTableReader(path, number)
     reader.level = level

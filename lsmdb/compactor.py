@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from . import bloom as _bloom
 from . import compaction as _compaction
-from .coding import SwitchedButNotSynced
+from .files import SwitchedButNotSynced
 from .sstable import SSTableReader, rewrite_filter
 from .table import TableState
 

@@ -1,20 +1,20 @@
 """The ``DB`` facade: tables, reads, writes, flushes (opening: :mod:`lsmdb.recovery`).
 
-Files in a database directory (docs/FORMAT.md, "Files")::
+Files in a database directory: :mod:`lsmdb.files` (docs/FORMAT.md §2).
 
-    LOCK              flock()ed while a process has the database open
-    MANIFEST          tables, their options and their SSTables (atomic switch)
-    NNNNNN.sst        an SSTable
-    wal-NNNNNN.log    a write-ahead-log segment
-    STATS             per-SSTable filter counters and per-table read counters
-    FILTER_KEY        the secret of keyed filter hashing (mode 0600; only if used)
-
-Writes: WAL record (fsync if ``sync``) -> memtable; a full memtable is
-flushed: SSTable written and fsynced -> manifest switched -> WAL segments no
-memtable needs any more deleted.  Reads: :mod:`lsmdb.readpath`.  Compactions:
-:mod:`lsmdb.compaction` (what to merge) and :mod:`lsmdb.compactor` (running
-and installing them) on the thread of :mod:`lsmdb.background`.  WAL segments:
-:mod:`lsmdb.logset`.
+Writes: WAL record (fsync if ``sync``) -> memtable.  A full memtable is
+flushed: the WAL is rotated (the live segment fsynced and closed, a new one
+named by a manifest switch), the memtable frozen, its SSTable written and
+fsynced, the manifest switched to name it, and the WAL segments no memtable
+needs any more deleted.  A table with ``MAX_FROZEN_MEMTABLES`` frozen
+memtables (their flushes failing) takes no more writes until one flushes;
+WAL segments past ``max_total_wal_size_bytes`` get the tables that pin the
+oldest of them flushed.  A failed WAL append or fsync fails the live
+segment; the next write first flushes every memtable (so that nothing
+depends on that segment) and starts a new one (:meth:`DB._recover_log`).
+Reads: :mod:`lsmdb.readpath`.  Compactions: :mod:`lsmdb.compaction` (what
+to merge) and :mod:`lsmdb.compactor` (running and installing them) on the
+thread of :mod:`lsmdb.background`.  WAL segments: :mod:`lsmdb.logset`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from operator import itemgetter
 from typing import Any
@@ -34,23 +35,30 @@ from . import compaction as _compaction
 from . import stats as _stats
 from .background import Background
 from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
-from .coding import SwitchedButNotSynced
 from .compactor import Compactor
 from .errors import (
     DatabaseClosedError,
+    DatabaseForkedError,
     LsmdbError,
     NoSuchTableError,
     ReadOnlyError,
     TableExistsError,
 )
+from .files import MANIFEST_NAME, SwitchedButNotSynced, sst_name, unlink_quietly
 from .keys import MAX_BATCH_SIZE_BYTES, as_key
+from .lockfile import DatabaseLock
 from .logset import LogSet, encode_record, encode_table_record
-from .manifest import MANIFEST_NAME, FileMeta, Manifest, TableMeta
+from .manifest import FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .merge import merge_newest
-from .options import DEFAULT_TABLE, validate_table_name, validate_table_options
+from .options import (
+    DEFAULT_TABLE,
+    validate_max_total_wal_size,
+    validate_table_name,
+    validate_table_options,
+)
 from .readpath import get_many, state_getter
-from .recovery import open_database, sst_name
+from .recovery import open_database
 from .secret import create_secret
 from .sstable import SSTableReader, write_sstable
 from .table import SSTableInfo, Table, TableState, WriteBatch
@@ -60,6 +68,24 @@ log = logging.getLogger("lsmdb")
 
 _key_hash = _bloom.key_hash
 _MASK32 = _bloom.MASK32
+
+#: A table with this many frozen memtables waiting for their flush takes no
+#: more writes until one is flushed (each write tries; while flushes fail, it
+#: raises their error and writes nothing).
+MAX_FROZEN_MEMTABLES = 2
+#: ``max_total_wal_size_bytes=None``: this many times the memtables' total size.
+WAL_SIZE_MEMTABLE_MULTIPLE = 4
+
+#: Every DB open in this process, so that a fork() child can disown them.
+_OPEN_DBS: weakref.WeakSet[DB] = weakref.WeakSet()
+
+
+def _disown_after_fork() -> None:
+    for db in list(_OPEN_DBS):
+        db._disown()
+
+
+os.register_at_fork(after_in_child=_disown_after_fork)
 
 
 def _check_batch_size(keys: Iterable[bytes], values: Iterable[bytes | None]) -> None:
@@ -104,8 +130,9 @@ class DB:
                  sync: bool = False, read_only: bool = False,
                  auto_compaction: bool = True,
                  block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
-                 mmap_reads: bool = True) -> None:
+                 mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None) -> None:
         self.path = os.path.abspath(os.fsdecode(os.fspath(path)))
+        self._max_wal = validate_max_total_wal_size(max_total_wal_size_bytes)
         self._sync = bool(sync)
         self._mmap_reads = bool(mmap_reads)
         self._read_only = bool(read_only)
@@ -117,8 +144,10 @@ class DB:
         self._block_cache = BlockCache(block_cache_size_bytes) if block_cache_size_bytes else None
         self._lock = threading.RLock()
         self._closed = True
-        self._lock_fd = -1
+        self._forked = False
+        self._dblock: DatabaseLock | None = None
         self._log = LogSet(self.path)
+        self._wal_limit = 0
         self._tables: dict[str, TableState] = {}
         self._by_id: dict[int, TableState] = {}
         self._handles: dict[str, Table] = {}
@@ -132,7 +161,9 @@ class DB:
         self._keyed: _bloom.Hasher | None = None
         self._stats_saved_at = time.monotonic()
         open_database(self, create_if_missing)
+        self._update_wal_limit()
         self._closed = False
+        _OPEN_DBS.add(self)
         self._default = self._handles[DEFAULT_TABLE]
         self._default_state = self._tables[DEFAULT_TABLE]
         # The hot path: an instance attribute, so db.get(k) is one closure call.
@@ -153,9 +184,31 @@ class DB:
             state.publish()
             state.fast_cell[0] = None
 
-    def _new_segment(self) -> None:
-        """Start a new WAL segment; the previous one is closed for good."""
-        self._log.start(self._alloc_file_number())
+    def _rotate_wal(self) -> None:
+        """Close the live WAL segment (fsynced) and start a new one, through a
+        manifest switch naming both; the caller holds the lock.  See
+        :meth:`lsmdb.logset.LogSet.rotate`."""
+        self._log.rotate(self._alloc_file_number(), self._write_manifest)
+
+    def _update_wal_limit(self) -> None:
+        self._wal_limit = self._max_wal if self._max_wal is not None else \
+            WAL_SIZE_MEMTABLE_MULTIPLE * sum(s.options.memtable_size_bytes
+                                             for s in self._tables.values())
+
+    def _disown(self) -> None:
+        """In a fork() child: this handle is the parent's.  Every later call raises
+        DatabaseForkedError; nothing is written, and the parent's lock stays its own."""
+        self._forked = True
+        self._closed = True
+        self._bg = None
+        self._lock = threading.RLock()        # another thread may have held them at the fork
+        self._flush_mutex = threading.Lock()
+        self._stats_lock = threading.Lock()
+        if self._dblock is not None:
+            self._dblock.disown()
+            self._dblock = None
+        self._log.close()
+        self._close_readers()
 
     def _adopt(self, reader: SSTableReader, level: int) -> SSTableReader:
         """Make a freshly opened reader part of this database (level, hash, cache)."""
@@ -184,6 +237,10 @@ class DB:
     # --------------------------------------------------------------- helpers
     def _check_open(self) -> None:
         if self._closed:
+            if self._forked:
+                raise DatabaseForkedError(
+                    f"database {self.path} was opened by the parent of this forked process; "
+                    "open it again in this process")
             raise DatabaseClosedError(f"database {self.path} is closed")
 
     def _check_writable(self) -> None:
@@ -204,16 +261,31 @@ class DB:
             raise NoSuchTableError(f"no table named {name!r}")
         return state
 
-    def _manifest(self) -> Manifest:
+    def _low_seq(self) -> int | None:
+        """The smallest sequence number any memtable holds (None: all are empty)."""
+        low = None
+        for s in self._tables.values():
+            for mem in (s.mem,) + s.imms:
+                if mem.min_seq is not None and (low is None or mem.min_seq < low):
+                    low = mem.min_seq
+        return low
+
+    def _manifest(self, low_seq: int | None) -> Manifest:
         tables = {}
         for name, s in self._tables.items():
             files = [FileMeta(r.number, r.level, r.size_bytes, r.entries, r.min_key, r.max_key,
                               r.min_seq, r.max_seq) for r in s.files]
             tables[name] = TableMeta(s.id, s.explicit, s.flushed_seq, files)
-        return Manifest(self._next_file, self._next_table_id, self._last_seq, tables)
+        return Manifest(self._next_file, self._next_table_id, self._last_seq, tables,
+                        self._log.state(low_seq))
 
     def _write_manifest(self) -> None:
-        self._manifest().write(os.path.join(self.path, MANIFEST_NAME))
+        """Switch the manifest to the current state (the caller holds the lock);
+        once that is durable, delete the WAL segments no memtable needs.  On
+        SwitchedButNotSynced they stay: a crash could bring the old manifest back."""
+        low = self._low_seq()
+        self._manifest(low).write(os.path.join(self.path, MANIFEST_NAME))
+        self._log.retire(low)
 
     # ---------------------------------------------------------------- writes
     def _write(self, ops: list[tuple[TableState, bytes, bytes | None]], sync: bool | None) -> None:
@@ -265,34 +337,60 @@ class DB:
     def _commit(self, states: set[TableState], encode: Callable[[int], bytes],
                 apply: Callable[[int], list[TableState]], sync: bool | None) -> None:
         """Log a batch (``encode(seq)``) and apply it (``apply(seq)``) under the
-        lock; then flush whatever memtable it filled, outside the lock."""
+        lock; then flush whatever memtable it filled, outside the lock.
+
+        An OSError from the WAL means the write is not applied (its record
+        may be in the failed segment; nothing is ever appended after it, and
+        the next write first makes the log whole again).
+        """
         do_sync = self._sync if sync is None else bool(sync)
         if self._bg is not None and self._auto_compaction:
             self._maybe_stall(states, self._bg)
-        with self._lock:
-            self._check_writable()
-            for state in states:
-                if state.dropped:
-                    raise NoSuchTableError(f"table {state.name!r} was dropped")
-            seq = self._last_seq + 1
-            payload = encode(seq)
-            try:
-                self._log.append(seq, payload, do_sync)
-            except OSError:
-                # The segment may end in a partial record: continue in a new one
-                # (a torn tail is dropped at recovery), and report the error.
-                self._new_segment()
-                raise
-            self._last_seq = seq
-            touched = apply(seq)
-            full = [s for s in touched if s.mem.size_bytes >= s.options.memtable_size_bytes]
+        for state in states:
+            if len(state.imms) >= MAX_FROZEN_MEMTABLES:
+                self._flush_table(state, freeze=False)  # raises while flushes fail
+        while True:
+            if self._log.failed is not None and not self._closed:
+                self._recover_log()
+            with self._lock:
+                self._check_writable()
+                for state in states:
+                    if state.dropped:
+                        raise NoSuchTableError(f"table {state.name!r} was dropped")
+                if self._log.failed is not None:
+                    continue  # failed meanwhile (another thread's write): recover first
+                seq = self._last_seq = self._last_seq + 1
+                self._log.append(seq, encode(seq), do_sync)
+                touched = apply(seq)
+                full = [s for s in touched if s.mem.size_bytes >= s.options.memtable_size_bytes]
+                wal_over = self._log.total_bytes > self._wal_limit
+            break
         for state in full:  # outside the lock: the SSTable is written without it
             try:
                 self._flush_table(state)
             except OSError as exc:
-                # The write itself is durable and applied; the flush is
+                # The write itself is applied (and in the WAL); the flush is
                 # retried by the next write (or an explicit flush()).
                 log.error("automatic flush of table %r failed: %s", state.name, exc)
+        if wal_over:
+            self._flush_wal_pinners()
+
+    def _flush_wal_pinners(self) -> None:
+        """The WAL is past ``max_total_wal_size_bytes``: flush every table whose
+        memtables hold a record of the oldest segment, so that segment can go."""
+        with self._lock:
+            oldest = self._log.oldest_max_seq()
+            if oldest is None or self._log.total_bytes <= self._wal_limit:
+                return
+            pinning = [s for s in self._tables.values()
+                       if any(m.min_seq is not None and m.min_seq <= oldest
+                              for m in (s.mem,) + s.imms)]
+        for state in pinning:
+            try:
+                self._flush_table(state)
+            except OSError as exc:
+                log.error("flush of table %r for max_total_wal_size_bytes failed: %s",
+                          state.name, exc)
 
     def _maybe_stall(self, states: set[TableState], bg: Background) -> None:
         """Hold a writer while level 0 is past its bound and compaction can reduce it."""
@@ -323,10 +421,21 @@ class DB:
         return WriteBatch(self, sync)
 
     def sync(self) -> None:
-        """fsync the write-ahead log: every write so far survives a machine crash."""
-        with self._lock:
+        """Make every write so far durable: it survives a machine crash.
+
+        Usually one fsync of the live WAL segment (closed segments were
+        fsynced when they closed); after a WAL failure, a flush of every
+        memtable.
+        """
+        while True:
             self._check_writable()
-            self._log.sync()
+            if self._log.failed is not None:
+                self._recover_log()
+            with self._lock:
+                self._check_writable()
+                if self._log.failed is None:
+                    self._log.sync()
+                    return
 
     # ---------------------------------------------------------------- flush
     def flush(self, table: str | None = None) -> None:
@@ -337,31 +446,70 @@ class DB:
         for state in states:
             self._flush_table(state)
 
-    def _flush_table(self, state: TableState, opening: bool = False) -> None:
-        """Freeze the table's memtable and write every frozen memtable to an SSTable.
+    def _flush_table(self, state: TableState, opening: bool = False, freeze: bool = True) -> None:
+        """Freeze the table's memtable (unless ``freeze`` is False) and write every
+        frozen memtable to an SSTable.
 
-        The database lock is held only to freeze (a new WAL segment, a new
+        The database lock is held only to freeze (a WAL rotation, a new
         memtable) and to install each file (manifest switch); the SSTable is
         written and fsynced without it, so writers and readers go on.
         Flushes are serialised by their own lock and install oldest first.
         A memtable whose flush fails stays frozen -- still served and still
         in the WAL -- and the next flush tries it again.
         """
+        if freeze and len(state.mem):
+            self._log.presync()  # so the fsync of the rotation, under the lock, is short
         with self._flush_mutex:
             with self._lock:
                 if (self._closed and not opening) or state.dropped:
                     return
-                if len(state.mem):
-                    self._new_segment()  # the memtable's records all sit in closed segments
-                    mem = state.mem
-                    mem.freeze()
-                    mem.flush_seq = self._last_seq
-                    state.mem = Memtable()
-                    state.imms = (mem,) + state.imms
-                    state.publish()
+                failed = self._log.failed is not None
+                if not failed and freeze and len(state.mem):
+                    self._rotate_wal()  # the memtable's records all sit in closed segments
+                    self._freeze(state)
                 pending = list(reversed(state.imms))  # oldest first
+            if failed:
+                self._recover_log_held()  # flushes every table
+                return
             for mem in pending:
                 self._flush_frozen(state, mem, opening)
+
+    def _freeze(self, state: TableState) -> None:
+        """Make the table's memtable a frozen one and give it a new, empty one (lock held)."""
+        mem = state.mem
+        mem.freeze()
+        mem.flush_seq = self._last_seq
+        state.mem = Memtable()
+        state.imms = (mem,) + state.imms
+        state.publish()
+
+    def _recover_log(self) -> None:
+        """Make every record of a failed WAL segment durable another way, then start a
+        new segment: see :meth:`_recover_log_held`."""
+        with self._flush_mutex:
+            self._recover_log_held()
+
+    def _recover_log_held(self) -> None:
+        """The WAL's live segment failed (a write or fsync of it raised): flush every
+        memtable, so that no record depends on that segment, then rotate to a new
+        one -- the failed segment is deleted with that manifest switch.  The caller
+        holds the flush mutex.  Raises, with the log still failed, if any step fails.
+        """
+        with self._lock:
+            cause = self._log.failed
+            if cause is None:
+                return
+            for state in self._tables.values():
+                if len(state.mem):
+                    self._freeze(state)
+            pending = [(s, list(reversed(s.imms))) for s in self._tables.values() if s.imms]
+        for state, mems in pending:
+            for mem in mems:
+                self._flush_frozen(state, mem, opening=True)
+        with self._lock:
+            self._rotate_wal()
+        log.warning("WAL segment failed (%s); every memtable was flushed and a new segment "
+                    "started", cause)
 
     def _flush_frozen(self, state: TableState, mem: Memtable, opening: bool = False) -> None:
         with self._lock:
@@ -376,43 +524,30 @@ class DB:
                           min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher)
             reader = self._adopt(SSTableReader(file_path, number), 0)
         except BaseException:
-            _unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL
+            unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL
             raise
         with self._lock:
             if state.dropped or (self._closed and not opening):
                 reader.close()
-                _unlink_quietly(file_path)
+                unlink_quietly(file_path)
                 return
-            old_files, old_flushed = state.files, state.flushed_seq
+            old = state.files, state.flushed_seq, state.imms
             state.files = (reader,) + state.files
             state.flushed_seq = mem.flush_seq
+            state.imms = tuple(m for m in state.imms if m is not mem)
             try:
-                self._write_manifest()
+                self._write_manifest()  # also retires the WAL segments no memtable needs
             except SwitchedButNotSynced:
-                # The new manifest names the file: keep it.  Keep the WAL too (no
-                # retirement): a machine crash could bring the old manifest back.
-                state.imms = tuple(m for m in state.imms if m is not mem)
-                state.publish()
+                state.publish()  # the new manifest names the file: keep it
                 raise
             except BaseException:
-                state.files, state.flushed_seq = old_files, old_flushed
+                state.files, state.flushed_seq, state.imms = old
                 reader.close()
-                _unlink_quietly(file_path)
+                unlink_quietly(file_path)
                 raise
-            state.imms = tuple(m for m in state.imms if m is not mem)
             state.publish()
-            self._retire_segments()
         self._save_counters()
         self._wake_background()
-
-    def _retire_segments(self) -> None:
-        """Delete closed WAL segments whose every record is in an SSTable."""
-        low = None
-        for s in self._tables.values():
-            for mem in (s.mem,) + s.imms:
-                if mem.min_seq is not None and (low is None or mem.min_seq < low):
-                    low = mem.min_seq
-        self._log.retire(low)
 
     # ----------------------------------------------------------------- reads
     def get(self, key: Any, default: Any = None) -> Any:
@@ -523,6 +658,8 @@ class DB:
                 del self._tables[name]
                 self._next_table_id -= 1
                 raise
+            finally:
+                self._update_wal_limit()
             return self._register(state)
 
     def _register(self, state: TableState) -> Table:
@@ -546,6 +683,8 @@ class DB:
             except BaseException:
                 state.set_options(old)
                 raise
+            finally:
+                self._update_wal_limit()
 
     def drop_table(self, name: str) -> None:
         """Remove ``name`` and its files.  The default table cannot be dropped."""
@@ -564,13 +703,15 @@ class DB:
             except BaseException:
                 self._tables[name] = state
                 raise
+            finally:
+                self._update_wal_limit()
             state.dropped = True
             del self._handles[name]
             self._by_id.pop(state.id, None)
             for reader in state.files if synced else ():
                 # Not closed here: a concurrent get may still hold it; the
                 # descriptor is released when the last reference goes.
-                _unlink_quietly(reader.path)
+                unlink_quietly(reader.path)
             state.mem = Memtable()
             state.imms = ()
             state.files = ()
@@ -578,7 +719,6 @@ class DB:
             if not synced:
                 raise SwitchedButNotSynced(errno.EIO, f"table {name!r} dropped, but the manifest "
                                                       "switch may not be durable")
-            self._retire_segments()
 
     def sstables(self, table: str | None = None) -> list[SSTableInfo]:
         """One :class:`SSTableInfo` per SSTable of ``table`` (None: every table).
@@ -720,25 +860,44 @@ class DB:
 
     # ----------------------------------------------------------------- close
     def close(self) -> None:
-        """Stop background work, save counters, sync the WAL, release the lock.  Idempotent."""
+        """Stop background work, save counters, make every write durable, release the lock.
+
+        The live WAL segment is fsynced and sealed (the manifest records its
+        size), so the next open reads every segment to a known size.  After a
+        WAL failure that cannot be repaired (every memtable flushed), the
+        error is raised once the database is closed: the writes since the
+        last successful fsync may not be durable.  Idempotent.
+        """
         if self._bg is not None:
             self._bg.stop()
+        error: OSError | None = None
+        if not self._closed and not self._read_only and self._log.failed is not None:
+            try:
+                self._recover_log()
+            except OSError as exc:
+                error = exc
         with self._flush_mutex, self._lock:  # no flush is half done past this point
             if self._closed:
                 return
             try:
                 self._save_counters()
-                self._log.sync()
+                if not self._read_only:
+                    if self._log.failed is None:
+                        self._log.seal(self._write_manifest)
+                    else:
+                        self._log.sync_failed_quietly()
             finally:
                 self._closed = True
                 self._release()
+        if error is not None:
+            raise error
 
     def _release(self) -> None:
         self._log.close()
         self._close_readers()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = -1
+        if self._dblock is not None:
+            self._dblock.release()
+            self._dblock = None
 
     @property
     def closed(self) -> bool:
@@ -755,17 +914,10 @@ class DB:
         return f"<lsmdb.DB {self.path!r}{' closed' if self._closed else ''}>"
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
 def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: bool = False,
          read_only: bool = False, auto_compaction: bool = True,
          block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
-         mmap_reads: bool = True) -> DB:
+         mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None) -> DB:
     """Open (or create) the database in directory ``path``.
 
     ``sync=True`` fsyncs the WAL before every write returns (per call:
@@ -780,10 +932,14 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
     mapping still raises CorruptionError.  Without the C speedups, or with
     ``mmap_reads=False``, every block is read with ``pread`` (the kernel's
     count of read calls then equals the files' ``block_reads``).
+    ``max_total_wal_size_bytes`` bounds the WAL segments kept on disk (and
+    replayed at the next open): past it, the tables whose memtables hold
+    records of the oldest segment are flushed.  None: four times the sum of
+    every table's ``memtable_size_bytes``.
     """
     return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
               auto_compaction=auto_compaction, block_cache_size_bytes=block_cache_size_bytes,
-              mmap_reads=mmap_reads)
+              mmap_reads=mmap_reads, max_total_wal_size_bytes=max_total_wal_size_bytes)
 
 
 __all__ = ["DB", "open", "LsmdbError"]

@@ -33,9 +33,7 @@ An lsmdb database is a directory, not a file: ``file`` names that directory.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
-import re
 import shelve
 import stat
 import threading
@@ -44,17 +42,17 @@ from typing import Any, Union
 
 from .db import DB
 from .db import open as _open_db
-from .errors import LsmdbError
+from .errors import DatabaseLockedError, LsmdbError
+from .files import OWN_NAME_RE
+from .lockfile import DatabaseLock
 
 __all__ = ["Database", "error", "open", "open_shelf"]
 
 PathArg = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
 
-#: Names of the files lsmdb keeps in a database directory (and their ``.tmp``
-#: siblings written during an atomic replace).  Flag ``"n"`` deletes a
-#: directory's contents only when every entry matches this.
-_LSMDB_FILE_RE = re.compile(
-    r"(?:LOCK|MANIFEST|STATS|FILTER_KEY|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
+#: Flag ``"n"`` deletes a directory's contents only when every entry is one
+#: of the names lsmdb keeps in a database directory.
+_LSMDB_FILE_RE = OWN_NAME_RE
 
 # clear() deletes in batches of at most this many keys / bytes of keys.
 _CLEAR_BATCH_KEYS = 10_000
@@ -525,15 +523,12 @@ def _empty_database_dir(path: str) -> None:
         return
     # Hold the database's lock while deleting, as lsmdb.open would: a database
     # open (for writing) anywhere else makes this fail instead of vanishing.
-    fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise error(f"{path} is open in another lsmdb.open() (this or another "
-                            "process); flag 'n' cannot replace it now") from None
-            raise
+        lock = DatabaseLock(path)
+    except DatabaseLockedError:
+        raise error(f"{path} is open in another lsmdb.open() (this or another "
+                    "process); flag 'n' cannot replace it now") from None
+    try:
         # MANIFEST first: an interrupted run leaves no half database behind,
         # only lsmdb files that a later "n" deletes.
         for name in sorted(names, key=lambda n: (not n.startswith("MANIFEST"), n)):
@@ -543,7 +538,7 @@ def _empty_database_dir(path: str) -> None:
                 except FileNotFoundError:
                     pass
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def open_shelf(file: PathArg, flag: str = "c", protocol: int | None = None,

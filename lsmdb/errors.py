@@ -44,6 +44,10 @@ class DatabaseClosedError(LsmdbError):
     """The database (or an object bound to it) was used after ``close()``."""
 
 
+class DatabaseForkedError(DatabaseClosedError):
+    """A handle opened before ``fork()`` was used in the child: open the database there."""
+
+
 class TableExistsError(LsmdbError):
     """``create_table`` was asked for a name that already exists."""
 

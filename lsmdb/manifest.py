@@ -1,11 +1,14 @@
-"""The manifest: which SSTables make up each table, and the table options.
+"""The manifest: the tables, their options and SSTables, and the WAL segments.
 
 One file, ``MANIFEST``, rewritten whole and switched atomically (temp file,
 fsync, ``os.replace``, fsync the directory) on every change::
 
     magic b"LSMDBMAN" | format_version u32 | crc32 u32 | length u32 | payload
 
-The payload is msgpack (docs/FORMAT.md, "Manifest").  A manifest that fails
+The payload is msgpack (docs/FORMAT.md §6).  Format 2 adds ``wal``: the live
+WAL segment and every closed one still needed, with its size
+(:class:`lsmdb.logset.WalState`); a format-1 manifest has none (its
+segments are whatever is on disk) and is still read.  A manifest that fails
 its checksum is a CorruptionError: it is never treated as empty, so no
 "orphan" sweep can delete a database because of it.
 """
@@ -18,12 +21,15 @@ from typing import Any
 
 import msgpack
 
-from .coding import crc32, write_file_durably
+from .coding import crc32
 from .errors import CorruptionError, UnsupportedFormatError
+from .files import MANIFEST_NAME, read_file, write_file_durably
+from .logset import WalState
 
-MANIFEST_NAME = "MANIFEST"
+__all__ = ["MANIFEST_NAME", "Manifest", "TableMeta", "FileMeta"]
+
 MANIFEST_MAGIC = b"LSMDBMAN"  # DO NOT CHANGE: on disk.
-MANIFEST_FORMAT_VERSION = 1   # DO NOT CHANGE: on disk.
+MANIFEST_FORMAT_VERSION = 2   # DO NOT CHANGE: on disk (1: no "wal"; still read).
 MANIFEST_HEADER = struct.Struct("<8sIII")
 assert MANIFEST_HEADER.size == 20
 
@@ -70,6 +76,8 @@ class Manifest:
     next_table_id: int = 1
     last_seq: int = 0
     tables: dict[str, TableMeta] = field(default_factory=dict)
+    #: The WAL segments (None only when read from a format-1 manifest).
+    wal: WalState | None = field(default_factory=WalState)
 
     def encode(self) -> bytes:
         payload = msgpack.packb({
@@ -81,6 +89,7 @@ class Manifest:
                        "files": [f.to_obj() for f in t.files]}
                 for name, t in sorted(self.tables.items())
             },
+            "wal": (self.wal or WalState()).to_obj(),
         }, use_bin_type=True)
         return MANIFEST_HEADER.pack(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, crc32(payload),
                                     len(payload)) + payload
@@ -103,7 +112,8 @@ class Manifest:
             raise CorruptionError("manifest checksum mismatch", path, MANIFEST_HEADER.size)
         try:
             obj = msgpack.unpackb(payload, raw=False)
-            m = cls(int(obj["next_file_number"]), int(obj["next_table_id"]), int(obj["last_seq"]))
+            m = cls(int(obj["next_file_number"]), int(obj["next_table_id"]), int(obj["last_seq"]),
+                    wal=WalState.from_obj(obj["wal"]) if version >= 2 else None)
             for name, t in obj["tables"].items():
                 if type(name) is not str or type(t["options"]) is not dict:
                     raise ValueError("bad table entry")
@@ -121,5 +131,4 @@ class Manifest:
 
     @classmethod
     def read(cls, path: str) -> Manifest:
-        with open(path, "rb") as f:
-            return cls.decode(f.read(), path)
+        return cls.decode(read_file(path), path)

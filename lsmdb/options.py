@@ -91,11 +91,11 @@ class TableOptions:
 OPTION_NAMES = tuple(f.name for f in fields(TableOptions))
 
 
-def _int_option(name: str, value: Any, lo: int, hi: int) -> int:
+def _int_option(name: str, value: Any, lo: int, hi: int, kind: str = "table option") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"table option {name!r} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{kind} {name!r} must be an int, got {type(value).__name__}")
     if not lo <= value <= hi:
-        raise ValueError(f"table option {name!r} must be between {lo} and {hi}, got {value}")
+        raise ValueError(f"{kind} {name!r} must be between {lo} and {hi}, got {value}")
     return value
 
 
@@ -162,3 +162,16 @@ def validate_table_name(name: Any) -> str:
             f"invalid table name {name!r}: use 1-64 characters from letters, digits, '_' and '-'"
         )
     return name
+
+
+#: ``max_total_wal_size_bytes`` (a database option, ``lsmdb.open``): the range.
+MIN_TOTAL_WAL_SIZE_BYTES = 64 * 1024
+MAX_TOTAL_WAL_SIZE_BYTES = 1 << 48
+
+
+def validate_max_total_wal_size(value: Any) -> int | None:
+    """``max_total_wal_size_bytes``: None (four times the memtables' total) or an int."""
+    if value is None:
+        return None
+    return _int_option("max_total_wal_size_bytes", value, MIN_TOTAL_WAL_SIZE_BYTES,
+                       MAX_TOTAL_WAL_SIZE_BYTES, "option")

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from . import table
 from .bloom import MASK32
 from .bloom import key_hash as _key_hash
-from .errors import DatabaseClosedError
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .sstable import MISSING, SSTableReader
 from .sstable_reader import (
@@ -115,7 +114,7 @@ def make_getter(db: DB, state: TableState) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
         if db._closed:
-            raise DatabaseClosedError(f"database {db.path} is closed")
+            db._check_open()
         data, imms, l0, deeper, probes, flat, _filters = state.fast
         state.gets += 1
         value = data.get(key, missing)
@@ -269,7 +268,7 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
             return answers
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db._closed:
-        raise DatabaseClosedError(f"database {db.path} is closed")
+        db._check_open()
     data, imms, l0, deeper, _probes, _flat, _filters = state.fast
     n = len(ks)
     state.gets += n

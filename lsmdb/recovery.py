@@ -6,44 +6,51 @@ to the state its files describe:
 1. refuse a directory that is not a database before creating anything in it;
 2. take the ``LOCK`` (not for ``read_only``);
 3. create the first ``MANIFEST`` if the directory is empty;
-4. read the manifest and open every SSTable it names (a read-only open that
-   races the writer's compactions reads the new manifest and tries again);
-5. replay the WAL segments into the memtables (a torn last record is cut off);
+4. read the manifest and open every SSTable it names;
+5. replay the WAL segments it names into the memtables: closed ones to
+   their recorded size (a segment missing or short is corruption), the live
+   one to its last whole record (a torn tail is dropped).  A read-only open
+   that races the writer -- a file it was about to read retired meanwhile --
+   reads the new manifest and tries again;
 6. load the filter counters;
 7. only then -- after a valid manifest was read -- remove files a crash left
-   behind, start a new WAL segment and flush memtables that are already full.
+   behind, fsync the replayed segments, start a new live segment (a
+   manifest switch) and flush memtables that are already full.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
-import re
 import time
 from typing import TYPE_CHECKING
 
 from . import stats as _stats
-from .errors import CorruptionError, DatabaseLockedError, NotADatabaseError
-from .logset import LogSet
-from .manifest import MANIFEST_NAME, Manifest, TableMeta
+from .errors import CorruptionError, NotADatabaseError
+from .files import (
+    LOCK_NAME,
+    MANIFEST_NAME,
+    SST_RE,
+    TMP_SUFFIX,
+    WAL_RE,
+    exists,
+    sst_name,
+    unlink_quietly,
+)
+from .lockfile import DatabaseLock
+from .logset import LogSet, ReplayedLog
+from .manifest import Manifest, TableMeta
 from .options import DEFAULT_TABLE
 from .secret import load_secret
 from .sstable import SSTableReader
 from .table import Table, TableState
+from .wal import read_segment_file
 
 if TYPE_CHECKING:
     from .db import DB
 
 log = logging.getLogger("lsmdb")
-
-LOCK_NAME = "LOCK"
-SST_RE = re.compile(r"(\d{6,})\.sst\Z")
-
-
-def sst_name(number: int) -> str:
-    return f"{number:06d}.sst"
 
 
 class _Vanished(Exception):
@@ -53,30 +60,31 @@ class _Vanished(Exception):
 def open_database(db: DB, create_if_missing: bool) -> None:
     path = db.path
     if not os.path.isdir(path):
-        if os.path.exists(path):
+        if os.path.lexists(path):
             raise NotADatabaseError(f"{path} exists and is not a directory")
         if not create_if_missing or db._read_only:
             raise NotADatabaseError(f"no database at {path} (create_if_missing=False)")
         os.makedirs(path, exist_ok=True)
     manifest_path = os.path.join(path, MANIFEST_NAME)
-    if not os.path.exists(manifest_path):
+    if not exists(manifest_path):
         # Refuse before creating anything (not even LOCK) in a foreign directory.
         check_creatable(db, create_if_missing)
     if not db._read_only:
-        acquire_lock(db)
+        db._dblock = DatabaseLock(path)
     try:
-        if not os.path.exists(manifest_path):
+        if not exists(manifest_path):
             create(db, manifest_path, create_if_missing)
         db._keyed = load_secret(db.path)
-        manifest = load_with_retry(db, manifest_path)
+        manifest, replayed = load_with_retry(db, manifest_path)
         load_counters(db)
         if not db._read_only:
-            sweep(db, manifest)
-            db._new_segment()
-            # Segments whose every record is in an SSTable (or that hold none,
-            # like the one an open without writes leaves) go now, so opening
-            # again and again does not pile them up.
-            db._retire_segments()
+            for seg_path, offset in replayed.torn:
+                log.warning("%s: ignoring a torn tail from offset %d: a write cut short by a "
+                            "crash (writes not yet fsynced can be lost this way)",
+                            seg_path, offset)
+            sweep(db, manifest, replayed)
+            db._log.adopt(replayed.segments)
+            db._rotate_wal()
             for state in list(db._tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     db._flush_table(state, opening=True)
@@ -84,28 +92,17 @@ def open_database(db: DB, create_if_missing: bool) -> None:
         db._release()
         raise
 
-def acquire_lock(db: DB) -> None:
-    fd = os.open(os.path.join(db.path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            raise DatabaseLockedError(
-                f"{db.path} is open in another lsmdb.open() (this or another process)"
-            ) from None
-        raise
-    db._lock_fd = fd
 
 def check_creatable(db: DB, create_if_missing: bool) -> None:
     # LOCK and MANIFEST.tmp are what a crash inside the very first open leaves.
     entries = [n for n in os.listdir(db.path)
-               if n not in (LOCK_NAME, MANIFEST_NAME + ".tmp")]
+               if n not in (LOCK_NAME, MANIFEST_NAME + TMP_SUFFIX)]
     if entries:
         raise NotADatabaseError(
             f"{db.path} is not an lsmdb database (no {MANIFEST_NAME}, directory not empty)")
     if not create_if_missing or db._read_only:
         raise NotADatabaseError(f"no database at {db.path} (create_if_missing=False)")
+
 
 def create(db: DB, manifest_path: str, create_if_missing: bool) -> None:
     check_creatable(db, create_if_missing)
@@ -113,7 +110,12 @@ def create(db: DB, manifest_path: str, create_if_missing: bool) -> None:
                         tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
     manifest.write(manifest_path)
 
-def load_with_retry(db: DB, manifest_path: str) -> Manifest:
+
+def wal_numbers_on_disk(path: str) -> list[int]:
+    return sorted(int(m.group(1)) for n in os.listdir(path) if (m := WAL_RE.match(n)))
+
+
+def load_with_retry(db: DB, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
     """Read the manifest, open its files and replay the WAL.
 
     A read-only open races with the writer, whose flushes and compactions
@@ -125,17 +127,15 @@ def load_with_retry(db: DB, manifest_path: str) -> Manifest:
         manifest = Manifest.read(manifest_path)
         try:
             load(db, manifest, vanished_ok=attempt < attempts - 1)
-            recover_wal(db)
-            return manifest
-        except (_Vanished, FileNotFoundError):
-            if attempt == attempts - 1:
-                raise
+            return manifest, recover_wal(db, manifest, vanished_ok=attempt < attempts - 1)
+        except _Vanished:  # never on the last attempt (vanished_ok is False there)
             db._close_readers()
             db._tables.clear()
             db._handles.clear()
             db._log = LogSet(db.path)
             time.sleep(0.01)
     raise AssertionError("unreachable")  # pragma: no cover
+
 
 def load_counters(db: DB) -> None:
     files, tables = _stats.load_stats(db.path)
@@ -145,6 +145,7 @@ def load_counters(db: DB) -> None:
         for reader in state.files:
             if reader.number in files:
                 _stats.apply_file_counters(reader, files[reader.number])
+
 
 def load(db: DB, manifest: Manifest, vanished_ok: bool = False) -> None:
     db._last_seq = manifest.last_seq
@@ -170,6 +171,11 @@ def load(db: DB, manifest: Manifest, vanished_ok: bool = False) -> None:
                     raise _Vanished(file_path) from None
                 raise CorruptionError("SSTable listed in the manifest is missing",
                                       file_path) from None
+            except OSError as exc:
+                if exc.errno != errno.ELOOP:
+                    raise
+                raise CorruptionError("SSTable listed in the manifest is a symbolic link "
+                                      "(never followed)", file_path) from None
             db._adopt(reader, fm.level)
             readers.append(reader)
             db._next_file = max(db._next_file, fm.number + 1)
@@ -179,7 +185,9 @@ def load(db: DB, manifest: Manifest, vanished_ok: bool = False) -> None:
         db._handles[name] = Table(db, state)
     db._by_id = {s.id: s for s in db._tables.values()}
 
-def recover_wal(db: DB) -> None:
+
+def recover_wal(db: DB, manifest: Manifest, vanished_ok: bool = False) -> ReplayedLog:
+    """Replay the manifest's WAL segments into the memtables."""
     by_id = db._by_id
 
     def apply(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
@@ -188,20 +196,52 @@ def recover_wal(db: DB) -> None:
             if state is not None and seq > state.flushed_seq:
                 state.mem.apply(seq, key, value)
 
-    top_seq, top_number = db._log.replay(apply, repair=not db._read_only)
-    db._last_seq = max(db._last_seq, top_seq)
-    db._next_file = max(db._next_file, top_number + 1)
+    on_disk = wal_numbers_on_disk(db.path)
+    try:
+        replayed = db._log.replay(manifest.wal, on_disk, apply)
+    except FileNotFoundError as exc:
+        if db._read_only and vanished_ok:
+            raise _Vanished(exc.filename) from None
+        raise CorruptionError("WAL segment named by the manifest is missing",
+                              exc.filename) from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise CorruptionError("WAL segment named by the manifest is a symbolic link "
+                              "(never followed)", exc.filename) from None
+    db._last_seq = max(db._last_seq, replayed.top_seq)
+    db._next_file = max([db._next_file, *(n + 1 for n in on_disk)])
     for state in db._tables.values():
         state.publish()
+    return replayed
 
-def sweep(db: DB, manifest: Manifest) -> None:
-    """Remove files a crash left behind: only ever after a valid manifest was read."""
+
+def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
+    """Remove files a crash left behind: only ever after a valid manifest was read.
+
+    That is every SSTable the manifest does not name, every ``.tmp`` file,
+    and every WAL segment it does not name: older ones were retired (every
+    record in them is in an SSTable), newer ones were created for a
+    rotation whose manifest switch never became durable, and hold no record
+    -- one that does is corruption, and is left for ``lsmdb repair``.
+    """
     live = {fm.number for t in manifest.tables.values() for fm in t.files}
-    for name in os.listdir(db.path):
+    listed = {seg.number for seg in replayed.segments}
+    newest = max(listed, default=0)
+    for name in sorted(os.listdir(db.path)):
+        path = os.path.join(db.path, name)
         m = SST_RE.match(name)
-        if (m and int(m.group(1)) not in live) or name.endswith(".tmp"):
-            log.info("removing leftover file %s", name)
-            os.unlink(os.path.join(db.path, name))
-            if m:
-                db._next_file = max(db._next_file, int(m.group(1)) + 1)
-
+        w = WAL_RE.match(name)
+        if m and int(m.group(1)) not in live:
+            db._next_file = max(db._next_file, int(m.group(1)) + 1)
+        elif w and int(w.group(1)) not in listed:
+            number = int(w.group(1))
+            if number > newest and manifest.wal is not None:
+                result = read_segment_file(path, number)
+                if result.records:
+                    raise CorruptionError("WAL segment the manifest does not name holds records",
+                                          path, result.records[0][0])
+        elif not name.endswith(TMP_SUFFIX):
+            continue
+        log.info("removing leftover file %s", name)
+        unlink_quietly(path)

@@ -13,11 +13,10 @@ import logging
 import os
 
 from .bloom import Hasher, keyed_hasher
-from .coding import fsync_dir
+from .files import SECRET_NAME, create, fsync_dir, read_file, write_all
 
 log = logging.getLogger("lsmdb")
 
-SECRET_NAME = "FILTER_KEY"
 SECRET_SIZE_BYTES = 32
 
 
@@ -25,9 +24,11 @@ def load_secret(directory: str) -> Hasher | None:
     """The keyed hasher of the database at ``directory``, or None if it has no secret."""
     path = os.path.join(directory, SECRET_NAME)
     try:
-        with open(path, "rb") as f:
-            secret = f.read()
+        secret = read_file(path)
     except FileNotFoundError:
+        return None
+    except OSError as exc:  # a symbolic link (never followed), an I/O error
+        log.warning("%s: filter secret unreadable (%s); keyed filters fail open", path, exc)
         return None
     if len(secret) != SECRET_SIZE_BYTES:
         log.warning("%s: filter secret has %d bytes, expected %d; keyed filters fail open",
@@ -43,14 +44,14 @@ def create_secret(directory: str) -> Hasher:
     first: filters built with it fail open either way.
     """
     path = os.path.join(directory, SECRET_NAME)
-    if os.path.exists(path):
+    if os.path.lexists(path):
         log.warning("%s: replacing an unusable filter secret (kept as %s.damaged)", path,
                     SECRET_NAME)
         os.replace(path, path + ".damaged")
     secret = os.urandom(SECRET_SIZE_BYTES)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = create(path, 0o600)
     try:
-        os.write(fd, secret)
+        write_all(fd, secret)
         os.fsync(fd)
     finally:
         os.close(fd)

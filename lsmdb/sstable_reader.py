@@ -22,6 +22,7 @@ from .bloom import FAST_HASHER, BloomFilter, Hasher
 from .cache import cache_key
 from .coding import BLOCK_TRAILER_SIZE, CRC32_RESIDUE, crc32
 from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
+from .files import open_for_reading
 from .sstable_format import (
     FOOTER,
     FOOTER_CRC_SPAN,
@@ -108,7 +109,7 @@ class SSTableReader:
         self.mapped: Any = None
         self._data: bytes | None = None
         if data is None:
-            self._fd = os.open(path, os.O_RDONLY)
+            self._fd = open_for_reading(path)
             try:
                 self.size_bytes = os.fstat(self._fd).st_size
                 self._load(self._pread)

@@ -8,18 +8,25 @@ the exact entry count, so a file whose length is not known in advance
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from itertools import accumulate, islice, repeat
 from operator import add, itemgetter, lt
-from typing import Any, BinaryIO
+from typing import Any, Protocol
 
 from . import block as blk
 from .bloom import FAST_HASHER, BloomFilter, Hasher
 from .coding import BLOCK_TRAILER_SIZE, crc32
+from .files import FileWriter
 from .sstable_format import SSTABLE_FORMAT_VERSION, pack_footer
 from .sstable_reader import SSTableReader
+
+
+class Sink(Protocol):
+    """Where a builder writes its bytes: a FileWriter, a file, an ``io.BytesIO``."""
+
+    def write(self, data: bytes, /) -> object: ...
+
 
 # Per-entry encoding overhead estimate used to cut blocks near block_size.
 _ENTRY_OVERHEAD = 4
@@ -44,7 +51,7 @@ class SSTableBuilder:
     sized for an output whose length is not known in advance (compaction).
     """
 
-    def __init__(self, out: BinaryIO, *, fp_chance: float, block_size: int,
+    def __init__(self, out: Sink, *, fp_chance: float, block_size: int,
                  table: str = "", build_filter: bool = True,
                  hasher: Hasher = FAST_HASHER) -> None:
         self._out = out
@@ -242,7 +249,7 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
     The entries are ``items`` (key, value|None) pairs, then ``chunks`` of
     (keys, values) lists (a memtable's flush), all in increasing key order.
     """
-    with open(path, "wb", buffering=WRITE_BUFFER_BYTES) as f:
+    with FileWriter(path, WRITE_BUFFER_BYTES) as f:
         builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
                                  hasher=hasher)
         builder.add_many(items)
@@ -250,8 +257,7 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
             builder.add_chunk(keys, values)
         builder.note_seq(min_seq, max_seq)
         props = builder.finish()
-        f.flush()
-        os.fsync(f.fileno())
+        f.sync()
     props["size_bytes"] = builder.file_size
     return props
 
@@ -287,13 +293,12 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     prop_off = flt_off + len(filter_block)
     footer = pack_footer((idx_off, idx_size), (flt_off, len(filter_payload)),
                          (prop_off, len(props_block) - BLOCK_TRAILER_SIZE))
-    with open(path, "wb") as f:
+    with FileWriter(path) as f:
         f.write(prefix)
         f.write(filter_block)
         f.write(props_block)
         f.write(footer)
-        f.flush()
-        os.fsync(f.fileno())
+        f.sync()
     new = SSTableReader(path, number)
     new.level = reader.level
     return new

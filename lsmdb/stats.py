@@ -26,11 +26,11 @@ from typing import Any
 
 import msgpack
 
-from .coding import crc32, write_file_durably
+from .coding import crc32
+from .files import STATS_NAME, read_file, write_file_durably
 
 log = logging.getLogger("lsmdb")
 
-STATS_NAME = "STATS"
 STATS_MAGIC = b"LSMDBSTA"  # DO NOT CHANGE: on disk.
 STATS_FORMAT_VERSION = 1   # DO NOT CHANGE: on disk.
 STATS_HEADER = struct.Struct("<8sIII")
@@ -95,8 +95,7 @@ def decode_stats(data: bytes) -> tuple[dict[int, list[int]], dict[int, list[int]
 def load_stats(directory: str) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
     path = os.path.join(directory, STATS_NAME)
     try:
-        with open(path, "rb") as f:
-            return decode_stats(f.read())
+        return decode_stats(read_file(path))
     except FileNotFoundError:
         return {}, {}
     except Exception as exc:  # statistics only: never a reason to refuse to open

@@ -3,27 +3,42 @@
 Checks every checksum of every file the manifest names (footer, index,
 properties, filter, each data block), the structure of every block, that the
 properties agree with the data, and that every key of each SSTable passes
-its own filter (a false negative is a lost key).  Also reads every WAL
-segment and the STATS file.  Opens nothing for writing and takes no lock.
+its own filter (a false negative is a lost key).  Reads every WAL segment
+the manifest names -- a closed one must hold every byte of its recorded
+size, the live one may end in a torn tail (a warning) -- and the STATS file,
+and reports files the manifest does not name.  Opens nothing for writing
+and takes no lock.
 """
 
 from __future__ import annotations
 
 import os
-import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import block as blk
 from .bloom import BloomFilter, Hasher, key_hash, split_hash
 from .errors import CorruptionError, LsmdbError
-from .manifest import MANIFEST_NAME, Manifest
+from .files import (
+    LOCK_NAME,
+    LOST_NAME,
+    MANIFEST_NAME,
+    OWN_NAME_RE,
+    SECRET_NAME,
+    SST_RE,
+    STATS_NAME,
+    TMP_SUFFIX,
+    WAL_RE,
+    read_file,
+    sst_name,
+    wal_name,
+)
+from .manifest import Manifest
 from .secret import load_secret
 from .sstable import SSTableReader
-from .stats import STATS_NAME, decode_stats
-from .wal import read_log_file
-
-_WAL_RE = re.compile(r"wal-(\d{6,})\.log\Z")
+from .stats import decode_stats
+from .wal import SEGMENT_FORMAT, read_segment_file
 
 
 @dataclass
@@ -95,37 +110,113 @@ def verify_database(path: str) -> list[Problem]:
         return [Problem(manifest_path, None, "no MANIFEST: not an lsmdb database")]
     except LsmdbError as exc:
         return [Problem(manifest_path, getattr(exc, "offset", None), str(exc))]
+    except OSError as exc:
+        return [Problem(manifest_path, None, f"cannot read: {exc}")]
     keyed = load_secret(path)
+    named_ssts = set()
     for name, table in sorted(manifest.tables.items()):
         for fm in table.files:
-            file_path = os.path.join(path, f"{fm.number:06d}.sst")
-            if not os.path.exists(file_path):
-                problems.append(Problem(file_path, None,
-                                        f"named by the manifest (table {name!r}) but missing"))
+            named_ssts.add(fm.number)
+            file_path = os.path.join(path, sst_name(fm.number))
+            if not _is_file(file_path):
+                problems.append(Problem(file_path, None, f"named by the manifest (table "
+                                        f"{name!r}) but missing or not a regular file"))
                 continue
             found = list(verify_sstable(file_path, fm.number, keyed))
             problems.extend(found)
             if not found and os.path.getsize(file_path) != fm.size:
                 problems.append(Problem(file_path, None, "size differs from the manifest's"))
-    for entry in sorted(os.listdir(path)):
-        if _WAL_RE.match(entry):
-            seg = os.path.join(path, entry)
-            try:
-                result = read_log_file(seg)
-            except LsmdbError as exc:
-                problems.append(Problem(seg, getattr(exc, "offset", None), str(exc).split(" [")[0]))
-                continue
-            if result.torn:
-                problems.append(Problem(seg, result.valid_length,
-                                        "torn last record (an unacknowledged write; dropped at "
-                                        "open)", "warning"))
+    named_wals = _verify_wal(path, manifest, problems)
     stats_path = os.path.join(path, STATS_NAME)
-    if os.path.exists(stats_path):
+    if os.path.lexists(stats_path):
         try:
-            with open(stats_path, "rb") as f:
-                decode_stats(f.read())
+            decode_stats(read_file(stats_path))
         except Exception as exc:
             problems.append(Problem(stats_path, None,
                                     f"counters unreadable ({exc}); they restart at zero",
                                     "warning"))
+    problems.extend(_orphans(path, manifest, named_ssts, named_wals))
     return problems
+
+
+def _is_file(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _verify_wal(path: str, manifest: Manifest, problems: list[Problem]) -> set[int]:
+    """Check the WAL segments the manifest names; returns their numbers."""
+    wal = manifest.wal
+    segments: list[tuple[int, int | None, int | None]]
+    if wal is None:  # a format-1 manifest: its segments are those on disk
+        numbers = sorted(int(m.group(1)) for n in os.listdir(path) if (m := WAL_RE.match(n)))
+        segments = [(n, None, None) for n in numbers]
+    else:
+        segments = [(n, size, fmt) for n, size, fmt in wal.closed]
+        if wal.live is not None:
+            segments.append((wal.live, None, SEGMENT_FORMAT))
+    for number, size, fmt in segments:
+        seg = os.path.join(path, wal_name(number))
+        what = "live" if size is None else "closed"
+        if not _is_file(seg):
+            problems.append(Problem(seg, None, f"{what} WAL segment named by the manifest is "
+                                    "missing or not a regular file (its writes are lost)"))
+            continue
+        try:
+            result = read_segment_file(seg, number, size, fmt)
+        except LsmdbError as exc:
+            problems.append(Problem(seg, getattr(exc, "offset", None), str(exc).split(" [")[0]))
+            continue
+        except OSError as exc:
+            problems.append(Problem(seg, None, f"cannot read: {exc}"))
+            continue
+        if result.torn:
+            problems.append(Problem(seg, result.valid_length,
+                                    "torn tail (writes a crash cut short; not fsynced, they are "
+                                    "dropped at open)", "warning"))
+    return {n for n, _s, _f in segments}
+
+
+def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
+             named_wals: set[int]) -> Iterator[Problem]:
+    """Files the manifest does not name: what a crash leaves (a read-write open deletes
+    them), what it cannot explain (errors), and anything that is not lsmdb's."""
+    newest_wal = max(named_wals, default=0)
+    for name in sorted(os.listdir(path)):
+        full = os.path.join(path, name)
+        if name in (MANIFEST_NAME, LOCK_NAME, STATS_NAME, SECRET_NAME):
+            if os.path.islink(full):
+                yield Problem(full, None, "is a symbolic link (lsmdb never follows one)")
+            continue
+        if name == LOST_NAME and os.path.isdir(full) and not os.path.islink(full):
+            yield Problem(full, None, "holds what lsmdb repair set aside", "warning")
+            continue
+        if os.path.islink(full):
+            yield Problem(full, None, "symbolic link in the database directory "
+                          "(lsmdb never follows one)", "warning")
+            continue
+        m, w = SST_RE.match(name), WAL_RE.match(name)
+        if m and int(m.group(1)) not in named_ssts:
+            yield Problem(full, None, "orphan SSTable: the manifest does not name it (a crash "
+                          "left it; the next read-write open deletes it)", "warning")
+        elif w and int(w.group(1)) not in named_wals:
+            number = int(w.group(1))
+            if manifest.wal is not None and number > newest_wal:
+                try:
+                    held = read_segment_file(full, number).records
+                except (LsmdbError, OSError) as exc:
+                    yield Problem(full, None, f"unnamed WAL segment unreadable: {exc}", "warning")
+                    continue
+                if held:
+                    yield Problem(full, held[0][0], "WAL segment newer than the manifest's live "
+                                  "one holds records (the open refuses it; see lsmdb repair)")
+                    continue
+            yield Problem(full, None, "orphan WAL segment: the manifest does not name it (the "
+                          "next read-write open deletes it)", "warning")
+        elif name.endswith(TMP_SUFFIX) and OWN_NAME_RE.match(name):
+            yield Problem(full, None, "leftover temporary file (the next read-write open "
+                          "deletes it)", "warning")
+        elif not OWN_NAME_RE.match(name):
+            yield Problem(full, None, "not a file lsmdb writes", "warning")

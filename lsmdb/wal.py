@@ -1,83 +1,290 @@
-"""Write-ahead log: framed, checksummed records in numbered segment files.
+"""Write-ahead-log segments: records framed in 32 KiB blocks (docs/FORMAT.md §3).
 
-Record layout (docs/FORMAT.md, "WAL")::
+A segment (format 2)::
 
-    crc32 u32 (of payload) | length u32 | payload: length bytes
+    segment header, 16 bytes: magic "LSMDBWAL" | format u32 = 2 | number u32
+    then fragments, packed into blocks of 32768 bytes counted from offset 0:
 
-The payload of a database WAL record is msgpack ``[seq, [[table_id, key,
-value|nil], ...]]``: one record per write or batch, so a batch across tables
-is atomic.  A bad record (checksum mismatch, impossible length, running past
-the end of the file) with no valid record after it is a torn write that was
-never acknowledged and is dropped; a bad record followed by a valid one is
-corruption (CorruptionError), never skipped.
+    fragment: crc32 u32 | length u16 | type u8 | payload: length bytes
+      type 1 FULL (a whole record), 2 FIRST, 3 MIDDLE, 4 LAST (a record in pieces)
+      crc32 over: the segment's number (u32), type, payload
+
+A fragment never crosses a block boundary: a record that does not fit in
+what is left of a block continues in the next one, and fewer than 7 bytes
+left at a block's end are zeros.  So the writer, never a payload, puts the
+bytes at every block start, and a payload -- user data -- can never be taken
+for a fragment there: that is what lets a reader tell a torn tail from
+damage in the middle of the log.  The number in every checksum makes a
+fragment of another segment (a copy, a stale disk block) fail.
+
+Reading a segment:
+
+* a **closed** segment has the size its manifest entry records, every byte
+  of it fsynced before that entry was written: any bad fragment within that
+  size, or a file shorter than it, is a CorruptionError;
+* the **live** segment (the one a crash interrupted) ends where its last
+  whole record ends.  A bad fragment with no valid fragment at any later
+  block start is a torn tail -- a crash cut the write short, or the end of
+  the file never reached the disk (zero-filled) -- and is dropped; a bad
+  fragment followed by a valid one at a later block start is corruption.
+
+A record's payload is opaque here (:mod:`lsmdb.logset` gives it meaning).
+Segments written before format 2 (no header; ``crc32 u32 | length u32 |
+payload`` records back to back) are still read: :func:`read_legacy_log`.
 """
 
 from __future__ import annotations
 
 import os
-from typing import BinaryIO
+import struct
+import zlib
 
-from .coding import WAL_HEADER, WAL_HEADER_SIZE, crc32, fsync_dir
+from .coding import WAL_HEADER, WAL_HEADER_SIZE, crc32
 from .errors import CorruptionError
+from .files import FileWriter, read_file
 
-# A record larger than this is not something lsmdb writes; its length field
-# is garbage.  (Batches are limited well below it.)
+SEGMENT_MAGIC = b"LSMDBWAL"   # DO NOT CHANGE: on disk.
+SEGMENT_FORMAT = 2            # DO NOT CHANGE: on disk.
+LEGACY_FORMAT = 1             # segments without a header (read only)
+SEGMENT_HEADER = struct.Struct("<8sII")
+SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size
+assert SEGMENT_HEADER_SIZE == 16
+
+BLOCK_SIZE_BYTES = 32768      # DO NOT CHANGE: on disk.
+FRAGMENT_HEADER = struct.Struct("<IHB")
+FRAGMENT_HEADER_SIZE = FRAGMENT_HEADER.size
+assert FRAGMENT_HEADER_SIZE == 7
+MAX_FRAGMENT_BYTES = BLOCK_SIZE_BYTES - FRAGMENT_HEADER_SIZE
+
+# Fragment types.  DO NOT CHANGE: on disk (0 is never written: zeros are padding).
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+#: A record larger than this is refused (batches are limited well below it).
 MAX_RECORD_BYTES = 1 << 31
 
 
+def crc_seeds(number: int) -> tuple[int, ...]:
+    """Per fragment type, the CRC-32 of (segment number u32, type u8): a
+    fragment's checksum is ``crc32(payload, seeds[type])``."""
+    prefix = (number & 0xFFFFFFFF).to_bytes(4, "little")
+    return tuple(zlib.crc32(prefix + bytes([t])) for t in range(LAST + 1))
+
+
 class LogWriter:
-    """Appends records to one segment file.  Not thread-safe: the DB serialises writers."""
+    """Appends records to a new segment file.  Not thread-safe: the DB serialises writers.
 
-    def __init__(self, path: str, sync_dir: bool = True) -> None:
+    ``size`` counts the bytes of whole records written (and the header);
+    after a failed ``add_record`` the file may hold part of a record past
+    it, and the segment must not be appended to again.
+    """
+
+    def __init__(self, path: str, number: int) -> None:
         self.path = path
-        existed = os.path.exists(path)
-        self._f: BinaryIO = open(path, "ab", buffering=0)
-        self.size = self._f.tell()
-        if not existed and sync_dir:
-            try:
-                fsync_dir(os.path.dirname(path) or ".")
-            except BaseException:
-                self._f.close()
-                raise
+        self.number = number
+        self._seeds = crc_seeds(number)
+        self._file = FileWriter(path)
+        try:
+            self._file.write(SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_FORMAT,
+                                                 number & 0xFFFFFFFF))
+        except BaseException:
+            self._file.close()
+            os.unlink(path)
+            raise
+        self.size = SEGMENT_HEADER_SIZE
 
-    def add_record(self, payload: bytes, sync: bool = False) -> None:
-        if not payload:
+    def add_record(self, payload: bytes) -> None:
+        n = len(payload)
+        if not n:
             raise ValueError("a WAL record needs a non-empty payload")
-        if len(payload) > MAX_RECORD_BYTES:
+        if n > MAX_RECORD_BYTES:
             raise ValueError(f"a WAL record is limited to {MAX_RECORD_BYTES} bytes")
-        data = WAL_HEADER.pack(crc32(payload), len(payload)) + payload
-        view = memoryview(data)
-        while view:
-            written = self._f.write(view)
-            if written is None:  # pragma: no cover - only for non-blocking files
-                continue
-            view = view[written:]
+        left = BLOCK_SIZE_BYTES - self.size % BLOCK_SIZE_BYTES
+        if n + FRAGMENT_HEADER_SIZE <= left:  # the common case: one fragment
+            data: bytes | bytearray = FRAGMENT_HEADER.pack(
+                crc32(payload, self._seeds[FULL]), n, FULL) + payload
+        else:
+            data = self._fragments(payload, left)
+        self._file.write(data)
         self.size += len(data)
-        if sync:
-            os.fsync(self._f.fileno())
+
+    def _fragments(self, payload: bytes, left: int) -> bytearray:
+        out = bytearray()
+        view = memoryview(payload)
+        first = True
+        while True:
+            if left < FRAGMENT_HEADER_SIZE:
+                out += bytes(left)  # padding: the next fragment starts the next block
+                left = BLOCK_SIZE_BYTES
+            room = left - FRAGMENT_HEADER_SIZE
+            piece, view = view[:room], view[room:]
+            kind = (FULL if first else LAST) if not view else (FIRST if first else MIDDLE)
+            out += FRAGMENT_HEADER.pack(crc32(piece, self._seeds[kind]), len(piece), kind)
+            out += piece
+            left -= FRAGMENT_HEADER_SIZE + len(piece)
+            first = False
+            if not view:
+                return out
 
     def sync(self) -> None:
-        os.fsync(self._f.fileno())
+        os.fsync(self._file.fd)
+
+    def datasync(self) -> None:
+        """Write the segment's data out without waiting for its metadata (a head start
+        that makes the next ``sync`` short)."""
+        os.fdatasync(self._file.fd)
 
     def close(self) -> None:
-        if not self._f.closed:
-            self._f.close()
+        self._file.close()
 
 
 class LogReadResult:
     """Records read from one segment."""
 
-    __slots__ = ("records", "valid_length", "torn", "file_length")
+    __slots__ = ("records", "valid_length", "torn", "file_length", "format")
 
     def __init__(self, records: list[tuple[int, bytes]], valid_length: int,
-                 torn: bool, file_length: int) -> None:
-        self.records = records            # (offset, payload)
-        self.valid_length = valid_length  # bytes up to the end of the last good record
-        self.torn = torn                  # a partial last record was dropped
+                 torn: bool, file_length: int, fmt: int = SEGMENT_FORMAT) -> None:
+        self.records = records            # (offset of the record's first fragment, payload)
+        self.valid_length = valid_length  # bytes up to the end of the last whole record
+        self.torn = torn                  # something after it was dropped
         self.file_length = file_length
+        self.format = fmt
 
 
-def _valid_record_at(data: bytes, off: int) -> bool:
+def segment_format(data: bytes) -> int:
+    """SEGMENT_FORMAT for a segment that starts with the header, else LEGACY_FORMAT."""
+    return SEGMENT_FORMAT if data[:len(SEGMENT_MAGIC)] == SEGMENT_MAGIC else LEGACY_FORMAT
+
+
+def _fragment_at(data: bytes, off: int, end: int, seeds: tuple[int, ...]
+                 ) -> tuple[int, int] | None:
+    """(type, payload end) of a valid fragment at ``off`` (which leaves at least a
+    header's room in its block), or None."""
+    if end - off < FRAGMENT_HEADER_SIZE:
+        return None
+    crc, length, kind = FRAGMENT_HEADER.unpack_from(data, off)
+    start = off + FRAGMENT_HEADER_SIZE
+    stop = start + length
+    if not FULL <= kind <= LAST or stop > end or \
+            stop > (off // BLOCK_SIZE_BYTES + 1) * BLOCK_SIZE_BYTES:
+        return None
+    if (kind in (FULL, LAST) and length == 0) or crc32(data[start:stop], seeds[kind]) != crc:
+        return None
+    return kind, stop
+
+
+def read_segment(data: bytes, number: int, path: str = "<memory>",
+                 closed_size: int | None = None) -> LogReadResult:
+    """Every record of segment ``number`` (format 2) from its bytes.
+
+    ``closed_size``: the segment is closed and holds exactly that many bytes
+    of records (anything past them is ignored); every defect is corruption.
+    None: the live segment, whose torn tail is dropped (see the module
+    docstring).
+    """
+    closed = closed_size is not None
+    size = len(data)
+    if closed:
+        assert closed_size is not None
+        if size < closed_size:
+            raise CorruptionError(f"WAL segment has {size} bytes; the manifest records "
+                                  f"{closed_size}", path, size)
+        end = closed_size
+    else:
+        end = size
+    seeds = crc_seeds(number)
+    if end == 0:
+        return LogReadResult([], 0, False, size)
+    header = data[:min(end, SEGMENT_HEADER_SIZE)]
+    expected = SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_FORMAT, number & 0xFFFFFFFF)
+    if header != expected:
+        same = 0  # the header's bytes that agree with the expected one
+        while same < len(header) and header[same] == expected[same]:
+            same += 1
+        if closed or any(header[same:]):
+            magic, fmt, num = SEGMENT_HEADER.unpack_from(data.ljust(SEGMENT_HEADER_SIZE, b"\0"))
+            if magic == SEGMENT_MAGIC and fmt == SEGMENT_FORMAT:
+                raise CorruptionError(f"WAL segment header names segment {num}, not {number}",
+                                      path, 0)
+            raise CorruptionError(f"bad WAL segment header (magic {magic!r}, format {fmt})",
+                                  path, 0)
+        # The live segment's header only partly reached the disk (the rest
+        # zeros): it holds no record, unless records follow (a damaged header).
+        if _fragment_at(data, SEGMENT_HEADER_SIZE, end, seeds) is not None:
+            raise CorruptionError("WAL segment header zeroed before valid records", path, 0)
+        return _bad(data, 0, 0, end, seeds, [], 0, path, False, "segment header cut short")
+    records: list[tuple[int, bytes]] = []
+    off = SEGMENT_HEADER_SIZE
+    valid = off
+    record_start = -1            # offset of the FIRST fragment of a record in pieces
+    pieces: list[bytes] = []
+    while off < end:
+        left = BLOCK_SIZE_BYTES - off % BLOCK_SIZE_BYTES
+        if left < FRAGMENT_HEADER_SIZE:  # a block's padding
+            if any(data[off:min(off + left, end)]):
+                return _bad(data, off, off, end, seeds, records, valid, path, closed,
+                            "nonzero padding at a block's end")
+            off += left
+            continue
+        found = _fragment_at(data, off, end, seeds)
+        kind = found[0] if found else 0
+        if found is None or (kind in (FULL, FIRST)) != (record_start < 0):
+            why = "bad fragment" if found is None else "fragment out of sequence"
+            return _bad(data, off, off, end, seeds, records, valid, path, closed, why)
+        stop = found[1]
+        payload = data[off + FRAGMENT_HEADER_SIZE:stop]
+        if kind == FULL:
+            records.append((off, payload))
+            valid = stop
+        elif kind == FIRST:
+            record_start, pieces = off, [payload]
+        else:
+            pieces.append(payload)
+            if kind == LAST:
+                records.append((record_start, b"".join(pieces)))
+                record_start, pieces = -1, []
+                valid = stop
+        off = stop
+    if record_start >= 0:  # the file ends inside a record
+        return _bad(data, record_start, end, end, seeds, records, valid, path, closed,
+                    "record cut short")
+    return LogReadResult(records, valid, False, size)
+
+
+def _bad(data: bytes, off: int, defect: int, end: int, seeds: tuple[int, ...],
+         records: list[tuple[int, bytes]], valid: int, path: str, closed: bool,
+         why: str) -> LogReadResult:
+    """A segment's first defect (reported at ``off``; found at ``defect``): corruption,
+    or the live segment's torn tail when no valid fragment starts a later block."""
+    if closed:
+        raise CorruptionError(f"WAL {why} in a closed segment", path, off)
+    block = (defect // BLOCK_SIZE_BYTES + 1) * BLOCK_SIZE_BYTES
+    while block < end:
+        if _fragment_at(data, block, end, seeds) is not None:
+            raise CorruptionError(f"WAL {why} followed by valid records", path, off)
+        block += BLOCK_SIZE_BYTES
+    return LogReadResult(records, valid, True, len(data))
+
+
+def read_segment_file(path: str, number: int, closed_size: int | None = None,
+                      fmt: int | None = None) -> LogReadResult:
+    """:func:`read_segment` or :func:`read_legacy_log` of the file, by ``fmt``
+    (None: by what the file starts with)."""
+    data = read_file(path)
+    if fmt is None:
+        fmt = segment_format(data) if any(data[:SEGMENT_HEADER_SIZE]) else SEGMENT_FORMAT
+    if fmt == LEGACY_FORMAT:
+        result = read_legacy_log(data if closed_size is None else data[:closed_size], path)
+        if closed_size is not None and (result.torn or len(data) < closed_size):
+            raise CorruptionError("legacy WAL segment shorter than the manifest records",
+                                  path, result.valid_length)
+        return result
+    return read_segment(data, number, path, closed_size)
+
+
+# -- segments written before format 2 ----------------------------------------------------
+
+def _valid_legacy_record_at(data: bytes, off: int) -> bool:
     size = len(data)
     if size - off < WAL_HEADER_SIZE:
         return False
@@ -87,53 +294,33 @@ def _valid_record_at(data: bytes, off: int) -> bool:
         crc32(data[off + WAL_HEADER_SIZE:end]) == crc
 
 
-def _bad_record(data: bytes, off: int, records: list[tuple[int, bytes]], path: str,
-                why: str) -> LogReadResult:
-    """A record at ``off`` is unreadable: a torn tail, unless good records follow it.
+def read_legacy_log(data: bytes, path: str = "<memory>") -> LogReadResult:
+    """Records of a segment without a header (``crc32 u32 | length u32 | payload``).
 
-    A write torn by a crash can only be the last thing in the file, so if any
-    valid record starts after ``off`` the damage is in the middle of the log:
-    corruption, never silently skipped.  (A record is valid when its length
-    fits and its CRC-32 matches: chance matches in garbage are 2**-32 rare.)
+    Such a log has no block structure, so its torn-tail rule is a scan: a bad
+    record followed by a valid record at any later byte offset is corruption.
     """
-    for start in range(off + 1, len(data) - WAL_HEADER_SIZE):
-        if _valid_record_at(data, start):
-            raise CorruptionError(f"WAL {why} followed by valid records", path, off)
-    return LogReadResult(records, off, True, len(data))
-
-
-def read_log(data: bytes, path: str = "<memory>") -> LogReadResult:
-    """Parse every record of a segment's bytes (see module docstring for torn tails)."""
     records: list[tuple[int, bytes]] = []
     size = len(data)
     off = 0
     while off < size:
+        bad = None
         if size - off < WAL_HEADER_SIZE:
-            return LogReadResult(records, off, True, size)
-        crc, length = WAL_HEADER.unpack_from(data, off)
-        end = off + WAL_HEADER_SIZE + length
-        if length == 0 or length > MAX_RECORD_BYTES:
-            return _bad_record(data, off, records, path, f"record with invalid length {length}")
-        if end > size:
-            return _bad_record(data, off, records, path, "record running past the end of the file")
-        payload = data[off + WAL_HEADER_SIZE:end]
-        if crc32(payload) != crc:
-            return _bad_record(data, off, records, path, "record checksum mismatch")
-        records.append((off, payload))
+            bad = "record header cut short"
+        else:
+            crc, length = WAL_HEADER.unpack_from(data, off)
+            end = off + WAL_HEADER_SIZE + length
+            if length == 0 or length > MAX_RECORD_BYTES:
+                bad = f"record with invalid length {length}"
+            elif end > size:
+                bad = "record running past the end of the file"
+            elif crc32(data[off + WAL_HEADER_SIZE:end]) != crc:
+                bad = "record checksum mismatch"
+        if bad is not None:
+            for start in range(off + 1, size - WAL_HEADER_SIZE):
+                if _valid_legacy_record_at(data, start):
+                    raise CorruptionError(f"WAL {bad} followed by valid records", path, off)
+            return LogReadResult(records, off, True, size, LEGACY_FORMAT)
+        records.append((off, data[off + WAL_HEADER_SIZE:end]))
         off = end
-    return LogReadResult(records, off, False, size)
-
-
-def read_log_file(path: str) -> LogReadResult:
-    with open(path, "rb") as f:
-        return read_log(f.read(), path)
-
-
-def truncate_file(path: str, length: int) -> None:
-    """Cut a torn tail off a segment durably, so later appends follow good data."""
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.ftruncate(fd, length)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    return LogReadResult(records, off, False, size, LEGACY_FORMAT)

@@ -20,7 +20,7 @@ import pytest
 
 import lsmdb
 from lsmdb.coding import crc32
-from lsmdb.manifest import MANIFEST_NAME
+from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_NAME
 from lsmdb.sstable import FOOTER_SIZE, SSTableReader
 from lsmdb.verify import verify_database
 
@@ -571,7 +571,7 @@ def test_manifest_of_a_newer_format_version_is_refused_and_left_alone(db, path):
     manifest = os.path.join(path, MANIFEST_NAME)
     original = pathlib.Path(manifest).read_bytes()
     # Header: magic 8s | format_version u32 | crc32 u32 (of the payload) | length u32.
-    for version in (99, 2, 2**32 - 1):
+    for version in (99, MANIFEST_FORMAT_VERSION + 1, 2**32 - 1):
         patched = bytearray(original)
         struct.pack_into("<I", patched, 8, version)
         pathlib.Path(manifest).write_bytes(bytes(patched))

@@ -7,11 +7,13 @@ reopened each time.  What may happen:
 
 * ``lsmdb.CorruptionError`` naming the damaged file (``.path``) and the start
   of the damaged region (``.offset``) -- at open (footer, index, properties,
-  manifest, a WAL record in the middle of the log) or at the read that
-  touches the damaged data block;
+  manifest, any record of a WAL segment closed with the database) or at the
+  read that touches the damaged data block;
 * for a filter only: the filter fails open ("maybe"), every read stays
   correct, and ``verify_database`` reports the file;
-* for the last WAL record only: it is dropped as a torn tail.
+* in the live WAL segment of a database that crashed, for damage with no
+  whole WAL block after it: the records from there on are dropped as a torn
+  tail (a crash cuts the last writes short in just that way).
 
 What must never happen: a get returning a value other than the one written,
 a get answering "absent" for a key that is present (a deleted key must not
@@ -34,11 +36,11 @@ import pytest
 
 import lsmdb
 from lsmdb.coding import BLOCK_TRAILER_SIZE
-from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_NAME
+from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_NAME, Manifest
 from lsmdb.sstable import FOOTER_SIZE, SSTableReader
 from lsmdb.stats import STATS_NAME
 from lsmdb.verify import verify_database
-from lsmdb.wal import read_log_file
+from lsmdb.wal import read_segment_file
 
 TABLE = "t"
 OPTS = {"block_size_bytes": 256, "bloom_filter_fp_chance": 0.01}
@@ -429,12 +431,15 @@ def test_checksum_valid_manifest_with_a_bad_payload_deletes_nothing(layout, scra
 # --------------------------------------------------------------------------- WAL
 
 class WalLayout:
-    """A database whose data is only in one WAL segment (nothing flushed)."""
+    """A database whose data is only in one WAL segment (nothing flushed):
+    closed cleanly (the segment sealed, its size in the manifest), or, with
+    ``crashed``, copied while still open (its live segment)."""
 
-    def __init__(self, root: str) -> None:
-        self.path = os.path.join(root, "wal-pristine")
+    def __init__(self, root: str, crashed: bool) -> None:
+        self.path = os.path.join(root, "wal-crashed" if crashed else "wal-closed")
         self.ops: list[list[tuple[str, bytes, bytes | None]]] = []
-        db = lsmdb.open(self.path, auto_compaction=False)
+        live = self.path + ("-live" if crashed else "")
+        db = lsmdb.open(live, auto_compaction=False)
         try:
             db.create_table(TABLE)
             for i in range(10):
@@ -451,12 +456,18 @@ class WalLayout:
                              ("default", b"w04", None)])
             db.put(b"last", b"the last record")
             self.ops.append([("default", b"last", b"the last record")])
+            if crashed:
+                db.sync()
+                shutil.copytree(live, self.path)
         finally:
             db.close()
-        wals = [n for n in os.listdir(self.path) if n.startswith("wal-")]
-        assert len(wals) == 1 and not [n for n in os.listdir(self.path) if n.endswith(".sst")]
-        self.wal = wals[0]
-        result = read_log_file(os.path.join(self.path, self.wal))
+        wal = Manifest.read(os.path.join(self.path, MANIFEST_NAME)).wal
+        assert wal is not None
+        number, closed_size = (wal.live, None) if crashed else wal.closed[0][:2]
+        assert number is not None
+        self.wal = f"wal-{number:06d}.log"
+        assert not [n for n in os.listdir(self.path) if n.endswith(".sst")]
+        result = read_segment_file(os.path.join(self.path, self.wal), number, closed_size)
         self.starts = [off for off, _payload in result.records]
         self.size = result.valid_length
         assert len(self.starts) == len(self.ops) and not result.torn
@@ -475,8 +486,13 @@ class WalLayout:
 
 
 @pytest.fixture(scope="module")
-def wal_layout(scratch):
-    return WalLayout(scratch)
+def wal_closed(scratch):
+    return WalLayout(scratch, crashed=False)
+
+
+@pytest.fixture(scope="module")
+def wal_crashed(scratch):
+    return WalLayout(scratch, crashed=True)
 
 
 def assert_state(db: lsmdb.DB, expected: dict[tuple[str, bytes], bytes | None]) -> None:
@@ -487,42 +503,60 @@ def assert_state(db: lsmdb.DB, expected: dict[tuple[str, bytes], bytes | None]) 
         assert list(db.table(t).scan()) == live
 
 
-def test_flipped_wal_byte_before_the_last_record_is_corruption_at_open(wal_layout, scratch):
-    last = wal_layout.starts[-1]
-    for pos in range(last):
+def test_flipped_byte_of_a_closed_wal_segment_is_corruption_at_open(wal_closed, scratch):
+    """Every byte, the header and the last record included: a sealed segment was
+    fsynced whole, so no damage in it can be a torn write."""
+    layout = wal_closed
+    for pos in range(layout.size):
         mask = MASKS[pos % len(MASKS)]
-        case = fresh_copy(wal_layout.path, scratch)
-        damaged = os.path.join(case, wal_layout.wal)
+        case = fresh_copy(layout.path, scratch)
+        damaged = os.path.join(case, layout.wal)
         flip(damaged, pos, mask)
         before = digest(case)
         for read_only in (False, True) if pos % 4 == 0 else (False,):
             with pytest.raises(lsmdb.CorruptionError) as info:
                 lsmdb.open(case, read_only=read_only)
             assert info.value.path == damaged, pos
-            assert info.value.offset == wal_layout.starts[wal_layout.record_at(pos)], pos
+            want = 0 if pos < layout.starts[0] else layout.starts[layout.record_at(pos)]
+            assert info.value.offset == want, pos
             assert digest(case) == before, f"failed open at WAL flip {pos} changed files"
 
 
-def test_flipped_byte_in_the_last_wal_record_drops_only_that_record(wal_layout, scratch):
-    expected = wal_layout.state_after(len(wal_layout.ops) - 1)
-    for pos in range(wal_layout.starts[-1], wal_layout.size):
-        case = fresh_copy(wal_layout.path, scratch)
-        flip(os.path.join(case, wal_layout.wal), pos, MASKS[pos % len(MASKS)])
+def test_truncated_closed_wal_segment_is_corruption_at_open(wal_closed, scratch):
+    layout = wal_closed
+    for length in sorted({0, 5, 16, *layout.starts, layout.size - 1,
+                          *random.Random(2).sample(range(layout.size), 10)}):
+        case = fresh_copy(layout.path, scratch)
+        truncate(os.path.join(case, layout.wal), length)
+        before = digest(case)
+        with pytest.raises(lsmdb.CorruptionError):
+            lsmdb.open(case)
+        assert digest(case) == before
+
+
+def test_flipped_byte_in_the_live_segment_drops_the_records_from_there(wal_crashed, scratch):
+    """A one-block live segment: damage cannot be told from a torn write, and
+    every record from the damaged one on is dropped -- never served wrongly."""
+    layout = wal_crashed
+    for pos in range(layout.starts[0], layout.size):
+        case = fresh_copy(layout.path, scratch)
+        flip(os.path.join(case, layout.wal), pos, MASKS[pos % len(MASKS)])
         with lsmdb.open(case) as db:
-            assert_state(db, expected)
+            assert_state(db, layout.state_after(layout.record_at(pos)))
 
 
-def test_truncated_wal_drops_only_the_torn_tail(wal_layout, scratch):
-    ends = wal_layout.starts[1:] + [wal_layout.size]
-    lengths = set(range(wal_layout.starts[-2], wal_layout.size + 1))
-    for s in wal_layout.starts + [wal_layout.size]:
+def test_truncated_live_segment_drops_only_the_torn_tail(wal_crashed, scratch):
+    layout = wal_crashed
+    ends = layout.starts[1:] + [layout.size]
+    lengths = set(range(layout.starts[-2], layout.size + 1))
+    for s in layout.starts + [layout.size]:
         lengths.update((s - 1, s, s + 1, s + 8))
-    lengths.update(random.Random(1).sample(range(wal_layout.size), 30))
-    for length in sorted(n for n in lengths if 0 <= n <= wal_layout.size):
+    lengths.update(random.Random(1).sample(range(layout.size), 30))
+    for length in sorted(n for n in lengths if 0 <= n <= layout.size):
         complete = sum(1 for e in ends if e <= length)
-        expected = wal_layout.state_after(complete)
-        case = fresh_copy(wal_layout.path, scratch)
-        wal = os.path.join(case, wal_layout.wal)
+        expected = layout.state_after(complete)
+        case = fresh_copy(layout.path, scratch)
+        wal = os.path.join(case, layout.wal)
         truncate(wal, length)
         with lsmdb.open(case, read_only=True) as db:  # reads it, changes nothing
             assert_state(db, expected)
@@ -530,13 +564,7 @@ def test_truncated_wal_drops_only_the_torn_tail(wal_layout, scratch):
         with lsmdb.open(case) as db:
             assert_state(db, expected)
             db.put(b"after-recovery", b"x")
-        # The torn tail was cut, so the old segment is clean for good; left
-        # with no record, it was deleted.
-        intact = max([0] + [e for e in ends if e <= length])
-        if intact:
-            assert os.path.getsize(wal) == intact
-        else:
-            assert not os.path.exists(wal)
+        assert not [p for p in verify_database(case) if p.severity == "error"]
         with lsmdb.open(case) as db:
             assert db.get(b"after-recovery") == b"x"
             db.delete(b"after-recovery")

@@ -38,7 +38,7 @@ from lsmdb.coding import WAL_HEADER, crc32
 from lsmdb.manifest import MANIFEST_HEADER, FileMeta, Manifest, TableMeta
 from lsmdb.sstable import FOOTER_SIZE, MISSING, SSTableBuilder, SSTableReader
 from lsmdb.stats import decode_stats, encode_stats
-from lsmdb.wal import LogWriter, read_log
+from lsmdb.wal import FRAGMENT_HEADER, LogWriter, read_legacy_log, read_segment
 
 EXAMPLES = 200
 # No shrink phase: a failure is reported as found, so a broken reader costs
@@ -110,7 +110,7 @@ SSTABLES = {
 def _wal_bytes(payloads: list[bytes]) -> bytes:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "wal-000001.log")
-        w = LogWriter(path)
+        w = LogWriter(path, 1)
         for p in payloads:
             w.add_record(p)
         w.close()
@@ -122,6 +122,7 @@ WALS = [
     _wal_bytes([msgpack.packb([i + 1, [[1, b"k%d" % i, b"v" * i or None]]], use_bin_type=True)
                 for i in range(8)]),
     _wal_bytes([b"x", b"y" * 300, b"z" * 3]),
+    _wal_bytes([b"a" * 40_000, b"b" * 10]),   # a record in fragments over two blocks
 ]
 
 _MANIFEST = Manifest(next_file_number=9, next_table_id=3, last_seq=42, tables={
@@ -459,13 +460,23 @@ def test_filter_decoder_on_mutated_filters(data):
 # --------------------------------------------------------------------------- WAL
 
 def _check_log(data: bytes) -> None:
+    """Live and closed readings of a segment, and the legacy reader: a clean error or
+    records that lie within the bytes."""
+    for closed in (None, len(data)):
+        try:
+            result = read_segment(data, 1, "<fuzz>", closed)
+        except lsmdb.LsmdbError:
+            continue
+        assert 0 <= result.valid_length <= len(data)
+        assert all(off < result.valid_length for off, _p in result.records)
+        assert all(data[off + FRAGMENT_HEADER.size:].startswith(p[:100])
+                   for off, p in result.records)
     try:
-        result = read_log(data, "<fuzz>")
+        legacy = read_legacy_log(data, "<fuzz>")
     except lsmdb.LsmdbError:
         return
-    assert 0 <= result.valid_length <= len(data)
     assert all(data[off + WAL_HEADER.size:off + WAL_HEADER.size + len(p)] == p
-               for off, p in result.records)
+               for off, p in legacy.records)
 
 
 @FUZZ
@@ -613,12 +624,12 @@ def test_filter_header_claiming_huge_m_allocates_nothing(m):
 
 
 @pytest.mark.parametrize("length", [2**31 - 1, 2**31, 2**32 - 1])
-def test_wal_length_field_claiming_gigabytes_allocates_nothing(length):
-    good = WALS[0]
+def test_legacy_wal_length_field_claiming_gigabytes_allocates_nothing(length):
+    good = bytes.fromhex("58a24db20b000000" "9201919301c4016bc40176") * 3
     data = good + WAL_HEADER.pack(0, length) + b"x" * 100
-    result = read_log(data, "<fuzz>")
-    assert result.torn and len(result.records) == 8
-    assert peak_bytes(lambda: read_log(data, "<fuzz>")) < 1 * MIB
+    result = read_legacy_log(data, "<fuzz>")
+    assert result.torn and len(result.records) == 3
+    assert peak_bytes(lambda: read_legacy_log(data, "<fuzz>")) < 1 * MIB
 
 
 def test_sstable_handles_claiming_huge_blocks_allocate_nothing(tmp_path):
@@ -674,7 +685,7 @@ def test_valid_encodings_round_trip():
         assert list(r.iter_range(None, None)) == entries
         assert r.filter_error is None or r.hash_algorithm == 2
     for data in WALS:
-        result = read_log(data)
+        result = read_segment(data, 1, "<base>", len(data))
         assert not result.torn and result.records
     assert Manifest.decode(MANIFESTS[1], "<base>") == _MANIFEST
     assert decode_stats(STATS[0])[0][3][0] == 1

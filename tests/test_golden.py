@@ -8,6 +8,9 @@
   code must keep reading it exactly.
 * A WAL segment, a MANIFEST and a STATS file are pinned as byte literals
   below, both as the codecs encode them and as a real database writes them.
+  The formats before the current ones (a WAL segment without a header, a
+  format-1 MANIFEST) are pinned too, as a database left by an older lsmdb:
+  it must open, and move to the current formats.
 
 A failure here means the bytes lsmdb writes have changed.  If that was not
 intended, it is a bug.  If it was intended, it is a format change: bump the
@@ -30,10 +33,13 @@ import pytest
 
 import lsmdb
 from lsmdb import bloom as bloom_mod
+from lsmdb import wal as wal_mod
 from lsmdb.coding import BLOCK_TRAILER_SIZE, WAL_HEADER_SIZE
+from lsmdb.logset import WalState
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, FileMeta, Manifest, TableMeta
 from lsmdb.sstable import FOOTER_SIZE, MISSING, SSTABLE_FORMAT_VERSION, SSTABLE_MAGIC, SSTableReader
-from lsmdb.wal import LogWriter, read_log
+from lsmdb.verify import verify_database
+from lsmdb.wal import LogWriter, read_legacy_log, read_segment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_SST = os.path.join(ROOT, "tests", "data", "golden.sst")
@@ -274,9 +280,14 @@ def test_format_constants_are_pinned():
     assert SSTABLE_FORMAT_VERSION == 1
     assert FOOTER_SIZE == 64
     assert BLOCK_TRAILER_SIZE == 4
-    assert WAL_HEADER_SIZE == 8
+    assert WAL_HEADER_SIZE == 8   # the legacy (headerless) WAL record header
+    assert (wal_mod.SEGMENT_MAGIC, wal_mod.SEGMENT_FORMAT) == (b"LSMDBWAL", 2)
+    assert wal_mod.SEGMENT_HEADER_SIZE == 16
+    assert wal_mod.BLOCK_SIZE_BYTES == 32768
+    assert wal_mod.FRAGMENT_HEADER_SIZE == 7
+    assert (wal_mod.FULL, wal_mod.FIRST, wal_mod.MIDDLE, wal_mod.LAST) == (1, 2, 3, 4)
     assert MANIFEST_MAGIC == b"LSMDBMAN"
-    assert MANIFEST_FORMAT_VERSION == 1
+    assert MANIFEST_FORMAT_VERSION == 2
     # Filter format 1 (whole-array probes) is still read; 2 (partitioned) is written.
     assert (bloom_mod.FILTER_VERSION_WHOLE, bloom_mod.FILTER_VERSION_PARTITIONED) == (1, 2)
     assert bloom_mod.KNOWN_FILTER_VERSIONS == (1, 2)
@@ -310,14 +321,25 @@ def test_hash_algorithm_2_is_keyed_blake2b():
 
 # -- WAL -----------------------------------------------------------------------
 
-# One record: crc32 u32 | length u32 | msgpack [7, [[1, b"k", b"v"], [2, b"gone", nil]]].
+# Segment 1 with one record: header "LSMDBWAL" | format 2 | number 1, then one FULL
+# fragment: crc32 u32 | length u16 (20) | type 1 | msgpack [7, [[1, b"k", b"v"],
+# [2, b"gone", nil]]].  The crc covers the number (u32), the type and the payload.
 GOLDEN_WAL_RECORD = bytes.fromhex(
-    "ff106159" "14000000"
+    "4c534d444257414c" "02000000" "01000000"
+    "6d962a85" "1400" "01"
     "92" "07" "92" "93" "01" "c4016b" "c40176" "93" "02" "c404676f6e65" "c0")
 
 # A fresh database after put(k, v), delete(gone), and a batch put(x, 1) + delete(y),
-# all in the default table (id 1): three records with seq 1, 2, 3.
+# all in the default table (id 1): three FULL fragments, seq 1, 2, 3, in segment 1.
 GOLDEN_DB_WAL = bytes.fromhex(
+    "4c534d444257414c" "02000000" "01000000"
+    "1f85bc00" "0b00" "01" "9201919301c4016bc40176"
+    "75d5bf70" "0c00" "01" "9202919301c404676f6e65c0"
+    "1fbfee8d" "1100" "01" "9203929301c40178c401319301c40179c0")
+
+# The same three records as an older lsmdb wrote them: no header, no blocks,
+# crc32 u32 (of the payload) | length u32 | payload.
+GOLDEN_DB_WAL_V1 = bytes.fromhex(
     "58a24db2" "0b000000" "9201919301c4016bc40176"
     "61f0b598" "0c000000" "9202919301c404676f6e65c0"
     "632d5214" "11000000" "9203929301c40178c401319301c40179c0")
@@ -326,14 +348,14 @@ GOLDEN_DB_WAL = bytes.fromhex(
 def test_wal_record_encoding(tmp_path):
     payload = msgpack.packb([7, [[1, b"k", b"v"], [2, b"gone", None]]], use_bin_type=True)
     path = str(tmp_path / "wal-000001.log")
-    w = LogWriter(path)
+    w = LogWriter(path, 1)
     w.add_record(payload)
     w.close()
     with open(path, "rb") as f:
         data = f.read()
     assert data == GOLDEN_WAL_RECORD
-    result = read_log(GOLDEN_WAL_RECORD)
-    assert result.records == [(0, payload)] and not result.torn
+    result = read_segment(GOLDEN_WAL_RECORD, 1, closed_size=len(GOLDEN_WAL_RECORD))
+    assert result.records == [(16, payload)] and not result.torn
     assert msgpack.unpackb(result.records[0][1], raw=False) == [7, [[1, b"k", b"v"],
                                                                     [2, b"gone", None]]]
 
@@ -350,7 +372,7 @@ def test_database_writes_golden_wal(tmp_path):
     finally:
         db.close()
     segments = sorted(glob.glob(os.path.join(path, "wal-*.log")))
-    assert len(segments) == 1
+    assert [os.path.basename(p) for p in segments] == ["wal-000001.log"]
     with open(segments[0], "rb") as f:
         assert f.read() == GOLDEN_DB_WAL
     # ... and the pinned bytes are what recovery understands.
@@ -364,12 +386,12 @@ def test_database_writes_golden_wal(tmp_path):
 GOLDEN_MANIFEST_OBJ = Manifest(next_file_number=9, next_table_id=3, last_seq=42, tables={
     "default": TableMeta(1, {}, 40, [FileMeta(7, 0, 797, 20, b"key000", b"key019", 1000, 1019)]),
     "events": TableMeta(2, {"bloom_filter_fp_chance": 0.001, "block_size_bytes": 256}, 0, []),
-})
+}, wal=WalState(live=8, closed=[(5, 1234, 2)]))
 GOLDEN_MANIFEST = bytes.fromhex(
-    # magic "LSMDBMAN" | version 1 | crc32 | length 216
-    "4c534d44424d414e" "01000000" "bfcd741a" "d8000000"
-    # {"next_file_number": 9, "next_table_id": 3, "last_seq": 42, "tables": {...}}
-    "84b06e6578745f66696c655f6e756d62657209ad6e6578745f7461626c655f696403a86c6173745f7365712a"
+    # magic "LSMDBMAN" | version 2 | crc32 | length 241
+    "4c534d44424d414e" "02000000" "60785c9e" "f1000000"
+    # {"next_file_number": 9, "next_table_id": 3, "last_seq": 42, "tables": {...}, "wal": ...}
+    "85b06e6578745f66696c655f6e756d62657209ad6e6578745f7461626c655f696403a86c6173745f7365712a"
     "a67461626c657382"
     # "default": {"id": 1, "options": {}, "flushed_seq": 40, "files": [[7, 0, 797, 20,
     #             b"key000", b"key019", 1000, 1019]]}
@@ -379,10 +401,19 @@ GOLDEN_MANIFEST = bytes.fromhex(
     #            "block_size_bytes": 256}, "flushed_seq": 0, "files": []}
     "a66576656e747384a2696402a76f7074696f6e7382b6626c6f6f6d5f66696c7465725f66705f6368616e6365"
     "cb3f50624dd2f1a9fcb0626c6f636b5f73697a655f6279746573cd0100ab666c75736865645f73657100"
-    "a566696c657390")
+    "a566696c657390"
+    # "wal": {"live": 8, "closed": [[5, 1234, 2]]}
+    "a377616c82a46c69766508a6636c6f736564919305cd04d202")
 
-# The MANIFEST a new, empty database starts with.
+# The MANIFEST of a new, empty database once closed: no WAL segment left.
 GOLDEN_EMPTY_DB_MANIFEST = bytes.fromhex(
+    "4c534d44424d414e" "02000000" "3b9ad84b" "71000000"
+    "85b06e6578745f66696c655f6e756d62657202ad6e6578745f7461626c655f696402a86c6173745f73657100"
+    "a67461626c657381a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657100"
+    "a566696c657390" "a377616c82a46c697665c0a6636c6f73656490")
+
+# A new database's MANIFEST as an older lsmdb wrote it: format 1, no "wal".
+GOLDEN_EMPTY_DB_MANIFEST_V1 = bytes.fromhex(
     "4c534d44424d414e" "01000000" "5db5f7b1" "5e000000"
     "84b06e6578745f66696c655f6e756d62657201ad6e6578745f7461626c655f696402a86c6173745f73657100"
     "a67461626c657381a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657100"
@@ -393,6 +424,8 @@ def test_manifest_encoding():
     assert GOLDEN_MANIFEST_OBJ.encode() == GOLDEN_MANIFEST
     decoded = Manifest.decode(GOLDEN_MANIFEST, "MANIFEST")
     assert decoded == GOLDEN_MANIFEST_OBJ
+    old = Manifest.decode(GOLDEN_EMPTY_DB_MANIFEST_V1, "MANIFEST")
+    assert old.wal is None and list(old.tables) == ["default"]
 
 
 def test_new_database_manifest(tmp_path):
@@ -400,6 +433,34 @@ def test_new_database_manifest(tmp_path):
     lsmdb.open(path).close()
     with open(os.path.join(path, "MANIFEST"), "rb") as f:
         assert f.read() == GOLDEN_EMPTY_DB_MANIFEST
+
+
+def test_a_database_left_by_an_older_lsmdb_opens_and_moves_to_the_current_formats(tmp_path):
+    """A format-1 MANIFEST and a headerless WAL segment: replayed, kept as a closed
+    segment of format 1 while a memtable needs it, and gone once flushed."""
+    assert [p for _o, p in read_legacy_log(GOLDEN_DB_WAL_V1).records] == \
+        [p for _o, p in read_segment(GOLDEN_DB_WAL, 1).records]
+    path = tmp_path / "db"
+    path.mkdir()
+    (path / "MANIFEST").write_bytes(GOLDEN_EMPTY_DB_MANIFEST_V1)
+    (path / "wal-000001.log").write_bytes(GOLDEN_DB_WAL_V1)
+    (path / "LOCK").write_bytes(b"")
+    assert verify_database(str(path)) == []
+    for read_only in (True, False):
+        with lsmdb.open(str(path), read_only=read_only) as db:
+            assert (db.get(b"k"), db.get(b"x"), db.get(b"gone"), db.get(b"y")) == (
+                b"v", b"1", None, None)
+    manifest = Manifest.read(str(path / "MANIFEST"))
+    assert manifest.wal == WalState(None, [(1, len(GOLDEN_DB_WAL_V1), 1)])
+    assert verify_database(str(path)) == []
+    with lsmdb.open(str(path)) as db:
+        assert db.get(b"k") == b"v"
+        db.put(b"new", b"2")
+        db.flush()
+    assert not glob.glob(str(path / "wal-*.log"))
+    with lsmdb.open(str(path)) as db:
+        assert (db.get(b"k"), db.get(b"new")) == (b"v", b"2")
+    assert verify_database(str(path)) == []
 
 
 # -- STATS -----------------------------------------------------------------------

@@ -1,0 +1,196 @@
+"""The files of a database directory: their names, and how lsmdb creates, reads and syncs them.
+
+Names (docs/FORMAT.md §2)::
+
+    LOCK              held (a POSIX record lock) while a process has the database open
+    MANIFEST          tables, options, SSTables, WAL segments (switched atomically)
+    STATS             filter and read counters
+    FILTER_KEY        the secret of keyed filter hashing (mode 0600; only if used)
+    NNNNNN.sst        an SSTable
+    wal-NNNNNN.log    a write-ahead-log segment
+    NAME.tmp          a MANIFEST or STATS being written
+    lost/             what ``lsmdb repair`` set aside
+
+Every file lsmdb writes is a new one, created with ``O_CREAT | O_EXCL |
+O_NOFOLLOW``: a name planted in the directory -- a symbolic link to a file
+elsewhere, or anything left over -- is never written through, and a file
+to be replaced (``MANIFEST``, ``STATS``) is replaced by renaming a new file
+over it, which replaces a link itself rather than its target.  Files are
+read with ``O_NOFOLLOW`` too, so no link inside the directory is followed.
+Data reaches files through ``os.write`` and disks through ``os.fsync``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+LOCK_NAME = "LOCK"
+MANIFEST_NAME = "MANIFEST"
+STATS_NAME = "STATS"
+SECRET_NAME = "FILTER_KEY"
+LOST_NAME = "lost"
+TMP_SUFFIX = ".tmp"
+
+SST_RE = re.compile(r"(\d{6,})\.sst\Z")
+WAL_RE = re.compile(r"wal-(\d{6,})\.log\Z")
+
+#: Every name lsmdb itself creates in a database directory (``lost/`` aside).
+OWN_NAME_RE = re.compile(
+    r"(?:LOCK|MANIFEST|STATS|FILTER_KEY(?:\.damaged)?|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def sst_name(number: int) -> str:
+    return f"{number:06d}.sst"
+
+
+def wal_name(number: int) -> str:
+    return f"wal-{number:06d}.log"
+
+
+class SwitchedButNotSynced(OSError):
+    """The new file replaced the old one, but fsyncing the directory failed.
+
+    The switch is visible (and is what a reopen reads unless the machine
+    crashes), so the caller must keep the new state -- never roll back to a
+    state that deletes files the new file names -- and must keep anything the
+    old state needs, since a machine crash could still bring it back.
+    """
+
+
+def create(path: str, mode: int = 0o644) -> int:
+    """A descriptor of the new file ``path``, open for writing.
+
+    FileExistsError if anything (a file, a symbolic link) has that name.
+    """
+    return os.open(path, _CREATE_FLAGS, mode)
+
+
+def open_for_reading(path: str) -> int:
+    """A read-only descriptor of ``path``; OSError (ELOOP) if it is a symbolic link."""
+    return os.open(path, _READ_FLAGS)
+
+
+def read_file(path: str) -> bytes:
+    """The whole content of ``path`` (never through a symbolic link)."""
+    fd = open_for_reading(path)
+    try:
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    """Write every byte of ``data`` (``os.write`` may write fewer than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def exists(path: str) -> bool:
+    """Whether the name exists in its directory (a dangling link counts)."""
+    return os.path.lexists(path)
+
+
+def is_directory(path: str) -> bool:
+    """Whether ``path`` is a directory itself, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so that entries created, renamed or removed in it persist."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileWriter:
+    """Writes a new file through ``os.write``, ``buffer_bytes`` at a time.
+
+    ``write`` collects; the file sees the bytes once ``buffer_bytes`` are
+    collected, at ``flush`` and at ``sync`` (flush, then fsync).  ``close``
+    does not flush: a file abandoned half written is unlinked by its owner.
+    """
+
+    __slots__ = ("path", "fd", "_buffer", "_limit")
+
+    def __init__(self, path: str, buffer_bytes: int = 0) -> None:
+        self.path = path
+        self.fd = create(path)
+        self._buffer = bytearray()
+        self._limit = buffer_bytes
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        if self._limit:
+            self._buffer += data
+            if len(self._buffer) >= self._limit:
+                self.flush()
+        else:
+            write_all(self.fd, data)
+        return len(data)
+
+    def flush(self) -> None:
+        if self._buffer:
+            write_all(self.fd, self._buffer)
+            self._buffer = bytearray()
+
+    def sync(self) -> None:
+        self.flush()
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> FileWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_file_durably(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: new temp file, fsync, rename, fsync dir.
+
+    A leftover temp file (or a link of that name) is removed first: the
+    temp file is always a new file.  Raises SwitchedButNotSynced when only
+    the last step failed.
+    """
+    directory = os.path.dirname(path) or "."
+    tmp = path + TMP_SUFFIX
+    unlink_quietly(tmp)
+    with FileWriter(tmp) as f:
+        try:
+            f.write(data)
+            f.sync()
+        except BaseException:
+            unlink_quietly(tmp)
+            raise
+    os.replace(tmp, path)
+    try:
+        fsync_dir(directory)
+    except OSError as exc:
+        raise SwitchedButNotSynced(exc.errno, f"{path} replaced, but fsync of its directory "
+                                              f"failed: {exc.strerror}") from exc

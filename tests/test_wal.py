@@ -375,7 +375,7 @@ def test_truncated_live_segment_recovers_exactly_the_complete_records(crashed_db
     assert not failures, failures[:10]
 
 
-def test_a_torn_tail_is_reported_by_verify_and_the_database_keeps_working(crashed_db):
+def test_a_torn_tail_is_reported_by_verify_and_the_database_keeps_working(crashed_db, caplog):
     path, wal, writes, result = crashed_db
     offsets = [off for off, _p in result.records]
     cut = offsets[-1] + FRAGMENT_HEADER_SIZE + 2  # mid-way through the last record
@@ -383,9 +383,12 @@ def test_a_torn_tail_is_reported_by_verify_and_the_database_keeps_working(crashe
     torn = [p for p in verify_database(path) if p.severity == "warning" and "torn" in p.message]
     assert [p.offset for p in torn] == [offsets[-1]]
     expected = _expected(writes, len(writes) - 1)
-    with lsmdb.open(path) as db:
+    with caplog.at_level("WARNING", logger="lsmdb"), lsmdb.open(path) as db:
         assert _state(db) == expected
         db.put(b"after-1", b"a1")
+    said = [r.getMessage() for r in caplog.records if "torn" in r.getMessage()]
+    assert len(said) == 1 and "cut short by a crash" in said[0] and "never" not in said[0]
+    with lsmdb.open(path) as db:
         db.table("t2").put(b"after-2", b"a2")
     expected["default"] = sorted(expected["default"] + [(b"after-1", b"a1")])
     expected["t2"] = sorted(expected["t2"] + [(b"after-2", b"a2")])

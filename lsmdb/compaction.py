@@ -24,13 +24,12 @@ when the output is the bottom of the tree for its key range.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .bloom import FAST_HASHER, Hasher
-from .files import FileWriter
+from .files import FileWriter, unlink_quietly
 from .merge import Chunks, merge_newest
 from .sstable import SSTableBuilder, SSTableReader
 from .sstable_writer import WRITE_BUFFER_BYTES, take_chunk
@@ -265,10 +264,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
         for r in outputs:
             r.close()
         for p in paths:
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
+            unlink_quietly(p)
         raise
     return outputs
 

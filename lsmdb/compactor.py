@@ -10,7 +10,6 @@ still hold an input keep reading it through their open descriptor.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from . import bloom as _bloom
 from . import compaction as _compaction
-from .files import SwitchedButNotSynced
+from .files import SwitchedButNotSynced, unlink_quietly
 from .sstable import SSTableReader, rewrite_filter
 from .table import TableState
 
@@ -26,13 +25,6 @@ if TYPE_CHECKING:
     from .db import DB
 
 log = logging.getLogger("lsmdb")
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class Compactor:
@@ -129,7 +121,7 @@ class Compactor:
                     any(id(r) == i for r in state.files) for i in inputs):
                 for r in outputs:
                     r.close()
-                    _unlink_quietly(r.path)
+                    unlink_quietly(r.path)
                 return
             old = state.files
             state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
@@ -145,14 +137,14 @@ class Compactor:
                 state.files = old
                 for r in outputs:
                     r.close()
-                    _unlink_quietly(r.path)
+                    unlink_quietly(r.path)
                 raise
             state.publish()
             if job.pointer is not None:
                 state.compact_pointer[job.pointer[0]] = job.pointer[1]
         cache = db._block_cache
         for r in job.inputs:
-            _unlink_quietly(r.path)  # readers still holding it keep their descriptor
+            unlink_quietly(r.path)  # readers still holding it keep their descriptor
             if cache is not None:
                 cache.evict_file(r.number)
         db._save_counters()

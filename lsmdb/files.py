@@ -22,9 +22,12 @@ Data reaches files through ``os.write`` and disks through ``os.fsync``.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import stat
+
+log = logging.getLogger("lsmdb")
 
 LOCK_NAME = "LOCK"
 MANIFEST_NAME = "MANIFEST"
@@ -110,10 +113,19 @@ def is_directory(path: str) -> bool:
 
 
 def unlink_quietly(path: str) -> None:
+    """Remove a file no state needs any more, if it is there.
+
+    An error is logged, not raised: every caller either has switched to a
+    state without the file (which a read-write open sweeps if it is still
+    there) or is cleaning up after another error, which must stay the one
+    reported.
+    """
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        log.warning("could not remove %s: %s (a later open removes it)", path, exc)
 
 
 def fsync_dir(path: str) -> None:

@@ -15,6 +15,7 @@ its checksum is a CorruptionError: it is never treated as empty, so no
 
 from __future__ import annotations
 
+import errno
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,4 +132,10 @@ class Manifest:
 
     @classmethod
     def read(cls, path: str) -> Manifest:
-        return cls.decode(read_file(path), path)
+        try:
+            data = read_file(path)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            raise CorruptionError("MANIFEST is a symbolic link (never followed)", path) from None
+        return cls.decode(data, path)

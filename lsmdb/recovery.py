@@ -236,7 +236,7 @@ def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
             db._next_file = max(db._next_file, int(m.group(1)) + 1)
         elif w and int(w.group(1)) not in listed:
             number = int(w.group(1))
-            if number > newest and manifest.wal is not None:
+            if number > newest and manifest.wal is not None and not os.path.islink(path):
                 result = read_segment_file(path, number)
                 if result.records:
                     raise CorruptionError("WAL segment the manifest does not name holds records",

@@ -41,7 +41,7 @@ import zlib
 
 from .coding import WAL_HEADER, WAL_HEADER_SIZE, crc32
 from .errors import CorruptionError
-from .files import FileWriter, read_file
+from .files import FileWriter, read_file, unlink_quietly
 
 SEGMENT_MAGIC = b"LSMDBWAL"   # DO NOT CHANGE: on disk.
 SEGMENT_FORMAT = 2            # DO NOT CHANGE: on disk.
@@ -88,7 +88,7 @@ class LogWriter:
                                                  number & 0xFFFFFFFF))
         except BaseException:
             self._file.close()
-            os.unlink(path)
+            unlink_quietly(path)
             raise
         self.size = SEGMENT_HEADER_SIZE
 

@@ -161,7 +161,7 @@ class DB:
         """Make a freshly opened reader part of this database (level, hash, cache)."""
         reader.level = level
         reader.attach_hasher(self._keyed)
-        reader.cache = self._block_cache
+        reader.attach_cache(self._block_cache)
         if self._mmap_reads:
             reader.map_file()
         return reader

@@ -567,6 +567,8 @@ class DB:
             state.dropped = True
             del self._handles[name]
             self._by_id.pop(state.id, None)
+            for reader in state.files:
+                reader.drop_cached()  # no read of this database reaches them again
             for reader in state.files if synced else ():
                 # Not closed here: a concurrent get may still hold it; the
                 # descriptor is released when the last reference goes.

@@ -1131,11 +1131,12 @@ def test_the_block_cache_never_serves_one_files_block_for_another(path, monkeypa
     """Three tables hold the same keys in files of the same shape, each file
     its own values, every block in one cache: each get, get_many and scan
     answers from its own table's newest file, and the cache's books match the
-    files, through flushes, cache hits, a compaction (whose inputs' blocks
-    leave the cache) and a reopen -- on the C and the Python read paths."""
+    files, through flushes, cache hits, a compaction and a dropped table
+    (whose files' blocks leave the cache) and a reopen -- on the C and the
+    Python read paths."""
     if not c_getter:
         monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
-    names = ("t1", "t2", "t3")
+    names = ["t1", "t2", "t3"]
     keys = [b"key%05d" % i for i in range(600)]
     model: dict[str, dict[bytes, bytes]] = {name: {} for name in names}
 
@@ -1168,6 +1169,12 @@ def test_the_block_cache_never_serves_one_files_block_for_another(path, monkeypa
                   for r in d._tables["t2"].files]
         d.compact("t2")
         check(d, gone=inputs)
+        dropped = [(r.cache_base, r.cache_base + len(r.index_keys))
+                   for r in d._tables["t3"].files]
+        d.drop_table("t3")
+        names.remove("t3")
+        _cache_books_match_the_files(d, gone=inputs + dropped)
+        check(d)
     finally:
         d.close()
     d = lsmdb.open(path, auto_compaction=False)

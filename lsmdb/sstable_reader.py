@@ -132,10 +132,12 @@ class SSTableReader:
         ``cache_base = cache.reserve(blocks)``, block ``i`` under
         ``cache_base + i``, however many blocks the file has.  Blocks cached
         under a range this reader held before are dropped from their cache.
-        The DB attaches its cache before it publishes the reader."""
+        The DB attaches its cache before it publishes the reader.
+        OverflowError, the reader left as it was, if the cache's keys are
+        spent (which takes 2**64 blocks: see :mod:`lsmdb.cache`)."""
+        base = cache.reserve(len(self.index_keys)) if cache is not None else 0
         self.drop_cached()
-        self.cache_base = cache.reserve(len(self.index_keys)) if cache is not None else 0
-        self._cache = cache
+        self.cache_base, self._cache = base, cache
 
     def drop_cached(self) -> None:
         """Drop this file's blocks from its cache (the file left the database)."""

@@ -268,3 +268,22 @@ def test_files_of_more_than_2_24_blocks_never_share_a_block_cache_key(tmp_path, 
         assert r.block_cache_hits == 5
     a.drop_cached()  # file 2 leaves: file 3's blocks stay
     assert sorted(k - b.cache_base for k, _size, _marked in cache.entries()) == sorted(edges)
+
+
+@pytest.mark.parametrize("make", CACHES, ids=lambda c: c.__name__)
+def test_attach_cache_refuses_a_spent_cache_and_leaves_the_reader_as_it_was(tmp_path, make):
+    path = str(tmp_path / "t.sst")
+    write_sstable(path, [(b"k%04d" % i, b"v" * 50) for i in range(200)], fp_chance=0.01,
+                  block_size=1024)
+    with closing(SSTableReader(path, 1)) as r:
+        first, spent = make(1 << 20), make(1 << 20)
+        r.attach_cache(first)
+        base = r.cache_base
+        r.load_block(0)
+        spent.reserve(2**64 - len(r.index_keys))  # one key short of a range for r
+        with pytest.raises(OverflowError):
+            r.attach_cache(spent)
+        assert r.cache is first and r.cache_base == base and len(first) == 1
+        r.attach_cache(None)  # detached: its blocks leave the cache
+        assert r.cache is None and len(first) == 0
+        assert r.load_block(0) == r.read_data_block(0, False)

@@ -1389,8 +1389,10 @@ typedef struct {
 #define ADMISSION_BITS_PER_KEY 64
 #define ADMISSION_MAX_BITS ((uint64_t)1 << 26)   /* 8 MiB of bits */
 
-/* splitmix64's finaliser: cache keys are (file number << 24) | block index,
- * whose low bits alone would crowd a few words */
+/* splitmix64's finaliser: cache keys are runs of consecutive ints (a
+ * reader's base + block index, lsmdb/cache.py), whose low bits alone would
+ * fill the table's slots in long runs that a lookup of an absent key walks
+ * to the end; mixed, they land as random keys would (tests/test_cache.py) */
 static inline uint64_t
 admission_mix(uint64_t x)
 {
@@ -1635,8 +1637,10 @@ static PyTypeObject AdmissionType = {
  * the Admission of a full cache's reads.  The table is open addressing with
  * linear probing on the keys' splitmix64 mix; the clock's ring is a circular
  * array of the cached blocks' keys, oldest first, one per cached block
- * (eviction pops the blocks it drops, evict_file rebuilds it without its
- * blocks; a replaced block keeps its place).  A block counting more than
+ * (eviction pops the blocks it drops, evict_range rebuilds it without its
+ * blocks; a replaced block keeps its place).  Keys are handed out by
+ * reserve, a range of consecutive keys per reader from a 64-bit counter
+ * that only goes up and refuses to wrap.  A block counting more than
  * 4 GiB (or than the budget) is not cached.  Every method
  * runs under the GIL without letting it go (a block's release can run no
  * Python code for the bytes the read path caches), so threads need no lock,
@@ -1663,6 +1667,7 @@ typedef struct {
     size_t rcap, rhead, rlen;       /* rcap a power of two */
     Py_ssize_t capacity, used;      /* bytes */
     Py_ssize_t min_window, window_divisor;
+    uint64_t next_key;              /* the first key reserve has not handed out */
     Admission *admission;
 } Cache;
 
@@ -1834,15 +1839,15 @@ cache_put(Cache *c, uint64_t key, PyObject *block, Py_ssize_t size)
     return 0;
 }
 
-/* Drop every block of file `number` (keys number << 24 | block), and their
- * items from the ring.  0, or -1 with an exception set. */
+/* Drop every block with a key in [lo, hi) (a file's range, from reserve),
+ * and their items from the ring.  0, or -1 with an exception set. */
 static int
-cache_evict_file(Cache *c, uint64_t number)
+cache_evict_range(Cache *c, uint64_t lo, uint64_t hi)
 {
     Py_ssize_t dropped = 0;
     PyObject **blocks = NULL;
     for (size_t j = 0; j < c->nslots; j++)
-        if (c->slots[j].state == SLOT_LIVE && (c->slots[j].key >> 24) == number)
+        if (c->slots[j].state == SLOT_LIVE && c->slots[j].key >= lo && c->slots[j].key < hi)
             dropped++;
     if (dropped == 0)
         return 0;
@@ -1853,7 +1858,7 @@ cache_evict_file(Cache *c, uint64_t number)
     }
     Py_ssize_t n = 0;
     for (size_t j = 0; j < c->nslots; j++)
-        if (c->slots[j].state == SLOT_LIVE && (c->slots[j].key >> 24) == number)
+        if (c->slots[j].state == SLOT_LIVE && c->slots[j].key >= lo && c->slots[j].key < hi)
             blocks[n++] = cache_drop(c, (Py_ssize_t)j);
     size_t kept = 0, len = c->rlen;
     for (size_t j = 0; j < len; j++) {  /* the ring without them, in order */
@@ -2048,13 +2053,57 @@ Cache_admit_reread(Cache *self, PyObject *key)
     return cache_ready(self) ? admission_answer(self->admission, key, 1) : NULL;
 }
 
+/* An int from Python in [0, 2**64) in *out, what: its name for the errors
+ * (TypeError if not an int, ValueError out of range); 0, or -1. */
+static int
+u64_arg(PyObject *o, const char *what, uint64_t *out)
+{
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int", what);
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be >= 0 and < 2**64", what);
+        }
+        return -1;
+    }
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* reserve(nblocks): the first of nblocks consecutive keys no caller got
+ * before nor will get (the counter only goes up); OverflowError, reserving
+ * nothing, if the range would reach 2**64. */
 static PyObject *
-Cache_evict_file(Cache *self, PyObject *number)
+Cache_reserve(Cache *self, PyObject *arg)
 {
     uint64_t n;
-    if (!cache_ready(self) || cache_key_arg(number, &n) < 0)
+    if (!cache_ready(self) || u64_arg(arg, "nblocks", &n) < 0)
         return NULL;
-    if (cache_evict_file(self, n) < 0)
+    uint64_t base = self->next_key;
+    if (n > UINT64_MAX - base) {
+        PyErr_SetString(PyExc_OverflowError, "the block cache's keys are spent (2**64 reserved)");
+        return NULL;
+    }
+    self->next_key = base + n;
+    return PyLong_FromUnsignedLongLong((unsigned long long)base);
+}
+
+static PyObject *
+Cache_evict_range(Cache *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint64_t lo, hi;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "evict_range(lo, hi)");
+        return NULL;
+    }
+    if (!cache_ready(self) || u64_arg(args[0], "a cache key", &lo) < 0
+            || u64_arg(args[1], "a cache key", &hi) < 0)
+        return NULL;
+    if (cache_evict_range(self, lo, hi) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -2124,8 +2173,10 @@ static PyMethodDef Cache_methods[] = {
      "admit(key) -> whether to cache the block a get read from disk"},
     {"admit_reread", (PyCFunction)Cache_admit_reread, METH_O,
      "admit_reread(key) -> whether to cache the block of a false positive: on its second read"},
-    {"evict_file", (PyCFunction)Cache_evict_file, METH_O,
-     "evict_file(number): drop every block of a file"},
+    {"reserve", (PyCFunction)Cache_reserve, METH_O,
+     "reserve(nblocks) -> the first of nblocks keys of a reader's own: block i's is that + i"},
+    {"evict_range", (PyCFunction)(void (*)(void))Cache_evict_range, METH_FASTCALL,
+     "evict_range(lo, hi): drop every block with a key in [lo, hi)"},
     {"entries", (PyCFunction)Cache_entries, METH_NOARGS,
      "entries() -> [(key, size, marked)], oldest first"},
     {NULL, NULL, 0, NULL},
@@ -2608,14 +2659,16 @@ index_words_init(Entry *e)
 }
 
 /* The block cache's key of block i of a file whose key base is base (an
- * int): base | i in *key; 0, or -1 with an exception set. */
+ * int, the first of the range Cache.reserve gave the file's reader, one
+ * key per block, so that base + i stays in it for 0 <= i < its blocks):
+ * base + i in *key; 0, or -1 with an exception set. */
 static int
 block_cache_key(PyObject *base, Py_ssize_t i, uint64_t *key)
 {
     unsigned long long b = PyLong_AsUnsignedLongLong(base);
     if (b == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
-    *key = b | (unsigned long long)i;
+    *key = (uint64_t)b + (uint64_t)i;
     return 0;
 }
 
@@ -3034,7 +3087,7 @@ disk_block_find(const unsigned char *buf, size_t size, PyObject *key, const unsi
 
 /* Offer block i of file entry item (reader, index_keys, base, counts),
  * whose checksum-verified payload is p[0:size], to the cache: if its
- * admission takes base | i (admission_admit for a block that held the key
+ * admission takes base + i (admission_admit for a block that held the key
  * looked up; admission_admit_reread for a false positive's), cache its
  * block_entry there, counting that entry's size.  0, or -1 on error. */
 static int

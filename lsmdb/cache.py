@@ -1,9 +1,21 @@
 """A data-block cache with a byte budget, shared by every SSTable of a DB.
 
-Entries are keyed by an int, ``cache_key(file number, block index)``, and
-hold the block as one ``bytes``: its payload as on disk (checksum verified
-and read whole once without a fault), then, with the C speedups, its
-entries' offsets (``_speedups.block_entry``; a lookup bisects the keys
+Entries are keyed by an int that no other block in the same cache shares,
+whatever the size of the files: each SSTable reader attached to the cache
+takes a range of keys of its own, one per data block, ``base =
+cache.reserve(nblocks)``, and its block ``i`` is cached under ``base + i``.
+The ranges come from a counter the cache owns, which only goes up: a file's
+range is never handed out again, so its blocks can be dropped when it leaves
+the database (``evict_range(base, base + nblocks)``) or left to age out.
+Keys stay below 2**64, as the C books store them: ``reserve`` refuses
+(OverflowError) a range that would reach 2**64 rather than wrap.  That
+cannot happen in practice: every key reserved is one index entry a reader
+read from disk, and at a billion of them a second, 2**64 would take some
+585 years.
+
+Entries hold the block as one ``bytes``: its payload as on disk (checksum
+verified and read whole once without a fault), then, with the C speedups,
+its entries' offsets (``_speedups.block_entry``; a lookup bisects the keys
 through them, ``entry_find``).  The budget counts those bytes.  Decoded
 ``(keys, values)`` lists, which the cache held before, took about twice the
 budget in Python objects, and a full cache spent more decoding and freeing
@@ -29,7 +41,7 @@ their marks (a test runs them side by side):
   ring: taking the oldest is O(1); ``next(iter(dict))`` is not, since a dict
   keeps the slots of keys popped from its front until it next resizes).  A
   lookup and a hit's mark are one dict or set operation each under the GIL;
-  ``put`` and ``evict_file`` hold the cache's lock; a race between a lookup
+  ``put``, ``reserve`` and ``evict_range`` hold the cache's lock; a race between a lookup
   and an eviction can at worst turn a hit into a miss, and one between two
   admits misjudge one block's admission.
 
@@ -72,7 +84,6 @@ except ImportError:  # pragma: no cover - no C compiler when installed
     _CCache = None  # type: ignore[assignment,misc]
 
 DEFAULT_BLOCK_CACHE_SIZE_BYTES = 32 * 1024 * 1024
-_BLOCK_BITS = 24  # block index bits in a cache key: 16M blocks per file
 #: admit remembers at least this many blocks it turned away ...
 MIN_GHOSTS = 1024
 #: ... otherwise the reads of 1/WINDOW_DIVISOR as many blocks as it holds,
@@ -155,10 +166,6 @@ class PyAdmission:
         return False
 
 
-def cache_key(number: int, block: int) -> int:
-    return (number << _BLOCK_BITS) | block
-
-
 def max_window(capacity_bytes: int) -> int:
     """The longest window of turned-away reads a cache of this budget remembers."""
     return max(MIN_GHOSTS, capacity_bytes // BYTES_PER_REMEMBERED)
@@ -170,11 +177,12 @@ class PyBlockCache:
     is ``CBlockCache`` where they are built; the two behave alike).
 
     ``lookup(key)`` (a bound ``dict.get``) is what the read path calls;
-    ``touch(key)`` marks a hit.
+    ``touch(key)`` marks a hit.  A reader's keys come from ``reserve``.
     """
 
     __slots__ = ("capacity_bytes", "used_bytes", "_map", "_sizes", "_marked", "_ring", "_lock",
-                 "admission", "_max_window", "lookup", "touch", "admit", "admit_reread")
+                 "_next_key", "admission", "_max_window", "lookup", "touch", "admit",
+                 "admit_reread")
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -184,6 +192,7 @@ class PyBlockCache:
         self._marked: set[int] = set()
         self._ring: deque[int] = deque()  # the cached keys, oldest first
         self._lock = threading.Lock()
+        self._next_key = 0  # the first key no reader has reserved
         self._max_window = max_window(capacity_bytes)
         #: which blocks read from disk a full cache takes in
         self.admission = PyAdmission(self._max_window)
@@ -259,10 +268,37 @@ class PyBlockCache:
                 continue
             self._drop(oldest)
 
-    def evict_file(self, number: int) -> None:
-        """Drop every block of a file that left the database."""
+    def reserve(self, nblocks: int) -> int:
+        """The first of ``nblocks`` keys no other caller of this cache got nor
+        will get: a reader's block ``i`` is cached under the answer plus ``i``.
+        OverflowError, reserving nothing, if the range would reach 2**64 (see
+        the module's docstring).  O(1).
+
+        >>> cache = PyBlockCache(1 << 20)
+        >>> cache.reserve(3), cache.reserve(2), cache.reserve(1)
+        (0, 3, 5)
+        """
+        if not isinstance(nblocks, int):
+            raise TypeError("nblocks must be an int")
+        if not 0 <= nblocks <= _MASK64:
+            raise ValueError("nblocks must be >= 0 and < 2**64")
         with self._lock:
-            gone = [k for k in self._sizes if k >> _BLOCK_BITS == number]
+            base = self._next_key
+            if nblocks > _MASK64 - base:
+                raise OverflowError("the block cache's keys are spent (2**64 reserved)")
+            self._next_key = base + nblocks
+            return base
+
+    def evict_range(self, lo: int, hi: int) -> None:
+        """Drop every cached block with a key in ``[lo, hi)``: the blocks of a
+        file that left the database.  O(cached blocks)."""
+        for bound in (lo, hi):
+            if not isinstance(bound, int):
+                raise TypeError("a cache key must be an int")
+            if not 0 <= bound <= _MASK64:
+                raise ValueError("a cache key must be >= 0 and < 2**64")
+        with self._lock:
+            gone = [k for k in self._sizes if lo <= k < hi]
             if not gone:
                 return
             for key in gone:

@@ -142,9 +142,7 @@ class Compactor:
             state.publish()
             if job.pointer is not None:
                 state.compact_pointer[job.pointer[0]] = job.pointer[1]
-        cache = db._block_cache
         for r in job.inputs:
             unlink_quietly(r.path)  # readers still holding it keep their descriptor
-            if cache is not None:
-                cache.evict_file(r.number)
+            r.drop_cached()
         db._save_counters()

@@ -214,7 +214,7 @@ class DB:
         """Make a freshly opened reader part of this database (level, hash, cache)."""
         reader.level = level
         reader.attach_hasher(self._keyed)
-        reader.cache = self._block_cache
+        reader.attach_cache(self._block_cache)
         if self._mmap_reads:
             reader.map_file()
         return reader
@@ -708,6 +708,8 @@ class DB:
             state.dropped = True
             del self._handles[name]
             self._by_id.pop(state.id, None)
+            for reader in state.files:
+                reader.drop_cached()  # no read of this database reaches them again
             for reader in state.files if synced else ():
                 # Not closed here: a concurrent get may still hold it; the
                 # descriptor is released when the last reference goes.

@@ -80,7 +80,7 @@ def make_getter(db: DB, state: TableState) -> Any:
             if i == len(index_keys):
                 counts[FALSE_POSITIVES] += 1
                 return missing
-            block = lookup(base | i) if lookup is not None else None
+            block = lookup(base + i) if lookup is not None else None
         else:
             block = None
         if block is None:
@@ -89,7 +89,7 @@ def make_getter(db: DB, state: TableState) -> Any:
                 counts[FALSE_POSITIVES] += 1
                 return missing
             return find_in(block, counts, key)
-        touch(base | i)
+        touch(base + i)
         counts[BLOCK_CACHE_HITS] += 1
         value = reader.find_in_cached(i, block, key)
         counts[FALSE_POSITIVES if value is missing else TRUE_POSITIVES] += 1

@@ -19,7 +19,6 @@ from typing import Any
 
 from . import block as blk
 from .bloom import FAST_HASHER, BloomFilter, Hasher
-from .cache import cache_key
 from .coding import BLOCK_TRAILER_SIZE, CRC32_RESIDUE, crc32
 from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
 from .files import open_for_reading
@@ -90,7 +89,9 @@ class SSTableReader:
     def __init__(self, path: str, number: int = 0, data: bytes | None = None) -> None:
         self.path = path
         self.number = number
-        self.cache_base = cache_key(number, 0)  # | block index: the block's cache key
+        #: The first of this reader's range of keys in its cache (attach_cache):
+        #: block i is cached under cache_base + i.
+        self.cache_base = 0
         self.filter_error: str | None = None
         self.level = 0
         #: Hash function for this file's filter when it is keyed (set by the DB
@@ -100,8 +101,7 @@ class SSTableReader:
         # Counters (#4): cumulative, never reset on read; named by the
         # ArrayCounter attributes below (the C read path counts into slots 0, 1).
         self.counts = array("Q", bytes(8 * len(FILE_COUNTERS)))
-        #: Shared block cache of payloads (set by the DB), or None.
-        self.cache: Any = None
+        self._cache: Any = None  # the shared block cache of payloads, or None
         self._fd = -1
         self._parked = -1  # the descriptor's number after close (see close)
         #: The file mapped read-only (map_file), or None: the C getter
@@ -121,6 +121,29 @@ class SSTableReader:
             self._data = data
             self.size_bytes = len(data)
             self._load(self._slice)
+
+    @property
+    def cache(self) -> Any:
+        """The block cache this reader's blocks go through (``attach_cache``), or None."""
+        return self._cache
+
+    def attach_cache(self, cache: Any) -> None:
+        """Cache this file's data blocks in ``cache`` (None: in none), under a
+        range of keys no other reader of that cache shares, one per block:
+        ``cache_base = cache.reserve(blocks)``, block ``i`` under
+        ``cache_base + i``, however many blocks the file has.  Blocks cached
+        under a range this reader held before are dropped from their cache.
+        The DB attaches its cache before it publishes the reader.
+        OverflowError, the reader left as it was, if the cache's keys are
+        spent (which takes 2**64 blocks: see :mod:`lsmdb.cache`)."""
+        base = cache.reserve(len(self.index_keys)) if cache is not None else 0
+        self.drop_cached()
+        self.cache_base, self._cache = base, cache
+
+    def drop_cached(self) -> None:
+        """Drop this file's blocks from its cache (the file left the database)."""
+        if self._cache is not None:
+            self._cache.evict_range(self.cache_base, self.cache_base + len(self.index_keys))
 
     range_skips = ArrayCounter(RANGE_SKIPS)
     filter_negatives = ArrayCounter(FILTER_NEGATIVES)  # the filter said no: a read skipped
@@ -313,7 +336,7 @@ class SSTableReader:
         raw, _offset = self._read_raw(i)
         held = block_may_hold(raw, key)
         block = self.decode_raw(i, raw) if held else None  # a malformed block raises here
-        if self.cache is not None:
+        if self._cache is not None:
             self.offer_block(i, raw[:-BLOCK_TRAILER_SIZE], held)
         return block
 
@@ -388,8 +411,8 @@ class SSTableReader:
     def cached_block(self, i: int) -> tuple[list[bytes], list[bytes | None]] | None:
         """Data block ``i`` decoded from the cache's copy, if the cache holds
         it (marked as used; not counted)."""
-        cache = self.cache
-        entry = cache.get(self.cache_base | i) if cache is not None else None
+        cache = self._cache
+        entry = cache.get(self.cache_base + i) if cache is not None else None
         return None if entry is None else self._decode_cached(i, entry)
 
     def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
@@ -416,15 +439,15 @@ class SSTableReader:
         held a key looked up in it, else as a false positive's
         (``BlockCache.admit_reread``: only on its second read), as the C
         getter offers the blocks it reads."""
-        cache = self.cache
-        if cache is not None and (cache.admit if held else cache.admit_reread)(self.cache_base | i):
+        cache = self._cache
+        if cache is not None and (cache.admit if held else cache.admit_reread)(self.cache_base + i):
             self._remember(i, payload)
 
     def _remember(self, i: int, payload: bytes) -> None:
         """Cache data block ``i`` from its payload (checksum verified and
         decoded): with the C speedups as ``block_entry`` makes it (not cached
         if that refuses it), else the payload itself."""
-        if self.cache is None:
+        if self._cache is None:
             return
         entry = payload
         if _block_entry is not None:
@@ -432,7 +455,7 @@ class SSTableReader:
                 entry = _block_entry(payload)
             except ValueError:
                 return
-        self.cache.put(self.cache_base | i, entry, len(entry))
+        self._cache.put(self.cache_base + i, entry, len(entry))
 
     def iter_range(self, start: bytes | None, end: bytes | None,
                    reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
@@ -456,12 +479,12 @@ class SSTableReader:
         i = 0 if start is None else bisect_left(index_keys, start)
         last = nblocks - 1 if end is None else min(bisect_left(index_keys, end), nblocks - 1)
         order = range(i, last + 1) if not reverse else range(last, i - 1, -1)
-        lookup = self.cache.lookup if self.cache is not None else None
+        lookup = self._cache.lookup if self._cache is not None else None
         base = self.cache_base
         ahead: dict[int, bytes | memoryview] = {}  # blocks read ahead, not yet yielded
         span = 1                      # blocks the next read ahead takes
         for n, b in enumerate(order):
-            block = lookup(base | b) if lookup is not None else None
+            block = lookup(base + b) if lookup is not None else None
             if block is None:
                 raw = ahead.pop(b, None)
                 if raw is None:

@@ -1,18 +1,20 @@
 """The block cache (lsmdb/cache.py): its byte budget, second-chance eviction
-in the order blocks came in, a file's blocks dropped when it leaves, the ring
-of keys beside the dict holding each cached block once however blocks leave,
-and the admission of a full cache's blocks on their second read (in C and
-in Python, alike)."""
+in the order blocks came in, the ranges of keys it reserves for its readers
+(one key per block, never shared, however many blocks a file has), a file's
+blocks dropped when it leaves, the ring of keys beside the dict holding each
+cached block once however blocks leave, and the admission of a full cache's
+blocks on their second read (in C and in Python, alike)."""
 
 from __future__ import annotations
 
 import random
 import threading
+from itertools import pairwise
 
 import pytest
 
 from lsmdb import cache as cache_module
-from lsmdb.cache import MIN_GHOSTS, BlockCache, PyAdmission, PyBlockCache, cache_key
+from lsmdb.cache import MIN_GHOSTS, BlockCache, PyAdmission, PyBlockCache, _mix
 
 try:
     from lsmdb._speedups import Admission as CAdmission
@@ -115,14 +117,69 @@ def test_a_block_larger_than_the_budget_is_not_cached(make):
     assert len(cache) == 0 and cache.used_bytes == 0 and cache.entries() == []
 
 
-def test_evict_file_drops_only_that_files_blocks_and_their_place_in_the_ring(make):
+def disjoint(ranges: list[tuple[int, int]]) -> bool:
+    """No two of the [lo, hi) ranges share an int."""
+    ranges = sorted(ranges)
+    return all(hi <= lo2 for (_lo, hi), (lo2, _hi2) in pairwise(ranges))
+
+
+def test_reserve_hands_out_ranges_that_never_share_a_key_however_many_blocks(make):
+    """Each reader's range [base, base + blocks) is its own, for any block
+    count: past 2**24 blocks, where keys of the form (file << 24) | block
+    would give a block of one file the key of a block of the next."""
+    cache = make(1 << 20)
+    counts = [2**24 + 2, 3, 2**24, 1, 0, 2**32 + 7, 2**24 + 1, 5]
+    bases = [cache.reserve(n) for n in counts]
+    ranges = [(b, b + n) for b, n in zip(bases, counts, strict=True)]
+    assert disjoint(ranges) and all(0 <= lo <= hi < 2**64 for lo, hi in ranges)
+    # the blocks at each range's edges and past 2**24, cached side by side
+    edges = {(f, i) for f, n in enumerate(counts)
+             for i in (0, 1, n - 2, n - 1, 2**24, 2**24 + 1) if 0 <= i < n}
+    keys = {bases[f] + i: (f, i) for f, i in edges}
+    assert len(keys) == len(edges)  # no two blocks share a key
+    for key, block in keys.items():
+        cache.put(key, block, 1)
+    assert all(cache.lookup(key) == block for key, block in keys.items())
+
+
+def test_reserve_refuses_to_wrap_and_bad_counts(make):
+    cache = make(1000)
+    assert cache.reserve(2**64 - 10) == 0
+    with pytest.raises(OverflowError):
+        cache.reserve(10)  # would reach 2**64: nothing reserved
+    assert cache.reserve(9) == 2**64 - 10  # its keys end at 2**64 - 2
+    assert cache.reserve(0) == 2**64 - 1
+    with pytest.raises(OverflowError):
+        cache.reserve(1)
+    cache.put(2**64 - 2, "last", 10)
+    cache.put(0, "first", 10)
+    assert cache.lookup(2**64 - 2) == "last" and cache.lookup(0) == "first"
+    for bad, error in ((-1, ValueError), (2**64, ValueError), ("3", TypeError),
+                       (3.0, TypeError)):
+        with pytest.raises(error):
+            make(1000).reserve(bad)
+    for lo, hi, error in ((-1, 3, ValueError), (0, 2**64 + 1, ValueError), (0, "9", TypeError)):
+        with pytest.raises(error):
+            cache.evict_range(lo, hi)
+    assert len(cache) == 2
+
+
+def test_evict_range_drops_only_that_files_blocks_and_their_place_in_the_ring(make):
     cache = make(1 << 30)  # never full: nothing leaves by eviction
-    for number in range(1, 200):
-        fill(cache, [cache_key(number, b) for b in range(20)])
-        cache.evict_file(number - 1)
+    before = None
+    for _ in range(200):
+        base = cache.reserve(20)
+        fill(cache, range(base, base + 20))
+        if before is not None:
+            cache.evict_range(before, before + 20)
+        before = base
         assert len(cache) == 20 and cache.used_bytes == 2000
-        assert all(cache.lookup(cache_key(number, b)) for b in range(20))
-        assert sorted(ring(cache)) == sorted(cache_key(number, b) for b in range(20))
+        assert all(cache.lookup(base + b) for b in range(20))
+        assert sorted(ring(cache)) == list(range(base, base + 20))
+    cache.evict_range(before + 5, before + 15)  # a range's middle: its ends stay
+    assert sorted(ring(cache)) == [*range(before, before + 5), *range(before + 15, before + 20)]
+    cache.evict_range(before + 3, before + 3)  # an empty range drops nothing
+    assert len(cache) == 10
 
 
 def test_the_ring_holds_every_cached_block_in_a_random_workload(make):
@@ -131,33 +188,45 @@ def test_the_ring_holds_every_cached_block_in_a_random_workload(make):
     block once (so each can be evicted) and nothing else."""
     rng = random.Random(7)
     cache = make(5000)
+    files = [cache.reserve(40) for _ in range(7)]
     for _ in range(20_000):
         op = rng.random()
-        key = cache_key(rng.randrange(1, 8), rng.randrange(40))
+        key = rng.choice(files) + rng.randrange(40)
         if op < 0.6:
             cache.put(key, key, rng.randrange(1, 400))
         elif op < 0.95:
             cache.get(key)
         else:
-            cache.evict_file(rng.randrange(1, 8))
+            base = rng.choice(files)
+            cache.evict_range(base, base + 40)
         books_straight(cache, 5000)
 
 
-def test_threads_putting_and_dropping_keep_the_books_straight(make):
+def test_threads_reserving_putting_and_dropping_keep_the_books_straight(make):
+    """Threads reserving at once get ranges no two of which share a key."""
     cache = make(20_000)
+    files = [cache.reserve(100) for _ in range(5)]
+    reserved: list[tuple[int, int]] = []
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
         for _ in range(5000):
-            key = cache_key(rng.randrange(1, 6), rng.randrange(100))
-            if rng.random() < 0.02:
-                cache.evict_file(rng.randrange(1, 6))
+            base = rng.choice(files)
+            key = base + rng.randrange(100)
+            op = rng.random()
+            if op < 0.02:
+                cache.evict_range(base, base + 100)
+            elif op < 0.1:
+                n = rng.randrange(1, 2**30)
+                reserved.append((cache.reserve(n), n))
             else:
                 cache.put(key, key, rng.randrange(1, 300))
                 cache.get(key)
 
     run_threads(work)
     books_straight(cache, 20_000)
+    ranges = [(b, b + 100) for b in files] + [(b, b + n) for b, n in reserved]
+    assert len(reserved) > 1000 and disjoint(ranges)
 
 
 def test_a_full_cache_admits_a_block_on_its_second_read_among_the_last_reads(make):
@@ -207,7 +276,7 @@ def test_room_in_the_cache_admits_every_block_and_books_follow_evictions(make):
     assert all(cache.admit(k) for k in range(100, 200))
     fill(cache, [9])
     assert cache.admission.full
-    cache.evict_file(0)  # keys 0..9 belong to file 0: the cache is empty again
+    cache.evict_range(0, 10)  # every block cached: the cache is empty again
     assert len(cache) == 0 and not cache.admission.full
     assert all(cache.admit(k) for k in range(100, 200))
 
@@ -256,6 +325,42 @@ def test_the_c_admission_and_its_python_twin_decide_alike():
         assert twins[0].count == twins[1].count < twins[0].window
 
 
+def test_the_mix_spreads_runs_of_consecutive_keys_as_it_does_random_keys():
+    """A cache's keys are runs of consecutive ints (a reader's base + block
+    index).  The C table's slots (linear probing) and the admission's bits
+    are picked by the low bits of ``_mix`` of a key (the C ``admission_mix``,
+    bit for bit: the twin test above).  Slots picked by the keys' own low
+    bits would fill in one run, which a lookup of an absent key walks to its
+    end; mixed, such a lookup takes the 2.5 probes random keys would at a
+    load of one half, and 1,024 consecutive keys set about the 1,016 distinct
+    bits of 65,536 that random keys would."""
+
+    def absent_lookup_probes(keys: list[int], slot) -> float:
+        """Mean probes of a lookup of an absent key into a table of twice
+        len(keys) slots holding keys, up to and including the empty slot."""
+        n = 2 * len(keys)
+        taken = bytearray(n)
+        for k in keys:
+            i = slot(k) % n
+            while taken[i]:
+                i = (i + 1) % n
+            taken[i] = 1
+        total, run = 0, 0
+        for j in range(2 * n - 1, -1, -1):  # twice round: runs that wrap
+            run = run + 1 if taken[j % n] else 1
+            if j < n:
+                total += run
+        return total / n
+
+    runs = [*range(1 << 14), *range(2**40 + 12345, 2**40 + 12345 + 8192),
+            *range(2**63, 2**63 + 8192)]
+    assert absent_lookup_probes(runs, _mix) < 2.75
+    assert absent_lookup_probes(list(range(1 << 15)), lambda k: k) > 1000  # what mixing avoids
+    for base in (0, 2**24 - 512, 2**40 + 3, 2**64 - 2048):
+        bits = {_mix(k) & 0xFFFF for k in range(base, base + 1024)}
+        assert len(bits) >= 1000
+
+
 @pytest.mark.parametrize("admission", [PyAdmission] + ([CAdmission] if CAdmission else []))
 def test_admission_refuses_bad_settings(admission):
     with pytest.raises(ValueError):
@@ -298,18 +403,31 @@ def test_threads_admitting_and_putting_keep_the_books_straight(make):
 @pytest.mark.skipif(CAdmission is None, reason="needs the C speedups")
 @pytest.mark.parametrize("seed", range(4))
 def test_the_c_books_and_the_python_books_agree_step_by_step(seed):
-    """The Python books are the reference: given the same puts, hits, re-puts,
-    admissions, dropped files and blocks too large, the C books hold the same
-    blocks in the same order with the same sizes and marks, answer every
-    lookup alike and admit alike -- through a table that grows, fills with
-    dropped slots and is rebuilt many times over."""
+    """The Python books are the reference: given the same reservations, puts,
+    hits, re-puts, admissions, dropped files and blocks too large, the C books
+    hand out the same ranges, hold the same blocks in the same order with the
+    same sizes and marks, answer every lookup alike and admit alike --
+    through a table that grows, fills with dropped slots and is rebuilt many
+    times over.  Files of more than 2**24 blocks among them have blocks
+    cached on both sides of block 2**24 and of their neighbours' edges."""
     rng = random.Random(seed)
     budget = rng.choice([3_000, 20_000, 200_000])
     py, c = PyBlockCache(budget), cache_module.CBlockCache(budget)
-    files = rng.randrange(2, 12)
+    files: list[tuple[int, int]] = []  # (base, blocks) of each file's range
+
+    def new_file() -> None:
+        n = rng.choice([50, 500, 5000, 2**24 + 3, 2**33])
+        base = py.reserve(n)
+        assert c.reserve(n) == base
+        files.append((base, n))
+
+    for _ in range(rng.randrange(2, 12)):
+        new_file()
     for step in range(30_000):
         op = rng.random()
-        key = cache_key(rng.randrange(1, files), rng.randrange(rng.choice([50, 500, 5000])))
+        base, n = rng.choice(files)
+        i = rng.randrange(min(n, rng.choice([50, 500, 5000])))
+        key = base + rng.choice([i, n - 1 - i, min(2**24 + i, n - 1)])
         if op < 0.45:
             size = rng.choice([rng.randrange(1, 300), rng.randrange(1, budget + 50)])
             block = ("block", key, step)
@@ -324,10 +442,11 @@ def test_the_c_books_and_the_python_books_agree_step_by_step(seed):
             assert py.admit(key) == c.admit(key), step
         elif op < 0.97:
             assert py.admit_reread(key) == c.admit_reread(key), step
+        elif op < 0.99:
+            py.evict_range(base, base + n)
+            c.evict_range(base, base + n)
         else:
-            number = rng.randrange(1, files)
-            py.evict_file(number)
-            c.evict_file(number)
+            new_file()
         if step % 97 == 0:
             assert py.entries() == c.entries(), step
             assert py.used_bytes == c.used_bytes and len(py) == len(c)
@@ -356,7 +475,7 @@ def test_the_c_books_refuse_bad_input_and_hold_their_blocks():
     c.put(7, block, 7)
     del block
     assert c.lookup(7) == bytearray(b"payload")  # the cache holds its own reference
-    c.evict_file(0)
+    c.evict_range(7, 8)
     assert c.lookup(7) is None and c.entries() == []
     with pytest.raises(TypeError):
         cache_module._CCache(10, "not an Admission")

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from itertools import pairwise
 
 import pytest
 
@@ -1106,3 +1107,78 @@ def test_bits_per_key_matches_the_formula(db, p):
     [after] = db.sstables("t")
     assert after.false_positives + after.filter_negatives == 4000
     assert after.false_positives <= max(10, 3 * p * 4000)
+
+
+def _cache_books_match_the_files(d: lsmdb.DB, gone: list[tuple[int, int]] = ()) -> None:
+    """Each open file's range of block-cache keys is its own; every cached
+    block lies in the range of exactly one open file and is that file's block
+    as on disk; none lies in a range of ``gone`` (files that left)."""
+    cache = d._block_cache
+    readers = [r for state in d._tables.values() for r in state.files]
+    ranges = sorted((r.cache_base, r.cache_base + len(r.index_keys)) for r in readers)
+    assert all(hi <= lo for (_lo, hi), (lo, _hi) in pairwise(ranges))
+    entries = cache.entries()
+    assert entries
+    for key, _size, _marked in entries:
+        assert not any(lo <= key < hi for lo, hi in gone)
+        [reader] = [r for r in readers if 0 <= key - r.cache_base < len(r.index_keys)]
+        i = key - reader.cache_base
+        assert reader._decode_cached(i, cache.lookup(key)) == reader.read_data_block(i, False)
+
+
+@pytest.mark.parametrize("c_getter", [True, False])
+def test_the_block_cache_never_serves_one_files_block_for_another(path, monkeypatch, c_getter):
+    """Three tables hold the same keys in files of the same shape, each file
+    its own values, every block in one cache: each get, get_many and scan
+    answers from its own table's newest file, and the cache's books match the
+    files, through flushes, cache hits, a compaction and a dropped table
+    (whose files' blocks leave the cache) and a reopen -- on the C and the
+    Python read paths."""
+    if not c_getter:
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
+    names = ["t1", "t2", "t3"]
+    keys = [b"key%05d" % i for i in range(600)]
+    model: dict[str, dict[bytes, bytes]] = {name: {} for name in names}
+
+    def check(d: lsmdb.DB, gone: list[tuple[int, int]] = ()) -> None:
+        assert (type(d.get).__name__ == "Getter") == (c_getter and lsmdb.SPEEDUPS)
+        for _ in range(2):  # cached on the first pass, hits on the second
+            for name in names:
+                t, want = d.table(name), model[name]
+                assert [t.get(k) for k in keys] == [want.get(k) for k in keys]
+                assert t.get_many(keys[::3]) == [want.get(k) for k in keys[::3]]
+                assert list(t.scan()) == sorted(want.items())
+        assert sum(r.block_cache_hits for r in d.sstables()) > 0
+        _cache_books_match_the_files(d, gone)
+
+    d = lsmdb.open(path, auto_compaction=False)
+    try:
+        for name in names:
+            d.create_table(name, block_size_bytes=256)
+        for gen in range(4):  # four files a table, the newest holding every other key
+            for name in names:
+                t = d.table(name)
+                for i, k in enumerate(keys):
+                    if gen == 0 or i % 2 == gen % 2:
+                        t.put(k, b"%s-%d-%05d" % (name.encode(), gen, i))
+                        model[name][k] = b"%s-%d-%05d" % (name.encode(), gen, i)
+            d.flush()
+            check(d)
+        assert all(len(r.index_keys) > 10 for s in d._tables.values() for r in s.files)
+        inputs = [(r.cache_base, r.cache_base + len(r.index_keys))
+                  for r in d._tables["t2"].files]
+        d.compact("t2")
+        check(d, gone=inputs)
+        dropped = [(r.cache_base, r.cache_base + len(r.index_keys))
+                   for r in d._tables["t3"].files]
+        d.drop_table("t3")
+        names.remove("t3")
+        _cache_books_match_the_files(d, gone=inputs + dropped)
+        check(d)
+    finally:
+        d.close()
+    d = lsmdb.open(path, auto_compaction=False)
+    try:
+        check(d)
+    finally:
+        d.close()

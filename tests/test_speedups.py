@@ -820,7 +820,7 @@ def test_a_block_get_many_reads_for_several_keys_is_admitted_as_its_keys_answer(
 
         def cached(key: bytes) -> bool:
             reader, i = block(key)
-            return cache.lookup(reader.cache_base | i) is not None
+            return cache.lookup(reader.cache_base + i) is not None
 
         absent = [b"key%06dx" % i for i in (1000, 1001)]  # in one block, neither there
         present = [b"key%06d" % i for i in (2000, 2001)]
@@ -1484,7 +1484,7 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
             with pytest.raises(lsmdb.CorruptionError) as exc:
                 call(key)
             assert exc.value.path == file and exc.value.offset == offset
-            assert db._block_cache.lookup(base | i) is None
+            assert db._block_cache.lookup(base + i) is None
     finally:
         db.close()
 
@@ -1507,14 +1507,14 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_
         keys = [b"key%06d" % i for i in range(1990, 4000, 3)]
         assert db.get_many(keys) == [b"v%d" % i if i % 2 == 0 else None
                                      for i in range(1990, 4000, 3)]
-        from lsmdb.cache import _BLOCK_BITS
         cache = db._block_cache
-        readers = {item[0].cache_base: item[0] for item in db._default_state.fast[5]}
+        readers = [item[0] for item in db._default_state.fast[5]]
         assert len(readers) > 1 and len(cache) > 10
         for ck, size, _marked in cache.entries():
             entry = cache.lookup(ck)
             assert size == len(entry)
-            reader = readers[ck >> _BLOCK_BITS << _BLOCK_BITS]
+            # the one file whose range of keys holds ck (the ranges never overlap)
+            [reader] = [r for r in readers if 0 <= ck - r.cache_base < len(r.index_keys)]
             i = ck - reader.cache_base
             offset, size = reader.index_offsets[i], reader.index_sizes[i]
             with open(reader.path, "rb") as f:
@@ -1638,7 +1638,7 @@ def test_a_false_positive_is_one_read_counted_and_its_block_cached_on_its_second
                 continue
             r, (reads0, hits0, fps0), (reads1, hits1, fps1) = moved[0]
             assert fps1 == fps0 + 1 and (reads1 - reads0) + (hits1 - hits0) == 1
-            ck = r.cache_base | bisect.bisect_left(r.index_keys, key)
+            ck = r.cache_base + bisect.bisect_left(r.index_keys, key)
             if reads1 > reads0:
                 disk_reads[ck] += 1
                 assert disk_reads[ck] <= 2  # cached on its second read: never read a third time
@@ -1656,7 +1656,7 @@ def test_a_false_positive_is_one_read_counted_and_its_block_cached_on_its_second
         for i in range(2000, 4000, 2):  # a present key of a block no false positive cached
             key = b"key%06d" % i
             r = next(r for r in readers if r.min_key <= key <= r.max_key)
-            if cache.lookup(r.cache_base | bisect.bisect_left(r.index_keys, key)) is None:
+            if cache.lookup(r.cache_base + bisect.bisect_left(r.index_keys, key)) is None:
                 break
         else:
             pytest.fail("every block cached")

@@ -5,18 +5,24 @@ checksum-verified payload that does not contain those bytes cannot hold the
 key.  That shortcut must never say "not here" for a key that is there, must
 still count the disk read, must not cache what it did not decode, and must
 not skip the checksum.
+
+And the reader's keys in the block cache: a range of its own, one key per
+block, however many blocks the file has.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from contextlib import closing
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lsmdb.cache import BlockCache
+from lsmdb import cache as cache_module
+from lsmdb.cache import BlockCache, PyBlockCache
 from lsmdb.errors import CorruptionError
 from lsmdb.sstable import SSTableReader, write_sstable
 
@@ -49,7 +55,7 @@ def test_false_positive_reads_and_counts_but_does_not_decode_or_cache(tmp_path):
     write_sstable(path, [(b"k%04d" % i, b"v" * 50) for i in range(0, 400, 2)], fp_chance=0.01,
                   block_size=1024)
     r = SSTableReader(path, 7)
-    r.cache = BlockCache(1 << 20)
+    r.attach_cache(BlockCache(1 << 20))
     try:
         absent = b"k0101"
         i = r.block_for(absent)
@@ -154,7 +160,7 @@ def test_a_short_walk_reads_at_most_twice_what_it_uses(tmp_path):
 def test_cached_blocks_inside_a_run_are_used_and_counted_as_hits(tmp_path):
     path, entries = _table(tmp_path, n=600)
     with closing(SSTableReader(path, 1)) as r:
-        r.cache = BlockCache(1 << 20)
+        r.attach_cache(BlockCache(1 << 20))
         for i in (1, 2, 5, 9):
             r.load_block(i)  # read (counted) and cached
         before = r.block_reads
@@ -205,3 +211,79 @@ def test_a_file_cut_short_inside_a_run_is_a_corruption_error(tmp_path, monkeypat
                 got.extend(keys)
         assert str(r.index_offsets[5]) in str(info.value)
         assert got == [k for k, _ in entries][:len(got)] and len(got) > 0
+
+
+class _EveryEntry(Sequence):
+    """An index part of ``n`` entries that are all ``item``: a file that
+    claims more blocks than a test can write, each its one real block."""
+
+    def __init__(self, item: Any, n: int) -> None:
+        self._item, self._n = item, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if not isinstance(i, int) or not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._item
+
+
+CACHES = [PyBlockCache] + ([cache_module.CBlockCache] if hasattr(cache_module, "CBlockCache")
+                           else [])
+
+
+@pytest.mark.parametrize("make", CACHES, ids=lambda c: c.__name__)
+def test_files_of_more_than_2_24_blocks_never_share_a_block_cache_key(tmp_path, make):
+    """Two files of 2**24 + 3 blocks each in one cache (read from memory,
+    their index patched so that every entry names the file's one real
+    block): a block of one, on either side of block 2**24, is never served
+    for a block of the other, and each keeps its range.  (Keys of the form
+    (file number << 24) | block would cache file 2's block 2**24 under the
+    key of file 3's block 0.)"""
+    blocks = 2**24 + 3
+    cache = make(1 << 20)
+    readers = []
+    for number, tag in ((2, b"a"), (3, b"b")):
+        path = tmp_path / f"{number}.sst"
+        write_sstable(str(path), [(b"k%d" % j, tag * 8) for j in range(4)], fp_chance=0.01,
+                      block_size=4096)
+        r = SSTableReader(str(path), number, data=path.read_bytes())
+        assert len(r.index_keys) == 1
+        for part in ("index_keys", "index_offsets", "index_sizes"):
+            setattr(r, part, _EveryEntry(getattr(r, part)[0], blocks))
+        r.attach_cache(cache)
+        readers.append(r)
+    a, b = readers
+    assert a.cache_base + blocks <= b.cache_base or b.cache_base + blocks <= a.cache_base
+    edges = (2**24, 2**24 + 1, 0, 1, blocks - 1)
+    for i in edges:  # read from "disk" and cached, file 2's blocks past 2**24 first
+        assert a.load_block(i)[1] == [b"a" * 8] * 4
+    for i in edges:
+        assert b.load_block(i)[1] == [b"b" * 8] * 4
+    assert (a.block_reads, a.block_cache_hits, b.block_reads, b.block_cache_hits) == (5, 0, 5, 0)
+    assert len(cache) == 10
+    for r, tag in ((a, b"a"), (b, b"b")):  # now every one a hit of its own block
+        assert all(r.load_block(i)[1] == [tag * 8] * 4 for i in edges)
+        assert r.block_cache_hits == 5
+    a.drop_cached()  # file 2 leaves: file 3's blocks stay
+    assert sorted(k - b.cache_base for k, _size, _marked in cache.entries()) == sorted(edges)
+
+
+@pytest.mark.parametrize("make", CACHES, ids=lambda c: c.__name__)
+def test_attach_cache_refuses_a_spent_cache_and_leaves_the_reader_as_it_was(tmp_path, make):
+    path = str(tmp_path / "t.sst")
+    write_sstable(path, [(b"k%04d" % i, b"v" * 50) for i in range(200)], fp_chance=0.01,
+                  block_size=1024)
+    with closing(SSTableReader(path, 1)) as r:
+        first, spent = make(1 << 20), make(1 << 20)
+        r.attach_cache(first)
+        base = r.cache_base
+        r.load_block(0)
+        spent.reserve(2**64 - len(r.index_keys))  # one key short of a range for r
+        with pytest.raises(OverflowError):
+            r.attach_cache(spent)
+        assert r.cache is first and r.cache_base == base and len(first) == 1
+        r.attach_cache(None)  # detached: its blocks leave the cache
+        assert r.cache is None and len(first) == 0
+        assert r.load_block(0) == r.read_data_block(0, False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import dataclasses
 import json
 import math
 import os
@@ -344,6 +345,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    """Rebuild a database that does not open from what still reads; set the rest aside in lost/."""
+    from .errors import LsmdbError
+    from .repair import repair_database
+    from .verify import verify_database
+    try:
+        report = repair_database(args.path, dry_run=args.dry_run)
+    except (LsmdbError, OSError) as exc:
+        print(f"lsmdb: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        _dump_json(dataclasses.asdict(report))
+    else:
+        for line in report.lines():
+            print(line)
+    if args.dry_run:
+        return 0
+    errors = [p for p in verify_database(args.path) if p.severity == "error"]
+    for p in errors:
+        print(p, file=sys.stderr)
+    if not args.json:
+        print("verify after repair: " + ("no errors" if not errors else f"{len(errors)} errors"))
+    return 1 if errors else 0
+
+
 def cmd_advise(args: argparse.Namespace) -> int:
     """The price list of Bloom filters for N keys."""
     from .bloom import optimal_bits, optimal_hashes, predicted_fpr_for
@@ -489,6 +515,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("verify", cmd_verify, "check every checksum and every key against its filter",
             "lsmdb verify /tmp/demo-db")
     p.add_argument("path")
+
+    p = add("repair", cmd_repair, "rebuild a database that does not open; set aside what "
+            "does not read in lost/", "lsmdb repair /tmp/demo-db")
+    p.add_argument("path")
+    p.add_argument("--dry-run", action="store_true", help="report what would be done, change "
+                   "nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = add("advise", cmd_advise, "Bloom filter price list for N keys",
             "lsmdb advise --keys 1000000 --fp 0.01 0.001 --bits-per-key 8")

@@ -502,16 +502,42 @@ class DB:
             for state in self._tables.values():
                 if len(state.mem):
                     self._freeze(state)
-            pending = [(s, list(reversed(s.imms))) for s in self._tables.values() if s.imms]
-        for state, mems in pending:
-            for mem in mems:
-                self._flush_frozen(state, mem, opening=True)
+            pending = [(s, m) for s in self._tables.values() for m in reversed(s.imms)]
+        written: list[tuple[TableState, Memtable, SSTableReader]] = []
+        try:
+            for state, mem in pending:
+                written.append((state, mem, self._write_frozen(state, mem)))
+        except BaseException:
+            for _state, _mem, reader in written:
+                reader.close()
+                unlink_quietly(reader.path)
+            raise
         with self._lock:
-            self._rotate_wal()
+            # One switch installs every file and starts the new segment: the
+            # failed segment may end in a whole record of a write that raised,
+            # and a replay must never apply it to some tables and not others.
+            for _state, _mem, reader in [w for w in written if w[0].dropped]:
+                reader.close()
+                unlink_quietly(reader.path)
+            self._install_flushed([w for w in written if not w[0].dropped], self._rotate_wal)
+        self._save_counters()
+        self._wake_background()
         log.warning("WAL segment failed (%s); every memtable was flushed and a new segment "
                     "started", cause)
 
     def _flush_frozen(self, state: TableState, mem: Memtable, opening: bool = False) -> None:
+        reader = self._write_frozen(state, mem)
+        with self._lock:
+            if state.dropped or (self._closed and not opening):
+                reader.close()
+                unlink_quietly(reader.path)
+                return
+            self._install_flushed([(state, mem, reader)], self._write_manifest)
+        self._save_counters()
+        self._wake_background()
+
+    def _write_frozen(self, state: TableState, mem: Memtable) -> SSTableReader:
+        """Write a frozen memtable to a new SSTable (fsynced) and open it; not installed."""
         with self._lock:
             number = self._alloc_file_number()
             hasher = self._hasher_for(state)
@@ -522,32 +548,36 @@ class DB:
                           fp_chance=options.bloom_filter_fp_chance,
                           block_size=options.block_size_bytes, table=state.name,
                           min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher)
-            reader = self._adopt(SSTableReader(file_path, number), 0)
+            return self._adopt(SSTableReader(file_path, number), 0)
         except BaseException:
             unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL
             raise
-        with self._lock:
-            if state.dropped or (self._closed and not opening):
-                reader.close()
-                unlink_quietly(file_path)
-                return
-            old = state.files, state.flushed_seq, state.imms
+
+    def _install_flushed(self, flushed: list[tuple[TableState, Memtable, SSTableReader]],
+                         switch: Callable[[], None]) -> None:
+        """Make each new SSTable part of its table in place of its frozen memtable, in
+        one manifest switch (``switch()``); the caller holds the lock.  If the switch
+        fails, nothing changed and the new files are removed."""
+        old = {state: (state.files, state.flushed_seq, state.imms) for state, _m, _r in flushed}
+        for state, mem, reader in flushed:
             state.files = (reader,) + state.files
-            state.flushed_seq = mem.flush_seq
+            state.flushed_seq = max(state.flushed_seq, mem.flush_seq)
             state.imms = tuple(m for m in state.imms if m is not mem)
-            try:
-                self._write_manifest()  # also retires the WAL segments no memtable needs
-            except SwitchedButNotSynced:
-                state.publish()  # the new manifest names the file: keep it
-                raise
-            except BaseException:
-                state.files, state.flushed_seq, state.imms = old
+        try:
+            switch()  # also retires the WAL segments no memtable needs
+        except SwitchedButNotSynced:
+            for state in old:
+                state.publish()  # the new manifest names the files: keep them
+            raise
+        except BaseException:
+            for state, (files, flushed_seq, imms) in old.items():
+                state.files, state.flushed_seq, state.imms = files, flushed_seq, imms
+            for _state, _mem, reader in flushed:
                 reader.close()
-                unlink_quietly(file_path)
-                raise
+                unlink_quietly(reader.path)
+            raise
+        for state in old:
             state.publish()
-        self._save_counters()
-        self._wake_background()
 
     # ----------------------------------------------------------------- reads
     def get(self, key: Any, default: Any = None) -> Any:

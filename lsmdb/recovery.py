@@ -220,14 +220,15 @@ def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
     """Remove files a crash left behind: only ever after a valid manifest was read.
 
     That is every SSTable the manifest does not name, every ``.tmp`` file,
-    and every WAL segment it does not name: older ones were retired (every
-    record in them is in an SSTable), newer ones were created for a
-    rotation whose manifest switch never became durable, and hold no record
-    -- one that does is corruption, and is left for ``lsmdb repair``.
+    and every WAL segment it does not name: one numbered below the
+    manifest's ``next_file_number`` existed when the manifest was written
+    and was retired (every record in it is in an SSTable); one numbered from
+    there on was created for a rotation whose manifest switch never became
+    durable, and holds no record -- one that does is corruption, and is left
+    for ``lsmdb repair``.
     """
     live = {fm.number for t in manifest.tables.values() for fm in t.files}
     listed = {seg.number for seg in replayed.segments}
-    newest = max(listed, default=0)
     for name in sorted(os.listdir(db.path)):
         path = os.path.join(db.path, name)
         m = SST_RE.match(name)
@@ -236,7 +237,8 @@ def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
             db._next_file = max(db._next_file, int(m.group(1)) + 1)
         elif w and int(w.group(1)) not in listed:
             number = int(w.group(1))
-            if number > newest and manifest.wal is not None and not os.path.islink(path):
+            if number >= manifest.next_file_number and manifest.wal is not None \
+                    and not os.path.islink(path):
                 result = read_segment_file(path, number)
                 if result.records:
                     raise CorruptionError("WAL segment the manifest does not name holds records",

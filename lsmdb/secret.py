@@ -9,6 +9,7 @@ answer wrongly.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 
@@ -27,8 +28,12 @@ def load_secret(directory: str) -> Hasher | None:
         secret = read_file(path)
     except FileNotFoundError:
         return None
-    except OSError as exc:  # a symbolic link (never followed), an I/O error
-        log.warning("%s: filter secret unreadable (%s); keyed filters fail open", path, exc)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            # Not "no secret": a transient error must not make the next keyed
+            # table replace a good secret.
+            raise
+        log.warning("%s is a symbolic link (never followed); keyed filters fail open", path)
         return None
     if len(secret) != SECRET_SIZE_BYTES:
         log.warning("%s: filter secret has %d bytes, expected %d; keyed filters fail open",

@@ -183,7 +183,6 @@ def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
              named_wals: set[int]) -> Iterator[Problem]:
     """Files the manifest does not name: what a crash leaves (a read-write open deletes
     them), what it cannot explain (errors), and anything that is not lsmdb's."""
-    newest_wal = max(named_wals, default=0)
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
         if name in (MANIFEST_NAME, LOCK_NAME, STATS_NAME, SECRET_NAME):
@@ -203,7 +202,7 @@ def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
                           "left it; the next read-write open deletes it)", "warning")
         elif w and int(w.group(1)) not in named_wals:
             number = int(w.group(1))
-            if manifest.wal is not None and number > newest_wal:
+            if manifest.wal is not None and number >= manifest.next_file_number:
                 try:
                     held = read_segment_file(full, number).records
                 except (LsmdbError, OSError) as exc:

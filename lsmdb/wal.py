@@ -324,3 +324,59 @@ def read_legacy_log(data: bytes, path: str = "<memory>") -> LogReadResult:
         records.append((off, data[off + WAL_HEADER_SIZE:end]))
         off = end
     return LogReadResult(records, off, False, size, LEGACY_FORMAT)
+
+
+def salvage_segment(data: bytes, number: int) -> tuple[list[tuple[int, bytes]],
+                                                       list[tuple[int, int]]]:
+    """Every whole record of a format-2 segment that still reads, for ``lsmdb repair``.
+
+    Past a defect, reading resumes at the next block start that begins a
+    record (a FULL or FIRST fragment whose checksum holds): only the writer
+    puts bytes there, so no payload can be taken for a record.  Returns the
+    records (offset, payload) and the damaged stretches (start, end) skipped.
+    """
+    seeds = crc_seeds(number)
+    size = len(data)
+    records: list[tuple[int, bytes]] = []
+    damaged: list[tuple[int, int]] = []
+    off = SEGMENT_HEADER_SIZE
+    bad_from = -1 if data[:SEGMENT_HEADER_SIZE] == SEGMENT_HEADER.pack(
+        SEGMENT_MAGIC, SEGMENT_FORMAT, number & 0xFFFFFFFF) else 0
+    record_start, pieces = -1, list[bytes]()
+    while off < size:
+        left = BLOCK_SIZE_BYTES - off % BLOCK_SIZE_BYTES
+        if left < FRAGMENT_HEADER_SIZE:
+            off += left
+            continue
+        found = _fragment_at(data, off, size, seeds)
+        kind = found[0] if found else 0
+        resuming = bad_from >= 0
+        if found is None or (not resuming and (kind in (FULL, FIRST)) != (record_start < 0)):
+            if bad_from < 0:
+                bad_from = record_start if record_start >= 0 else off
+            record_start, pieces = -1, []
+            off = (off // BLOCK_SIZE_BYTES + 1) * BLOCK_SIZE_BYTES  # resynchronise
+            continue
+        stop = found[1]
+        if resuming:
+            if kind in (MIDDLE, LAST):  # the rest of a record whose start was lost
+                off = stop
+                continue
+            damaged.append((bad_from, off))
+            bad_from = -1
+        payload = data[off + FRAGMENT_HEADER_SIZE:stop]
+        if kind == FULL:
+            records.append((off, payload))
+        elif kind == FIRST:
+            record_start, pieces = off, [payload]
+        else:
+            pieces.append(payload)
+            if kind == LAST:
+                records.append((record_start, b"".join(pieces)))
+                record_start, pieces = -1, []
+        off = stop
+    if bad_from >= 0:
+        damaged.append((bad_from, size))
+    elif record_start >= 0:
+        damaged.append((record_start, size))
+    return records, damaged

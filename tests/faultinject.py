@@ -44,7 +44,8 @@ class Faults:
         self.hits: list[tuple[str, str, int]] = []
         self.enabled = True
         self._rules: list[dict[str, Any]] = []
-        self._random: tuple[_random.Random, float, tuple[str, ...], tuple[int, ...]] | None = None
+        self._random: tuple[int, float, tuple[str, ...], tuple[int, ...]] | None = None
+        self._rngs: dict[str, _random.Random] = {}
         self._lock = threading.Lock()
         self._saved: dict[str, Any] = {}
 
@@ -60,8 +61,19 @@ class Faults:
     def random(self, rng: _random.Random, rate: float, ops: tuple[str, ...] = OPS,
                errs: tuple[int, ...] = (errno.EIO, errno.ENOSPC, errno.EMFILE)) -> None:
         """Fail each call of ``ops`` with probability ``rate`` (writes: partially, at
-        random), with an errno drawn from ``errs``."""
-        self._random = (rng, rate, ops, errs)
+        random), with an errno drawn from ``errs``.  Each thread draws from a stream
+        of its own (seeded from ``rng``), so that the faults a thread meets do not
+        depend on how the threads interleave."""
+        self._random = (rng.getrandbits(64), rate, ops, errs)
+        self._rngs = {}
+
+    def _rng(self) -> _random.Random:
+        assert self._random is not None
+        name = threading.current_thread().name
+        rng = self._rngs.get(name)
+        if rng is None:
+            rng = self._rngs[name] = _random.Random(f"{self._random[0]}-{name}")
+        return rng
 
     def clear(self) -> None:
         self._rules.clear()
@@ -122,7 +134,8 @@ class Faults:
                 self.hits.append((op, name, rule["err"]))
                 return rule["err"], rule["partial"]
             if self._random is not None:
-                rng, rate, ops, errs = self._random
+                _seed, rate, ops, errs = self._random
+                rng = self._rng()
                 if op in ops and rng.random() < rate:
                     err = rng.choice(errs)
                     self.hits.append((op, name, err))
@@ -147,7 +160,7 @@ class Faults:
             err, partial = fault
             if partial and len(data) > 1:
                 with self._lock:
-                    rng = self._random[0] if self._random else _random.Random(len(data))
+                    rng = self._rng() if self._random else _random.Random(len(data))
                     cut = rng.randrange(1, len(data))
                 self._saved["write"](fd, memoryview(data)[:cut])
             self._raise(err, name or "?")

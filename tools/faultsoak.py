@@ -12,9 +12,10 @@ in bursts with quiet stretches between them.  Checked throughout:
 * reads in the same process match the model exactly: a write that raised
   was not applied (and a table operation that raised is resolved by what the
   database then shows);
-* after a reopen, the state is the acknowledged one -- or that plus the last
-  write that raised, whole, when no write was acknowledged after it (its
-  record may have reached the WAL before the error);
+* after a reopen, the state is the acknowledged one -- or that plus one of
+  the writes that raised since the last acknowledged one, whole (its record
+  may have reached the WAL before the error; nothing is appended after a
+  failed append, and an acknowledged write retires the failed segment);
 * once faults stop, the database always closes, reopens with every
   acknowledged write, and ``verify`` finds no error.
 
@@ -93,11 +94,11 @@ class Summary:
 
 
 class Model:
-    """What the database must hold: acknowledged writes, and the last write that raised."""
+    """What the database must hold: acknowledged writes, and the writes that raised since."""
 
     def __init__(self) -> None:
         self.tables: dict[str, Rows] = {"default": {}}
-        self.failed: Write | None = None   # may still surface after a reopen
+        self.failed: list[Write] = []   # one of them may still surface after a reopen
 
     def apply(self, write: Write, tables: dict[str, Rows] | None = None) -> None:
         for t, k, v in write:
@@ -107,12 +108,15 @@ class Model:
             else:
                 rows[k] = v
 
-    def with_failed(self) -> dict[str, Rows] | None:
-        if self.failed is None or any(t not in self.tables for t, _k, _v in self.failed):
-            return None
-        alt = {t: dict(rows) for t, rows in self.tables.items()}
-        self.apply(self.failed, alt)
-        return alt
+    def with_failed(self) -> list[dict[str, Rows]]:
+        """The states with one of the failed writes applied."""
+        out = []
+        for w in self.failed:
+            if all(t in self.tables for t, _k, _v in w):
+                alt = {t: dict(rows) for t, rows in self.tables.items()}
+                self.apply(w, alt)
+                out.append(alt)
+        return out
 
 
 class Run:
@@ -130,18 +134,30 @@ class Run:
         self.op = 0
         self.faults = _faults_module().Faults(path)
         self.tables_made = 0
+        self.last_open_error = ""
+        self.tracing: list[str] | None = None
 
     def problem(self, what: str) -> None:
         self.summary.problems.append(f"seed {self.seed} op {self.op}: {what}")
 
     # -- calls ------------------------------------------------------------------
-    def call(self, fn: Callable[[], Any]) -> tuple[bool, Any]:
+    def call(self, fn: Callable[[], Any], what: str = "") -> tuple[bool, Any]:
         """(True, result), or (False, None) when fn raised an allowed error."""
+        hits = len(self.faults.hits)
         try:
-            return True, fn()
-        except (OSError, lsmdb.LsmdbError):
+            result = fn()
+        except (OSError, lsmdb.LsmdbError) as exc:
             self.summary.failed_calls += 1
+            self.trace(f"{what or getattr(fn, '__name__', '?')}: {type(exc).__name__}: {exc}"
+                       f"  faults {self.faults.hits[hits:]}")
             return False, None
+        if what:
+            self.trace(f"{what}: ok  faults {self.faults.hits[hits:]}")
+        return True, result
+
+    def trace(self, line: str) -> None:
+        if self.tracing is not None:
+            self.tracing.append(f"{self.op:4d} {line}")
 
     def value(self) -> bytes:
         return b"%d:%d:" % (self.seed, self.op) + b"v" * self.rng.choice([10, 200, 900, 1500])
@@ -172,13 +188,13 @@ class Run:
                     else:
                         b.put(k, v, table=t)
 
-        ok, _ = self.call(do)
+        ok, _ = self.call(do, f"write {w!r:.200} sync={sync}")
         if ok:
             self.model.apply(w)
-            self.model.failed = None
+            self.model.failed = []
             self.summary.acked_writes += 1
         else:
-            self.model.failed = w
+            self.model.failed.append(w)
 
     def table_op(self) -> None:
         db = self.db
@@ -227,21 +243,25 @@ class Run:
     def open(self, faults_on: bool) -> bool:
         self.faults.enabled = faults_on
         auto = self.rng.random() < 0.5
-        ok, db = self.call(lambda: lsmdb.open(self.path, auto_compaction=auto))
-        self.faults.enabled = True
-        if not ok:
+        try:
+            db = lsmdb.open(self.path, auto_compaction=auto)
+        except (OSError, lsmdb.LsmdbError) as exc:
+            self.summary.failed_calls += 1
+            self.last_open_error = f"{type(exc).__name__}: {exc}"
             return False
+        finally:
+            self.faults.enabled = True
         self.db = db
         self.summary.reopens += 1
-        # The last write that raised may be there after a reopen, whole.
-        alt = self.model.with_failed()
+        # One write that raised may be there after a reopen, whole.
         if self.check_reads(self.model.tables, None) == []:
             return True
-        if alt is not None and self.check_reads(alt, None) == []:
-            self.model.tables = alt
-            self.model.failed = None
-            self.summary.failed_writes_seen_after_reopen += 1
-            return True
+        for alt in self.model.with_failed():
+            if self.check_reads(alt, None) == []:
+                self.model.tables = alt
+                self.model.failed = []
+                self.summary.failed_writes_seen_after_reopen += 1
+                return True
         self.problem("after reopen: " + "; ".join(self.check_reads(self.model.tables, None)[:4]))
         return True
 
@@ -297,7 +317,8 @@ class Run:
             self.faults.enabled = False
             self.close()
             if not self.open(faults_on=False):
-                self.problem("the database does not open once faults stopped")
+                self.problem(f"the database does not open once faults stopped: "
+                             f"{self.last_open_error}")
                 return
             self.close()
         problems = [str(p) for p in verify_database(self.path) if p.severity == "error"]
@@ -310,8 +331,10 @@ def _short(v: bytes | None) -> str:
 
 
 def run(seeds: int, seed: int = 1, ops: int = 400, rate: float = 0.03,
-        base: str | None = None, out: Callable[[str], None] = print) -> Summary:
-    """Run ``seeds`` seeded runs (seed, seed + 1, ...) and return what they found."""
+        base: str | None = None, out: Callable[[str], None] = print,
+        keep: str | None = None) -> Summary:
+    """Run ``seeds`` seeded runs (seed, seed + 1, ...) and return what they found;
+    ``keep``: a directory to copy each database that showed a problem into."""
     summary = Summary()
     root = tempfile.mkdtemp(prefix="lsmdb-faultsoak-", dir=base)
     saved = lsmdb.stats.STATS_INTERVAL_SECONDS
@@ -325,6 +348,11 @@ def run(seeds: int, seed: int = 1, ops: int = 400, rate: float = 0.03,
             summary.seeds += 1
             if len(summary.problems) > before:
                 out(f"seed {s}: {len(summary.problems) - before} problem(s)")
+                if keep:
+                    kept = os.path.join(keep, f"db-{s}")
+                    shutil.rmtree(kept, ignore_errors=True)
+                    shutil.copytree(path, kept)
+                    out(f"  kept as {kept}")
             shutil.rmtree(path, ignore_errors=True)
     finally:
         logging.disable(logging.NOTSET)
@@ -339,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--ops", type=int, default=400)
     parser.add_argument("--rate", type=float, default=0.03)
+    parser.add_argument("--keep", help="copy each database that showed a problem here")
     args = parser.parse_args(argv)
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    summary = run(args.seeds, args.seed, args.ops, args.rate, base)
+    summary = run(args.seeds, args.seed, args.ops, args.rate, base, keep=args.keep)
     print(summary.text())
     return 1 if summary.problems else 0
 

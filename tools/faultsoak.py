@@ -279,7 +279,8 @@ class Run:
             if not self.open(faults_on=False):
                 self.problem("first open failed without faults")
                 return
-            for self.op in range(self.n_ops):
+            for op in range(self.n_ops):
+                self.op = op
                 self.summary.ops += 1
                 self.faults.enabled = (self.op // 40) % 2 == 1   # bursts of faults
                 db = self.db
@@ -296,14 +297,14 @@ class Run:
                         self.call(db.sync)
                     elif r < 0.72:
                         name = rng.choice([None, *sorted(self.model.tables)])
-                        self.call(lambda: db.flush(name))
+                        self.call(lambda d=db, n=name: d.flush(n))
                     elif r < 0.75:
                         name = rng.choice(sorted(self.model.tables))
-                        self.call(lambda: db.compact(name))
+                        self.call(lambda d=db, n=name: d.compact(n))
                     elif r < 0.79:
                         self.table_op()
                     elif r < 0.84:
-                        self.call(lambda: db.wait_for_compactions(timeout=10))
+                        self.call(lambda d=db: d.wait_for_compactions(timeout=10))
                     elif r < 0.88:
                         self.close()
                     else:

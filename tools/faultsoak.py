@@ -29,6 +29,7 @@ The test suite runs a short version (tests/test_io_faults.py) through :func:`run
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import logging
 import os
@@ -203,7 +204,7 @@ class Run:
         if choice < 0.4 and len(self.model.tables) < 5:
             self.tables_made += 1
             name = f"t{self.tables_made}"
-            opts = dict(SMALL)
+            opts: dict[str, Any] = dict(SMALL)
             if self.rng.random() < 0.4:
                 opts.update(compaction="leveled", target_file_size_bytes=65536)
             if self.rng.random() < 0.2:
@@ -230,11 +231,11 @@ class Run:
         for name in sorted(tables):
             keys = KEYS if sample is None else self.rng.sample(KEYS, sample)
             for k in keys:
-                ok, got = self.call(lambda n=name, k=k: db.table(n).get(k))
+                ok, got = self.call(functools.partial(db.table(name).get, k))
                 if ok and got != tables[name].get(k):
                     wrong.append(f"{name} {k!r}: got {_short(got)}, "
                                  f"expected {_short(tables[name].get(k))}")
-            ok, rows = self.call(lambda n=name: dict(db.table(n).scan()))
+            ok, rows = self.call(functools.partial(_scan, db.table(name)))
             if ok and rows != tables[name]:
                 wrong.append(f"{name}: scan differs from the model")
         return wrong
@@ -297,14 +298,14 @@ class Run:
                         self.call(db.sync)
                     elif r < 0.72:
                         name = rng.choice([None, *sorted(self.model.tables)])
-                        self.call(lambda d=db, n=name: d.flush(n))
+                        self.call(functools.partial(db.flush, name))
                     elif r < 0.75:
                         name = rng.choice(sorted(self.model.tables))
-                        self.call(lambda d=db, n=name: d.compact(n))
+                        self.call(functools.partial(db.compact, name))
                     elif r < 0.79:
                         self.table_op()
                     elif r < 0.84:
-                        self.call(lambda d=db: d.wait_for_compactions(timeout=10))
+                        self.call(functools.partial(db.wait_for_compactions, timeout=10))
                     elif r < 0.88:
                         self.close()
                     else:
@@ -325,6 +326,10 @@ class Run:
         problems = [str(p) for p in verify_database(self.path) if p.severity == "error"]
         if problems:
             self.problem("verify: " + "; ".join(problems[:3]))
+
+
+def _scan(table: lsmdb.Table) -> Rows:
+    return dict(table.scan())
 
 
 def _short(v: bytes | None) -> str:

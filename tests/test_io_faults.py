@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
 
 def test_random_io_faults_lose_no_acknowledged_write():
     base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    summary = faultsoak.run(seeds=20, seed=1, ops=300, rate=0.05, base=base, out=print)
+    summary = faultsoak.run(seeds=40, seed=1, ops=400, rate=0.05, base=base, out=print)
     report = summary.text()
     print(report)
     assert summary.problems == [], report

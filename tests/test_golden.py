@@ -360,6 +360,21 @@ def test_wal_record_encoding(tmp_path):
                                                                     [2, b"gone", None]]]
 
 
+def test_format_md_shows_the_golden_wal(tmp_path):
+    """docs/FORMAT.md section 3's example is the start of the segment a database writes."""
+    with open(os.path.join(ROOT, "docs", "FORMAT.md"), encoding="utf-8") as f:
+        doc = f.read()
+    block = doc.split("**Example.** A fresh database gets")[1].split("```")[1]
+    shown = bytearray()
+    for line in block.splitlines():
+        for token in line.split():
+            if len(token) != 2 or any(c not in "0123456789abcdef" for c in token):
+                break
+            shown.append(int(token, 16))
+    assert len(shown) > 50
+    assert GOLDEN_DB_WAL.startswith(bytes(shown))
+
+
 def test_database_writes_golden_wal(tmp_path):
     path = str(tmp_path / "db")
     db = lsmdb.open(path)

@@ -439,12 +439,17 @@ class DB:
 
     # ---------------------------------------------------------------- flush
     def flush(self, table: str | None = None) -> None:
-        """Write the memtable of ``table`` (None: every table) to an SSTable now."""
+        """Write the memtable of ``table`` (None: every table) to an SSTable now.
+
+        Like :meth:`sync`, it makes every write so far durable -- those to
+        other tables too, and also when the memtable was empty.
+        """
         with self._lock:
             self._check_writable()
             states = list(self._tables.values()) if table is None else [self._table_state(table)]
         for state in states:
             self._flush_table(state)
+        self.sync()
 
     def _flush_table(self, state: TableState, opening: bool = False, freeze: bool = True) -> None:
         """Freeze the table's memtable (unless ``freeze`` is False) and write every

@@ -109,6 +109,21 @@ def test_a_batch_across_tables_survives_a_flush_of_one_and_a_power_loss(tmp_path
         assert db.table("other").get(b"o2") == b"not flushed either"
 
 
+def test_a_flush_of_an_empty_table_makes_every_earlier_write_durable(tmp_path):
+    path = tmp_path / "db"
+    path.mkdir()
+    fs = FaultFS(str(path))
+    with fs:
+        db = lsmdb.open(str(path))
+        db.create_table("other").put(b"o", b"unflushed")
+        db.flush("default")           # nothing to flush in "default"
+        image = power_loss(fs, tmp_path / "image")
+        db.close()
+    fs.cleanup()
+    with lsmdb.open(image) as db:
+        assert db.table("other").get(b"o") == b"unflushed"
+
+
 def test_writes_survive_a_power_loss_after_sync_while_automatic_flushes_fail(tmp_path, caplog):
     path = tmp_path / "db"
     path.mkdir()

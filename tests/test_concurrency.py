@@ -413,6 +413,63 @@ def test_read_only_process_reads_while_this_process_writes(path):
         db.close()
 
 
+ACKED_READER_CHILD = """
+    import json, os, sys, time, lsmdb
+    path, acked_file, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    opens = short = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with open(acked_file) as f:
+            acked = int(f.read() or 0)   # written by the writer after these writes returned
+        with lsmdb.open(path, read_only=True) as db:
+            opens += 1
+            t = db.table("t")
+            missing = [i for i in range(acked) if t.get(b"new%07d" % i) is None]
+            if missing:
+                short += 1
+                print(f"open {opens}: {len(missing)} of {acked} acknowledged writes missing",
+                      file=sys.stderr)
+    print(json.dumps({"opens": opens, "short": short}))
+"""
+
+
+def test_read_only_opens_next_to_a_flushing_writer_see_every_acknowledged_write(path):
+    """Another process opens read-only again and again while this one writes and
+    flushes (each flush retires WAL segments): every write acknowledged before an
+    open began must be there."""
+    db = lsmdb.open(path)
+    workers = Workers()
+    acked_file = os.path.join(os.path.dirname(path), "acked")
+    with open(acked_file, "w") as f:
+        f.write("0")
+    try:
+        t = db.create_table("t", **SMALL)
+
+        def writer():
+            n = 0
+            while not workers.stop.is_set():
+                for _ in range(20):
+                    t.put(b"new%07d" % n, b"v" * 50)
+                    n += 1
+                with open(acked_file + ".tmp", "w") as f:
+                    f.write(str(n))
+                os.replace(acked_file + ".tmp", acked_file)
+                if n % 200 == 0:
+                    db.flush("t")
+
+        workers.start("writer", writer)
+        try:
+            result = _child(ACKED_READER_CHILD, path, acked_file, "5")
+        finally:
+            workers.join(finite=[])
+        assert result.returncode == 0, result.stderr[-3000:]
+        summary = json.loads(result.stdout.strip().splitlines()[-1])
+        assert summary["opens"] > 10
+        assert summary["short"] == 0, result.stderr[-2000:]
+    finally:
+        db.close()
+
+
 def test_read_only_open_survives_the_writer_retiring_a_wal_segment(path, monkeypatch):
     """The writer (another process, simulated here) flushes right after the reader
     has listed the directory: the WAL segment the reader is about to read is gone.

@@ -305,13 +305,17 @@ class LogSet:
         live.max_seq = seq
 
     def presync(self) -> None:
-        """Write the live segment's data out ahead of a rotation, outside the DB's lock."""
+        """Write the live segment's data out ahead of a rotation, outside the DB's lock.
+
+        A rotation may close the segment meanwhile: an error then says nothing
+        about the live one and is ignored."""
         writer = self.writer
         if writer is not None and self.failed is None:
             try:
                 writer.datasync()
             except OSError as exc:
-                self.failed = exc
+                if self.writer is writer:
+                    self.failed = exc
 
     def sync(self) -> None:
         """fsync the live segment (closed ones were fsynced when they closed)."""

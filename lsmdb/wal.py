@@ -173,6 +173,38 @@ def _fragment_at(data: bytes, off: int, end: int, seeds: tuple[int, ...]
     return kind, stop
 
 
+class _Records:
+    """Whole records put together from fragments, in order."""
+
+    __slots__ = ("records", "valid", "start", "pieces")
+
+    def __init__(self, valid: int) -> None:
+        self.records: list[tuple[int, bytes]] = []
+        self.valid = valid           # where the last whole record ends
+        self.start = -1              # offset of the FIRST fragment of a record in pieces
+        self.pieces: list[bytes] = []
+
+    def fits(self, kind: int) -> bool:
+        """Whether a fragment of ``kind`` may come next (a record starts, or goes on)."""
+        return (kind in (FULL, FIRST)) == (self.start < 0)
+
+    def add(self, off: int, kind: int, payload: bytes, stop: int) -> None:
+        if kind == FULL:
+            self.records.append((off, payload))
+            self.valid = stop
+        elif kind == FIRST:
+            self.start, self.pieces = off, [payload]
+        else:
+            self.pieces.append(payload)
+            if kind == LAST:
+                self.records.append((self.start, b"".join(self.pieces)))
+                self.drop_partial()
+                self.valid = stop
+
+    def drop_partial(self) -> None:
+        self.start, self.pieces = -1, []
+
+
 def read_segment(data: bytes, number: int, path: str = "<memory>",
                  closed_size: int | None = None) -> LogReadResult:
     """Every record of segment ``number`` (format 2) from its bytes.
@@ -212,48 +244,32 @@ def read_segment(data: bytes, number: int, path: str = "<memory>",
         # zeros): it holds no record, unless records follow (a damaged header).
         if _fragment_at(data, SEGMENT_HEADER_SIZE, end, seeds) is not None:
             raise CorruptionError("WAL segment header zeroed before valid records", path, 0)
-        return _bad(data, 0, 0, end, seeds, [], 0, path, False, "segment header cut short")
-    records: list[tuple[int, bytes]] = []
+        return _bad(data, 0, 0, end, seeds, _Records(0), path, False,
+                    "segment header cut short")
+    got = _Records(SEGMENT_HEADER_SIZE)
     off = SEGMENT_HEADER_SIZE
-    valid = off
-    record_start = -1            # offset of the FIRST fragment of a record in pieces
-    pieces: list[bytes] = []
     while off < end:
         left = BLOCK_SIZE_BYTES - off % BLOCK_SIZE_BYTES
         if left < FRAGMENT_HEADER_SIZE:  # a block's padding
             if any(data[off:min(off + left, end)]):
-                return _bad(data, off, off, end, seeds, records, valid, path, closed,
+                return _bad(data, off, off, end, seeds, got, path, closed,
                             "nonzero padding at a block's end")
             off += left
             continue
         found = _fragment_at(data, off, end, seeds)
-        kind = found[0] if found else 0
-        if found is None or (kind in (FULL, FIRST)) != (record_start < 0):
+        if found is None or not got.fits(found[0]):
             why = "bad fragment" if found is None else "fragment out of sequence"
-            return _bad(data, off, off, end, seeds, records, valid, path, closed, why)
-        stop = found[1]
-        payload = data[off + FRAGMENT_HEADER_SIZE:stop]
-        if kind == FULL:
-            records.append((off, payload))
-            valid = stop
-        elif kind == FIRST:
-            record_start, pieces = off, [payload]
-        else:
-            pieces.append(payload)
-            if kind == LAST:
-                records.append((record_start, b"".join(pieces)))
-                record_start, pieces = -1, []
-                valid = stop
+            return _bad(data, off, off, end, seeds, got, path, closed, why)
+        kind, stop = found
+        got.add(off, kind, data[off + FRAGMENT_HEADER_SIZE:stop], stop)
         off = stop
-    if record_start >= 0:  # the file ends inside a record
-        return _bad(data, record_start, end, end, seeds, records, valid, path, closed,
-                    "record cut short")
-    return LogReadResult(records, valid, False, size)
+    if got.start >= 0:  # the file ends inside a record
+        return _bad(data, got.start, end, end, seeds, got, path, closed, "record cut short")
+    return LogReadResult(got.records, got.valid, False, size)
 
 
 def _bad(data: bytes, off: int, defect: int, end: int, seeds: tuple[int, ...],
-         records: list[tuple[int, bytes]], valid: int, path: str, closed: bool,
-         why: str) -> LogReadResult:
+         got: _Records, path: str, closed: bool, why: str) -> LogReadResult:
     """A segment's first defect (reported at ``off``; found at ``defect``): corruption,
     or the live segment's torn tail when no valid fragment starts a later block."""
     if closed:
@@ -263,7 +279,7 @@ def _bad(data: bytes, off: int, defect: int, end: int, seeds: tuple[int, ...],
         if _fragment_at(data, block, end, seeds) is not None:
             raise CorruptionError(f"WAL {why} followed by valid records", path, off)
         block += BLOCK_SIZE_BYTES
-    return LogReadResult(records, valid, True, len(data))
+    return LogReadResult(got.records, got.valid, True, len(data))
 
 
 def read_segment_file(path: str, number: int, closed_size: int | None = None,
@@ -337,46 +353,35 @@ def salvage_segment(data: bytes, number: int) -> tuple[list[tuple[int, bytes]],
     """
     seeds = crc_seeds(number)
     size = len(data)
-    records: list[tuple[int, bytes]] = []
+    got = _Records(SEGMENT_HEADER_SIZE)
     damaged: list[tuple[int, int]] = []
     off = SEGMENT_HEADER_SIZE
     bad_from = -1 if data[:SEGMENT_HEADER_SIZE] == SEGMENT_HEADER.pack(
         SEGMENT_MAGIC, SEGMENT_FORMAT, number & 0xFFFFFFFF) else 0
-    record_start, pieces = -1, list[bytes]()
     while off < size:
         left = BLOCK_SIZE_BYTES - off % BLOCK_SIZE_BYTES
         if left < FRAGMENT_HEADER_SIZE:
             off += left
             continue
         found = _fragment_at(data, off, size, seeds)
-        kind = found[0] if found else 0
         resuming = bad_from >= 0
-        if found is None or (not resuming and (kind in (FULL, FIRST)) != (record_start < 0)):
+        if found is None or (not resuming and not got.fits(found[0])):
             if bad_from < 0:
-                bad_from = record_start if record_start >= 0 else off
-            record_start, pieces = -1, []
+                bad_from = got.start if got.start >= 0 else off
+            got.drop_partial()
             off = (off // BLOCK_SIZE_BYTES + 1) * BLOCK_SIZE_BYTES  # resynchronise
             continue
-        stop = found[1]
+        kind, stop = found
         if resuming:
             if kind in (MIDDLE, LAST):  # the rest of a record whose start was lost
                 off = stop
                 continue
             damaged.append((bad_from, off))
             bad_from = -1
-        payload = data[off + FRAGMENT_HEADER_SIZE:stop]
-        if kind == FULL:
-            records.append((off, payload))
-        elif kind == FIRST:
-            record_start, pieces = off, [payload]
-        else:
-            pieces.append(payload)
-            if kind == LAST:
-                records.append((record_start, b"".join(pieces)))
-                record_start, pieces = -1, []
+        got.add(off, kind, data[off + FRAGMENT_HEADER_SIZE:stop], stop)
         off = stop
     if bad_from >= 0:
         damaged.append((bad_from, size))
-    elif record_start >= 0:
-        damaged.append((record_start, size))
-    return records, damaged
+    elif got.start >= 0:
+        damaged.append((got.start, size))
+    return got.records, damaged

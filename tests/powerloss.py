@@ -420,9 +420,13 @@ class PowerLoss:
         head, tail = os.path.split(os.path.abspath(p))
         if tail in ("", ".", ".."):
             return None
-        if head in self._aliases or os.path.realpath(head) == self.directory:
+        if head in self._aliases:
             return tail
-        return None
+        try:  # another spelling of the directory (a symlink on the way)?
+            same = os.path.samestat(os.stat(head), self._dir_stat)  # type: ignore[arg-type]
+        except OSError:
+            return None
+        return tail if same else None
 
     def _path(self, name: str) -> str:
         return os.path.join(self.directory, name)

@@ -213,6 +213,20 @@ def test_relative_paths_and_moves_across_the_directory_boundary(d, monkeypatch):
     pl.cleanup()
 
 
+def test_a_spelling_of_the_directory_through_a_symlink_is_the_directory(d):
+    link = d.parent / "link"
+    link.symlink_to(d)
+    with PowerLoss(d) as pl:
+        write(link / "f", b"x", sync=True)
+        os.replace(link / "f", d / "g")
+        fsync_dir(str(link))
+        assert [str(op) for op in pl.dir_ops] == []
+        assert pl.labels == ["file f", "dir"]
+        assert as_set(pl.all_images()) == {img(g=b"x")}
+        pl._check()
+    pl.cleanup()
+
+
 def test_fdatasync_and_directory_descriptors_are_fsync_points(d):
     with PowerLoss(d) as pl:
         fd = os.open(d / "f", os.O_RDWR | os.O_CREAT, 0o644)

@@ -209,13 +209,14 @@ class Moment:
         return image
 
     def images(self, rng: random.Random, n: int) -> list[Image]:
-        """``n`` images: nothing unsynced survives; everything survives; every name
-        but no unsynced data (a journal that keeps names); then random ones."""
-        fixed = [self.image(tails="none"), self.image(tails="all"),
-                 self.image(dir_ops=len(self.ops), tails="none")]
-        out = fixed[:n]
+        """``n`` images: nothing unsynced survives; everything survives; then random
+        ones -- a random prefix of the directory operations, and for the files
+        either no unsynced byte, every one, or a random choice per file (so a
+        journal that keeps names but not data is among them)."""
+        out = [self.image(tails="none"), self.image(tails="all")][:n]
         while len(out) < n:
-            out.append(self.image(tails=rng))
+            tails: Tails = rng.choice(("none", "all", rng))
+            out.append(self.image(dir_ops=rng.randint(0, len(self.ops)), tails=tails))
         return out
 
     def all_images(self) -> list[dict[str, bytes]]:

@@ -268,12 +268,14 @@ def test_images_are_the_extremes_then_allowed_random_ones(d):
         os.replace(d / "b.tmp", d / "b")
         write(d / "c", b"cc")
         allowed = as_set(pl.all_images())
-        images = pl.images(random.Random(1), 40)
+        images = pl.images(random.Random(1), 60)
         assert images[0] == {"a": b"synced"}
         assert images[1] == {"a": b"synced+more", "b": b"bbbb", "c": b"cc"}   # as it is now
-        assert images[2] == {"a": b"synced", "b": b"bbbb", "c": b""}          # names, no data
         assert as_set(images) <= allowed
         assert len(as_set(images)) > 10
+        assert img(a=b"synced", b=b"bbbb", c=b"") in as_set(images)         # names, no data
+        assert any(0 < len(image["a"]) - 6 < 5 for image in images)         # part of a tail
+        assert any(b"\0" in image["a"] for image in images)                 # zero-filled
         assert all(image.recipe for image in images)
     pl.cleanup()
 

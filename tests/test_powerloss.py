@@ -367,6 +367,53 @@ def test_threads_never_see_half_an_operation(d):
     pl.cleanup()
 
 
+# ------------------------------------------------ the database, crash by exception
+def small_workload(path) -> None:
+    """Flushes, a compaction, a table change, sync and close, in a fixed order."""
+    db = lsmdb.open(path, sync=False, auto_compaction=False)
+    try:
+        db.create_table("t", memtable_size_bytes=4096, block_size_bytes=512)
+        for i in range(10):
+            db.table("t").put(b"k%d" % (i % 4), b"%d" % i * 900, sync=i % 3 == 0)
+        db.sync()
+        db.compact("t")
+        db.alter_table("t", bloom_filter_fp_chance=0.1)
+    finally:
+        try:
+            db.close()
+        except Crash:
+            pass
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_crash_leaves_what_the_observer_saw_there(tmp_path, when):
+    """Raising Crash at fsync point n leaves the images the observer took at n:
+    so one observed run stands for a crash at every point."""
+    seen = {}
+
+    def observe(layer, at: str) -> None:
+        seen[layer.count, at] = (layer.image(), layer.image(tails="all"),
+                                 [str(op) for op in layer.dir_ops])
+
+    base = PowerLoss(tmp_path / "observed", observer=observe)
+    with base:
+        small_workload(tmp_path / "observed")
+    base.cleanup()
+    assert base.count > 20
+    for n in range(1, base.count + 1, 4):
+        path = tmp_path / f"crash-{n}"
+        pl = PowerLoss(path, crash_at=n, when=when)
+        with pl:
+            try:
+                small_workload(path)
+            except Crash:
+                pass
+        assert pl.crashed and pl.labels == base.labels[:n]
+        ops = [str(op) for op in pl.dir_ops]
+        assert (pl.image(), pl.image(tails="all"), ops) == seen[n, when], n
+        pl.cleanup()
+
+
 # ------------------------------------------------------ the database, two bugs
 @pytest.mark.xfail(strict=True, reason="closed WAL segments are not fsynced")
 @pytest.mark.parametrize("finish", ["sync", "close"])

@@ -298,7 +298,7 @@ class _Runner:
         self.result = SeedResult(plan.seed)
         self.queue: list[_Point] = []
         self.queue_lock = threading.Lock()   # the observer runs in any thread
-        self.seen: set[tuple[Any, ...]] = set()
+        self.verdicts: dict[tuple[Any, ...], int | None] = {}   # image -> k if it passed
         self.op_index = -1
         self.op = "open"
         self.muted = False                   # no images while a power-cut database closes
@@ -327,10 +327,10 @@ class _Runner:
 
     # -- checking them
     def _check(self, image: dict[str, bytes], bounds: Bounds,
-               count: bool = True) -> tuple[list[Found], int | None]:
-        self.result.images_checked += count
-        self.result.triage_checks += not count
-        dest = os.path.join(self.base, f"image-{self.result.images_checked}-{not count}")
+               triage: bool = False) -> tuple[list[Found], int | None]:
+        self.result.images_checked += not triage
+        self.result.triage_checks += triage
+        dest = os.path.join(self.base, f"image-{self.result.images_checked}-{triage}")
         layer.materialize(dest, image)
         try:
             return check_image(dest, image, bounds, self.model)
@@ -362,7 +362,7 @@ class _Runner:
             if repaired != image:
                 tries.append((f"{CLOSED_SEGMENTS}; {EMPTY_FLUSH}", repaired, relaxed))
         for cause, candidate, bounds in tries:
-            if not self._check(candidate, bounds, count=False)[0]:
+            if not self._check(candidate, bounds, triage=True)[0]:
                 return cause
         return ""
 
@@ -373,12 +373,11 @@ class _Runner:
         for point in queue:
             for image in point.images:
                 self.result.images_taken += 1
-                key = (tuple((name, len(data), hash(data)) for name, data in sorted(image.items())),
-                       point.bounds.key())
-                if key in self.seen:
+                key = self._key(image, point.bounds)
+                if key in self.verdicts:
                     continue
-                self.seen.add(key)
-                found, _k = self._check(image, point.bounds)
+                found, k = self._check(image, point.bounds)
+                self.verdicts[key] = None if found else k
                 if not found:
                     continue
                 cause = self._triage(point, image, found)
@@ -387,6 +386,11 @@ class _Runner:
                 if not cause:
                     break   # one unexplained failure per point is enough
         return True
+
+    @staticmethod
+    def _key(image: dict[str, bytes], bounds: Bounds) -> tuple[Any, ...]:
+        files = tuple((name, len(data), hash(data)) for name, data in sorted(image.items()))
+        return files, bounds.key()
 
     def _report_all(self, point: _Point, image: Any, found: list[Found], cause: str) -> bool:
         op = str(self.plan.ops[point.op_index]) if point.op_index >= 0 else "open"
@@ -468,8 +472,8 @@ class _Runner:
         rng = random.Random(f"{self.plan.seed}/cut{i}")
         rng.shuffle(point.images)
         for image in point.images:
-            found, k = self._check(image, point.bounds, count=False)
-            if found or k is None:
+            k = self.verdicts.get(self._key(image, point.bounds))
+            if k is None:
                 continue
             self.muted = True
             try:

@@ -7,7 +7,8 @@ directory:
 * ``verify_database`` reports no error, before opening and after (a
   directory without ``MANIFEST`` is allowed only before the first open
   returned);
-* it opens, and ``get`` agrees with ``scan`` on every key either knows of;
+* it opens, and ``get`` agrees with ``scan`` on every key either knows of; a
+  read-only open before it (which repairs nothing) reads the same rows;
 * tables: every acknowledged create, drop and alter took effect, with the
   options it set (each is durable when its call returns); the one in flight
   may or may not have;
@@ -339,8 +340,14 @@ def check_image(dest: str, image: dict[str, bytes], bounds: Bounds,
     """Problems of the image written at ``dest`` (none: it is sound), and the
     number of writes whose prefix it holds."""
     problems: list[Found] = []
+    before: Rows | None = None
     if "MANIFEST" in image:
         problems += [("verify before opening", e) for e in errors_of(dest)[:3]]
+        try:  # as another process would read it before the recovering open
+            with lsmdb.open(dest, read_only=True) as db:
+                before, _options, _mismatches = read_all(db, model)
+        except Exception as exc:
+            problems.append((f"read-only open failed with {type(exc).__name__}", str(exc)))
     elif bounds.opened:
         problems.append(("MANIFEST lost", "none survived, but the first open had returned"))
     try:
@@ -351,6 +358,8 @@ def check_image(dest: str, image: dict[str, bytes], bounds: Bounds,
     problems += mismatches[:3]
     found, k = compare(rows, options, bounds, model)
     problems += found
+    if before is not None and before != rows:
+        problems.append(("read-only open reads otherwise", f"rows {_changed(before, rows)}"))
     problems += [("verify after opening", e) for e in errors_of(dest)[:3]]
     try:
         with lsmdb.open(dest, auto_compaction=False) as db:
@@ -358,8 +367,12 @@ def check_image(dest: str, image: dict[str, bytes], bounds: Bounds,
     except Exception as exc:
         return problems + [(f"second open failed with {type(exc).__name__}", str(exc))], k
     if again != rows:
-        changed = sorted((t, k) for t in set(rows) | set(again)
-                         for k in set(rows.get(t, {})) | set(again.get(t, {}))
-                         if rows.get(t, {}).get(k) != again.get(t, {}).get(k))
-        problems.append(("second open differs", f"rows {changed[:6]}"))
+        problems.append(("second open differs", f"rows {_changed(rows, again)}"))
     return problems, k
+
+
+def _changed(a: Rows, b: Rows) -> list[tuple[str, bytes]]:
+    """The first (table, key) pairs whose values differ between ``a`` and ``b``."""
+    return sorted((t, key) for t in set(a) | set(b)
+                  for key in set(a.get(t, {})) | set(b.get(t, {}))
+                  if a.get(t, {}).get(key) != b.get(t, {}).get(key))[:6]

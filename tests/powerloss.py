@@ -51,6 +51,13 @@ fsync of the directory's files, in any thread, raises :class:`Crash` too (so
 nothing can be acknowledged after the power cut; other directory operations
 still run, unrecorded).
 
+:meth:`PowerLoss.images` gives ``n`` images of the moment: nothing unsynced
+survives, everything survives, then random ones; :meth:`PowerLoss.image`
+one chosen image; :meth:`PowerLoss.all_images` every image the model allows
+(exponential: for small tests).  :meth:`PowerLoss.moment` freezes the moment
+itself, to take several images of it later.  Each :class:`Image` is a dict
+whose ``recipe`` says how it was chosen.
+
 Example::
 
     layer = PowerLoss(db_dir)

@@ -313,18 +313,18 @@ def _explain(rows: Rows, schema: Schema, model: Model, bounds: Bounds) -> Found:
     head = (f"durable point: write #{bounds.durable.point} ({bounds.durable.why}); "
             f"acknowledged: {bounds.acked}" + (f"; in flight: {bounds.inflight}"
                                                if bounds.inflight else ""))
-    earlier = _fits(rows, schema, model, 0, bounds.top)
-    if earlier:
-        k = earlier[-1][1]
-        lost = [f"#{n} {model.writes[n]}" for n in range(k + 1, bounds.durable.point + 1)]
-        return (f"durable writes lost after {bounds.durable.rule}",
-                f"the rows are those of writes 1..{k}; {head}; lost: {'; '.join(lost[:4])}"
-                + (f" (+{len(lost) - 4} more)" if len(lost) > 4 else ""))
 
     def diff(k: int) -> list[str]:
         return [f"{t} {key!r}: found {model.describe(rows[t].get(key))}, "
                 f"after writes 1..{k}: {model.describe(model.value_at(t, e, key, k))}"
                 for t, e, key in keys if rows[t].get(key) != model.value_at(t, e, key, k)]
+
+    earlier = _fits(rows, schema, model, 0, bounds.top)
+    if earlier:
+        lines = diff(bounds.durable.point)
+        return (f"durable writes lost after {bounds.durable.rule}",
+                f"the rows are those of writes 1..{earlier[-1][1]} at most; {head}; "
+                f"{len(lines)} rows differ:\n      " + "\n      ".join(lines[:6]))
 
     span = range(bounds.durable.point, bounds.top + 1)
     sample = sorted(set(span[::max(1, len(span) // 100)]) | {span[-1]})

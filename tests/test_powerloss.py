@@ -474,12 +474,12 @@ def test_randomized_power_loss_with_every_write_synced(scratch):
     """Every write sync=True: nothing acknowledged is only in an unsynced WAL tail,
     so what is checked here is flushes, compactions, manifest switches, table
     changes, power cuts the run goes on from, and recovery, at every fsync point."""
-    results = [tool.run_seed(seed, ops=150, scratch=scratch, sync_writes=True)
-               for seed in (101, 102, 103)]
+    results = [tool.run_seed(seed, ops=180, scratch=scratch, sync_writes=True)
+               for seed in (101, 102, 103, 104)]
     text = tool.summary_text(results)
     print(text)
     assert not any(r.counts for r in results), text
-    assert sum(r.images_checked for r in results) > 1800, text
+    assert sum(r.images_checked for r in results) > 2400, text
     assert sum(r.power_cuts for r in results) >= 2, text
     labels = {label for r in results for label in r.labels}
     assert {"dir", "file MANIFEST.tmp", "file STATS.tmp", "file FILTER_KEY"} <= labels, text
@@ -489,7 +489,7 @@ def test_randomized_power_loss_with_every_write_synced(scratch):
 def mixed(scratch):
     """The mixed workload: sync=True and sync=False writes, db.sync(), flushes of one
     table and of all, compactions, table changes, reopen, power cuts."""
-    results = [tool.run_seed(seed, ops=150, scratch=scratch) for seed in (1, 2, 3, 4, 5)]
+    results = [tool.run_seed(seed, ops=180, scratch=scratch) for seed in (1, 2, 3, 4, 5, 6)]
     print(tool.summary_text(results))
     return results
 
@@ -499,7 +499,7 @@ def test_randomized_power_loss_finds_no_unknown_bug(mixed):
     bug's effect is undone), so a new bug cannot hide behind them."""
     text = tool.summary_text(mixed)
     assert sum(r.unexplained for r in mixed) == 0, text
-    assert sum(r.images_checked for r in mixed) > 3000, text
+    assert sum(r.images_checked for r in mixed) > 4000, text
 
 
 @pytest.mark.xfail(strict=True, reason=KNOWN_BUGS)

@@ -18,12 +18,6 @@ the durable point (the last write a ``sync``, ``close``, flush, compaction
 or ``sync=True`` write covered), tables as acknowledged, ``verify`` clean,
 ``get`` equal to ``scan``, a second open the same.
 
-A failing image is then tried against the known bugs of the engine (see
-``_Runner._triage``): it is *explained* when it passes once the bug's effect
-is undone -- every closed WAL segment holding all that was written to it, or
-the durable point moved back to the last call that fsynced or rotated the
-WAL.  The summary counts both and tells the unexplained ones apart.
-
 Usage::
 
     python tools/powerloss.py --seeds 20 [--seed 1] [--ops 250] [--images-per-point 3]
@@ -46,7 +40,6 @@ import importlib.util
 import logging
 import os
 import random
-import re
 import shutil
 import sys
 import tempfile
@@ -63,7 +56,6 @@ if __name__ == "__main__":  # run as a script: use the lsmdb of this checkout
 import lsmdb  # noqa: E402
 import lsmdb.stats  # noqa: E402
 from tools.powerloss_model import (  # noqa: E402
-    NO_WAL,
     Bounds,
     Found,
     Model,
@@ -218,16 +210,14 @@ class Problem:
     recipe: str
     kind: str           # the rule that failed, without the particulars
     detail: str
-    cause: str = ""     # a known bug that explains it (see _Runner._triage), "" if none
 
     @property
     def group(self) -> str:
-        return self.kind + (f" [explained by: {self.cause}]" if self.cause else "")
+        return self.kind
 
     def __str__(self) -> str:
         return (f"seed {self.seed}, op {self.op_index} ({self.op}), {self.point}:\n"
-                f"    {self.kind}: {self.detail}\n    image: {self.recipe}"
-                + (f"\n    explained by: {self.cause}" if self.cause else ""))
+                f"    {self.kind}: {self.detail}\n    image: {self.recipe}")
 
 
 @dataclass
@@ -238,10 +228,8 @@ class SeedResult:
     power_cuts: int = 0            # times the run went on with a crash image
     images_taken: int = 0
     images_checked: int = 0        # distinct (image, bounds) pairs opened and checked
-    triage_checks: int = 0         # more, to tell which known bug explains a failure
     problems: list[Problem] = field(default_factory=list)   # the first few of each kind
     counts: dict[str, int] = field(default_factory=dict)     # group -> failing images
-    unexplained: int = 0           # failing images no known bug explains
     labels: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -252,13 +240,6 @@ class _Point:
     op_index: int
     images: list[Any]
     bounds: Bounds
-    full: dict[str, bytes]      # the image in which everything survives
-
-
-#: Known causes a failing image is tried against (see _Runner._triage).
-CLOSED_SEGMENTS = "closed WAL segments are not fsynced"
-EMPTY_FLUSH = "a flush or compaction with nothing to flush does not fsync the WAL"
-WAL_NAME = re.compile(r"wal-(\d+)\.log\Z")
 
 
 #: Problems of one kind kept per seed; later ones are only counted (a bug that
@@ -319,52 +300,20 @@ class _Runner:
         lower = self.model.lower()
         moment = pl.moment()
         images = moment.images(random.Random(f"{self.plan.seed}/{tag}"), self.n)
-        point = _Point(where, self.op_index, images, self.model.bounds(lower),
-                       moment.image(tails="all"))
+        point = _Point(where, self.op_index, images, self.model.bounds(lower))
         with self.queue_lock:
             self.queue.append(point)
         return point
 
     # -- checking them
-    def _check(self, image: dict[str, bytes], bounds: Bounds,
-               triage: bool = False) -> tuple[list[Found], int | None]:
-        self.result.images_checked += not triage
-        self.result.triage_checks += triage
-        dest = os.path.join(self.base, f"image-{self.result.images_checked}-{triage}")
+    def _check(self, image: dict[str, bytes], bounds: Bounds) -> tuple[list[Found], int | None]:
+        self.result.images_checked += 1
+        dest = os.path.join(self.base, f"image-{self.result.images_checked}")
         layer.materialize(dest, image)
         try:
             return check_image(dest, image, bounds, self.model)
         finally:
             shutil.rmtree(dest, ignore_errors=True)
-
-    def _triage(self, point: _Point, image: dict[str, bytes], found: list[Found]) -> str:
-        """The known bug that explains why ``image`` fails, or "".
-
-        CLOSED_SEGMENTS: the same image, but every WAL segment older than the
-        newest one in it holds all that was written to it (as if closing a
-        segment fsynced it), passes.  EMPTY_FLUSH: the image passes when the
-        durable point falls back to the last call that fsynced or rotated the WAL.
-        """
-        if not all(kind.startswith(("not a prefix", "durable writes lost"))
-                   for kind, _detail in found):
-            return ""
-        segments = sorted((int(m.group(1)), name) for name in image
-                          if (m := WAL_NAME.match(name)))
-        repaired = dict(image)
-        for _number, name in segments[:-1]:
-            repaired[name] = point.full.get(name, image[name])
-        relaxed = replace(point.bounds, durable=point.bounds.fsynced)
-        tries = []
-        if repaired != image:
-            tries.append((CLOSED_SEGMENTS, repaired, point.bounds))
-        if relaxed != point.bounds:
-            tries.append((EMPTY_FLUSH, image, relaxed))
-            if repaired != image:
-                tries.append((f"{CLOSED_SEGMENTS}; {EMPTY_FLUSH}", repaired, relaxed))
-        for cause, candidate, bounds in tries:
-            if not self._check(candidate, bounds, triage=True)[0]:
-                return cause
-        return ""
 
     def _drain(self) -> bool:
         """Check the queued images; False when told to stop."""
@@ -380,11 +329,9 @@ class _Runner:
                 self.verdicts[key] = None if found else k
                 if not found:
                     continue
-                cause = self._triage(point, image, found)
-                if not self._report_all(point, image, found, cause):
+                if not self._report_all(point, image, found):
                     return False
-                if not cause:
-                    break   # one unexplained failure per point is enough
+                break   # one failure per point is enough
         return True
 
     @staticmethod
@@ -392,11 +339,11 @@ class _Runner:
         files = tuple((name, len(data), hash(data)) for name, data in sorted(image.items()))
         return files, bounds.key()
 
-    def _report_all(self, point: _Point, image: Any, found: list[Found], cause: str) -> bool:
+    def _report_all(self, point: _Point, image: Any, found: list[Found]) -> bool:
         op = str(self.plan.ops[point.op_index]) if point.op_index >= 0 else "open"
         for kind, detail in found:
             problem = Problem(self.plan.seed, point.op_index, op, point.where, image.recipe,
-                              kind, detail, cause)
+                              kind, detail)
             self._report(problem)
             if self.stop is not None and self.stop(problem):
                 return False
@@ -405,7 +352,6 @@ class _Runner:
     def _report(self, problem: Problem) -> None:
         counts = self.result.counts
         counts[problem.group] = counts.get(problem.group, 0) + 1
-        self.result.unexplained += not problem.cause
         if counts[problem.group] <= KEEP_PER_KIND:
             self.result.problems.append(problem)
 
@@ -496,10 +442,6 @@ class _Runner:
             return db
         return db
 
-    def _newest_segment(self) -> int:
-        return max((int(m.group(1)) for name in os.listdir(self.path)
-                    if (m := WAL_NAME.match(name))), default=0)
-
     def _execute(self, db: lsmdb.DB | None, op: Op, i: int) -> lsmdb.DB | None:
         """Run ``op`` (skipped when it names a table that does not exist now)."""
         model, desc = self.model, f"op {i}: {op}"
@@ -532,7 +474,6 @@ class _Runner:
             if op.table and op.table not in live:
                 return db
             model.begin(desc)
-            labels, segment = len(self.layer.labels), self._newest_segment()
             if op.kind == "sync":
                 db.sync()
             elif op.kind == "flush":
@@ -541,12 +482,9 @@ class _Runner:
                 db.flush()
             else:
                 db.compact(op.table)
-            wal = segment != self._newest_segment() or any(
-                label.startswith("file wal-") for label in self.layer.labels[labels:])
-            quiet = "" if wal else NO_WAL
             rule = {"flush": "flush(name)", "flush_all": "flush()",
                     "compact": "compact(name)"}.get(op.kind, op.kind)
-            model.ack(durable=rule + quiet, why=desc)
+            model.ack(durable=rule, why=desc)
         elif op.kind == "create":
             if op.table in live:
                 return db
@@ -651,11 +589,9 @@ def summary_text(results: list[SeedResult]) -> str:
              f"{sum(r.power_cuts for r in results)} power cuts gone on from, "
              f"{sum(r.points for r in results)} fsync points, "
              f"{sum(r.images_checked for r in results)} crash images checked "
-             f"({sum(r.images_taken for r in results)} taken, duplicates skipped; "
-             f"{sum(r.triage_checks for r in results)} more to explain failures), "
-             f"{sum(counts.values())} problems in {sum(bool(r.counts) for r in results)} seeds, "
-             f"{sum(r.unexplained for r in results)} not explained by a known bug"]
-    for group, found in sorted(groups.items(), key=lambda g: ("[explained" in g[0], g[0])):
+             f"({sum(r.images_taken for r in results)} taken, duplicates skipped), "
+             f"{sum(counts.values())} problems in {sum(bool(r.counts) for r in results)} seeds"]
+    for group, found in sorted(groups.items()):
         seeds = sorted({p.seed for p in found})
         lines.append(f"  {counts[group]} x {group} (seeds {seeds[:10]}"
                      f"{' ...' if len(seeds) > 10 else ''}); first:\n    {found[0]}")
@@ -674,8 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shrink", action="store_true",
                         help="cut each failing seed's plan down to a short list of operations")
     parser.add_argument("--sync-writes", action="store_true",
-                        help="every write with sync=True (nothing unsynced in the WAL: "
-                             "looks past the bugs of unsynced segments)")
+                        help="every write with sync=True (nothing acknowledged is only in "
+                             "an unsynced WAL tail)")
     parser.add_argument("--verbose", action="store_true", help="every problem, not the first")
     args = parser.parse_args(argv)
     first = args.seed if args.seed is not None else random.randrange(1 << 30)
@@ -688,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         print(f"seed {seed}: {result.ops_run} ops, {result.points} fsync points, "
               f"{result.images_checked} images checked, {sum(result.counts.values())} "
-              f"problems, {result.unexplained} unexplained ({result.seconds:.1f} s)",
+              f"problems ({result.seconds:.1f} s)",
               flush=True)
         for p in result.problems if args.verbose else result.problems[:1]:
             print(f"  {p}")

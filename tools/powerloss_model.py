@@ -56,17 +56,11 @@ class Durable:
     rule: str = "nothing yet"     # the kind of call: "sync", "flush(name)", "close", ...
 
 
-#: Marks a rule whose call neither fsynced the WAL nor started a new segment (a flush
-#: or compaction of a table with nothing to flush).
-NO_WAL = " (WAL neither fsynced nor rotated)"
-
-
 @dataclass(frozen=True)
 class Bounds:
     """What an image of one moment may hold."""
 
-    durable: Durable      # by every rule
-    fsynced: Durable      # by the calls that fsynced or rotated the WAL
+    durable: Durable      # what must survive
     acked: int            # writes acknowledged (the largest k, without the one in flight)
     pending_write: bool   # a write is in flight (k may be acked + 1)
     inflight: str         # the call in flight, "" for none
@@ -95,7 +89,7 @@ class Model:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.acked = 0
-        self.durable = self.fsynced = Durable()
+        self.durable = Durable()
         self.schema: Schema = {"default": (0, {})}
         self.epochs: dict[str, int] = {"default": 0}
         self.history: dict[tuple[str, int, bytes], list[tuple[int, bytes | None]]] = {}
@@ -158,8 +152,6 @@ class Model:
                     self.epochs[name] = epoch
             if durable and self.acked:
                 self.durable = Durable(self.acked, why or self._inflight, durable)
-                if NO_WAL not in durable:
-                    self.fsynced = self.durable
             self._pending = self._pending_schema = None
             self._inflight = ""
 
@@ -172,11 +164,11 @@ class Model:
             self._inflight = ""
 
     # -- the checker's side
-    def lower(self) -> tuple[Durable, Durable]:
+    def lower(self) -> Durable:
         with self.lock:
-            return self.durable, self.fsynced
+            return self.durable
 
-    def bounds(self, lower: tuple[Durable, Durable] | None = None) -> Bounds:
+    def bounds(self, lower: Durable | None = None) -> Bounds:
         """The bounds of now; ``lower`` (from :meth:`lower`) taken before the image was.
 
         (The image may hold what was written while it was taken, so the upper
@@ -184,9 +176,9 @@ class Model:
         claim more than was durable when the image began.)
         """
         with self.lock:
-            durable, fsynced = lower if lower is not None else (self.durable, self.fsynced)
+            durable = lower if lower is not None else self.durable
             schemas = (self.schema,) + ((self._pending_schema,) if self._pending_schema else ())
-            return Bounds(durable, fsynced, self.acked, self._pending is not None,
+            return Bounds(durable, self.acked, self._pending is not None,
                           self._inflight,
                           tuple({n: (e, dict(o)) for n, (e, o) in s.items()} for s in schemas),
                           self.opened)
@@ -199,7 +191,7 @@ class Model:
                 while hist and hist[-1][0] > k:
                     hist.pop()
             self.acked = k
-            self.durable = self.fsynced = Durable(k, why, "recovery after a power cut")
+            self.durable = Durable(k, why, "recovery after a power cut")
             del self.writes[k + 1:]
 
     def value_at(self, table: str, epoch: int, key: bytes, k: int) -> bytes | None:

@@ -184,11 +184,18 @@ class DB:
             state.publish()
             state.fast_cell[0] = None
 
-    def _rotate_wal(self) -> None:
-        """Close the live WAL segment (fsynced) and start a new one, through a
-        manifest switch naming both; the caller holds the lock.  See
+    def _rotate_wal(self, flushing: TableState | None = None) -> None:
+        """Close the live WAL segment and start a new one, through a manifest switch
+        naming both; the caller holds the lock.  The closed segment is fsynced
+        unless only ``flushing``'s memtables (about to be flushed) may hold records
+        in it and the unsynced ones: then, flushed, it is deleted unsynced.  See
         :meth:`lsmdb.logset.LogSet.rotate`."""
-        self._log.rotate(self._alloc_file_number(), self._write_manifest)
+        sync = True
+        if flushing is not None:
+            others = [(m.min_seq, m.max_seq) for s in self._tables.values() if s is not flushing
+                      for m in (s.mem,) + s.imms if m.min_seq is not None]
+            sync = self._log.may_hold(others)
+        self._log.rotate(self._alloc_file_number(), self._write_manifest, sync)
 
     def _update_wal_limit(self) -> None:
         self._wal_limit = self._max_wal if self._max_wal is not None else \
@@ -462,15 +469,14 @@ class DB:
         A memtable whose flush fails stays frozen -- still served and still
         in the WAL -- and the next flush tries it again.
         """
-        if freeze and len(state.mem):
-            self._log.presync()  # so the fsync of the rotation, under the lock, is short
         with self._flush_mutex:
             with self._lock:
                 if (self._closed and not opening) or state.dropped:
                     return
                 failed = self._log.failed is not None
                 if not failed and freeze and len(state.mem):
-                    self._rotate_wal()  # the memtable's records all sit in closed segments
+                    # The memtable's records then all sit in closed segments.
+                    self._rotate_wal(flushing=state)
                     self._freeze(state)
                 pending = list(reversed(state.imms))  # oldest first
             if failed:

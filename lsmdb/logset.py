@@ -1,23 +1,35 @@
 """The database's write-ahead log: numbered segments, one of them live (docs/FORMAT.md §3).
 
 Records are appended to the **live** segment.  A flush **rotates** the log:
-the live segment is fsynced and closed, a new one is created, and the
-manifest is switched to name both -- the closed one with its size, the new
-one as live -- before anything is appended to the new one.  So:
+the live segment is closed, a new one is created, and the manifest is
+switched to name both before anything is appended to the new one.  A closed
+segment is either
 
-* every closed segment the manifest names was fsynced whole, and a reader
-  knows its exact size (a segment missing, cut short or zero-filled is
-  corruption, never a torn tail);
-* a segment newer than the manifest's live one never holds a record;
-* a closed segment is deleted only after a manifest that no longer names it
-  is durable (it is no longer named once no memtable holds any of its
-  records), and ``close()`` seals the live segment the same way.
+* **synced** -- fsynced whole, and named in the manifest with its size: a
+  reader knows exactly what it holds (missing, cut short or zero-filled is
+  corruption, never a torn tail); or
+* **unsynced** -- named in the manifest's ``live`` list with the live one:
+  read to its last whole record, and if a crash tore it, every later
+  segment is ignored, so what survives is still a prefix of the writes.
 
-After a failed append or fsync the live segment is **failed**: nothing more
-is appended to it (its end may hold part of a record, and after a failed
-fsync the kernel may have dropped data it held).  The database then makes
-its records durable another way -- by flushing every memtable -- before it
-accepts another write (:meth:`lsmdb.db.DB._recover_log`).
+Segments become synced oldest first, never one before an older one: by
+``sync()`` (every segment, then the live one), by a rotation that leaves a
+record some memtable still needs in the segment it closes (a flush of one
+table while others hold writes in it), and at ``close()``, which seals the
+live segment too.  A rotation whose closed segment holds only records of
+the memtable being flushed leaves it unsynced: once the flush is in an
+SSTable the segment is needed no more and is deleted, never fsynced -- what
+a single-table load needs.
+
+A segment is deleted only after a manifest that no longer names it is
+durable (it is no longer named once no memtable holds any of its records).
+A segment newer than every one the manifest names never holds a record.
+
+After a failed append or fsync the log is **failed**: nothing more is
+appended to the live segment (its end may hold part of a record, and after
+a failed fsync the kernel may have dropped data it held).  The database then
+makes its records durable another way -- by flushing every memtable --
+before it accepts another write (:meth:`lsmdb.db.DB._recover_log`).
 
 Record framing is in :mod:`lsmdb.wal`; a record's payload is msgpack
 ``[seq, [[table_id, key, value|nil], ...]]``.
@@ -83,26 +95,29 @@ class Segment:
     number: int
     size: int = 0          # bytes of whole records (header included)
     max_seq: int = 0       # highest sequence number in it; 0: no record
+    min_seq: int = 0       # lowest sequence number in it; 0: no record
     format: int = SEGMENT_FORMAT
-    synced: bool = True    # every byte of ``size`` fsynced
+    writer: LogWriter | None = None   # an unsynced closed segment's, kept open for its fsync
 
 
 @dataclass
 class WalState:
-    """The WAL as the manifest records it: the live segment and the closed ones still needed."""
+    """The WAL as the manifest records it: the synced closed segments still needed, with
+    their sizes, then the segments read to their last whole record (``live``: the
+    unsynced closed ones still needed and, last, the live one)."""
 
-    live: int | None = None
+    live: list[int] = field(default_factory=list)
     closed: list[tuple[int, int, int]] = field(default_factory=list)  # (number, size, format)
 
     def to_obj(self) -> dict[str, object]:
-        return {"live": self.live, "closed": [list(c) for c in self.closed]}
+        return {"live": list(self.live), "closed": [list(c) for c in self.closed]}
 
     @classmethod
     def from_obj(cls, obj: object) -> WalState:
-        if not isinstance(obj, dict):
+        if not isinstance(obj, dict) or type(obj["live"]) is not list:
             raise ValueError("bad wal entry")
-        live = obj["live"]
-        if live is not None and (type(live) is not int or live < 0):
+        live = list(obj["live"])
+        if any(type(n) is not int or n < 0 for n in live):
             raise ValueError("bad live segment")
         closed = []
         for entry in obj["closed"]:
@@ -111,10 +126,13 @@ class WalState:
                     fmt not in (LEGACY_FORMAT, SEGMENT_FORMAT):
                 raise ValueError("bad closed segment")
             closed.append((number, size, fmt))
+        numbers = [c[0] for c in closed] + live
+        if numbers != sorted(set(numbers)):
+            raise ValueError("segments out of order")
         return cls(live, closed)
 
     def numbers(self) -> list[int]:
-        return [c[0] for c in self.closed] + ([] if self.live is None else [self.live])
+        return [c[0] for c in self.closed] + self.live
 
 
 @dataclass
@@ -124,6 +142,7 @@ class ReplayedLog:
     segments: list[Segment]
     top_seq: int
     torn: list[tuple[str, int]]   # (path, offset) of each torn tail dropped
+    ignored: list[int] = field(default_factory=list)   # segments after a torn one, not read
 
 
 class LogSet:
@@ -133,7 +152,8 @@ class LogSet:
         self.directory = directory
         self.writer: LogWriter | None = None
         self.live: Segment | None = None
-        self.closed: list[Segment] = []     # oldest first
+        self.closed: list[Segment] = []     # synced, oldest first
+        self.unsynced: list[Segment] = []   # closed but not fsynced, oldest first; newer
         #: The error that failed the live segment (no more appends), or None.
         self.failed: OSError | None = None
 
@@ -147,137 +167,186 @@ class LogSet:
 
         ``wal`` is the manifest's record; None for a manifest written before
         segments were recorded, whose segments are every one on disk, each
-        read as a live one.  Closed segments are read strictly to their
-        recorded size; FileNotFoundError if one is gone (a concurrent writer
-        retired it, or it was deleted: the caller decides).
+        read as a live one.  Synced closed segments are read strictly to their
+        recorded size, the rest to their last whole record; after one with a
+        torn tail (the newest aside) the caller stops.  FileNotFoundError if
+        one is gone (a concurrent writer retired it, or it was deleted: the
+        caller decides).
         """
         if wal is None:
             for number in numbers_on_disk:
                 result = read_segment_file(self.path(number), number)
-                yield Segment(number, result.valid_length, 0, result.format, False), result
+                yield Segment(number, result.valid_length, format=result.format), result
             return
         for number, size, fmt in wal.closed:
             result = read_segment_file(self.path(number), number, size, fmt)
-            yield Segment(number, size, 0, fmt, True), result
-        if wal.live is not None:
-            number = wal.live
+            yield Segment(number, size, format=fmt), result
+        for number in wal.live:
             result = read_segment_file(self.path(number), number, None, SEGMENT_FORMAT)
-            yield Segment(number, result.valid_length, 0, SEGMENT_FORMAT, False), result
+            yield Segment(number, result.valid_length), result
 
     def replay(self, wal: WalState | None, numbers_on_disk: list[int],
                apply: Callable[[int, list[Op]], None]) -> ReplayedLog:
-        """Feed every record to ``apply(seq, ops)``, oldest first; see :meth:`read`."""
+        """Feed every record to ``apply(seq, ops)``, oldest first, up to the first torn
+        tail (see :meth:`read`)."""
         segments = []
         torn = []
         top = 0
+        order = numbers_on_disk if wal is None else wal.numbers()
         for seg, result in self.read(wal, numbers_on_disk):
             path = self.path(seg.number)
             for offset, payload in result.records:
                 seq, ops = decode_record(payload, path, offset)
                 seg.max_seq = max(seg.max_seq, seq)
+                seg.min_seq = min(seg.min_seq or seq, seq)
                 apply(seq, ops)
-            if result.torn:
-                torn.append((path, result.valid_length))
             top = max(top, seg.max_seq)
             segments.append(seg)
+            if result.torn:
+                torn.append((path, result.valid_length))
+                # What a crash tore was never fsynced, nor was anything after it.
+                return ReplayedLog(segments, top, torn, order[order.index(seg.number) + 1:])
         return ReplayedLog(segments, top, torn)
 
     def adopt(self, segments: list[Segment]) -> None:
-        """Take replayed segments as closed ones (each fsynced first if it was not)."""
+        """Take replayed segments as synced closed ones (each fsynced first: after a
+        process crash their tails may be in the page cache only)."""
         for seg in segments:
-            if not seg.synced:
-                fd = os.open(self.path(seg.number), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                seg.synced = True
+            fd = os.open(self.path(seg.number), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             self.closed.append(seg)
 
     # -- the manifest's view --------------------------------------------------
-    def needed(self, low_seq: int | None) -> list[Segment]:
-        """Closed segments holding a record some memtable still holds: any record
-        at or past ``low_seq``, the smallest sequence number in any memtable (None:
-        the memtables are empty)."""
-        if low_seq is None:
-            return []
-        return [s for s in self.closed if s.max_seq >= low_seq]
+    @staticmethod
+    def _needed(segments: list[Segment], low_seq: int | None) -> list[Segment]:
+        return [] if low_seq is None else [s for s in segments if s.max_seq >= low_seq]
 
     def state(self, low_seq: int | None) -> WalState:
-        return WalState(None if self.live is None else self.live.number,
-                        [(s.number, s.size, s.format) for s in self.needed(low_seq)])
+        """The manifest's record: the closed segments holding a record some memtable
+        still holds -- any at or past ``low_seq``, the smallest sequence number in
+        any memtable (None: the memtables are empty) -- and the live one."""
+        live = [s.number for s in self._needed(self.unsynced, low_seq)]
+        if self.live is not None:
+            live.append(self.live.number)
+        return WalState(live, [(s.number, s.size, s.format)
+                               for s in self._needed(self.closed, low_seq)])
 
     def retire(self, low_seq: int | None) -> None:
-        """Delete the closed segments :meth:`needed` leaves out.  Call only once a
+        """Delete the closed segments :meth:`state` leaves out.  Call only once a
         manifest of ``state(low_seq)`` is durable."""
-        keep = self.needed(low_seq)
-        for seg in self.closed:
-            if seg not in keep:
-                unlink_quietly(self.path(seg.number))
-        self.closed = keep
+        for kept in (self.closed, self.unsynced):
+            keep = self._needed(kept, low_seq)
+            for seg in kept:
+                if seg not in keep:
+                    if seg.writer is not None:
+                        seg.writer.close()
+                    unlink_quietly(self.path(seg.number))
+            kept[:] = keep
+
+    def may_hold(self, ranges: list[tuple[int, int]]) -> bool:
+        """Whether the live segment or an unsynced one may hold a record with a
+        sequence number in one of the (lowest, highest) ``ranges``."""
+        segments = self.unsynced + ([self.live] if self.live is not None else [])
+        return any(seg.min_seq and lo <= seg.max_seq and hi >= seg.min_seq
+                   for seg in segments for lo, hi in ranges)
 
     @property
     def total_bytes(self) -> int:
         """Bytes of every segment on disk the log still holds."""
-        return sum(s.size for s in self.closed) + (self.writer.size if self.writer else 0)
+        return sum(s.size for s in self.closed) + sum(s.size for s in self.unsynced) + \
+            (self.writer.size if self.writer else 0)
 
     def oldest_max_seq(self) -> int | None:
         """The highest sequence number in the oldest segment holding a record."""
-        for seg in self.closed:
+        for seg in self.closed + self.unsynced:
             if seg.max_seq:
                 return seg.max_seq
         return self.live.max_seq if self.live is not None and self.live.max_seq else None
 
     # -- writing --------------------------------------------------------------
-    def rotate(self, number: int, commit: Callable[[], None]) -> None:
-        """Close the live segment (fsynced, unless failed) and make segment ``number`` live.
-
-        ``commit()`` -- the manifest switch naming the new layout -- runs once
-        the layout has changed.  If it raises, the old layout comes back and
-        the new file is removed; SwitchedButNotSynced keeps the new layout
-        (the visible manifest names it) but fails the new segment, so nothing
-        is appended to it before a manifest naming it is known durable.
-        """
-        old, old_writer = self.live, self.writer
-        if old_writer is not None and self.failed is None:
+    def _sync_unsynced(self) -> None:
+        """fsync the unsynced closed segments, oldest first, each becoming synced."""
+        while self.unsynced:
+            seg = self.unsynced[0]
+            assert seg.writer is not None
             try:
-                old_writer.sync()
+                seg.writer.sync()
             except OSError as exc:
                 self.failed = exc
                 raise
-        writer = LogWriter(self.path(number), number)
+            seg.writer.close()
+            seg.writer = None
+            self.closed.append(self.unsynced.pop(0))
+
+    def rotate(self, number: int, commit: Callable[[], None], sync: bool = True) -> None:
+        """Close the live segment and make segment ``number`` live.
+
+        ``sync``: the closed segment (and every older unsynced one) is fsynced
+        first and becomes synced; else it is left unsynced.  A failed log
+        closes the live segment without either.  ``commit()`` -- the manifest
+        switch naming the new layout -- runs once the layout has changed.  If
+        it raises, the old layout comes back and the new file is removed;
+        SwitchedButNotSynced keeps the new layout (the visible manifest names
+        it) but fails the log, so nothing is appended to the new segment before
+        a manifest naming it is known durable.
+        """
+        old, old_writer = self.live, self.writer
         failed = self.failed
+        if sync and failed is None:
+            self._sync_unsynced()
+            if old_writer is not None:
+                try:
+                    old_writer.sync()
+                except OSError as exc:
+                    self.failed = exc
+                    raise
+        writer = LogWriter(self.path(number), number)
+        unsynced_before = list(self.unsynced)
+        closed_before = list(self.closed)
         if old is not None and old_writer is not None:
-            self.closed.append(Segment(old.number, old_writer.size, old.max_seq, old.format,
-                                       failed is None))
+            seg = Segment(old.number, old_writer.size, old.max_seq, old.min_seq, old.format)
+            if failed is not None or not sync:
+                # Kept open (a failed one too, so its descriptor outlives any
+                # reader) until it is synced or retired.
+                seg.writer = old_writer
+                self.unsynced.append(seg)
+            else:
+                self.closed.append(seg)
         self.live, self.writer, self.failed = Segment(number, writer.size), writer, None
         try:
             commit()
         except SwitchedButNotSynced as exc:
             self.failed = exc
-            if old_writer is not None:
+            if old_writer is not None and (failed is None and sync):
                 old_writer.close()
             raise
         except BaseException:
-            if old is not None:
-                self.closed.pop()
+            self.closed, self.unsynced = closed_before, unsynced_before
             self.live, self.writer, self.failed = old, old_writer, failed
             writer.close()
             unlink_quietly(writer.path)
             raise
-        if old_writer is not None:
+        if old_writer is not None and failed is None and sync:
             old_writer.close()
 
     def seal(self, commit: Callable[[], None]) -> None:
-        """Close the live segment (fsynced) with no new one: what ``close()`` leaves.
-
-        ``commit()`` writes the manifest; if it fails the segment stays live.
-        """
+        """Close the live segment with no new one, every segment synced: what
+        ``close()`` leaves.  ``commit()`` writes the manifest; if it fails, the
+        segment stays live."""
         old, old_writer = self.live, self.writer
         if old is None or old_writer is None or self.failed is not None:
             return
-        old_writer.sync()
-        self.closed.append(Segment(old.number, old_writer.size, old.max_seq, old.format, True))
+        self._sync_unsynced()
+        try:
+            old_writer.sync()
+        except OSError as exc:
+            self.failed = exc
+            raise
+        self.closed.append(Segment(old.number, old_writer.size, old.max_seq, old.min_seq,
+                                   old.format))
         self.live = None
         try:
             commit()
@@ -291,36 +360,27 @@ class LogSet:
         old_writer.close()
 
     def append(self, seq: int, payload: bytes, sync: bool) -> None:
-        """Append one record (fsync it too if ``sync``); on OSError the segment is failed."""
+        """Append one record (with ``sync``, fsync it and every segment before it);
+        on OSError the log is failed."""
         writer, live = self.writer, self.live
         if writer is None or live is None or self.failed is not None:
             raise RuntimeError("no WAL segment open for appends")
         try:
             writer.add_record(payload)
-            if sync:
-                writer.sync()
         except OSError as exc:
             self.failed = exc
             raise
         live.max_seq = seq
-
-    def presync(self) -> None:
-        """Write the live segment's data out ahead of a rotation, outside the DB's lock.
-
-        A rotation may close the segment meanwhile: an error then says nothing
-        about the live one and is ignored."""
-        writer = self.writer
-        if writer is not None and self.failed is None:
-            try:
-                writer.datasync()
-            except OSError as exc:
-                if self.writer is writer:
-                    self.failed = exc
+        if not live.min_seq:
+            live.min_seq = seq
+        if sync:
+            self.sync()
 
     def sync(self) -> None:
-        """fsync the live segment (closed ones were fsynced when they closed)."""
+        """fsync every unsynced segment, oldest first, then the live one."""
         if self.failed is not None:
             raise self.failed
+        self._sync_unsynced()
         if self.writer is not None:
             try:
                 self.writer.sync()
@@ -329,8 +389,14 @@ class LogSet:
                 raise
 
     def sync_failed_quietly(self) -> None:
-        """Best effort for a failed segment at close: its whole records may still reach
-        the disk (a reopen replays them; its partial tail is dropped as torn)."""
+        """Best effort for a failed log at close: its whole records may still reach the
+        disk (a reopen replays them; a partial tail is dropped as torn)."""
+        for seg in self.unsynced:
+            if seg.writer is not None:
+                try:
+                    seg.writer.sync()
+                except OSError:
+                    pass
         if self.writer is not None:
             try:
                 self.writer.sync()
@@ -338,13 +404,18 @@ class LogSet:
                 pass
 
     def close(self) -> None:
+        for seg in self.unsynced:
+            if seg.writer is not None:
+                seg.writer.close()
         if self.writer is not None:
             self.writer.close()
             self.writer = None
 
     def _check(self) -> None:
-        """Invariants: segments in order, sizes known, every needed one synced."""
-        numbers = [s.number for s in self.closed] + ([self.live.number] if self.live else [])
+        """Invariants: segments in order, synced ones before unsynced ones."""
+        numbers = [s.number for s in self.closed + self.unsynced] + \
+            ([self.live.number] if self.live else [])
         assert numbers == sorted(set(numbers)), numbers
+        assert all(s.writer is None for s in self.closed)
         if self.writer is not None:
             assert self.live is not None and self.writer.number == self.live.number

@@ -85,6 +85,10 @@ def open_database(db: DB, create_if_missing: bool) -> None:
             sweep(db, manifest, replayed)
             db._log.adopt(replayed.segments)
             db._rotate_wal()
+            for number in replayed.ignored:  # after a torn one: written after the tear
+                log.warning("%s: ignored, written after a torn WAL segment",
+                            db._log.path(number))
+                unlink_quietly(db._log.path(number))
             for state in list(db._tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     db._flush_table(state, opening=True)

@@ -155,11 +155,15 @@ def _verify_wal(path: str, manifest: Manifest, problems: list[Problem]) -> set[i
         segments = [(n, None, None) for n in numbers]
     else:
         segments = [(n, size, fmt) for n, size, fmt in wal.closed]
-        if wal.live is not None:
-            segments.append((wal.live, None, SEGMENT_FORMAT))
+        segments += [(n, None, SEGMENT_FORMAT) for n in wal.live]
+    torn = False
     for number, size, fmt in segments:
         seg = os.path.join(path, wal_name(number))
         what = "live" if size is None else "closed"
+        if torn:
+            problems.append(Problem(seg, None, "WAL segment after a torn one: written after "
+                                    "the tear, ignored at open", "warning"))
+            continue
         if not _is_file(seg):
             problems.append(Problem(seg, None, f"{what} WAL segment named by the manifest is "
                                     "missing or not a regular file (its writes are lost)"))
@@ -173,6 +177,7 @@ def _verify_wal(path: str, manifest: Manifest, problems: list[Problem]) -> set[i
             problems.append(Problem(seg, None, f"cannot read: {exc}"))
             continue
         if result.torn:
+            torn = True
             problems.append(Problem(seg, result.valid_length,
                                     "torn tail (writes a crash cut short; not fsynced, they are "
                                     "dropped at open)", "warning"))

@@ -84,14 +84,14 @@ class Faults:
         for name in ("open", "write", "fsync", "fdatasync", "replace", "rename", "unlink",
                      "pread"):
             self._saved[name] = getattr(os, name)
-        os.open = self._open  # type: ignore[assignment]
-        os.write = self._write  # type: ignore[assignment]
-        os.fsync = self._fsync  # type: ignore[assignment]
-        os.fdatasync = self._fdatasync  # type: ignore[assignment]
-        os.replace = self._replace  # type: ignore[assignment]
-        os.rename = self._rename  # type: ignore[assignment]
-        os.unlink = self._unlink  # type: ignore[assignment]
-        os.pread = self._pread  # type: ignore[assignment]
+        os.open = self._open
+        os.write = self._write
+        os.fsync = self._fsync
+        os.fdatasync = self._fdatasync
+        os.replace = self._replace
+        os.rename = self._rename
+        os.unlink = self._unlink
+        os.pread = self._pread
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -446,3 +446,35 @@ def test_while_flushes_fail_frozen_memtables_stop_at_the_bound(tmp_path, caplog)
     db.close()
     with lsmdb.open(path) as again:
         assert {k: again.table("t").get(k) for k in acked} == acked
+
+
+def test_a_torn_unsynced_segment_ends_the_replay(tmp_path, caplog):
+    """A flush that fails leaves the segment its rotation closed unsynced (no other
+    table had records in it) while writes go on in the next one.  If a crash then
+    tears the unsynced segment, the later segment is not replayed: what survives is
+    a prefix of the writes, never later ones without earlier ones."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", **SMALL)
+    with Faults(path) as faults, caplog.at_level(logging.CRITICAL, logger="lsmdb"):
+        faults.fail("fsync", lambda n: n.endswith(".sst"), errno.ENOSPC)
+        n = 0
+        while not faults.hits:                      # until a flush was tried and failed
+            db.put(b"k%03d" % n, b"v" * 300)
+            n += 1
+    wal = lsmdb.manifest.Manifest.read(os.path.join(path, "MANIFEST")).wal
+    assert wal is not None and len(wal.live) == 2 and wal.closed == []
+    older, newer = (os.path.join(path, lsmdb.files.wal_name(x)) for x in wal.live)
+    db.put(b"later", b"in the newer segment")
+    crashed = tmp_path / "crashed"
+    shutil.copytree(path, crashed)                   # a crash...
+    db.close()
+    torn = crashed / os.path.basename(older)
+    os.truncate(torn, os.path.getsize(torn) - 50)   # ... that tore the unsynced segment
+    assert os.path.getsize(crashed / os.path.basename(newer)) > 16
+    with caplog.at_level(logging.WARNING, logger="lsmdb"), lsmdb.open(str(crashed)) as again:
+        got = [again.get(b"k%03d" % i) is not None for i in range(n)]
+        assert got == sorted(got, reverse=True) and not all(got)   # a prefix, torn short
+        assert again.get(b"later") is None
+    assert any("written after a torn WAL segment" in r.getMessage() for r in caplog.records)
+    assert errors_of(str(crashed)) == []

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import functools
 import importlib.util
 import logging
@@ -63,11 +64,11 @@ from tools.powerloss_model import (  # noqa: E402
 )
 
 
-def _load_layer() -> Any:
-    """tests/powerloss.py, loaded once under one name (tests/ is not a package)."""
-    name = "lsmdb_tests_powerloss"
+def _load_layer(stem: str = "powerloss") -> Any:
+    """tests/<stem>.py, loaded once under one name (tests/ is not a package)."""
+    name = f"lsmdb_tests_{stem}"
     if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "tests" / "powerloss.py"
+        path = Path(__file__).resolve().parent.parent / "tests" / f"{stem}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -77,9 +78,11 @@ def _load_layer() -> Any:
 
 
 if TYPE_CHECKING:
+    from tests import faultinject
     from tests import powerloss as layer
 else:
     layer = _load_layer()
+    faultinject = _load_layer("faultinject")
 
 Crash = layer.Crash
 PowerLoss = layer.PowerLoss
@@ -96,7 +99,8 @@ TABLES: dict[str, dict[str, Any]] = {
 KEYS = [b"k%02d" % i for i in range(18)] + [b"", b"\x00", b"\xff\xff"]
 FP_CHANCES = (0.001, 0.01, 0.1, 0.5, 1.0)
 WEIGHTS = {"put": 30, "delete": 8, "batch": 10, "sync": 4, "flush": 3, "flush_all": 1,
-           "compact": 1.5, "alter": 1, "create": 1, "drop": 1, "reopen": 1.5, "powercut": 1}
+           "compact": 1.5, "alter": 1, "create": 1, "drop": 1, "reopen": 1.5, "powercut": 1,
+           "failed_flush": 1.5}
 
 
 # ------------------------------------------------------------------ operations
@@ -171,7 +175,7 @@ def generate(seed: int, n_ops: int, sync_writes: bool = False) -> Plan:
             ops.append(Op("batch", items=items, sync=a_sync()))
         elif kind in ("sync", "flush_all"):
             ops.append(Op(kind))
-        elif kind in ("flush", "compact"):
+        elif kind in ("flush", "compact", "failed_flush"):
             ops.append(Op(kind, rng.choice(tables)))
         elif kind == "alter":
             ops.append(Op("alter", rng.choice(tables),
@@ -485,6 +489,21 @@ class _Runner:
             rule = {"flush": "flush(name)", "flush_all": "flush()",
                     "compact": "compact(name)"}.get(op.kind, op.kind)
             model.ack(durable=rule, why=desc)
+        elif op.kind == "failed_flush":
+            # A flush whose SSTable cannot be fsynced (the disk full): the memtable
+            # stays frozen, the segment its rotation closed unsynced, and the
+            # writes after it go to the next one.
+            if op.table not in live:
+                return db
+            model.begin(desc)
+            with faultinject.Faults(self.path) as faults:
+                faults.fail("fsync", lambda name: name.endswith(".sst"), errno.ENOSPC)
+                try:
+                    db.flush(op.table)
+                except OSError:
+                    model.abort()
+                else:
+                    model.ack(durable="flush(name)", why=desc)  # nothing was left to flush
         elif op.kind == "create":
             if op.table in live:
                 return db

@@ -356,22 +356,22 @@ class DB:
         for state in states:
             if len(state.imms) >= MAX_FROZEN_MEMTABLES:
                 self._flush_table(state, freeze=False)  # raises while flushes fail
+        log_ = self._log
         while True:
-            if self._log.failed is not None and not self._closed:
-                self._recover_log()
             with self._lock:
                 self._check_writable()
                 for state in states:
                     if state.dropped:
                         raise NoSuchTableError(f"table {state.name!r} was dropped")
-                if self._log.failed is not None:
-                    continue  # failed meanwhile (another thread's write): recover first
-                seq = self._last_seq = self._last_seq + 1
-                self._log.append(seq, encode(seq), do_sync)
-                touched = apply(seq)
-                full = [s for s in touched if s.mem.size_bytes >= s.options.memtable_size_bytes]
-                wal_over = self._log.total_bytes > self._wal_limit
-            break
+                if log_.failed is None:
+                    seq = self._last_seq = self._last_seq + 1
+                    log_.append(seq, encode(seq), do_sync)
+                    touched = apply(seq)
+                    full = [s for s in touched
+                            if s.mem.size_bytes >= s.options.memtable_size_bytes]
+                    wal_over = log_.total_bytes > self._wal_limit
+                    break
+            self._recover_log()  # outside the lock: it writes SSTables
         for state in full:  # outside the lock: the SSTable is written without it
             try:
                 self._flush_table(state)

@@ -156,6 +156,7 @@ class LogSet:
         self.unsynced: list[Segment] = []   # closed but not fsynced, oldest first; newer
         #: The error that failed the live segment (no more appends), or None.
         self.failed: OSError | None = None
+        self._closed_bytes = 0
 
     def path(self, number: int) -> str:
         return os.path.join(self.directory, wal_name(number))
@@ -218,6 +219,7 @@ class LogSet:
             finally:
                 os.close(fd)
             self.closed.append(seg)
+        self._count()
 
     # -- the manifest's view --------------------------------------------------
     @staticmethod
@@ -245,6 +247,7 @@ class LogSet:
                         seg.writer.close()
                     unlink_quietly(self.path(seg.number))
             kept[:] = keep
+        self._count()
 
     def may_hold(self, ranges: list[tuple[int, int]]) -> bool:
         """Whether the live segment or an unsynced one may hold a record with a
@@ -255,9 +258,13 @@ class LogSet:
 
     @property
     def total_bytes(self) -> int:
-        """Bytes of every segment on disk the log still holds."""
-        return sum(s.size for s in self.closed) + sum(s.size for s in self.unsynced) + \
-            (self.writer.size if self.writer else 0)
+        """Bytes of every segment on disk the log still holds (a write asks: the closed
+        segments' share is kept, not summed)."""
+        writer = self.writer
+        return self._closed_bytes + (writer.size if writer is not None else 0)
+
+    def _count(self) -> None:
+        self._closed_bytes = sum(s.size for s in self.closed) + sum(s.size for s in self.unsynced)
 
     def oldest_max_seq(self) -> int | None:
         """The highest sequence number in the oldest segment holding a record."""
@@ -316,6 +323,7 @@ class LogSet:
             else:
                 self.closed.append(seg)
         self.live, self.writer, self.failed = Segment(number, writer.size), writer, None
+        self._count()
         try:
             commit()
         except SwitchedButNotSynced as exc:
@@ -326,6 +334,7 @@ class LogSet:
         except BaseException:
             self.closed, self.unsynced = closed_before, unsynced_before
             self.live, self.writer, self.failed = old, old_writer, failed
+            self._count()
             writer.close()
             unlink_quietly(writer.path)
             raise
@@ -356,6 +365,8 @@ class LogSet:
             self.closed.pop()
             self.live = old
             raise
+        finally:
+            self._count()
         self.writer = None
         old_writer.close()
 
@@ -417,5 +428,6 @@ class LogSet:
             ([self.live.number] if self.live else [])
         assert numbers == sorted(set(numbers)), numbers
         assert all(s.writer is None for s in self.closed)
+        assert self._closed_bytes == sum(s.size for s in self.closed + self.unsynced)
         if self.writer is not None:
             assert self.live is not None and self.writer.number == self.live.number

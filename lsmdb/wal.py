@@ -41,7 +41,7 @@ import zlib
 
 from .coding import WAL_HEADER, WAL_HEADER_SIZE, crc32
 from .errors import CorruptionError
-from .files import FileWriter, read_file, unlink_quietly
+from .files import FileWriter, read_file, unlink_quietly, write_all
 
 SEGMENT_MAGIC = b"LSMDBWAL"   # DO NOT CHANGE: on disk.
 SEGMENT_FORMAT = 2            # DO NOT CHANGE: on disk.
@@ -90,6 +90,7 @@ class LogWriter:
             self._file.close()
             unlink_quietly(path)
             raise
+        self._fd = self._file.fd
         self.size = SEGMENT_HEADER_SIZE
 
     def add_record(self, payload: bytes) -> None:
@@ -104,7 +105,9 @@ class LogWriter:
                 crc32(payload, self._seeds[FULL]), n, FULL) + payload
         else:
             data = self._fragments(payload, left)
-        self._file.write(data)
+        written = os.write(self._fd, data)
+        if written != len(data):  # a short write: the rest, or its error
+            write_all(self._fd, memoryview(data)[written:])
         self.size += len(data)
 
     def _fragments(self, payload: bytes, left: int) -> bytearray:

@@ -287,6 +287,10 @@ class DBMachine(RuleBasedStateMachine):
             state.mem._check()
 
     @invariant()
+    def wal_segments_in_order(self):
+        self.db._log._check()
+
+    @invariant()
     def full_scans_agree(self):
         for name, m in self.model.items():
             t = self.db.table(name)

@@ -13,6 +13,8 @@ directory:
   for background compactions, then ``close()``;
 * ``puts``: ``--puts`` single ``db.put`` calls (``sync=False``, random order),
   then ``close()`` (the flushes and compactions they cause included);
+* ``two_tables``: ``--puts`` single puts taking turns between two tables (a
+  flush of one then leaves the other's records in the WAL segment it closes);
 * ``sync_puts``: ``--puts // 20`` single ``db.put(..., sync=True)`` calls.
 
 The report gives, per workload, each tree's median rate and the median of the
@@ -62,6 +64,14 @@ for k, v in items[:puts]:
     db.put(k, v)
 db.close()
 out["puts"] = puts / (time.perf_counter() - t)
+path = tempfile.mkdtemp(dir=base)
+db = lsmdb.open(path)
+tables = [db.table("default"), db.create_table("other")]
+t = time.perf_counter()
+for i, (k, v) in enumerate(items[:puts]):
+    tables[i & 1].put(k, v)
+db.close()
+out["two_tables"] = puts / (time.perf_counter() - t)
 path = tempfile.mkdtemp(dir=base)
 db = lsmdb.open(path)
 n = max(1, puts // 20)

@@ -621,7 +621,7 @@ class DB:
         del self._default[key]
 
     def __contains__(self, key: Any) -> bool:
-        return self._get(self._default_state, key) is not None
+        return self.get(key) is not None  # the compiled getter, as db.get
 
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
              reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
@@ -679,13 +679,19 @@ class DB:
         self._check_open()
         return sorted(self._tables)
 
-    def create_table(self, name: str, **table_options: Any) -> Table:
-        """Create a table with its own options (TableExistsError if it exists)."""
+    def create_table(self, name: str, exist_ok: bool = False, **table_options: Any) -> Table:
+        """Create a table with its own options.
+
+        If it exists: TableExistsError, or with ``exist_ok`` the existing table,
+        its options unchanged (change them with :meth:`alter_table`).
+        """
         validate_table_name(name)
         explicit = validate_table_options(table_options)
         with self._lock:
             self._check_writable()
             if name in self._tables:
+                if exist_ok:
+                    return self._handles[name]
                 raise TableExistsError(f"table {name!r} already exists")
             state = TableState(name, self._next_table_id, explicit)
             self._next_table_id += 1

@@ -260,7 +260,11 @@ class Table:
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when it is absent."""
-        return self._db._get(self._live(), key, default)
+        state = self._state
+        getter = state.getter
+        if getter is None or state.dropped:
+            return self._db._get(self._live(), key, default)
+        return getter(key, default)
 
     def get_many(self, keys: Any) -> list[bytes | None]:
         """Values of many keys at once, None where absent (see ``DB.get_many``)."""
@@ -291,7 +295,11 @@ class Table:
         self.delete(key)
 
     def __contains__(self, key: Any) -> bool:
-        return self._db._get(self._live(), key) is not None
+        state = self._state
+        getter = state.getter
+        if getter is None or state.dropped:
+            return self._db._get(self._live(), key) is not None
+        return getter(key) is not None
 
     def __repr__(self) -> str:
         return f"<lsmdb.Table {self.name!r}>"

@@ -5,7 +5,9 @@ Formats of :func:`export_table`:
 ``jsonl``
     one JSON object per line, ``{"key": "<base64>", "value": "<base64>"}``
     (standard base64 with padding); :func:`import_jsonl` reads it back, byte
-    for byte.
+    for byte.  An export of every table (:func:`export_tables`) adds
+    ``"table": "<name>"`` to each line, and the import puts each row back in
+    its table.
 ``csv``
     a header line ``key,value``, then one line per row with key and value as
     CQL blob literals (``0x`` followed by lowercase hex; the empty value is
@@ -53,7 +55,7 @@ from .db import DB
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import DEFAULT_TABLE
 
-__all__ = ["FORMATS", "cql_create_table", "export_table", "import_jsonl"]
+__all__ = ["FORMATS", "cql_create_table", "export_table", "export_tables", "import_jsonl"]
 
 #: The formats :func:`export_table` writes.
 FORMATS = ("jsonl", "csv", "cql")
@@ -84,9 +86,11 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _jsonl_lines(rows: Iterable[tuple[bytes, bytes]]) -> Iterable[str]:
+def _jsonl_lines(rows: Iterable[tuple[bytes, bytes]], table: str | None = None
+                 ) -> Iterable[str]:
+    named = "" if table is None else f', "table": {json.dumps(table)}'
     for key, value in rows:
-        yield f'{{"key": "{_b64(key)}", "value": "{_b64(value)}"}}\n'
+        yield f'{{"key": "{_b64(key)}", "value": "{_b64(value)}"{named}}}\n'
 
 
 def _csv_lines(rows: Iterable[tuple[bytes, bytes]]) -> Iterable[str]:
@@ -201,19 +205,55 @@ def export_table(db: DB, table: str | None, fmt: str, out: TextIO, *,
             progress(0)
         return 0
     rows = handle.scan()
-    lines = _jsonl_lines(rows) if fmt == "jsonl" else _csv_lines(rows)
     if fmt == "csv":
         out.write("key,value\n")
-    count = 0
-    reported = -1
+    count = _write_lines(_jsonl_lines(rows) if fmt == "jsonl" else _csv_lines(rows), out, 0,
+                         progress, progress_every)
+    if progress is not None and count % progress_every:
+        progress(count)
+    return count
+
+
+def _write_lines(lines: Iterable[str], out: TextIO, count: int,
+                 progress: ProgressCallback | None, progress_every: int) -> int:
     write = out.write
     for line in lines:
         write(line)
         count += 1
         if progress is not None and count % progress_every == 0:
             progress(count)
-            reported = count
-    if progress is not None and reported != count:
+    return count
+
+
+def export_tables(db: DB, fmt: str, out: TextIO, *, progress: ProgressCallback | None = None,
+                  progress_every: int = DEFAULT_PROGRESS_EVERY) -> int:
+    """Every table of ``db``, in name order: JSON Lines whose lines name their table, or
+    (``"cql"``) one ``CREATE TABLE`` per table.  CSV holds one table only: ValueError.
+
+        >>> import io, lsmdb, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> with lsmdb.open(tmp.name) as db:
+        ...     db.create_table("t").put(b"k", b"v")
+        ...     out = io.StringIO()
+        ...     export_tables(db, "jsonl", out)
+        1
+        >>> print(out.getvalue(), end="")
+        {"key": "aw==", "value": "dg==", "table": "t"}
+        >>> tmp.cleanup()
+    """
+    if fmt == "csv":
+        raise ValueError("a CSV export holds one table: name it (--table)")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}; use one of {', '.join(FORMATS)}")
+    count = 0
+    for name in db.tables():
+        handle = db.table(name)
+        if fmt == "cql":
+            out.write(cql_create_table(name, handle.options) + "\n")
+            continue
+        count = _write_lines(_jsonl_lines(handle.scan(), name), out, count, progress,
+                             progress_every)
+    if progress is not None and (fmt == "cql" or count % progress_every):
         progress(count)
     return count
 
@@ -237,11 +277,12 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
     ``infile`` is a text stream or a binary one (UTF-8), or any iterable of
     lines (``str`` or ``bytes``).  Each line must be a JSON object with
     base64 strings ``"key"`` and ``"value"`` (other fields are ignored; blank
-    lines are skipped).  Rows are written in atomic
-    batches (``db.batch()``) of ``batch_size`` rows -- fewer if they reach
-    64 MiB -- and ``progress``, if given, is called with the number of rows
-    loaded so far after each batch.  Existing keys are overwritten; keys not
-    in the file are left alone.
+    lines are skipped).  ``table`` None: each row goes to the table its line
+    names (``"table"``; ``"default"`` when it names none), which must exist.
+    Rows are written in atomic batches (``db.batch()``) of ``batch_size``
+    rows -- fewer if they reach 64 MiB -- and ``progress``, if given, is
+    called with the number of rows loaded so far after each batch.  Existing
+    keys are overwritten; keys not in the file are left alone.
 
     A bad line raises ``ValueError`` naming its line number, after the rows
     before it were written: re-running the import from that line resumes it.
@@ -261,10 +302,11 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    name = DEFAULT_TABLE if table is None else table
-    db.table(name)  # NoSuchTableError now rather than at the first row
+    if table is not None:
+        db.table(table)  # NoSuchTableError now rather than at the first row
+    known = set(db.tables())
     loaded = 0
-    pending: list[tuple[bytes, bytes]] = []
+    pending: list[tuple[bytes, bytes, str]] = []
     pending_bytes = 0
 
     def commit() -> None:
@@ -272,7 +314,7 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
         if not pending:
             return
         with db.batch() as batch:
-            for key, value in pending:
+            for key, value, name in pending:
                 batch.put(key, value, table=name)
         loaded += len(pending)
         pending.clear()
@@ -305,7 +347,12 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
             if len(value) > MAX_VALUE_SIZE_BYTES:
                 raise ValueError(f"line {lineno}: value of {len(value)} bytes exceeds the limit "
                                  f"of {MAX_VALUE_SIZE_BYTES} bytes")
-            pending.append((key, value))
+            name = table
+            if name is None:
+                name = obj.get("table", DEFAULT_TABLE)
+                if not isinstance(name, str) or name not in known:
+                    raise ValueError(f"line {lineno}: no table {name!r} in the database")
+            pending.append((key, value, name))
             pending_bytes += len(key) + len(value)
             if len(pending) >= batch_size or pending_bytes >= _IMPORT_BATCH_BYTES:
                 commit()

@@ -171,9 +171,20 @@ def expected_infos(path: str) -> dict[str, dict]:
 
 
 # --------------------------------------------------------------------- inspect
+def test_inspect_fits_100_columns_unless_wide(dbpath, lsmdb_cli):
+    narrow = lsmdb_cli("inspect", dbpath)
+    wide = lsmdb_cli("inspect", dbpath, "--wide")
+    assert narrow.returncode == wide.returncode == 0
+    assert max(map(len, narrow.stdout.splitlines())) <= 100, narrow.stdout
+    assert max(map(len, wide.stdout.splitlines())) > 100
+    header = next(ln for ln in wide.stdout.splitlines() if ln.startswith("lvl"))
+    assert {"tombs", "true pos", "disk reads", "cache hits", "fill"} <= set(
+        re.split(r"\s{2,}", header.strip()))
+
+
 def test_inspect_human_one_row_per_sstable_and_a_totals_line(dbpath, lsmdb_cli):
     infos = expected_infos(dbpath)
-    r = lsmdb_cli("inspect", dbpath)
+    r = lsmdb_cli("inspect", dbpath, "--wide")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     for name in infos:
@@ -614,7 +625,7 @@ def test_verify_flipped_filter_bit_array_byte_reports_fail_open(dbpath, lsmdb_cl
                 for s in json.loads(r.stdout)["tables"][USERS]["sstables"]}
     assert versions.pop(os.path.basename(f2)) is None
     assert set(versions.values()) == {2}
-    r = lsmdb_cli("inspect", dbpath, "--table", USERS)
+    r = lsmdb_cli("inspect", dbpath, "--table", USERS, "--wide")
     [row] = [ln.split() for ln in r.stdout.splitlines() if os.path.basename(f2) in ln]
     assert row[2:5] == ["(FILTER", "FAILS", "OPEN)"] and row[11] == "-"  # lvl, file .. k, fmt
 
@@ -716,3 +727,128 @@ def test_subcommand_help_via_subprocess():
     for name in ("inspect", "trace"):
         r = lsmdb_subprocess(name, "--help")
         assert r.returncode == 0 and "example" in r.stdout.lower()
+
+
+# --------------------------------------------------------------------- quick looks
+def test_put_get_delete_scan(tmp_path, lsmdb_cli):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        db.create_table("t")
+        db.put(b"\xff\x00", b"binary")
+    assert lsmdb_cli("put", path, "a", "1").returncode == 0
+    assert lsmdb_cli("put", path, "b", "2", "--table", "t").returncode == 0
+    assert lsmdb_cli("put", path, "626262", "c3c3", "--hex").returncode == 0
+    r = lsmdb_cli("get", path, "a")
+    assert (r.returncode, r.stdout) == (0, "1\n")
+    assert lsmdb_cli("get", path, "b", "--table", "t").stdout == "2\n"
+    assert lsmdb_cli("get", path, "bbb").stdout == "\\xc3\\xc3\n"   # not UTF-8: escaped
+    assert lsmdb_cli("get", path, "ff00", "--hex").stdout == "62696e617279\n"
+    missing = lsmdb_cli("get", path, "nope")
+    assert missing.returncode == 1 and missing.stderr.startswith("lsmdb: no key 'nope'")
+    r = lsmdb_cli("scan", path)
+    assert r.stdout.splitlines() == ["a\t1", "bbb\t\\xc3\\xc3", "\\xff\\x00\tbinary"]
+    assert lsmdb_cli("scan", path, "--limit", "1").stdout == "a\t1\n"
+    assert lsmdb_cli("scan", path, "--start", "b", "--end", "c").stdout == "bbb\t\\xc3\\xc3\n"
+    assert lsmdb_cli("scan", path, "--prefix", "ff", "--hex").stdout == "ff00\t62696e617279\n"
+    assert lsmdb_cli("scan", path, "--reverse", "--limit", "1").stdout == "\\xff\\x00\tbinary\n"
+    assert lsmdb_cli("delete", path, "a").returncode == 0
+    assert lsmdb_cli("get", path, "a").returncode == 1
+    with lsmdb.open(path, read_only=True) as db:
+        assert (db.get(b"a"), db.get(b"bbb"), db.table("t").get(b"b")) == (None, b"\xc3\xc3",
+                                                                            b"2")
+
+
+@pytest.mark.parametrize("args", [("get", "{p}", "k", "--table", "nope"),
+                                  ("put", "{p}", "zz", "v", "--hex"),
+                                  ("scan", "{p}", "--limit", "-1"),
+                                  ("get", "{p}/missing", "k")])
+def test_quick_look_errors_are_one_line(tmp_path, lsmdb_cli, args):
+    path = str(tmp_path / "db")
+    lsmdb.open(path).close()
+    r = lsmdb_cli(*(a.format(p=path) for a in args))
+    assert r.returncode == 1 and r.stderr.startswith("lsmdb: ")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# --------------------------------------------------------------------- errors, one line each
+def test_import_of_a_csv_file_is_one_line(tmp_path):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        db.put(b"k", b"v")
+    csv = tmp_path / "rows.csv"
+    assert lsmdb_subprocess("export", path, "--table", "default", "--format", "csv",
+                            "--out", str(csv)).returncode == 0
+    for args in (["import", str(tmp_path / "other"), str(csv)],
+                 ["import", str(tmp_path / "other"), str(csv), "--table", "default"]):
+        r = lsmdb_subprocess(*args)
+        assert r.returncode == 1, r
+        assert r.stderr.startswith("lsmdb: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_inspect_of_an_unreadable_directory_is_one_line(tmp_path):
+    path = tmp_path / "db"
+    lsmdb.open(str(path)).close()
+    path.chmod(0)
+    try:
+        r = lsmdb_subprocess("inspect", str(path))
+    finally:
+        path.chmod(0o755)
+    assert r.returncode == 1 and r.stderr.startswith("lsmdb: ")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_an_unreadable_manifest_is_one_line(tmp_path):
+    path = tmp_path / "db"
+    lsmdb.open(str(path)).close()
+    (path / "MANIFEST").write_bytes(b"garbage" * 10)
+    for command in ("inspect", "verify", "export", "scan"):
+        r = lsmdb_subprocess(command, str(path))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (command, r.stderr)
+        assert r.stderr.startswith("lsmdb: ") or "ERROR" in r.stdout, (command, r)
+
+
+def test_version_says_whether_the_c_speedups_are_on():
+    r = lsmdb_subprocess("--version")
+    assert r.returncode == 0
+    assert r.stdout.startswith(f"lsmdb {lsmdb.__version__} (C speedups: ")
+    assert ("C speedups: on" in r.stdout) == lsmdb.SPEEDUPS
+
+
+def test_demo_header_says_whether_the_c_speedups_are_on(tmp_path):
+    r = lsmdb_subprocess("demo", str(tmp_path / "demo"), "--keys", "3000", "--queries", "300")
+    assert r.returncode == 0, r.stderr
+    assert "C speedups: on" in r.stdout.splitlines()[0] or not lsmdb.SPEEDUPS
+
+
+# --------------------------------------------------------------------- export every table
+def test_export_without_table_exports_every_table_and_import_puts_them_back(tmp_path):
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    with lsmdb.open(src) as db:
+        db.put(b"d", b"1")
+        db.create_table("events").put(b"e", b"2")
+        db.create_table("empty")
+    out = tmp_path / "all.jsonl"
+    assert lsmdb_subprocess("export", src, "--out", str(out)).returncode == 0
+    lines = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert [ln["table"] for ln in lines] == ["default", "events"]
+    r = lsmdb_subprocess("import", dst, str(out))
+    assert r.returncode == 0, r.stderr
+    with lsmdb.open(dst) as db:
+        assert (db.get(b"d"), db.table("events").get(b"e")) == (b"1", b"2")
+    cql = lsmdb_subprocess("export", src, "--format", "cql")
+    assert cql.stdout.count("CREATE TABLE") == 3
+    csv = lsmdb_subprocess("export", src, "--format", "csv")
+    assert csv.returncode == 1 and "--table" in csv.stderr
+
+
+def test_inspect_of_a_directory_whose_files_do_not_read_is_one_line(tmp_path):
+    """Root reads any directory, so the unreadable file here is a MANIFEST that is a
+    directory: an OSError from the open, as EACCES would be."""
+    path = tmp_path / "db"
+    path.mkdir()
+    (path / "MANIFEST").mkdir()
+    for command in ("inspect", "verify", "scan"):
+        r = lsmdb_subprocess(command, str(path))
+        assert r.returncode == 1 and "Traceback" not in r.stderr + r.stdout, (command, r)
+        assert len((r.stderr + r.stdout).strip().splitlines()) <= 2, (command, r)

@@ -1182,3 +1182,16 @@ def test_the_block_cache_never_serves_one_files_block_for_another(path, monkeypa
         check(d)
     finally:
         d.close()
+
+
+def test_create_table_exist_ok_returns_the_existing_table_unchanged(tmp_path):
+    with lsmdb.open(str(tmp_path / "db")) as db:
+        t = db.create_table("events", bloom_filter_fp_chance=0.001)
+        t.put(b"k", b"v")
+        with pytest.raises(lsmdb.TableExistsError):
+            db.create_table("events")
+        again = db.create_table("events", exist_ok=True, bloom_filter_fp_chance=0.1)
+        assert again.get(b"k") == b"v"
+        assert again.options.bloom_filter_fp_chance == 0.001  # not altered
+        with pytest.raises(ValueError):
+            db.create_table("events", exist_ok=True, bloom_filter_fp_chance=7)

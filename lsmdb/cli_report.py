@@ -1,0 +1,376 @@
+"""What ``lsmdb`` prints about a database: the demo, inspect, sstable, trace and advise.
+
+:mod:`lsmdb.cli` parses the command line and runs the commands that read or
+change data; this module holds the reports and the helpers that format them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import tempfile
+import time
+from typing import Any
+
+from . import SPEEDUPS
+from .db import DB
+from .db import open as open_db
+
+
+class CliError(Exception):
+    """A command's failure, said in one line (``lsmdb: ...``) with exit status 1."""
+
+
+def speedups_line() -> str:
+    """Whether the C speedups are on, as the headers of the demo and the benches say it."""
+    if SPEEDUPS:
+        return "C speedups: on"
+    return ("C speedups: OFF (built without a C compiler: the same code runs in Python, "
+            "absent-key gets many times slower; see README, Performance)")
+
+
+def open_read_only(path: str) -> DB:
+    """The database at ``path`` for reading (no lock: another process may be writing)."""
+    return open_db(path, create_if_missing=False, read_only=True)
+
+
+def _fmt_int(n: int) -> str:
+    return f"{n:,}"
+
+
+def _json_default(obj: object) -> object:
+    if isinstance(obj, bytes):
+        return obj.hex()
+    raise TypeError(type(obj).__name__)
+
+
+def _clean_floats(obj: object) -> object:
+    """JSON has no NaN/inf: map them to null."""
+    if isinstance(obj, float) and (math.isnan(obj) or math.isinf(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean_floats(v) for v in obj]
+    return obj
+
+
+def dump_json(obj: object) -> None:
+    json.dump(_clean_floats(obj), sys.stdout, indent=2, default=_json_default)
+    print()
+
+
+def _fmt_rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4%}"
+
+
+def _fmt_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def _print_table(rows: list[list[str]], header: list[str], out=None) -> None:
+    """Aligned columns: text left, numbers right."""
+    out = out or sys.stdout
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(header)]
+    numeric = [all(_looks_numeric(r[i]) for r in rows) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric, strict=True)).rstrip()
+    print(line(header), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for r in rows:
+        print(line(r), file=out)
+
+
+def _looks_numeric(text: str) -> bool:
+    return bool(text) and (text[0].isdigit() or text[0] in "-.")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Build two tables, flush several SSTables, read present and absent keys."""
+    path = args.path or tempfile.mkdtemp(prefix="lsmdb-demo-")
+    out = sys.stdout
+    rng = random.Random(args.seed)
+    specs = [("users", args.keys * 2 // 3, 0.01), ("events", args.keys // 3, 0.001)]
+    print(f"lsmdb demo: database at {path} ({speedups_line()})", file=out)
+    # No background compaction: each absent key should meet every SSTable's filter.
+    with open_db(path, auto_compaction=False) as db:
+        for name, n, fp in specs:
+            if name in db.tables():
+                db.drop_table(name)
+            table = db.create_table(name, bloom_filter_fp_chance=fp)
+            start = time.perf_counter()
+            per_file = max(1, -(-n // args.sstables))  # ceil: exactly --sstables files
+            # Present keys are the even numbers; odd numbers inside the range are absent.
+            # Loaded in random order, so every SSTable spans the whole key range and
+            # only its filter can turn an absent key away.
+            order = list(range(n))
+            rng.shuffle(order)
+            for lo in range(0, n, per_file):
+                with db.batch() as b:
+                    for i in order[lo:lo + per_file]:
+                        b.put(b"%s:%010d" % (name.encode(), 2 * i), b"value-%d" % i, table=name)
+                table.flush()
+            elapsed = time.perf_counter() - start
+            print(f"  loaded {_fmt_int(n)} keys into {name!r} (fp chance {fp}) in {elapsed:.1f}s "
+                  f"-> {len(db.sstables(name))} SSTables", file=out)
+        print(file=out)
+        header = (f"  {'table':<8} {'reads':>8} {'found':>8} {'absent':>8} {'files checked':>14} "
+                  f"{'filter no':>10} {'false pos':>10} {'disk reads':>11} {'cache hits':>11} "
+                  f"{'skipped':>8} {'meas FPR':>9} {'pred FPR':>9}")
+        print(header, file=out)
+        for name, n, _fp in specs:
+            table = db.table(name)
+            before = {i.file: i for i in db.sstables(name)}
+            queries = args.queries
+            found = 0
+            start = time.perf_counter()
+            for _ in range(queries):
+                present = rng.random() < 0.5
+                i = rng.randrange(n)
+                key = b"%s:%010d" % (name.encode(), 2 * i + (0 if present else 1))
+                if table.get(key) is not None:
+                    found += 1
+            elapsed = time.perf_counter() - start
+            after = db.sstables(name)
+            d = {f: sum(getattr(i, f) - getattr(before[i.file], f) for i in after)
+                 for f in ("filter_negatives", "false_positives", "true_positives", "block_reads",
+                           "block_cache_hits", "range_skips")}
+            checked = d["filter_negatives"] + d["false_positives"] + d["true_positives"]
+            absent_checks = d["filter_negatives"] + d["false_positives"]
+            skipped = d["filter_negatives"]
+            meas = d["false_positives"] / absent_checks if absent_checks else float("nan")
+            pred = sum(i.predicted_fpr for i in after) / len(after)
+            print(f"  {name:<8} {queries:>8,} {found:>8,} {queries - found:>8,} {checked:>14,} "
+                  f"{d['filter_negatives']:>10,} {d['false_positives']:>10,} "
+                  f"{d['block_reads']:>11,} {d['block_cache_hits']:>11,} "
+                  f"{skipped / checked:>8.1%} {meas:>9.4%} {pred:>9.4%}"
+                  f"   ({queries / elapsed:,.0f} gets/s)", file=out)
+        print(file=out)
+        total_skipped = sum(i.filter_negatives for i in db.sstables())
+        total_reads = sum(i.block_reads for i in db.sstables())
+        total_hits = sum(i.block_cache_hits for i in db.sstables())
+        print(f"  The filters skipped {total_skipped:,} block reads; {total_reads:,} data blocks "
+              f"were read from disk and {total_hits:,} served by the block cache.", file=out)
+        print("  'filter no' = a block read skipped; 'false pos' = a block read for nothing.",
+              file=out)
+    return 0
+
+
+def _keys_from_fill(f: dict[str, Any]) -> str:
+    keys = f["estimated_keys_from_fill"]
+    return "-" if keys is None else f"{keys:,.0f}"
+
+
+#: The columns of ``lsmdb inspect``: (header, cell of one SSTable, shown without --wide:
+#: True, False -- or None: only without).
+INSPECT_COLUMNS: list[tuple[str, Any, bool | None]] = [
+    ("lvl", lambda f: str(f["level"]), True),
+    ("file", lambda f: f["file"], True),
+    ("entries", lambda f: f"{f['entries']:,}", True),
+    ("tombs", lambda f: f"{f['tombstones']:,}", False),
+    ("size", lambda f: _fmt_size(f["size_bytes"]), True),
+    ("filter", lambda f: _fmt_size(f["filter_bytes"]), False),
+    ("bits/key", lambda f: f"{f['bits_per_key']:.2f}", True),
+    ("k", lambda f: str(f["filter_hashes"]), False),
+    ("fmt", lambda f: "-" if f["filter_version"] is None else str(f["filter_version"]), False),
+    ("fp built", lambda f: f"{f['filter_fp_chance']:g}", False),
+    ("fp now", lambda f: f"{f['table_fp_chance']:g}" + (" STALE" if f["filter_stale"] else ""),
+     False),
+    ("fp", lambda f: f"{f['filter_fp_chance']:g}" + ("!" if f["filter_stale"] else ""), None),
+    ("fill", lambda f: f"{f['fill_ratio']:.3f}", False),
+    ("pred FPR", lambda f: _fmt_rate(f["predicted_fpr"]), True),
+    ("FPR(fill)", lambda f: _fmt_rate(f["estimated_fpr_from_fill"]), False),
+    ("keys(fill)", _keys_from_fill, False),
+    ("range skip", lambda f: f"{f['range_skips']:,}", False),
+    ("skipped", lambda f: f"{f['filter_negatives']:,}", True),
+    ("true pos", lambda f: f"{f['true_positives']:,}", False),
+    ("false pos", lambda f: f"{f['false_positives']:,}", True),
+    ("disk reads", lambda f: f"{f['block_reads']:,}", False),
+    ("cache hits", lambda f: f"{f['block_cache_hits']:,}", False),
+    ("meas FPR", lambda f: _fmt_rate(f["measured_fpr"]), True),
+]
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    """Per-SSTable filter statistics and per-table totals."""
+    db = open_read_only(args.path)
+    try:
+        names = [args.table] if args.table else db.tables()
+        report: dict[str, object] = {"tables": {}}
+        for name in names:
+            table = db.table(name)
+            infos = db.sstables(name)
+            report["tables"][name] = {  # type: ignore[index]
+                "options": table.options.to_dict(),
+                "totals": db.table_stats(name),
+                "sstables": [i.to_dict() for i in infos],
+            }
+    finally:
+        db.close()
+    if args.json:
+        dump_json(report)
+        return 0
+    for name, t in report["tables"].items():  # type: ignore[attr-defined]
+        opts, totals, files = t["options"], t["totals"], t["sstables"]
+        print(f"table {name!r}: compaction={opts['compaction']} "
+              f"bloom_filter_fp_chance={opts['bloom_filter_fp_chance']} "
+              f"mode={opts['bloom_filter_mode']}  ({len(files)} SSTables)")
+        columns = [c for c in INSPECT_COLUMNS if c[2] is not (None if args.wide else False)]
+        rows = []
+        for f in files:
+            rows.append([cell(f) for _name, cell, _narrow in columns])
+            if f.get("filter_error"):
+                rows[-1][1] += " (FILTER FAILS OPEN)"
+        header = [name for name, _cell, _narrow in columns]
+        if rows:
+            _print_table(rows, header)
+        if not args.wide and any(f["filter_stale"] for f in files):
+            print("  !: filter built with another fp chance than the table's "
+                  "(lsmdb rebuild-filters)")
+        share = totals["absent_share"]
+        print(f"  totals: filter {_fmt_size(totals['filter_bytes_on_disk'])} on disk, "
+              f"{_fmt_size(totals['filter_bytes_in_memory'])} in memory; reads skipped "
+              f"{totals['reads_skipped']:,}; false positives {totals['false_positives']:,}\n"
+              f"          measured FPR {_fmt_rate(totals['measured_fpr'])}; point reads "
+              f"{totals['gets']:,}, absent share {_fmt_rate(share)}")
+        if totals["false_negatives"]:
+            print(f"  ERROR: {totals['false_negatives']} false negatives measured in shadow mode")
+        if share is not None and share < 0.05:
+            print("  note: fewer than 5% of point reads are for absent keys; the filter saves\n"
+                  "        little here (consider bloom_filter_fp_chance=1.0 or\n"
+                  "        bloom_filter_skip_last_level=True)")
+        print()
+    return 0
+
+
+def cmd_sstable(args: argparse.Namespace) -> int:
+    """One SSTable file, offline: properties, filter header and derived statistics."""
+    from .errors import LsmdbError
+    from .sstable import SSTableReader
+    from .table import SSTableInfo
+    try:
+        reader = SSTableReader(args.file)
+    except (LsmdbError, OSError) as exc:
+        print(f"lsmdb: {exc}", file=sys.stderr)
+        return 1
+    try:
+        info = SSTableInfo.from_reader(str(reader.properties.get("table", "")), reader)
+        bloom = reader.bloom
+        report = {
+            "file": args.file,
+            "properties": reader.properties,
+            "filter": {"version": getattr(bloom, "version", None),
+                       "hash_algorithm": getattr(bloom, "hash_algorithm", None),
+                       "m": bloom.m, "k": bloom.k, "n": bloom.n, "fp_chance": bloom.fp_chance,
+                       "key_id": getattr(bloom, "key_id", None), "error": reader.filter_error},
+            "stats": info.to_dict(),
+            "handles": {"index": reader.index_handle, "filter": reader.filter_handle,
+                        "properties": reader.props_handle},
+        }
+        keys = []
+        if args.keys:
+            for key, value in reader.iter_range(None, None):
+                keys.append((key, value))
+    finally:
+        reader.close()
+    if args.json:
+        if args.keys:
+            report["entries"] = [{"key": k.hex(), "value": None if v is None else v.hex()}
+                                 for k, v in keys]
+        dump_json(report)
+        return 0
+    print(f"SSTable {args.file}")
+    for k, v in report["properties"].items():
+        print(f"  {k:<16} {v!r}")
+    f = report["filter"]
+    error = f"  ERROR: {f['error']}" if f["error"] else ""
+    print(f"  filter: version {f['version']}, m={f['m']} bits, k={f['k']}, n={f['n']}, built with "
+          f"fp {f['fp_chance']:g}, hash algorithm {f['hash_algorithm']}{error}")
+    st = report["stats"]
+    print(f"  bits/key {st['bits_per_key']:.2f}  fill {st['fill_ratio']:.4f}  "
+          f"predicted FPR {_fmt_rate(st['predicted_fpr'])}  "
+          f"FPR from fill {_fmt_rate(st['estimated_fpr_from_fill'])}  "
+          f"keys from fill {st['estimated_keys_from_fill'] or 0:,.0f}")
+    for key, value in keys:
+        print(f"  {key!r} -> {'<tombstone>' if value is None else repr(value)}")
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Explain one point read, file by file."""
+    try:
+        key = bytes.fromhex(args.key) if args.hex else args.key.encode()
+    except ValueError:
+        print("lsmdb: KEY is not valid hex", file=sys.stderr)
+        return 2
+    db = open_read_only(args.path)
+    try:
+        result = db.trace(key, args.table)
+    finally:
+        db.close()
+    if args.json:
+        dump_json(result)
+        return 0
+    print(f"trace of get({key!r}) in table {result['table']!r}  "
+          f"(xxh3_64 = {result['hash']:#018x}; h1 = {result['h1']}, h2 = {result['h2']})")
+    for step in result["steps"]:
+        if "source" in step:
+            print(f"  {step['source']}: {step['result']}")
+            continue
+        if "file" not in step:
+            print(f"  level {step['level']}: no file's key range holds the key "
+                  f"({step['files_in_level']} files)")
+            continue
+        where = f"  L{step['level']} {step['file']}:"
+        if step["outcome"] == "range_skip":
+            print(f"{where} range skip (key outside [{step['min_key']}, {step['max_key']}] hex)")
+        elif step["outcome"] == "filter_absent":
+            print(f"{where} filter says absent: probe {step['probe']} of "
+                  f"{step['filter_hashes']} hit bit {step['bit']} of {step['filter_bits']}, "
+                  "which is 0 -> disk read skipped")
+        else:
+            blk = step.get("block")
+            said = "filter says maybe" if step["outcome"] == "filter_maybe" else "no filter"
+            block = f"read block {blk['index']} (offset {blk['offset']}, {blk['size']} bytes)" \
+                if blk else "no block can hold the key"
+            print(f"{where} {said} -> {block} -> {step['result'].replace('_', ' ')}")
+    print(f"  result: {result['result']}" +
+          (f" ({len(result['value']) // 2} bytes)" if result["value"] else ""))
+    print(f"  {result['files_consulted']} files: {result['range_skips']} range skips, "
+          f"{result['filter_skips']} filter skips, {result['block_reads']} block reads")
+    return 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    """The price list of Bloom filters for N keys."""
+    from .bloom import optimal_bits, optimal_hashes, predicted_fpr_for
+    n = args.keys
+    rows = []
+    for p in args.fp or [0.1, 0.01, 0.001, 0.0001]:
+        m = optimal_bits(n, p)
+        k = optimal_hashes(n, m)
+        rows.append([f"{p:g}", f"{m / n:.2f}", str(k), _fmt_size((m + 7) // 8),
+                     _fmt_rate(predicted_fpr_for(n, m, k))])
+    print(f"Bloom filter price list for {n:,} keys "
+          "(m = ceil(-n ln p / ln(2)^2), k = round(m/n ln 2)):")
+    _print_table(rows, ["fp chance", "bits/key", "k", "filter size", "predicted FPR"])
+    if args.bits_per_key:
+        b = args.bits_per_key
+        m = max(1, round(b * n))
+        print(f"\nAt {b:g} bits/key ({m:,} bits for {n:,} keys):")
+        rates = [(k, predicted_fpr_for(n, m, k)) for k in range(1, 21)]
+        best = min(rates, key=lambda r: r[1])
+        _print_table([[str(k), _fmt_rate(r) + ("  <- best" if k == best[0] else "")]
+                      for k, r in rates], ["k", "predicted FPR"])
+        print(f"best k = {best[0]} (theory: {b:g} * ln 2 = {b * math.log(2):.2f})")
+    return 0

@@ -54,8 +54,7 @@ from .errors import CorruptionError, UnsupportedFormatError
 FILTER_VERSION_WHOLE = 1        # probe i at (h1 + i*h2) mod m
 FILTER_VERSION_PARTITIONED = 2  # probe i in partition i of m // k bits
 KNOWN_FILTER_VERSIONS = (FILTER_VERSION_WHOLE, FILTER_VERSION_PARTITIONED)
-#: What new filters are written as (format 1 only where the bits cannot be
-#: partitioned: m < k, or partitions of 2**32 bits or more).
+#: What new filters are written as (format 1 is only read).
 FILTER_FORMAT_VERSION = FILTER_VERSION_PARTITIONED
 #: Largest partition a format-2 filter may have (s * 2**32 fits 64 bits).
 MAX_PARTITION_BITS = 2**32 - 1
@@ -153,8 +152,21 @@ def optimal_hashes(n: int, m: int) -> int:
 def partitionable(m: int, k: int) -> bool:
     """Whether m bits make k partitions of format 2: at least one bit each
     (m < k happens only with ``with_size``) and under 2**32 bits each (over
-    about 3 billion keys in one filter)."""
+    about 3 billion keys in one filter; :func:`filter_shape` then takes more
+    probes)."""
     return 0 < k <= m and m // k <= MAX_PARTITION_BITS
+
+
+def filter_shape(capacity: int, fp_chance: float) -> tuple[int, int]:
+    """(m, k) of a filter for ``capacity`` keys at ``fp_chance``: m from the
+    formula, k = round(m/n ln 2) -- or, for a filter so large that partitions of
+    m // k bits would reach 2**32, the fewest probes that keep them under it."""
+    n = max(capacity, 1)
+    m = optimal_bits(n, fp_chance)
+    k = optimal_hashes(n, m)
+    if k and m // k > MAX_PARTITION_BITS:
+        k = -(-m // MAX_PARTITION_BITS)
+    return m, k
 
 
 def partition_bits(version: int, m: int, k: int) -> int:
@@ -192,8 +204,7 @@ class BloomFilter:
             raise TypeError("fp_chance must be a float")
         if math.isnan(fp_chance) or not 0.0 < fp_chance <= 1.0:
             raise ValueError("fp_chance must satisfy 0 < fp_chance <= 1")
-        m = optimal_bits(max(capacity, 1), float(fp_chance))
-        k = optimal_hashes(max(capacity, 1), m)
+        m, k = filter_shape(capacity, float(fp_chance))
         if k > MAX_HASHES:
             raise ValueError(f"fp_chance {fp_chance:g} needs {k} hashes; at most {MAX_HASHES}")
         if version not in KNOWN_FILTER_VERSIONS:
@@ -203,8 +214,9 @@ class BloomFilter:
 
     def _init(self, m: int, k: int, fp_chance: float,
               version: int = FILTER_FORMAT_VERSION) -> None:
-        if version == FILTER_VERSION_PARTITIONED and not partitionable(m, k):
-            version = FILTER_VERSION_WHOLE
+        if version == FILTER_VERSION_PARTITIONED and m and not partitionable(m, k):
+            raise ValueError(f"a partitioned filter needs k <= m and partitions under 2**32 "
+                             f"bits: m={m}, k={k} (format 1 takes any m >= 1)")
         self.m = m
         self.k = k
         self.version = version
@@ -220,9 +232,9 @@ class BloomFilter:
     def with_size(cls, m: int, k: int, version: int = FILTER_FORMAT_VERSION) -> BloomFilter:
         """A filter of exactly ``m`` bits probed ``k`` times (for experiments).
 
-        ``version`` picks the probe layout: 2 (partitioned, the default; 1
-        when the bits cannot be partitioned, see ``partitionable``) or 1
-        (double hashing over the whole array).
+        ``version`` picks the probe layout: 2 (partitioned, the default: it
+        needs ``partitionable(m, k)``, ValueError otherwise) or 1 (double
+        hashing over the whole array, as older files hold).
         """
         if m < 1 or not 1 <= k <= MAX_HASHES:
             raise ValueError(f"need m >= 1 and 1 <= k <= {MAX_HASHES}")

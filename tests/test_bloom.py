@@ -503,8 +503,19 @@ def test_degenerate_step_sets_one_bit():
     assert g.may_contain_hash(1 << 31, 0) and not g.may_contain_hash(0, 0)
 
 
-def test_too_few_bits_for_partitions_falls_back_to_format_1():
-    f = BloomFilter.with_size(3, 5)
+def test_format_2_is_always_written_and_format_1_still_read():
+    with pytest.raises(ValueError, match="m=3, k=5"):
+        BloomFilter.with_size(3, 5)              # too few bits for 5 partitions
+    for capacity, fp in ((0, 1.0), (1, 0.5), (1, 1e-6), (2, 0.01), (10**6, 0.01)):
+        f = BloomFilter(capacity, fp)            # what SSTables get, no filter included
+        assert f.version == 2, (capacity, fp)
+        assert BloomFilter.from_bytes(f.to_bytes()).version == 2
+    # Partitions of 2**32 bits or more: more probes keep them under (m is unchanged).
+    m, k = bloom_mod.filter_shape(4 * 10**9, 0.01)
+    assert m == bloom_mod.optimal_bits(4 * 10**9, 0.01) and k > 7
+    assert bloom_mod.partitionable(m, k) and not bloom_mod.partitionable(m, k - 1)
+    assert bloom_mod.filter_shape(10**6, 0.01) == (9585059, 7)
+    f = BloomFilter.with_size(3, 5, version=1)   # an older file's layout
     assert (f.version, f.part) == (1, 0)
     f.add(b"x")
     g = BloomFilter.from_bytes(f.to_bytes())

@@ -914,7 +914,9 @@ def test_scans_and_compactions_agree_between_the_c_and_python_merges(tmp_path, m
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.integers(1, 5000),
        st.integers(1, 20), st.sampled_from([1, 2]))
 def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
-    ref = BloomFilter.with_size(m, k, version)  # format 1 when m < k
+    if version == 2 and m < k:
+        version = 1  # too few bits for k partitions: only format 1 takes them
+    ref = BloomFilter.with_size(m, k, version)
     c_bits = bytearray((m + 7) // 8)
     speedups.bloom_add(c_bits, m, k, hashes, ref.part)
     if not ref.part:

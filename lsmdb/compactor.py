@@ -104,8 +104,14 @@ class Compactor:
         db = self._db
         started = time.monotonic()
         outputs = _compaction.run(job, db._locked_alloc, db._sst_path, db._hasher_for(job.state))
-        for reader in outputs:
-            db._adopt(reader, job.output_level)
+        try:
+            for reader in outputs:
+                db._adopt(reader, job.output_level)
+        except BaseException:
+            for reader in outputs:
+                reader.close()
+                unlink_quietly(reader.path)
+            raise
         self.install(job, outputs)
         log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
                  job.state.name, len(outputs), job.output_level, time.monotonic() - started,

@@ -44,7 +44,7 @@ from .errors import (
     ReadOnlyError,
     TableExistsError,
 )
-from .files import MANIFEST_NAME, SwitchedButNotSynced, sst_name, unlink_quietly
+from .files import MANIFEST_NAME, SwitchedButNotSynced, fsync_dir, sst_name, unlink_quietly
 from .keys import MAX_BATCH_SIZE_BYTES, as_key
 from .lockfile import DatabaseLock
 from .logset import LogSet, encode_record, encode_table_record
@@ -148,6 +148,9 @@ class DB:
         self._dblock: DatabaseLock | None = None
         self._log = LogSet(self.path)
         self._wal_limit = 0
+        #: A manifest switch is visible but its directory fsync failed: the next
+        #: sync point fsyncs the directory again before it promises anything.
+        self._manifest_unsynced = False
         self._tables: dict[str, TableState] = {}
         self._by_id: dict[int, TableState] = {}
         self._handles: dict[str, Table] = {}
@@ -291,8 +294,30 @@ class DB:
         once that is durable, delete the WAL segments no memtable needs.  On
         SwitchedButNotSynced they stay: a crash could bring the old manifest back."""
         low = self._low_seq()
-        self._manifest(low).write(os.path.join(self.path, MANIFEST_NAME))
+        try:
+            self._manifest(low).write(os.path.join(self.path, MANIFEST_NAME))
+        except SwitchedButNotSynced:
+            self._manifest_unsynced = True
+            raise
+        self._manifest_unsynced = False
         self._log.retire(low)
+
+    def _promote_segments(self) -> None:
+        """``sync()`` or a sync=True write fsynced unsynced segments: a manifest switch
+        names them synced.  The writes are durable either way: a failure is logged,
+        and the next switch tries again."""
+        try:
+            self._write_manifest()
+        except OSError as exc:
+            log.warning("could not record the WAL segments a sync=True write fsynced: %s", exc)
+
+    def _sync_manifest(self) -> None:
+        """Make the visible manifest durable if its switch's directory fsync failed
+        (the lock held): a table created or a file installed then is no more
+        durable than that manifest."""
+        if self._manifest_unsynced:
+            fsync_dir(self.path)
+            self._manifest_unsynced = False
 
     # ---------------------------------------------------------------- writes
     def _write(self, ops: list[tuple[TableState, bytes, bytes | None]], sync: bool | None) -> None:
@@ -364,8 +389,12 @@ class DB:
                     if state.dropped:
                         raise NoSuchTableError(f"table {state.name!r} was dropped")
                 if log_.failed is None:
+                    if do_sync and self._manifest_unsynced:
+                        self._sync_manifest()
                     seq = self._last_seq = self._last_seq + 1
                     log_.append(seq, encode(seq), do_sync)
+                    if log_.promoted:
+                        self._promote_segments()
                     touched = apply(seq)
                     full = [s for s in touched
                             if s.mem.size_bytes >= s.options.memtable_size_bytes]
@@ -441,7 +470,10 @@ class DB:
             with self._lock:
                 self._check_writable()
                 if self._log.failed is None:
+                    self._sync_manifest()
                     self._log.sync()
+                    if self._log.promoted:  # name the segments it fsynced synced
+                        self._promote_segments()
                     return
 
     # ---------------------------------------------------------------- flush
@@ -500,13 +532,16 @@ class DB:
         with self._flush_mutex:
             self._recover_log_held()
 
-    def _recover_log_held(self) -> None:
+    def _recover_log_held(self, closing: bool = False) -> None:
         """The WAL's live segment failed (a write or fsync of it raised): flush every
         memtable, so that no record depends on that segment, then rotate to a new
         one -- the failed segment is deleted with that manifest switch.  The caller
         holds the flush mutex.  Raises, with the log still failed, if any step fails.
+        A closed database raises DatabaseClosedError (``closing``: ``close()`` itself).
         """
         with self._lock:
+            if self._closed and not closing:
+                self._check_open()
             cause = self._log.failed
             if cause is None:
                 return
@@ -920,21 +955,22 @@ class DB:
         if self._bg is not None:
             self._bg.stop()
         error: OSError | None = None
-        if not self._closed and not self._read_only and self._log.failed is not None:
-            try:
-                self._recover_log()
-            except OSError as exc:
-                error = exc
         with self._flush_mutex, self._lock:  # no flush is half done past this point
             if self._closed:
                 return
             try:
                 self._save_counters()
                 if not self._read_only:
+                    if self._log.failed is not None:
+                        try:
+                            self._recover_log_held(closing=True)
+                        except OSError as exc:
+                            error = exc
                     if self._log.failed is None:
                         self._log.seal(self._write_manifest)
                     else:
                         self._log.sync_failed_quietly()
+                        error = error or self._log.failed
             finally:
                 self._closed = True
                 self._release()

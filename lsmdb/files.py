@@ -22,6 +22,7 @@ Data reaches files through ``os.write`` and disks through ``os.fsync``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -44,7 +45,8 @@ OWN_NAME_RE = re.compile(
     r"(?:LOCK|MANIFEST|STATS|FILTER_KEY(?:\.damaged)?|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO planted under a file's name must not block the open.
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def sst_name(number: int) -> str:
@@ -74,8 +76,16 @@ def create(path: str, mode: int = 0o644) -> int:
 
 
 def open_for_reading(path: str) -> int:
-    """A read-only descriptor of ``path``; OSError (ELOOP) if it is a symbolic link."""
-    return os.open(path, _READ_FLAGS)
+    """A read-only descriptor of the regular file ``path``: OSError (ELOOP) if it is a
+    symbolic link, (EINVAL) if it is not a regular file (a directory, a FIFO)."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def read_file(path: str) -> bytes:

@@ -8,8 +8,10 @@ that never touches the database holds nothing once its parent closes it.
 POSIX locks belong to a process: a second lock from the same process always
 succeeds, and closing *any* descriptor of the file drops the process's lock.
 So this module keeps the opens of this process in a table keyed by the LOCK
-file's identity (device, inode), and it is the only code that opens LOCK.
-A forked child starts with an empty table: it holds no lock of its parent's.
+file's identity (device, inode), looks a path up there before it opens the
+file (a refused open never opens, and so never closes, a descriptor of a
+LOCK this process holds), and it is the only code that opens LOCK.  A forked
+child starts with an empty table: it holds no lock of its parent's.
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ from .files import LOCK_NAME
 
 _held: dict[tuple[int, int], str] = {}
 _guard = threading.Lock()
+#: Descriptors of a LOCK this process holds that were opened anyway (the file
+#: was replaced between the look-up and the open): never closed, since closing
+#: one would drop the lock.
+_parked: list[int] = []
 
 
 def _forget_after_fork() -> None:
     global _guard
     _held.clear()
+    _parked.clear()
     _guard = threading.Lock()  # another thread may have held it at the fork
 
 
@@ -40,12 +47,22 @@ class DatabaseLock:
 
     def __init__(self, directory: str) -> None:
         path = os.path.join(directory, LOCK_NAME)
+        with _guard:
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                pass
+            else:
+                if (st.st_dev, st.st_ino) in _held:
+                    raise DatabaseLockedError(f"{directory} is already open in this process")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             st = os.fstat(fd)
             ident = (st.st_dev, st.st_ino)
             with _guard:
                 if ident in _held:
+                    _parked.append(fd)
+                    fd = -1
                     raise DatabaseLockedError(f"{directory} is already open in this process")
                 try:
                     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -56,7 +73,8 @@ class DatabaseLock:
                     raise
                 _held[ident] = directory
         except BaseException:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             raise
         self._fd = fd
         self._ident = ident

@@ -8,12 +8,14 @@ segment is either
 * **synced** -- fsynced whole, and named in the manifest with its size: a
   reader knows exactly what it holds (missing, cut short or zero-filled is
   corruption, never a torn tail); or
-* **unsynced** -- named in the manifest's ``live`` list with the live one:
-  read to its last whole record, and if a crash tore it, every later
-  segment is ignored, so what survives is still a prefix of the writes.
+* **unsynced** -- named in the manifest's ``unsynced`` list, with its size:
+  read to its last whole record, and if a crash tore it (it ends short of
+  that size), every later segment is ignored, so what survives is still a
+  prefix of the writes.
 
-Segments become synced oldest first, never one before an older one: by
-``sync()`` (every segment, then the live one), by a rotation that leaves a
+Segments become synced oldest first, never one before an older one -- and
+a manifest switch then names them synced: by ``sync()`` (every segment, then
+the live one), by a rotation that leaves a
 record some memtable still needs in the segment it closes (a flush of one
 table while others hold writes in it), and at ``close()``, which seals the
 live segment too.  A rotation whose closed segment holds only records of
@@ -45,13 +47,20 @@ from itertools import repeat
 import msgpack
 
 from .errors import CorruptionError
-from .files import SwitchedButNotSynced, unlink_quietly, wal_name
+from .files import SwitchedButNotSynced, read_file, unlink_quietly, wal_name
 
 try:  # optional C speedups (lsmdb/_speedups.c)
     from ._speedups import encode_ops as _encode_ops
 except ImportError:  # pragma: no cover - built without a C compiler
     _encode_ops = None  # type: ignore[assignment]
-from .wal import LEGACY_FORMAT, SEGMENT_FORMAT, LogReadResult, LogWriter, read_segment_file
+from .wal import (
+    LEGACY_FORMAT,
+    SEGMENT_FORMAT,
+    LogReadResult,
+    LogWriter,
+    read_segment,
+    read_segment_file,
+)
 
 Op = tuple[int, bytes, "bytes | None"]
 
@@ -102,23 +111,22 @@ class Segment:
 
 @dataclass
 class WalState:
-    """The WAL as the manifest records it: the synced closed segments still needed, with
-    their sizes, then the segments read to their last whole record (``live``: the
-    unsynced closed ones still needed and, last, the live one)."""
+    """The WAL as the manifest records it, oldest first: the synced closed segments
+    still needed, with their sizes; the unsynced closed ones still needed, with
+    their sizes; and the live one (None once sealed by ``close()``)."""
 
-    live: list[int] = field(default_factory=list)
     closed: list[tuple[int, int, int]] = field(default_factory=list)  # (number, size, format)
+    unsynced: list[tuple[int, int]] = field(default_factory=list)     # (number, size)
+    live: int | None = None
 
     def to_obj(self) -> dict[str, object]:
-        return {"live": list(self.live), "closed": [list(c) for c in self.closed]}
+        return {"closed": [list(c) for c in self.closed],
+                "unsynced": [list(u) for u in self.unsynced], "live": self.live}
 
     @classmethod
     def from_obj(cls, obj: object) -> WalState:
-        if not isinstance(obj, dict) or type(obj["live"]) is not list:
+        if not isinstance(obj, dict):
             raise ValueError("bad wal entry")
-        live = list(obj["live"])
-        if any(type(n) is not int or n < 0 for n in live):
-            raise ValueError("bad live segment")
         closed = []
         for entry in obj["closed"]:
             number, size, fmt = entry
@@ -126,13 +134,24 @@ class WalState:
                     fmt not in (LEGACY_FORMAT, SEGMENT_FORMAT):
                 raise ValueError("bad closed segment")
             closed.append((number, size, fmt))
-        numbers = [c[0] for c in closed] + live
+        unsynced = []
+        for entry in obj["unsynced"]:
+            number, size = entry
+            if any(type(v) is not int or v < 0 for v in (number, size)):
+                raise ValueError("bad unsynced segment")
+            unsynced.append((number, size))
+        live = obj["live"]
+        if live is not None and (type(live) is not int or live < 0):
+            raise ValueError("bad live segment")
+        state = cls(closed, unsynced, live)
+        numbers = state.numbers()
         if numbers != sorted(set(numbers)):
             raise ValueError("segments out of order")
-        return cls(live, closed)
+        return state
 
     def numbers(self) -> list[int]:
-        return [c[0] for c in self.closed] + self.live
+        return [c[0] for c in self.closed] + [u[0] for u in self.unsynced] + \
+            ([] if self.live is None else [self.live])
 
 
 @dataclass
@@ -143,6 +162,16 @@ class ReplayedLog:
     top_seq: int
     torn: list[tuple[str, int]]   # (path, offset) of each torn tail dropped
     ignored: list[int] = field(default_factory=list)   # segments after a torn one, not read
+
+
+def read_unsynced_segment(path: str, number: int, size: int) -> LogReadResult:
+    """An unsynced closed segment, read to its last whole record within ``size``: torn
+    if it ends short of it (whole records lost at a boundary count too)."""
+    data = read_file(path)
+    result = read_segment(data[:size], number, path)
+    if result.valid_length < size:
+        result.torn = True
+    return result
 
 
 class LogSet:
@@ -156,6 +185,9 @@ class LogSet:
         self.unsynced: list[Segment] = []   # closed but not fsynced, oldest first; newer
         #: The error that failed the live segment (no more appends), or None.
         self.failed: OSError | None = None
+        #: Unsynced segments were fsynced since the last :meth:`state`: a manifest
+        #: switch should name them synced.
+        self.promoted = False
         self._closed_bytes = 0
 
     def path(self, number: int) -> str:
@@ -169,10 +201,10 @@ class LogSet:
         ``wal`` is the manifest's record; None for a manifest written before
         segments were recorded, whose segments are every one on disk, each
         read as a live one.  Synced closed segments are read strictly to their
-        recorded size, the rest to their last whole record; after one with a
-        torn tail (the newest aside) the caller stops.  FileNotFoundError if
-        one is gone (a concurrent writer retired it, or it was deleted: the
-        caller decides).
+        recorded size, the rest to their last whole record (an unsynced one
+        that ends short of its recorded size is torn); after a torn one the
+        caller stops.  FileNotFoundError if one is gone (a concurrent writer
+        retired it, or it was deleted: the caller decides).
         """
         if wal is None:
             for number in numbers_on_disk:
@@ -182,7 +214,11 @@ class LogSet:
         for number, size, fmt in wal.closed:
             result = read_segment_file(self.path(number), number, size, fmt)
             yield Segment(number, size, format=fmt), result
-        for number in wal.live:
+        for number, size in wal.unsynced:
+            result = read_unsynced_segment(self.path(number), number, size)
+            yield Segment(number, result.valid_length), result
+        if wal.live is not None:
+            number = wal.live
             result = read_segment_file(self.path(number), number, None, SEGMENT_FORMAT)
             yield Segment(number, result.valid_length), result
 
@@ -205,8 +241,12 @@ class LogSet:
             segments.append(seg)
             if result.torn:
                 torn.append((path, result.valid_length))
-                # What a crash tore was never fsynced, nor was anything after it.
-                return ReplayedLog(segments, top, torn, order[order.index(seg.number) + 1:])
+                if wal is not None:
+                    # What a crash tore was never fsynced, nor was anything after
+                    # it.  (Before segments were recorded, a closed segment was
+                    # never fsynced, so a later one may hold what was: each is
+                    # read to its own torn tail.)
+                    return ReplayedLog(segments, top, torn, order[order.index(seg.number) + 1:])
         return ReplayedLog(segments, top, torn)
 
     def adopt(self, segments: list[Segment]) -> None:
@@ -230,11 +270,10 @@ class LogSet:
         """The manifest's record: the closed segments holding a record some memtable
         still holds -- any at or past ``low_seq``, the smallest sequence number in
         any memtable (None: the memtables are empty) -- and the live one."""
-        live = [s.number for s in self._needed(self.unsynced, low_seq)]
-        if self.live is not None:
-            live.append(self.live.number)
-        return WalState(live, [(s.number, s.size, s.format)
-                               for s in self._needed(self.closed, low_seq)])
+        self.promoted = False  # what this state says synced, a manifest will say
+        return WalState([(s.number, s.size, s.format) for s in self._needed(self.closed, low_seq)],
+                        [(s.number, s.size) for s in self._needed(self.unsynced, low_seq)],
+                        None if self.live is None else self.live.number)
 
     def retire(self, low_seq: int | None) -> None:
         """Delete the closed segments :meth:`state` leaves out.  Call only once a
@@ -244,7 +283,10 @@ class LogSet:
             for seg in kept:
                 if seg not in keep:
                     if seg.writer is not None:
-                        seg.writer.close()
+                        try:
+                            seg.writer.close()
+                        except OSError:
+                            pass  # after a durable switch nothing may raise
                     unlink_quietly(self.path(seg.number))
             kept[:] = keep
         self._count()
@@ -287,6 +329,7 @@ class LogSet:
             seg.writer.close()
             seg.writer = None
             self.closed.append(self.unsynced.pop(0))
+            self.promoted = True
 
     def rotate(self, number: int, commit: Callable[[], None], sync: bool = True) -> None:
         """Close the live segment and make segment ``number`` live.

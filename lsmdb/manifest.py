@@ -132,10 +132,15 @@ class Manifest:
 
     @classmethod
     def read(cls, path: str) -> Manifest:
-        try:
-            data = read_file(path)
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-            raise CorruptionError("MANIFEST is a symbolic link (never followed)", path) from None
-        return cls.decode(data, path)
+        return cls.decode(read_bytes(path), path)
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the MANIFEST at ``path`` (a symbolic link is a CorruptionError)."""
+    try:
+        return read_file(path)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EINVAL):
+            raise
+        raise CorruptionError("MANIFEST is not a regular file (a symbolic link is never "
+                              "followed)", path) from None

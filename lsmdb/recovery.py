@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 from typing import TYPE_CHECKING
 
@@ -30,17 +31,21 @@ from . import stats as _stats
 from .errors import CorruptionError, NotADatabaseError
 from .files import (
     LOCK_NAME,
+    LOST_NAME,
     MANIFEST_NAME,
     SST_RE,
     TMP_SUFFIX,
     WAL_RE,
     exists,
+    fsync_dir,
     sst_name,
     unlink_quietly,
+    wal_name,
 )
 from .lockfile import DatabaseLock
 from .logset import LogSet, ReplayedLog
 from .manifest import Manifest, TableMeta
+from .manifest import read_bytes as read_manifest_bytes
 from .options import DEFAULT_TABLE
 from .secret import load_secret
 from .sstable import SSTableReader
@@ -85,10 +90,8 @@ def open_database(db: DB, create_if_missing: bool) -> None:
             sweep(db, manifest, replayed)
             db._log.adopt(replayed.segments)
             db._rotate_wal()
-            for number in replayed.ignored:  # after a torn one: written after the tear
-                log.warning("%s: ignored, written after a torn WAL segment",
-                            db._log.path(number))
-                unlink_quietly(db._log.path(number))
+            set_aside(db.path, [wal_name(n) for n in replayed.ignored],
+                      "written after a torn WAL segment: not replayed")
             for state in list(db._tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     db._flush_table(state, opening=True)
@@ -124,21 +127,25 @@ def load_with_retry(db: DB, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
 
     A read-only open races with the writer, whose flushes and compactions
     may delete a file or WAL segment between our reading the manifest and
-    opening it: then everything is read again from the new manifest.
+    opening it: then everything is read again from the new manifest.  A file
+    still missing under the same manifest is missing for good: corruption.
     """
-    attempts = 20 if db._read_only else 1
-    for attempt in range(attempts):
-        manifest = Manifest.read(manifest_path)
+    previous = None
+    while True:
+        data = read_manifest_bytes(manifest_path)
+        manifest = Manifest.decode(data, manifest_path)
+        # The writer moved on if the manifest changed since the last attempt.
+        racing = db._read_only and data != previous
+        previous = data
         try:
-            load(db, manifest, vanished_ok=attempt < attempts - 1)
-            return manifest, recover_wal(db, manifest, vanished_ok=attempt < attempts - 1)
-        except _Vanished:  # never on the last attempt (vanished_ok is False there)
+            load(db, manifest, vanished_ok=racing)
+            return manifest, recover_wal(db, manifest, vanished_ok=racing)
+        except _Vanished:
             db._close_readers()
             db._tables.clear()
             db._handles.clear()
             db._log = LogSet(db.path)
-            time.sleep(0.01)
-    raise AssertionError("unreachable")  # pragma: no cover
+            time.sleep(0.005)
 
 
 def load_counters(db: DB) -> None:
@@ -194,11 +201,16 @@ def recover_wal(db: DB, manifest: Manifest, vanished_ok: bool = False) -> Replay
     """Replay the manifest's WAL segments into the memtables."""
     by_id = db._by_id
 
+    top_tid = 0
+
     def apply(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
+        nonlocal top_tid
         for tid, key, value in ops:
             state = by_id.get(tid)  # records of dropped tables are ignored
             if state is not None and seq > state.flushed_seq:
                 state.mem.apply(seq, key, value)
+            elif tid > top_tid:
+                top_tid = tid
 
     on_disk = wal_numbers_on_disk(db.path)
     try:
@@ -214,6 +226,9 @@ def recover_wal(db: DB, manifest: Manifest, vanished_ok: bool = False) -> Replay
         raise CorruptionError("WAL segment named by the manifest is a symbolic link "
                               "(never followed)", exc.filename) from None
     db._last_seq = max(db._last_seq, replayed.top_seq)
+    # A table id the WAL names but the manifest does not (a table whose creation
+    # never became durable) is never handed out again: its records stay its own.
+    db._next_table_id = max(db._next_table_id, top_tid + 1)
     db._next_file = max([db._next_file, *(n + 1 for n in on_disk)])
     for state in db._tables.values():
         state.publish()
@@ -232,11 +247,14 @@ def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
     for ``lsmdb repair``.
     """
     live = {fm.number for t in manifest.tables.values() for fm in t.files}
-    listed = {seg.number for seg in replayed.segments}
+    listed = {seg.number for seg in replayed.segments} | set(replayed.ignored)
     for name in sorted(os.listdir(db.path)):
         path = os.path.join(db.path, name)
         m = SST_RE.match(name)
         w = WAL_RE.match(name)
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            continue  # a directory, a FIFO: not a file lsmdb made, left alone
         if m and int(m.group(1)) not in live:
             db._next_file = max(db._next_file, int(m.group(1)) + 1)
         elif w and int(w.group(1)) not in listed:
@@ -251,3 +269,23 @@ def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
             continue
         log.info("removing leftover file %s", name)
         unlink_quietly(path)
+
+
+def set_aside(directory: str, names: list[str], why: str) -> None:
+    """Move files out of the database into ``lost/`` (never deleted), logging each."""
+    if not names:
+        return
+    lost = os.path.join(directory, LOST_NAME)
+    os.makedirs(lost, exist_ok=True)
+    if os.path.islink(lost) or not os.path.isdir(lost):
+        raise NotADatabaseError(f"{lost} is not a directory")
+    for name in names:
+        target = os.path.join(lost, name)
+        n = 0
+        while os.path.lexists(target):
+            n += 1
+            target = os.path.join(lost, f"{name}.{n}")
+        log.warning("%s: %s; set aside in %s", os.path.join(directory, name), why, target)
+        os.rename(os.path.join(directory, name), target)
+    fsync_dir(lost)
+    fsync_dir(directory)

@@ -145,7 +145,7 @@ class _Repair:
             if (m := SST_RE.match(name)) or (w := WAL_RE.match(name)):
                 number = int((m or w).group(1))  # type: ignore[union-attr]
                 self.next_number = max(self.next_number, number + 1)
-        records = self.read_wal(names)
+        records = self.read_wal(names, manifest)
         # Without a manifest, a table found in an SSTable gets an id no WAL
         # record uses: a record is never applied to a table it did not name.
         self.free_id = max([1, *(tid for _seq, ops in records for tid, _k, _v in ops)]) + 1
@@ -228,7 +228,7 @@ class _Repair:
                 continue
             try:
                 reader = SSTableReader(full, number)
-            except (LsmdbError, OSError) as exc:
+            except LsmdbError as exc:  # an OSError (EMFILE, EIO) stops the repair instead
                 self.set_aside(name, f"unreadable: {str(exc).split(' [')[0]}")
                 continue
             try:
@@ -272,10 +272,17 @@ class _Repair:
                                     f"{reader.entries:,} entries)")
         self.pending.append((table, (new, level, keys, values, reader.min_seq, reader.max_seq)))
 
-    def read_wal(self, names: list[str]) -> list[tuple[int, list[tuple[int, bytes,
-                                                                       bytes | None]]]]:
-        """Every WAL record that still reads, as (seq, ops)."""
+    def read_wal(self, names: list[str], manifest: Manifest | None
+                 ) -> list[tuple[int, list[tuple[int, bytes, bytes | None]]]]:
+        """Every WAL record that still reads, as (seq, ops): of the segments the
+        manifest names and of those created after it (an open refuses one that
+        holds records); without a manifest, of every segment on disk.  A segment
+        the manifest no longer names was retired: its records are in SSTables,
+        or were never acknowledged."""
         numbers = sorted(int(w.group(1)) for n in names if (w := WAL_RE.match(n)))
+        if manifest is not None and manifest.wal is not None:
+            named = set(manifest.wal.numbers())
+            numbers = [n for n in numbers if n in named or n >= manifest.next_file_number]
         records: list[tuple[int, list[tuple[int, bytes, bytes | None]]]] = []
         for number in numbers:
             name = wal_name(number)
@@ -377,17 +384,17 @@ class _Repair:
                 while os.path.lexists(target):
                     n += 1
                     target = os.path.join(lost, f"{name}.{n}")
-                if name == MANIFEST_NAME:
-                    # A copy: the new manifest replaces this one atomically below,
-                    # so the directory is never without one.
+                # A second name in lost/ (a hard link, else a copy) before the new
+                # manifest is switched in; the old name goes only after that.  A
+                # crash in between leaves the old manifest and every file it names
+                # as they were -- repair again -- and a crash after it leaves the
+                # file in lost/ even when an open sweeps the old name.
+                try:
+                    os.link(self.join(name), target, follow_symlinks=False)
+                except OSError:
                     with FileWriter(target) as f:
                         f.write(read_file(self.join(name)))
                         f.sync()
-                else:
-                    # Moved before the new manifest is switched in: a crash in
-                    # between leaves the old manifest naming a missing file (repair
-                    # again), never a new one whose sweep would delete it.
-                    os.rename(self.join(name), target)
             fsync_dir(lost)
         fsync_dir(self.path)
         next_table_id = max([manifest.next_table_id if manifest else 2,
@@ -396,6 +403,7 @@ class _Repair:
                  {t.name: TableMeta(t.id, t.options, self.last_seq, t.files)
                   for t in self.tables.values()},
                  WalState()).write(self.join(MANIFEST_NAME))
-        for name in self.to_delete:
+        for name in self.to_delete + [n for n, _why in self.report.set_aside
+                                      if n != MANIFEST_NAME]:
             unlink_quietly(self.join(name))
         fsync_dir(self.path)

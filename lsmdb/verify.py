@@ -34,6 +34,7 @@ from .files import (
     sst_name,
     wal_name,
 )
+from .logset import read_unsynced_segment
 from .manifest import Manifest
 from .secret import load_secret
 from .sstable import SSTableReader
@@ -149,27 +150,35 @@ def _is_file(path: str) -> bool:
 def _verify_wal(path: str, manifest: Manifest, problems: list[Problem]) -> set[int]:
     """Check the WAL segments the manifest names; returns their numbers."""
     wal = manifest.wal
-    segments: list[tuple[int, int | None, int | None]]
+    # (number, how it is read: "closed" to its size, "unsynced" within its size,
+    # "live" to its end; size, format)
+    segments: list[tuple[int, str, int | None, int | None]]
     if wal is None:  # a format-1 manifest: its segments are those on disk
         numbers = sorted(int(m.group(1)) for n in os.listdir(path) if (m := WAL_RE.match(n)))
-        segments = [(n, None, None) for n in numbers]
+        segments = [(n, "live", None, None) for n in numbers]
     else:
-        segments = [(n, size, fmt) for n, size, fmt in wal.closed]
-        segments += [(n, None, SEGMENT_FORMAT) for n in wal.live]
+        segments = [(n, "closed", size, fmt) for n, size, fmt in wal.closed]
+        segments += [(n, "unsynced", size, SEGMENT_FORMAT) for n, size in wal.unsynced]
+        if wal.live is not None:
+            segments.append((wal.live, "live", None, SEGMENT_FORMAT))
     torn = False
-    for number, size, fmt in segments:
+    for number, how, size, fmt in segments:
         seg = os.path.join(path, wal_name(number))
-        what = "live" if size is None else "closed"
         if torn:
             problems.append(Problem(seg, None, "WAL segment after a torn one: written after "
-                                    "the tear, ignored at open", "warning"))
+                                    "the tear, ignored at open (and set aside in lost/)",
+                                    "warning"))
             continue
         if not _is_file(seg):
-            problems.append(Problem(seg, None, f"{what} WAL segment named by the manifest is "
+            problems.append(Problem(seg, None, f"{how} WAL segment named by the manifest is "
                                     "missing or not a regular file (its writes are lost)"))
             continue
         try:
-            result = read_segment_file(seg, number, size, fmt)
+            if how == "unsynced":
+                assert size is not None
+                result = read_unsynced_segment(seg, number, size)
+            else:
+                result = read_segment_file(seg, number, size if how == "closed" else None, fmt)
         except LsmdbError as exc:
             problems.append(Problem(seg, getattr(exc, "offset", None), str(exc).split(" [")[0]))
             continue
@@ -177,11 +186,11 @@ def _verify_wal(path: str, manifest: Manifest, problems: list[Problem]) -> set[i
             problems.append(Problem(seg, None, f"cannot read: {exc}"))
             continue
         if result.torn:
-            torn = True
+            torn = wal is not None
             problems.append(Problem(seg, result.valid_length,
                                     "torn tail (writes a crash cut short; not fsynced, they are "
                                     "dropped at open)", "warning"))
-    return {n for n, _s, _f in segments}
+    return {n for n, _how, _s, _f in segments}
 
 
 def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
@@ -200,6 +209,9 @@ def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
         if os.path.islink(full):
             yield Problem(full, None, "symbolic link in the database directory "
                           "(lsmdb never follows one)", "warning")
+            continue
+        if not _is_file(full):
+            yield Problem(full, None, "not a regular file (lsmdb leaves it alone)", "warning")
             continue
         m, w = SST_RE.match(name), WAL_RE.match(name)
         if m and int(m.group(1)) not in named_ssts:

@@ -463,7 +463,7 @@ class WalLayout:
             db.close()
         wal = Manifest.read(os.path.join(self.path, MANIFEST_NAME)).wal
         assert wal is not None
-        number, closed_size = (wal.live[-1], None) if crashed else wal.closed[0][:2]
+        number, closed_size = (wal.live, None) if crashed else wal.closed[0][:2]
         assert number is not None
         self.wal = f"wal-{number:06d}.log"
         assert not [n for n in os.listdir(self.path) if n.endswith(".sst")]

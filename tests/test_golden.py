@@ -401,10 +401,10 @@ def test_database_writes_golden_wal(tmp_path):
 GOLDEN_MANIFEST_OBJ = Manifest(next_file_number=9, next_table_id=3, last_seq=42, tables={
     "default": TableMeta(1, {}, 40, [FileMeta(7, 0, 797, 20, b"key000", b"key019", 1000, 1019)]),
     "events": TableMeta(2, {"bloom_filter_fp_chance": 0.001, "block_size_bytes": 256}, 0, []),
-}, wal=WalState(live=[6, 8], closed=[(5, 1234, 2)]))
+}, wal=WalState(closed=[(5, 1234, 2)], unsynced=[(6, 99)], live=8))
 GOLDEN_MANIFEST = bytes.fromhex(
-    # magic "LSMDBMAN" | version 2 | crc32 | length 243
-    "4c534d44424d414e" "02000000" "ae4d359e" "f3000000"
+    # magic "LSMDBMAN" | version 2 | crc32 | length 254
+    "4c534d44424d414e" "02000000" "b6e62b19" "fe000000"
     # {"next_file_number": 9, "next_table_id": 3, "last_seq": 42, "tables": {...}, "wal": ...}
     "85b06e6578745f66696c655f6e756d62657209ad6e6578745f7461626c655f696403a86c6173745f7365712a"
     "a67461626c657382"
@@ -417,15 +417,15 @@ GOLDEN_MANIFEST = bytes.fromhex(
     "a66576656e747384a2696402a76f7074696f6e7382b6626c6f6f6d5f66696c7465725f66705f6368616e6365"
     "cb3f50624dd2f1a9fcb0626c6f636b5f73697a655f6279746573cd0100ab666c75736865645f73657100"
     "a566696c657390"
-    # "wal": {"live": [6, 8], "closed": [[5, 1234, 2]]}
-    "a377616c82a46c697665920608a6636c6f736564919305cd04d202")
+    # "wal": {"closed": [[5, 1234, 2]], "unsynced": [[6, 99]], "live": 8}
+    "a377616c83a6636c6f736564919305cd04d202a8756e73796e63656491920663a46c69766508")
 
 # The MANIFEST of a new, empty database once closed: no WAL segment left.
 GOLDEN_EMPTY_DB_MANIFEST = bytes.fromhex(
-    "4c534d44424d414e" "02000000" "4ddb8a39" "71000000"
+    "4c534d44424d414e" "02000000" "fd7080a0" "7b000000"
     "85b06e6578745f66696c655f6e756d62657202ad6e6578745f7461626c655f696402a86c6173745f73657100"
     "a67461626c657381a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657100"
-    "a566696c657390" "a377616c82a46c69766590a6636c6f73656490")
+    "a566696c657390" "a377616c83a6636c6f73656490a8756e73796e63656490a46c697665c0")
 
 # A new database's MANIFEST as an older lsmdb wrote it: format 1, no "wal".
 GOLDEN_EMPTY_DB_MANIFEST_V1 = bytes.fromhex(
@@ -466,7 +466,7 @@ def test_a_database_left_by_an_older_lsmdb_opens_and_moves_to_the_current_format
             assert (db.get(b"k"), db.get(b"x"), db.get(b"gone"), db.get(b"y")) == (
                 b"v", b"1", None, None)
     manifest = Manifest.read(str(path / "MANIFEST"))
-    assert manifest.wal == WalState([], [(1, len(GOLDEN_DB_WAL_V1), 1)])
+    assert manifest.wal == WalState([(1, len(GOLDEN_DB_WAL_V1), 1)], [], None)
     assert verify_database(str(path)) == []
     with lsmdb.open(str(path)) as db:
         assert db.get(b"k") == b"v"

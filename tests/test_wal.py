@@ -328,8 +328,8 @@ def crashed_db(tmp_path):
         writes = _write_all(db)
         shutil.copytree(live, path)
     manifest = Manifest.read(os.path.join(path, "MANIFEST"))
-    assert manifest.wal is not None and len(manifest.wal.live) == 1
-    number = manifest.wal.live[0]
+    assert manifest.wal is not None and manifest.wal.live is not None
+    number = manifest.wal.live
     wal = os.path.basename(lsmdb.logset.LogSet(path).path(number))
     result = read_segment_file(os.path.join(path, wal), number)
     assert not result.torn and len(result.records) == len(writes)
@@ -410,7 +410,7 @@ def closed_db(tmp_path):
     with lsmdb.open(path, sync=True) as db:
         writes = _write_all(db)
     manifest = Manifest.read(os.path.join(path, "MANIFEST"))
-    assert manifest.wal is not None and manifest.wal.live == []
+    assert manifest.wal is not None and manifest.wal.live is None and not manifest.wal.unsynced
     (number, size, _fmt), = manifest.wal.closed
     wal = os.path.join(path, os.path.basename(lsmdb.logset.LogSet(path).path(number)))
     assert os.path.getsize(wal) == size
@@ -505,9 +505,9 @@ def test_a_torn_write_of_a_value_holding_wal_bytes_still_opens(tmp_path):
         db.put(b"backup", backup)
         shutil.copytree(live, path)
     manifest = Manifest.read(os.path.join(path, "MANIFEST"))
-    assert manifest.wal is not None and len(manifest.wal.live) == 1
-    seg = os.path.join(path, lsmdb.files.wal_name(manifest.wal.live[0]))
-    result = read_segment_file(seg, manifest.wal.live[0])
+    assert manifest.wal is not None and manifest.wal.live is not None
+    seg = os.path.join(path, lsmdb.files.wal_name(manifest.wal.live))
+    result = read_segment_file(seg, manifest.wal.live)
     start, end = result.records[-1][0], result.valid_length
     rng = random.Random(3)
     for cut in sorted({start + 1, start + 9, end - 1, *rng.sample(range(start, end), 25)}):

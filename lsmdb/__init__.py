@@ -11,20 +11,21 @@
 from .bloom import BloomFilter
 from .db import DB, open
 from .errors import (
-                     CorruptionError,
-                     DatabaseClosedError,
-                     DatabaseForkedError,
-                     DatabaseLockedError,
-                     LsmdbError,
-                     NoSuchTableError,
-                     NotADatabaseError,
-                     ReadOnlyError,
-                     TableExistsError,
-                     UnsupportedFormatError,
+    CorruptionError,
+    DatabaseClosedError,
+    DatabaseForkedError,
+    DatabaseLockedError,
+    LsmdbError,
+    NoSuchTableError,
+    NotADatabaseError,
+    ReadOnlyError,
+    TableExistsError,
+    UnsupportedFormatError,
 )
+from .handles import Table, WriteBatch
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import TableOptions
-from .table import SSTableInfo, Table, WriteBatch
+from .table import SSTableInfo
 
 __version__ = "0.1.0"
 

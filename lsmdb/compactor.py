@@ -22,7 +22,7 @@ from .sstable import SSTableReader, rewrite_filter
 from .table import TableState
 
 if TYPE_CHECKING:
-    from .db import DB
+    from .versions import Versions
 
 log = logging.getLogger("lsmdb")
 
@@ -30,13 +30,14 @@ log = logging.getLogger("lsmdb")
 class Compactor:
     """Compactions, filter rebuilds and their installation for one :class:`DB`."""
 
-    def __init__(self, db: DB) -> None:
-        self._db = db
+    def __init__(self, versions: Versions, installed: Callable[[], None]) -> None:
+        self._db = versions
+        self._installed = installed  # after each installed job (counters)
         self.lock = threading.Lock()   # one compaction (or rebuild) at a time
 
     # -- what is due ------------------------------------------------------
     def pending(self) -> bool:
-        return any(_compaction.pick(s) is not None for s in list(self._db._tables.values()))
+        return any(_compaction.pick(s) is not None for s in list(self._db.tables.values()))
 
     def filter_stale(self, state: TableState, reader: SSTableReader) -> bool:
         """Was ``reader``'s filter built otherwise than a file written now would be?"""
@@ -64,7 +65,7 @@ class Compactor:
         """Every compaction the tables need, until none is due (background thread)."""
         while not should_stop():
             did = False
-            for state in list(self._db._tables.values()):
+            for state in list(self._db.tables.values()):
                 if should_stop():
                     return
                 with self.lock:
@@ -90,9 +91,9 @@ class Compactor:
                     continue
                 fp = _compaction.target_fp_chance(
                     state, _compaction.reader_is_bottom(state, reader))
-                number = db._locked_alloc()
-                path = db._sst_path(number)
-                new = db._adopt(rewrite_filter(reader, path, number, fp, db._hasher_for(state)),
+                number = db.alloc_file_number()
+                path = db.sst_path(number)
+                new = db.adopt(rewrite_filter(reader, path, number, fp, db.hasher_for(state)),
                                 reader.level)
                 self.install(_compaction.CompactionJob(state, [reader], reader.level, False, None,
                                                        "rebuild filter"), [new])
@@ -103,10 +104,10 @@ class Compactor:
         """Run one compaction (the caller holds ``self.lock``)."""
         db = self._db
         started = time.monotonic()
-        outputs = _compaction.run(job, db._locked_alloc, db._sst_path, db._hasher_for(job.state))
+        outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, db.hasher_for(job.state))
         try:
             for reader in outputs:
-                db._adopt(reader, job.output_level)
+                db.adopt(reader, job.output_level)
         except BaseException:
             for reader in outputs:
                 reader.close()
@@ -121,9 +122,9 @@ class Compactor:
         """Switch the manifest from the job's inputs to its outputs, then delete the inputs."""
         db = self._db
         state = job.state
-        with db._lock:
+        with db.lock:
             inputs = {id(r) for r in job.inputs}
-            if state.dropped or db._closed or not all(
+            if state.dropped or db.closed or not all(
                     any(id(r) == i for r in state.files) for i in inputs):
                 for r in outputs:
                     r.close()
@@ -132,7 +133,7 @@ class Compactor:
             old = state.files
             state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
             try:
-                db._write_manifest()
+                db.write_manifest()
             except SwitchedButNotSynced:
                 # The new manifest names the outputs: serve them, but keep the
                 # inputs on disk (the old manifest may come back after a crash;
@@ -151,4 +152,4 @@ class Compactor:
         for r in job.inputs:
             unlink_quietly(r.path)  # readers still holding it keep their descriptor
             r.drop_cached()
-        db._save_counters()
+        self._installed()

@@ -1,23 +1,26 @@
-"""The point-read path: compiled per-table getters and ``get_many``.
+"""The read path: compiled per-table getters, ``get_many`` and scans.
 
 A get consults the memtables, then every level-0 file newest first, then at
 most one file per deeper level (bisect on the level's key ranges).  Per file:
 the key range, then the Bloom filter -- probed inline from one hash per get,
 reused for every file -- and only on a "maybe" exactly one data block (or a
-block-cache hit).  Every step is counted on the file (SSTableInfo).
+block-cache hit).  Every step is counted on the file (SSTableInfo).  A scan
+merges the memtables and files whose range it meets, newest first
+(:mod:`lsmdb.merge`), over a snapshot taken when it starts.
 """
 
 from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import table
 from .bloom import MASK32
 from .bloom import key_hash as _key_hash
 from .keys import MAX_KEY_SIZE_BYTES, as_key
+from .merge import merge_newest
 from .sstable import MISSING, SSTableReader
 from .sstable_reader import (
     BLOCK_CACHE_HITS,
@@ -35,13 +38,13 @@ except ImportError:  # pragma: no cover - built without a C compiler
     USE_C_GETTER = False
 
 if TYPE_CHECKING:
-    from .db import DB
+    from .versions import Versions
 
 log = logging.getLogger("lsmdb")
 _MASK32 = MASK32
 
 
-def state_getter(db: DB, state: TableState) -> Any:
+def state_getter(db: Versions, state: TableState) -> Any:
     """The compiled getter of ``state`` (made once per table state)."""
     getter = state.getter
     if getter is None:
@@ -49,7 +52,7 @@ def state_getter(db: DB, state: TableState) -> Any:
     return getter
 
 
-def make_getter(db: DB, state: TableState) -> Any:
+def make_getter(db: Versions, state: TableState) -> Any:
     """Compile the point-read path of one table into a closure.
 
     ``get(key, default=None)``: memtables, then level-0 files newest first,
@@ -61,7 +64,7 @@ def make_getter(db: DB, state: TableState) -> Any:
     """
     missing = MISSING
     key_hash = _key_hash
-    cache = db._block_cache
+    cache = db.block_cache
     lookup: Any = cache.lookup if cache is not None else None
     touch: Any = cache.touch if cache is not None else None
     mask = _MASK32
@@ -113,8 +116,8 @@ def make_getter(db: DB, state: TableState) -> Any:
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
-        if db._closed:
-            db._check_open()
+        if db.closed:
+            db.check_open()
         data, imms, l0, deeper, probes, flat, _filters = state.fast
         state.gets += 1
         value = data.get(key, missing)
@@ -237,7 +240,7 @@ def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
     return value
 
 
-def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
+def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
     """Values of ``keys`` (None where absent), in the order given.
 
     Each key is hashed once; files are visited once each, in read order, with
@@ -267,8 +270,8 @@ def get_many(db: DB, state: TableState, keys: Iterable[Any]) -> list[Any]:
                 state.gets_absent += absent
             return answers
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
-    if db._closed:
-        db._check_open()
+    if db.closed:
+        db.check_open()
     data, imms, l0, deeper, _probes, _flat, _filters = state.fast
     n = len(ks)
     state.gets += n
@@ -467,3 +470,50 @@ def _shadow_many(reader: SSTableReader, ks: list[bytes], negatives: list[int], m
         else:
             out[i] = value
     return still
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
+         reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
+    order (``reverse``: descending), over a snapshot taken now: later writes,
+    flushes and compactions do not change what it returns.  One data block per
+    SSTable is in memory at a time."""
+    versions.check_open()
+    lo = None if start is None else as_key(start)
+    hi = None if end is None else as_key(end)
+    if prefix is not None:
+        p = as_key(prefix)
+        if lo is None or lo < p:
+            lo = p
+        pe = prefix_end(p)
+        if pe is not None and (hi is None or hi > pe):
+            hi = pe
+    if lo is not None and hi is not None and lo >= hi:
+        return iter(())
+    with versions.lock:  # a consistent snapshot of the active memtable (age 0)
+        mem, imms, l0, deeper = state.view
+        snapshot = mem.chunk_range(lo, hi, reverse)
+    sources: list[Any] = [snapshot] if snapshot else []
+    for imm in imms:  # frozen: they never change
+        if len(imm):
+            sources.append(imm.chunk_range(lo, hi, reverse))
+    files = list(l0)
+    for _keys, readers in deeper:
+        files.extend(readers)
+    for r in files:  # newest first, as the merge wants them
+        if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
+            sources.append(r.chunks(lo, hi, reverse))
+    if not sources:
+        return iter(())
+    return merge_newest(sources, reverse)  # type: ignore[return-value]

@@ -1,7 +1,8 @@
 """Opening a database directory: lock, manifest, SSTables, WAL replay, leftover sweep.
 
-``open_database(db, create_if_missing)`` brings a fresh :class:`~lsmdb.db.DB`
-to the state its files describe:
+``open_database(versions, flusher, create_if_missing)`` brings a fresh
+:class:`~lsmdb.versions.Versions` to the state its directory's files
+describe, and returns the lock it took:
 
 1. refuse a directory that is not a database before creating anything in it;
 2. take the ``LOCK`` (not for ``read_only``);
@@ -49,11 +50,12 @@ from .manifest import read_bytes as read_manifest_bytes
 from .options import DEFAULT_TABLE
 from .secret import load_secret
 from .sstable import SSTableReader
-from .table import Table, TableState
+from .table import TableState
 from .wal import read_segment_file
 
 if TYPE_CHECKING:
-    from .db import DB
+    from .flush import Flusher
+    from .versions import Versions
 
 log = logging.getLogger("lsmdb")
 
@@ -62,56 +64,63 @@ class _Vanished(Exception):
     """A file the manifest named was deleted by a concurrent writer (read-only open)."""
 
 
-def open_database(db: DB, create_if_missing: bool) -> None:
+def open_database(db: Versions, flusher: Flusher, create_if_missing: bool
+                  ) -> DatabaseLock | None:
+    """Open the database in ``db.path`` into ``db`` (see the module docstring); the
+    lock taken (None for a read-only open).  On failure everything is let go."""
     path = db.path
     if not os.path.isdir(path):
         if os.path.lexists(path):
             raise NotADatabaseError(f"{path} exists and is not a directory")
-        if not create_if_missing or db._read_only:
+        if not create_if_missing or db.read_only:
             raise NotADatabaseError(f"no database at {path} (create_if_missing=False)")
         os.makedirs(path, exist_ok=True)
     manifest_path = os.path.join(path, MANIFEST_NAME)
     if not exists(manifest_path):
         # Refuse before creating anything (not even LOCK) in a foreign directory.
         check_creatable(db, create_if_missing)
-    if not db._read_only:
-        db._dblock = DatabaseLock(path)
+    lock = None if db.read_only else DatabaseLock(path)
     try:
         if not exists(manifest_path):
             create(db, manifest_path, create_if_missing)
-        db._keyed = load_secret(db.path)
+        db.keyed = load_secret(db.path)
         manifest, replayed = load_with_retry(db, manifest_path)
         load_counters(db)
-        if not db._read_only:
+        if not db.read_only:
             for seg_path, offset in replayed.torn:
                 log.warning("%s: ignoring a torn tail from offset %d: a write cut short by a "
                             "crash (writes not yet fsynced can be lost this way)",
                             seg_path, offset)
             sweep(db, manifest, replayed)
-            db._log.adopt(replayed.segments)
-            db._rotate_wal()
+            db.log.adopt(replayed.segments)
+            with db.lock:
+                db.rotate_wal()
             set_aside(db.path, [wal_name(n) for n in replayed.ignored],
                       "written after a torn WAL segment: not replayed")
-            for state in list(db._tables.values()):
+            for state in list(db.tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
-                    db._flush_table(state, opening=True)
+                    flusher.flush_table(state, opening=True)
     except BaseException:
-        db._release()
+        db.log.close()
+        db.close_readers()
+        if lock is not None:
+            lock.release()
         raise
+    return lock
 
 
-def check_creatable(db: DB, create_if_missing: bool) -> None:
+def check_creatable(db: Versions, create_if_missing: bool) -> None:
     # LOCK and MANIFEST.tmp are what a crash inside the very first open leaves.
     entries = [n for n in os.listdir(db.path)
                if n not in (LOCK_NAME, MANIFEST_NAME + TMP_SUFFIX)]
     if entries:
         raise NotADatabaseError(
             f"{db.path} is not an lsmdb database (no {MANIFEST_NAME}, directory not empty)")
-    if not create_if_missing or db._read_only:
+    if not create_if_missing or db.read_only:
         raise NotADatabaseError(f"no database at {db.path} (create_if_missing=False)")
 
 
-def create(db: DB, manifest_path: str, create_if_missing: bool) -> None:
+def create(db: Versions, manifest_path: str, create_if_missing: bool) -> None:
     check_creatable(db, create_if_missing)
     manifest = Manifest(next_file_number=1, next_table_id=2,
                         tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
@@ -122,7 +131,7 @@ def wal_numbers_on_disk(path: str) -> list[int]:
     return sorted(int(m.group(1)) for n in os.listdir(path) if (m := WAL_RE.match(n)))
 
 
-def load_with_retry(db: DB, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
+def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
     """Read the manifest, open its files and replay the WAL.
 
     A read-only open races with the writer, whose flushes and compactions
@@ -135,22 +144,22 @@ def load_with_retry(db: DB, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
         data = read_manifest_bytes(manifest_path)
         manifest = Manifest.decode(data, manifest_path)
         # The writer moved on if the manifest changed since the last attempt.
-        racing = db._read_only and data != previous
+        racing = db.read_only and data != previous
         previous = data
         try:
             load(db, manifest, vanished_ok=racing)
             return manifest, recover_wal(db, manifest, vanished_ok=racing)
         except _Vanished:
-            db._close_readers()
-            db._tables.clear()
-            db._handles.clear()
-            db._log = LogSet(db.path)
+            db.close_readers()
+            db.tables.clear()
+            db.by_id.clear()
+            db.log = LogSet(db.path)
             time.sleep(0.005)
 
 
-def load_counters(db: DB) -> None:
+def load_counters(db: Versions) -> None:
     files, tables = _stats.load_stats(db.path)
-    for state in db._tables.values():
+    for state in db.tables.values():
         if state.id in tables and len(tables[state.id]) == 2:
             state.gets, state.gets_absent = tables[state.id]
         for reader in state.files:
@@ -158,10 +167,10 @@ def load_counters(db: DB) -> None:
                 _stats.apply_file_counters(reader, files[reader.number])
 
 
-def load(db: DB, manifest: Manifest, vanished_ok: bool = False) -> None:
-    db._last_seq = manifest.last_seq
-    db._next_file = manifest.next_file_number
-    db._next_table_id = manifest.next_table_id
+def load(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> None:
+    db.last_seq = manifest.last_seq
+    db.next_file = manifest.next_file_number
+    db.next_table_id = manifest.next_table_id
     if DEFAULT_TABLE not in manifest.tables:
         raise CorruptionError("manifest has no default table",
                               os.path.join(db.path, MANIFEST_NAME))
@@ -178,7 +187,7 @@ def load(db: DB, manifest: Manifest, vanished_ok: bool = False) -> None:
             try:
                 reader = SSTableReader(file_path, fm.number)
             except FileNotFoundError:
-                if db._read_only and vanished_ok:
+                if db.read_only and vanished_ok:
                     raise _Vanished(file_path) from None
                 raise CorruptionError("SSTable listed in the manifest is missing",
                                       file_path) from None
@@ -187,19 +196,17 @@ def load(db: DB, manifest: Manifest, vanished_ok: bool = False) -> None:
                     raise
                 raise CorruptionError("SSTable listed in the manifest is a symbolic link "
                                       "(never followed)", file_path) from None
-            db._adopt(reader, fm.level)
+            db.adopt(reader, fm.level)
             readers.append(reader)
-            db._next_file = max(db._next_file, fm.number + 1)
+            db.next_file = max(db.next_file, fm.number + 1)
         state.files = tuple(readers)
         state.publish()
-        db._tables[name] = state
-        db._handles[name] = Table(db, state)
-    db._by_id = {s.id: s for s in db._tables.values()}
+        db.add(state)
 
 
-def recover_wal(db: DB, manifest: Manifest, vanished_ok: bool = False) -> ReplayedLog:
+def recover_wal(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> ReplayedLog:
     """Replay the manifest's WAL segments into the memtables."""
-    by_id = db._by_id
+    by_id = db.by_id
 
     top_tid = 0
 
@@ -214,9 +221,9 @@ def recover_wal(db: DB, manifest: Manifest, vanished_ok: bool = False) -> Replay
 
     on_disk = wal_numbers_on_disk(db.path)
     try:
-        replayed = db._log.replay(manifest.wal, on_disk, apply)
+        replayed = db.log.replay(manifest.wal, on_disk, apply)
     except FileNotFoundError as exc:
-        if db._read_only and vanished_ok:
+        if db.read_only and vanished_ok:
             raise _Vanished(exc.filename) from None
         raise CorruptionError("WAL segment named by the manifest is missing",
                               exc.filename) from None
@@ -225,17 +232,17 @@ def recover_wal(db: DB, manifest: Manifest, vanished_ok: bool = False) -> Replay
             raise
         raise CorruptionError("WAL segment named by the manifest is a symbolic link "
                               "(never followed)", exc.filename) from None
-    db._last_seq = max(db._last_seq, replayed.top_seq)
+    db.last_seq = max(db.last_seq, replayed.top_seq)
     # A table id the WAL names but the manifest does not (a table whose creation
     # never became durable) is never handed out again: its records stay its own.
-    db._next_table_id = max(db._next_table_id, top_tid + 1)
-    db._next_file = max([db._next_file, *(n + 1 for n in on_disk)])
-    for state in db._tables.values():
+    db.next_table_id = max(db.next_table_id, top_tid + 1)
+    db.next_file = max([db.next_file, *(n + 1 for n in on_disk)])
+    for state in db.tables.values():
         state.publish()
     return replayed
 
 
-def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
+def sweep(db: Versions, manifest: Manifest, replayed: ReplayedLog) -> None:
     """Remove files a crash left behind: only ever after a valid manifest was read.
 
     That is every SSTable the manifest does not name, every ``.tmp`` file,
@@ -256,7 +263,7 @@ def sweep(db: DB, manifest: Manifest, replayed: ReplayedLog) -> None:
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
             continue  # a directory, a FIFO: not a file lsmdb made, left alone
         if m and int(m.group(1)) not in live:
-            db._next_file = max(db._next_file, int(m.group(1)) + 1)
+            db.next_file = max(db.next_file, int(m.group(1)) + 1)
         elif w and int(w.group(1)) not in listed:
             number = int(w.group(1))
             if number >= manifest.next_file_number and manifest.wal is not None \

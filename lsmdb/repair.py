@@ -17,12 +17,15 @@ database leaves out is moved into ``lost/`` inside the database directory.
    every SSTable that reads is taken, newest data first -- a file a
    compaction had replaced, if its deletion never reached the disk, may then
    bring back keys that compaction had found deleted.
-3. Every WAL segment on disk, oldest first: each record that still reads (past
-   damage, from the next 32 KiB block that starts a record; a segment
+3. Every WAL segment the manifest names (and any created after it; without a
+   manifest, every one on disk), oldest first: each record that still reads
+   (past damage, from the next 32 KiB block that starts a record; a segment
    written before format 2 only up to its first defect) is replayed, if it
    is newer than its table's SSTables, into memtables that are written out as
-   new SSTables.  A segment read whole is deleted once the new manifest is
-   durable; one with damage is set aside.
+   new SSTables.  A segment the manifest no longer names was retired: its
+   records are in SSTables, or were never acknowledged.  A segment read
+   whole is deleted once the new manifest is durable; one with damage is
+   set aside.
 4. The new MANIFEST -- every table with its files, no WAL segment -- is
    switched in atomically.
 

@@ -493,7 +493,8 @@ def test_every_method_after_close_raises_database_closed(db, path, read_only):
         db.close()
         db = lsmdb.open(path, read_only=True)
     t = db.table("t")
-    batch = lsmdb.WriteBatch(db)  # bypasses db.batch(), which refuses read-only at once
+    # bypasses db.batch(), which refuses read-only at once
+    batch = lsmdb.WriteBatch(db._writes, db._table_state)
     batch.put(b"late", b"write", table="t")
     db.close()
     db.close()  # idempotent

@@ -55,7 +55,7 @@ def want(i):
 for _ in range(2):  # the small cache fills, then admits on second reads
     for i in range(0, 40000, 7):
         assert db.get(b"k%06d" % i) == want(i), i
-assert db._block_cache.admission.full and len(db._block_cache) > 0
+assert db._versions.block_cache.admission.full and len(db._versions.block_cache) > 0
 keys = [b"k%06d" % i for i in range(0, 40000, 13)]
 assert db.get_many(keys) == [want(i) for i in range(0, 40000, 13)]
 db.compact()

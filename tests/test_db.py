@@ -1113,8 +1113,8 @@ def _cache_books_match_the_files(d: lsmdb.DB, gone: list[tuple[int, int]] = ()) 
     """Each open file's range of block-cache keys is its own; every cached
     block lies in the range of exactly one open file and is that file's block
     as on disk; none lies in a range of ``gone`` (files that left)."""
-    cache = d._block_cache
-    readers = [r for state in d._tables.values() for r in state.files]
+    cache = d._versions.block_cache
+    readers = [r for state in d._versions.tables.values() for r in state.files]
     ranges = sorted((r.cache_base, r.cache_base + len(r.index_keys)) for r in readers)
     assert all(hi <= lo for (_lo, hi), (lo, _hi) in pairwise(ranges))
     entries = cache.entries()
@@ -1164,13 +1164,13 @@ def test_the_block_cache_never_serves_one_files_block_for_another(path, monkeypa
                         model[name][k] = b"%s-%d-%05d" % (name.encode(), gen, i)
             d.flush()
             check(d)
-        assert all(len(r.index_keys) > 10 for s in d._tables.values() for r in s.files)
+        assert all(len(r.index_keys) > 10 for s in d._versions.tables.values() for r in s.files)
         inputs = [(r.cache_base, r.cache_base + len(r.index_keys))
-                  for r in d._tables["t2"].files]
+                  for r in d._versions.tables["t2"].files]
         d.compact("t2")
         check(d, gone=inputs)
         dropped = [(r.cache_base, r.cache_base + len(r.index_keys))
-                   for r in d._tables["t3"].files]
+                   for r in d._versions.tables["t3"].files]
         d.drop_table("t3")
         names.remove("t3")
         _cache_books_match_the_files(d, gone=inputs + dropped)

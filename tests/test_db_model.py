@@ -283,12 +283,12 @@ class DBMachine(RuleBasedStateMachine):
     # -------------------------------------------------------------- invariants
     @invariant()
     def memtables_sorted(self):
-        for state in self.db._tables.values():
+        for state in self.db._versions.tables.values():
             state.mem._check()
 
     @invariant()
     def wal_segments_in_order(self):
-        self.db._log._check()
+        self.db._versions.log._check()
 
     @invariant()
     def full_scans_agree(self):

@@ -14,7 +14,18 @@ opening, in the smallest setting that shows it:
 * symbolic links planted in the directory are never written through;
 * ``fork()``: a child holds no lock, and a handle used in a child raises;
 * while flushes fail, a table's frozen memtables stop at
-  ``MAX_FROZEN_MEMTABLES`` (writes raise instead).
+  ``MAX_FROZEN_MEMTABLES`` (writes raise instead);
+* an unsynced segment a crash cut short (torn, lost whole, or cut at a
+  record boundary) ends the replay; one ``sync()`` fsynced is read strictly;
+  segments of an older lsmdb are each read to their own torn tail;
+* a manifest switch whose directory fsync failed is made durable before a
+  later promise, and a table id the WAL names is never handed out again;
+* ``close()`` racing a WAL recovery or a failing write: no recovery runs
+  after it, and it never returns with an acknowledged write not durable;
+* a refused second open keeps the process's lock; a FIFO or a directory
+  under a WAL name neither blocks nor breaks an open;
+* ``lsmdb repair`` interrupted by a crash, and after a failed segment that
+  could not be unlinked, keeps what one repair keeps and nothing more.
 
 Power losses are simulated with :mod:`faultfs` (only fsynced data and
 fsynced directory entries survive), I/O errors with :mod:`faultinject`.
@@ -22,24 +33,37 @@ fsynced directory entries survive), I/O errors with :mod:`faultinject`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib.util
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import msgpack
 import pytest
 
 import lsmdb
 import lsmdb.db
+import lsmdb.flush
 import lsmdb.manifest
 import lsmdb.recovery
 import lsmdb.stats
+import lsmdb.writepath
+from lsmdb.coding import WAL_HEADER, crc32
+from lsmdb.files import SwitchedButNotSynced
+from lsmdb.logset import encode_record
+from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_MAGIC
+from lsmdb.repair import repair_database
+from lsmdb.sstable import SSTableReader
 from lsmdb.verify import verify_database
+from lsmdb.wal import read_segment
 
 
 def _load(name: str) -> Any:
@@ -55,9 +79,11 @@ def _load(name: str) -> Any:
 if TYPE_CHECKING:
     from faultfs import FaultFS
     from faultinject import Faults
+    from powerloss import PowerLoss
 else:
     FaultFS = _load("faultfs").FaultFS
     Faults = _load("faultinject").Faults
+    PowerLoss = _load("powerloss").PowerLoss
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="the fault layers read descriptors through /proc")
@@ -166,7 +192,7 @@ def test_sync_while_a_flush_writes_its_sstable_covers_every_write(tmp_path, monk
     path.mkdir()
     fs = FaultFS(str(path))
     images = []
-    real = lsmdb.db.write_sstable
+    real = lsmdb.flush.write_sstable
 
     def sync_meanwhile(*args: Any, **kwargs: Any) -> Any:
         done = threading.Event()
@@ -186,9 +212,9 @@ def test_sync_while_a_flush_writes_its_sstable_covers_every_write(tmp_path, monk
         for i in range(24):
             db.put(b"d%02d" % i, b"v%02d" % i)
             db.table("other").put(b"o%02d" % i, b"w%02d" % i)
-        monkeypatch.setattr(lsmdb.db, "write_sstable", sync_meanwhile)
+        monkeypatch.setattr(lsmdb.flush, "write_sstable", sync_meanwhile)
         db.flush("default")
-        monkeypatch.setattr(lsmdb.db, "write_sstable", real)
+        monkeypatch.setattr(lsmdb.flush, "write_sstable", real)
         db.close()
     fs.cleanup()
     assert images
@@ -333,7 +359,7 @@ def test_symbolic_links_planted_in_the_directory_are_never_written_through(tmp_p
     with lsmdb.open(str(path)) as db:
         db.put(b"k", b"v")
         db.flush()
-        next_number = db._next_file
+        next_number = db._versions.next_file
     victims = {}
     names = ["MANIFEST.tmp", "STATS.tmp", *(f"{next_number + i:06d}.sst" for i in range(4)),
              *(f"wal-{next_number + i:06d}.log" for i in range(4))]
@@ -438,7 +464,7 @@ def test_while_flushes_fail_frozen_memtables_stop_at_the_bound(tmp_path, caplog)
                 refused += 1
                 continue
             acked[b"k%03d" % i] = b"v" * 400
-            assert len(db._tables["t"].imms) <= lsmdb.db.MAX_FROZEN_MEMTABLES
+            assert len(db._versions.tables["t"].imms) <= lsmdb.writepath.MAX_FROZEN_MEMTABLES
         assert refused > 150
     for key, value in acked.items():
         assert t.get(key) == value
@@ -481,3 +507,430 @@ def test_a_torn_unsynced_segment_ends_the_replay(tmp_path, caplog):
         assert again.get(b"later") is None
     assert any("written after a torn WAL segment" in r.getMessage() for r in caplog.records)
     assert errors_of(str(crashed)) == []
+
+
+# --------------------------------------------------------------- what a crash leaves of the WAL
+
+def _wal_names(path: str | Path) -> list[str]:
+    return sorted(n for n in os.listdir(path) if n.startswith("wal-"))
+
+
+def _fail_a_flush(db: lsmdb.DB, faults: Faults) -> list[bytes]:
+    """Fill the default table until a flush of it was tried and failed (its SSTable
+    cannot be created): its rotation closed a segment, left unsynced since only the
+    memtable being flushed needs it.  Returns the keys written, in order."""
+    faults.fail("open", lambda n: n.endswith(".sst"), errno.ENOSPC, times=None)
+    keys: list[bytes] = []
+    while not faults.hits:
+        keys.append(b"k%04d" % len(keys))
+        db.put(keys[-1], b"x" * 200)
+    faults.clear()
+    return keys
+
+
+@pytest.mark.parametrize("cut", ["lost whole", "at a record boundary"])
+def test_an_unsynced_segment_cut_short_cleanly_ends_the_replay(tmp_path, caplog, cut):
+    """A power loss keeps every append to the live segment but drops the last records of
+    the unsynced closed segment before it (all of them, or from a record boundary on):
+    the live segment is not replayed, so what survives is a prefix of the writes."""
+    path = tmp_path / "db"
+    path.mkdir()
+    layer = PowerLoss(str(path))
+    with layer, caplog.at_level(logging.CRITICAL, logger="lsmdb"):
+        db = lsmdb.open(str(path), auto_compaction=False)
+        db.alter_table("default", **SMALL)
+        with Faults(str(path)) as faults:
+            keys = _fail_a_flush(db, faults)
+        older, newer = _wal_names(path)
+        db.put(b"later", b"in the live segment")
+        keys.append(b"later")
+        moment = layer.moment()
+        db.close()
+    layer.cleanup()
+    image = {}
+    for name, ino in moment.names(len(moment.ops)).items():
+        data = moment.current[ino]
+        if name == older:
+            if cut == "lost whole":
+                data = moment.synced.get(ino, b"")
+            else:
+                number = int(name.removeprefix("wal-").removesuffix(".log"))
+                data = data[:read_segment(data, number).records[-1][0]]
+        image[name] = data
+    crashed = str(tmp_path / "crashed")
+    layer.materialize(crashed, image)
+    with caplog.at_level(logging.CRITICAL, logger="lsmdb"), lsmdb.open(crashed) as again:
+        got = [again.get(k) is not None for k in keys]
+    assert not got[-1], "a write in the live segment survived earlier ones lost"
+    assert got == sorted(got, reverse=True)
+
+
+def test_a_segment_sync_fsynced_is_read_strictly(tmp_path, caplog):
+    """sync() fsyncs the unsynced closed segment a failed flush left; a byte changed in
+    it afterwards is corruption, not a torn tail that would drop the later segment and
+    the write sync() made durable."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", **SMALL)
+    with Faults(path) as faults, caplog.at_level(logging.CRITICAL, logger="lsmdb"):
+        _fail_a_flush(db, faults)
+    older, newer = _wal_names(path)
+    db.put(b"durable", b"made durable by sync()")
+    db.sync()
+    crashed = tmp_path / "crashed"
+    shutil.copytree(path, crashed)                   # a crash, then a damaged byte
+    db.close()
+    damaged = bytearray((crashed / older).read_bytes())
+    damaged[-5] ^= 0x40
+    (crashed / older).write_bytes(bytes(damaged))
+    with caplog.at_level(logging.CRITICAL, logger="lsmdb"), \
+            pytest.raises(lsmdb.CorruptionError):
+        lsmdb.open(str(crashed))
+    assert (crashed / newer).exists()
+
+
+def _format1_manifest() -> bytes:
+    """The MANIFEST of an empty database as an lsmdb before format 2 wrote it (no "wal")."""
+    payload = msgpack.packb({"next_file_number": 1, "next_table_id": 2, "last_seq": 0,
+                             "tables": {"default": {"id": 1, "options": {}, "flushed_seq": 0,
+                                                    "files": []}}}, use_bin_type=True)
+    return MANIFEST_HEADER.pack(MANIFEST_MAGIC, 1, crc32(payload), len(payload)) + payload
+
+
+def _format1_record(seq: int, key: bytes, value: bytes) -> bytes:
+    """One WAL record of the default table as a headerless (format-1) segment holds it."""
+    payload = encode_record(seq, [(1, key, value)])
+    return WAL_HEADER.pack(crc32(payload), len(payload)) + payload
+
+
+def test_segments_of_an_older_lsmdb_are_each_read_to_their_own_torn_tail(tmp_path):
+    """An lsmdb before format 2 never fsynced a segment it closed: after a power loss an
+    older segment may end torn while a newer one holds writes made durable with
+    sync=True.  That lsmdb replayed every segment; so must the open that upgrades it."""
+    path = tmp_path / "db"
+    path.mkdir()
+    (path / "MANIFEST").write_bytes(_format1_manifest())
+    (path / "LOCK").write_bytes(b"")
+    (path / "wal-000001.log").write_bytes(
+        _format1_record(1, b"a", b"1") + _format1_record(2, b"b", b"2")
+        + _format1_record(3, b"c", b"torn")[:9])
+    (path / "wal-000002.log").write_bytes(_format1_record(4, b"d", b"synced"))
+    for _ in range(2):                               # the upgrade, then the current format
+        with lsmdb.open(str(path)) as db:
+            assert [db.get(k) for k in (b"a", b"b", b"c", b"d")] == [b"1", b"2", None, b"synced"]
+
+
+# --------------------------------------------------------------- a switch not known durable
+
+def test_a_table_whose_creation_was_not_known_durable_keeps_its_synced_writes(tmp_path):
+    """create_table raises SwitchedButNotSynced (its directory fsync failed) and a retry
+    returns the table.  A write to it with sync=True, and sync(), survive a power loss;
+    a write not yet durable, whose table a power loss took, never shows up in a table
+    created after it."""
+    path = tmp_path / "db"
+    path.mkdir()
+    layer = PowerLoss(str(path))
+    with layer:
+        db = lsmdb.open(str(path), auto_compaction=False)
+        db.put(b"base", b"1", sync=True)
+        with Faults(str(path)) as faults:
+            faults.fail("fsync", lambda n: n == ".", errno.EIO)
+            with pytest.raises(SwitchedButNotSynced):
+                db.create_table("t")
+        t = db.create_table("t", exist_ok=True)
+        t.put(b"early", b"not durable")
+        early = layer.image(dir_ops=0, tails="all")  # the old manifest, the record on disk
+        t.put(b"k", b"v", sync=True)
+        db.sync()
+        synced = layer.image(tails="none")
+        db.close()
+    layer.cleanup()
+    for name, image in (("early", early), ("synced", synced)):
+        layer.materialize(str(tmp_path / name), image)
+    with lsmdb.open(str(tmp_path / "synced")) as again:
+        assert "t" in again.tables(), "the table of an acknowledged sync=True write is gone"
+        assert (again.get(b"base"), again.table("t").get(b"k")) == (b"1", b"v")
+    with lsmdb.open(str(tmp_path / "early")) as again:
+        assert again.tables() == ["default"]
+        assert list(again.create_table("other").scan()) == []
+    with lsmdb.open(str(tmp_path / "early")) as again:
+        assert list(again.table("other").scan()) == []
+
+
+# --------------------------------------------------------------- close() racing the WAL
+
+class _GatedLock:
+    """Stands in for a lock: the thread named ``name`` sets ``arrived`` and waits for
+    ``go`` before it acquires the lock; any other thread takes it at once."""
+
+    def __init__(self, lock: Any, name: str) -> None:
+        self._lock = lock
+        self._name = name
+        self.arrived = threading.Event()
+        self.go = threading.Event()
+
+    def __enter__(self) -> Any:
+        if threading.current_thread().name == self._name:
+            self.arrived.set()
+            assert self.go.wait(30)
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._lock.__exit__(*exc)
+
+
+def _gate_flush_mutex(db: lsmdb.DB, name: str) -> _GatedLock:
+    """Gate the mutex that serialises flushes, WAL recoveries and close() for thread
+    ``name``."""
+    flusher = db._flusher
+    gate = flusher.mutex = _GatedLock(flusher.mutex, name)
+    return gate
+
+
+@contextlib.contextmanager
+def _sstable_creation_paused(name: str, started: threading.Event,
+                             go: threading.Event) -> Iterator[None]:
+    """The thread named ``name`` sets ``started`` and waits for ``go`` when it creates
+    an SSTable: a flush that holds the flush mutex while its SSTable is written."""
+    real_open = os.open
+
+    def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if threading.current_thread().name == name and flags & os.O_CREAT \
+                and os.fsdecode(path).endswith(".sst"):
+            started.set()
+            assert go.wait(30)
+        return real_open(path, flags, *args, **kwargs)
+
+    os.open = open_
+    try:
+        yield
+    finally:
+        os.open = real_open
+
+
+def test_a_wal_recovery_waiting_while_close_runs_writes_nothing(tmp_path):
+    """A sync() that found the WAL failed waits for the flush mutex while close() runs
+    (and fails to recover the WAL itself).  Once close() is done, that recovery raises
+    DatabaseClosedError and leaves the directory alone: a manifest written from the
+    closed handle's state would name none of the flushed SSTables."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    rows = {b"k%03d" % i: b"flushed" for i in range(100)}
+    for key, value in rows.items():
+        db.put(key, value)
+    db.flush()
+    rows[b"m"] = b"in the WAL"
+    db.put(b"m", b"in the WAL")
+    gate = _gate_flush_mutex(db, "syncer")
+    errors: list[BaseException] = []
+
+    def syncer() -> None:
+        try:
+            db.sync()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=syncer, name="syncer")
+    with Faults(path) as faults:
+        faults.fail("write", lambda n: n.startswith("wal-"), errno.ENOSPC)
+        with pytest.raises(OSError):
+            db.put(b"b", b"raised")                   # the WAL has failed
+        faults.fail("open", lambda n: n.endswith(".sst"), errno.ENOSPC, times=None)
+        thread.start()
+        assert gate.arrived.wait(30)                  # sync() waits to recover the WAL
+        with pytest.raises(OSError):
+            db.close()                                # cannot recover the WAL either
+        faults.clear()                                # the disk has room again
+    listing = sorted(os.listdir(path))
+    manifest = Path(path, "MANIFEST").read_bytes()
+    gate.go.set()
+    thread.join(30)
+    assert [type(e) for e in errors] == [lsmdb.DatabaseClosedError]
+    assert sorted(os.listdir(path)) == listing
+    assert Path(path, "MANIFEST").read_bytes() == manifest
+    with lsmdb.open(path) as again:
+        assert {k: again.get(k) for k in rows} == rows
+
+
+def test_close_waiting_for_a_flush_while_a_write_fails_the_wal_keeps_earlier_writes(
+        tmp_path, caplog):
+    """close() waits for an automatic flush; meanwhile a sync=True write fails the WAL,
+    whose fsyncs go on failing.  A write acknowledged before close() was called survives
+    a power loss after close()."""
+    path = tmp_path / "db"
+    path.mkdir()
+    layer = PowerLoss(str(path))
+    in_flush, go = threading.Event(), threading.Event()
+    with layer, caplog.at_level(logging.CRITICAL, logger="lsmdb"), \
+            _sstable_creation_paused("filler", in_flush, go):
+        db = lsmdb.open(str(path), auto_compaction=False)
+        t = db.create_table("t", **SMALL)
+
+        def filler() -> None:                         # until t's automatic flush starts
+            for i in range(1000):
+                if in_flush.is_set():
+                    return
+                t.put(b"t%04d" % i, b"y" * 300)
+
+        fill = threading.Thread(target=filler, name="filler")
+        fill.start()
+        assert in_flush.wait(30)                      # the flush holds the flush mutex
+        db.put(b"a", b"acknowledged before close()")
+        gate = _gate_flush_mutex(db, "closer")
+        gate.go.set()                                 # only announce the closer
+        outcome: list[BaseException | None] = []
+
+        def closer() -> None:
+            try:
+                db.close()
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        close = threading.Thread(target=closer, name="closer")
+        close.start()
+        assert gate.arrived.wait(30)                  # close() waits for the flush mutex
+        with Faults(str(path)) as faults:
+            faults.fail("fsync", lambda n: n.startswith("wal-"), errno.EIO, times=None)
+            with pytest.raises(OSError):
+                db.put(b"x", b"fails the WAL", sync=True)
+            go.set()
+            fill.join(30)
+            close.join(30)
+        assert len(outcome) == 1 and (outcome[0] is None or isinstance(outcome[0], OSError))
+        image = layer.image(tails="none")
+    layer.cleanup()
+    layer.materialize(str(tmp_path / "image"), image)
+    with lsmdb.open(str(tmp_path / "image")) as again:
+        assert again.get(b"a") == b"acknowledged before close()"
+
+
+# --------------------------------------------------------------- the lock; foreign files
+
+def _lock_refused_to_another_process(path: str) -> bool:
+    """Whether another process is refused the POSIX lock on the database's LOCK."""
+    probe = ("import fcntl, os, sys\n"
+             "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try:\n"
+             "    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except OSError:\n"
+             "    sys.exit(3)\n")
+    code = subprocess.run([sys.executable, "-c", probe, os.path.join(path, "LOCK")],
+                          timeout=60).returncode
+    assert code in (0, 3), code
+    return code == 3
+
+
+def test_a_refused_second_open_in_the_same_process_keeps_the_lock(tmp_path):
+    """A second open of a database this process holds is refused; refusing it must not
+    drop the process's lock, so another process is still refused too."""
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        assert _lock_refused_to_another_process(path)
+        with pytest.raises(lsmdb.DatabaseLockedError, match="this process"):
+            lsmdb.open(path)
+        assert _lock_refused_to_another_process(path)
+        db.put(b"k", b"v")
+    assert not _lock_refused_to_another_process(path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_fifo_or_directory_under_a_wal_name_neither_blocks_nor_breaks_the_open(tmp_path,
+                                                                                  kind):
+    """A FIFO or a directory planted under a WAL segment's name numbered past the
+    manifest's next file number: the open neither blocks on it nor fails."""
+    path = tmp_path / "db"
+    with lsmdb.open(str(path)) as db:
+        db.put(b"k", b"v")
+    planted = path / "wal-000999.log"
+    if kind == "fifo":
+        os.mkfifo(planted)
+    else:
+        planted.mkdir()
+    outcome: list[Any] = []
+
+    def open_it() -> None:
+        try:
+            with lsmdb.open(str(path)) as again:
+                outcome.append(again.get(b"k"))
+        except Exception as exc:
+            outcome.append(exc)
+
+    opener = threading.Thread(target=open_it, daemon=True)
+    opener.start()
+    opener.join(10)
+    blocked = opener.is_alive()
+    if blocked:                                       # in open() of the FIFO: release it
+        os.close(os.open(planted, os.O_WRONLY | os.O_NONBLOCK))
+        opener.join(10)
+    assert not blocked, "the open blocked on the FIFO"
+    assert outcome == [b"v"]
+
+
+# --------------------------------------------------------------- lsmdb repair
+
+class _RepairCrash(BaseException):
+    """A crash inside repair (a BaseException: nothing may catch it)."""
+
+
+def test_repair_interrupted_by_a_crash_then_run_again_keeps_what_one_repair_keeps(
+        tmp_path, monkeypatch, caplog):
+    """lsmdb repair crashes after it set a damaged SSTable aside and before its manifest
+    switch; run again, it keeps every entry that still reads, as one uninterrupted repair
+    does, instead of setting the salvaged copy aside as a crash's leftover."""
+    path = tmp_path / "db"
+    rows = {b"k%03d" % i: b"v%03d" % i for i in range(120)}
+    with lsmdb.open(str(path), auto_compaction=False) as db:
+        db.alter_table("default", block_size_bytes=256)
+        for key, value in rows.items():
+            db.put(key, value)
+        db.flush()
+    (victim,) = path.glob("*.sst")
+    reader = SSTableReader(str(victim))
+    damaged_at = reader.index_offsets[1] + 3        # the second data block
+    reader.close()
+    data = bytearray(victim.read_bytes())
+    data[damaged_at] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    once = tmp_path / "once"
+    shutil.copytree(path, once)
+
+    def crash(self: Any, p: str) -> None:
+        raise _RepairCrash
+
+    with caplog.at_level(logging.CRITICAL, logger="lsmdb"):
+        repair_database(str(once))
+        monkeypatch.setattr(lsmdb.manifest.Manifest, "write", crash)
+        with pytest.raises(_RepairCrash):
+            repair_database(str(path))
+        monkeypatch.undo()
+        repair_database(str(path))
+    with lsmdb.open(str(once)) as db:
+        kept = dict(db.scan())
+    assert 0 < len(rows) - len(kept) < 40 and kept.items() <= rows.items()
+    with lsmdb.open(str(path)) as db:
+        assert dict(db.scan()) == kept
+
+
+def test_repair_replays_only_the_wal_segments_the_manifest_names(tmp_path, caplog):
+    """A sync=True write raises (its segment's fsync failed); the recovery retires that
+    segment, but cannot unlink it.  lsmdb repair must not bring the write that raised
+    back, after a write acknowledged later."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    db.put(b"a", b"1")
+    db.flush()
+    with Faults(path) as faults, caplog.at_level(logging.CRITICAL, logger="lsmdb"):
+        faults.fail("fsync", lambda n: n.startswith("wal-"), errno.EIO)
+        with pytest.raises(OSError):
+            db.put(b"k2", b"raised", sync=True)
+        (failed,) = _wal_names(path)
+        faults.fail("unlink", lambda n: n == failed, errno.EIO)
+        db.put(b"k3", b"acknowledged later", sync=True)
+    db.close()
+    assert failed in os.listdir(path)
+    with caplog.at_level(logging.CRITICAL, logger="lsmdb"):
+        repair_database(path)
+    with lsmdb.open(path) as again:
+        assert (again.get(b"a"), again.get(b"k2"), again.get(b"k3")) == (
+            b"1", None, b"acknowledged later")

@@ -507,8 +507,8 @@ def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path
         assert downgrade_filters(path) >= 5
         db = lsmdb.open(path, read_only=True)
         try:
-            layouts = {r.bloom.version for state in db._tables.values() for r in state.files
-                       if r.bloom.m}
+            layouts = {r.bloom.version for state in db._versions.tables.values()
+                       for r in state.files if r.bloom.m}
             assert layouts == {1, 2}
             assert not [i for i in db.sstables() if i.filter_error]
         finally:
@@ -810,7 +810,7 @@ def test_a_block_get_many_reads_for_several_keys_is_admitted_as_its_keys_answer(
         monkeypatch.setattr(lsmdb.readpath, "state_getter", lambda _db, _state: None)
     db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
     try:
-        cache = db._block_cache
+        cache = db._versions.block_cache
 
         def block(key: bytes) -> tuple[object, int]:
             """The file whose range holds key, and its block that may."""
@@ -1365,7 +1365,7 @@ def _full_cache_db(path: str) -> lsmdb.DB:
     db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=2 * max(sizes) + 10)
     assert type(db.get).__name__ == "Getter"
     assert db.get(b"key%06d" % 0) == b"v0" and db.get(b"key%06d" % 2000) == b"v2000"
-    cache = db._block_cache
+    cache = db._versions.block_cache
     assert len(cache) == 2 and not cache.admit(-1)  # full: a first read is turned away
     return db
 
@@ -1377,7 +1377,7 @@ def test_a_full_cache_takes_a_block_a_get_read_only_on_its_second_read(tmp_path)
     tombstones included."""
     db = _full_cache_db(str(tmp_path / "db"))
     try:
-        cache = db._block_cache
+        cache = db._versions.block_cache
         db.delete(b"key%06d" % 3000)
         db.flush()
         before = db.table_stats()
@@ -1406,7 +1406,7 @@ def test_a_full_cache_takes_a_block_get_many_read_for_several_keys_on_its_second
     after that its keys are cache hits."""
     db = _full_cache_db(str(tmp_path / "db"))
     try:
-        cache = db._block_cache
+        cache = db._versions.block_cache
         reader = db._default_state.fast[5][0][0]
         keys = [b"key%06d" % i for i in (3600, 3602, 3604)]
         assert len({reader.block_for(k) for k in keys}) == 1  # one block for all three
@@ -1486,7 +1486,7 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
             with pytest.raises(lsmdb.CorruptionError) as exc:
                 call(key)
             assert exc.value.path == file and exc.value.offset == offset
-            assert db._block_cache.lookup(base + i) is None
+            assert db._versions.block_cache.lookup(base + i) is None
     finally:
         db.close()
 
@@ -1509,7 +1509,7 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_
         keys = [b"key%06d" % i for i in range(1990, 4000, 3)]
         assert db.get_many(keys) == [b"v%d" % i if i % 2 == 0 else None
                                      for i in range(1990, 4000, 3)]
-        cache = db._block_cache
+        cache = db._versions.block_cache
         readers = [item[0] for item in db._default_state.fast[5]]
         assert len(readers) > 1 and len(cache) > 10
         for ck, size, _marked in cache.entries():
@@ -1622,7 +1622,7 @@ def test_a_false_positive_is_one_read_counted_and_its_block_cached_on_its_second
         mapped = mmap_reads and MAPS
         readers = _readers(db)
         assert len(readers) > 1 and all((r.mapped is not None) == mapped for r in readers)
-        cache = db._block_cache
+        cache = db._versions.block_cache
 
         def tally():
             return [(r.block_reads, r.block_cache_hits, r.false_positives) for r in readers]

@@ -128,10 +128,11 @@ def child_main(path: str, seed: int, fd: int, tag: str) -> int:
     logger.propagate = False   # not into handlers a forking parent had installed
     logger.setLevel(logging.INFO)
     from lsmdb import compactor as compmod
-    from lsmdb import db as dbmod
-    _observe(dbmod.DB, "_flush_frozen", pipe, "F")
+    from lsmdb import flush as flushmod
+    from lsmdb import versions as versionsmod
+    _observe(flushmod.Flusher, "_flush_frozen", pipe, "F")
     _observe(compmod.Compactor, "run", pipe, "C")
-    _observe(dbmod.DB, "_write_manifest", pipe, "M")
+    _observe(versionsmod.Versions, "write_manifest", pipe, "M")
     rng = random.Random(seed)
     counter = 0
 

@@ -1,0 +1,174 @@
+"""Flushing memtables to SSTables, and making a failed WAL whole again.
+
+A flush **rotates** the WAL (so every record of the memtable sits in closed
+segments), **freezes** the table's memtable (it keeps serving reads; a new
+one takes the writes), writes it to a new SSTable and fsyncs it without the
+database's lock, then **installs** the file through a manifest switch, which
+also drops the WAL segments no memtable needs any more.  Flushes are
+serialised by one mutex and install oldest first; a memtable whose flush
+fails stays frozen -- still served, still in the WAL -- and the next flush
+tries it again.
+
+After a failed WAL append or fsync (:mod:`lsmdb.logset`), :meth:`Flusher.recover_log`
+writes every memtable to an SSTable and installs all of them with the new
+segment in one switch, so no record depends on the failed segment, and a
+replay never applies a batch to some tables and not others.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from .files import SwitchedButNotSynced, unlink_quietly
+from .memtable import Memtable
+from .sstable import SSTableReader, write_sstable
+from .table import TableState
+from .versions import Versions
+
+log = logging.getLogger("lsmdb")
+
+Flushed = tuple[TableState, Memtable, SSTableReader]
+
+
+class Flusher:
+    """Flushes of one database's memtables (see the module docstring).
+
+    A closed database (``versions.closed``) flushes nothing, and a WAL
+    recovery there raises DatabaseClosedError.  ``installed()`` runs after
+    each installed flush (counters, compaction).
+    """
+
+    def __init__(self, versions: Versions, installed: Callable[[], None]) -> None:
+        self.versions = versions
+        #: One flush at a time (and the WAL recovery, and close): installed in order.
+        self.mutex = threading.Lock()
+        self._installed = installed
+
+    def flush_table(self, state: TableState, opening: bool = False, freeze: bool = True) -> None:
+        """Freeze the table's memtable (unless ``freeze`` is False) and write every
+        frozen memtable to an SSTable; ``opening``: the database is being opened."""
+        versions = self.versions
+        with self.mutex:
+            with versions.lock:
+                if (self.versions.closed and not opening) or state.dropped:
+                    return
+                failed = versions.log.failed is not None
+                if not failed and freeze and len(state.mem):
+                    versions.rotate_wal(flushing=state)
+                    self.freeze(state)
+                pending = list(reversed(state.imms))  # oldest first
+            if failed:
+                self.recover_log_held()  # flushes every table
+                return
+            for mem in pending:
+                self._flush_frozen(state, mem, opening)
+
+    def freeze(self, state: TableState) -> None:
+        """Make the table's memtable a frozen one and give it a new, empty one (lock held)."""
+        mem = state.mem
+        mem.freeze()
+        mem.flush_seq = self.versions.last_seq
+        state.mem = Memtable()
+        state.imms = (mem,) + state.imms
+        state.publish()
+
+    def recover_log(self) -> None:
+        """Make every record of a failed WAL segment durable another way, then start a
+        new segment: see :meth:`recover_log_held`."""
+        with self.mutex:
+            self.recover_log_held()
+
+    def recover_log_held(self, closing: bool = False) -> None:
+        """The WAL's live segment failed (a write or fsync of it raised): flush every
+        memtable, so that no record depends on that segment, then rotate to a new
+        one -- the failed segment is deleted with that manifest switch.  The caller
+        holds the mutex.  Raises, with the log still failed, if any step fails.
+        A closed database raises DatabaseClosedError (``closing``: ``close()`` itself).
+        """
+        versions = self.versions
+        with versions.lock:
+            if self.versions.closed and not closing:
+                versions.check_open()
+            cause = versions.log.failed
+            if cause is None:
+                return
+            for state in versions.tables.values():
+                if len(state.mem):
+                    self.freeze(state)
+            pending = [(s, m) for s in versions.tables.values() for m in reversed(s.imms)]
+        written: list[Flushed] = []
+        try:
+            for state, mem in pending:
+                written.append((state, mem, self.write_frozen(state, mem)))
+        except BaseException:
+            for _state, _mem, reader in written:
+                reader.close()
+                unlink_quietly(reader.path)
+            raise
+        with versions.lock:
+            # One switch installs every file and starts the new segment: the
+            # failed segment may end in a whole record of a write that raised,
+            # and a replay must never apply it to some tables and not others.
+            for _state, _mem, reader in [w for w in written if w[0].dropped]:
+                reader.close()
+                unlink_quietly(reader.path)
+            self.install([w for w in written if not w[0].dropped], versions.rotate_wal)
+        self._installed()
+        log.warning("WAL segment failed (%s); every memtable was flushed and a new segment "
+                    "started", cause)
+
+    def _flush_frozen(self, state: TableState, mem: Memtable, opening: bool) -> None:
+        reader = self.write_frozen(state, mem)
+        with self.versions.lock:
+            if state.dropped or (self.versions.closed and not opening):
+                reader.close()
+                unlink_quietly(reader.path)
+                return
+            self.install([(state, mem, reader)], self.versions.write_manifest)
+        self._installed()
+
+    def write_frozen(self, state: TableState, mem: Memtable) -> SSTableReader:
+        """Write a frozen memtable to a new SSTable (fsynced) and open it; not installed."""
+        versions = self.versions
+        with versions.lock:
+            number = versions.alloc_file_number()
+            hasher = versions.hasher_for(state)
+            options = state.options
+        file_path = versions.sst_path(number)
+        try:
+            write_sstable(file_path, (), chunks=mem.chunk_range(None, None),
+                          fp_chance=options.bloom_filter_fp_chance,
+                          block_size=options.block_size_bytes, table=state.name,
+                          min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher)
+            return versions.adopt(SSTableReader(file_path, number), 0)
+        except BaseException:
+            unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL
+            raise
+
+    @staticmethod
+    def install(flushed: list[Flushed], switch: Callable[[], None]) -> None:
+        """Make each new SSTable part of its table in place of its frozen memtable, in
+        one manifest switch (``switch()``); the lock held.  If the switch fails,
+        nothing changed and the new files are removed."""
+        old = {state: (state.files, state.flushed_seq, state.imms) for state, _m, _r in flushed}
+        for state, mem, reader in flushed:
+            state.files = (reader,) + state.files
+            state.flushed_seq = max(state.flushed_seq, mem.flush_seq)
+            state.imms = tuple(m for m in state.imms if m is not mem)
+        try:
+            switch()  # also retires the WAL segments no memtable needs
+        except SwitchedButNotSynced:
+            for state in old:
+                state.publish()  # the new manifest names the files: keep them
+            raise
+        except BaseException:
+            for state, (files, flushed_seq, imms) in old.items():
+                state.files, state.flushed_seq, state.imms = files, flushed_seq, imms
+            for _state, _mem, reader in flushed:
+                reader.close()
+                unlink_quietly(reader.path)
+            raise
+        for state in old:
+            state.publish()

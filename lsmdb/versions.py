@@ -1,0 +1,247 @@
+"""The tables of a database and the files that make them up: the one writer of the manifest.
+
+A :class:`Versions` holds each table's state (:class:`lsmdb.table.TableState`:
+memtables, SSTable readers, options), the file and table numbers handed out,
+the last sequence number, and the WAL's :class:`lsmdb.logset.LogSet`.  It is
+the only code that writes the MANIFEST (docs/FORMAT.md §6) and names the
+files (:mod:`lsmdb.files`).  Every change to it is made holding its
+``lock`` -- the database's lock, also taken by the write path for each WAL
+append -- and readers take whole per-table views (``TableState.view``) that
+it replaces in one step.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+from typing import Any
+
+from . import bloom as _bloom
+from .errors import DatabaseClosedError, DatabaseForkedError, ReadOnlyError
+from .files import MANIFEST_NAME, SwitchedButNotSynced, fsync_dir, sst_name, unlink_quietly
+from .logset import LogSet
+from .manifest import FileMeta, Manifest, TableMeta
+from .memtable import Memtable
+from .secret import create_secret
+from .sstable import SSTableReader
+from .table import TableState
+
+log = logging.getLogger("lsmdb")
+
+
+class Versions:
+    """The tables, their files and numbers, and the manifest (see the module docstring)."""
+
+    def __init__(self, path: str, *, read_only: bool = False, block_cache: Any = None,
+                 mmap_reads: bool = True) -> None:
+        self.path = path
+        self.read_only = read_only
+        #: False once the database is open; True again once it is closed.
+        self.closed = True
+        #: The handle was opened by the parent of this forked process.
+        self.forked = False
+        self.log = LogSet(path)
+        #: The database's lock: held for every change here and for each WAL append.
+        self.lock = threading.RLock()
+        self.tables: dict[str, TableState] = {}
+        self.by_id: dict[int, TableState] = {}
+        self.next_file = 1
+        self.next_table_id = 1
+        self.last_seq = 0
+        #: The keyed filters' hasher (FILTER_KEY), None when the database has none.
+        self.keyed: _bloom.Hasher | None = None
+        #: A manifest switch is visible but its directory fsync failed: the next
+        #: sync point fsyncs the directory again before it promises anything.
+        self.manifest_unsynced = False
+        self.block_cache = block_cache
+        self.mmap_reads = mmap_reads
+
+    def check_open(self) -> None:
+        if self.closed:
+            if self.forked:
+                raise DatabaseForkedError(
+                    f"database {self.path} was opened by the parent of this forked process; "
+                    "open it again in this process")
+            raise DatabaseClosedError(f"database {self.path} is closed")
+
+    def check_writable(self) -> None:
+        self.check_open()
+        if self.read_only:
+            raise ReadOnlyError(f"database {self.path} was opened read-only")
+
+    # -- files ------------------------------------------------------------------
+    def alloc_file_number(self) -> int:
+        with self.lock:
+            number = self.next_file
+            self.next_file += 1
+            return number
+
+    def sst_path(self, number: int) -> str:
+        return os.path.join(self.path, sst_name(number))
+
+    def adopt(self, reader: SSTableReader, level: int) -> SSTableReader:
+        """Make a freshly opened reader part of this database (level, hash, cache, mapping)."""
+        reader.level = level
+        reader.attach_hasher(self.keyed)
+        reader.attach_cache(self.block_cache)
+        if self.mmap_reads:
+            reader.map_file()
+        return reader
+
+    def hasher_for(self, state: TableState) -> _bloom.Hasher:
+        """The hash new filters of ``state`` are built with (creates the secret if needed)."""
+        if state.options.bloom_filter_hash != "keyed":
+            return _bloom.FAST_HASHER
+        if self.keyed is None:
+            with self.lock:
+                if self.keyed is None:
+                    self.keyed = create_secret(self.path)
+        return self.keyed
+
+    def readers(self) -> list[SSTableReader]:
+        return [r for s in list(self.tables.values()) for r in s.files]
+
+    def close_readers(self) -> None:
+        """Close every reader and drop the tables' references to them, so each
+        is freed (its descriptor number released) once no read holds it; and
+        empty the tables' fast cells, which sends the C getters to the Python
+        ones (and so to DatabaseClosedError)."""
+        for state in self.tables.values():
+            for reader in state.files:
+                reader.close()
+            state.files = ()
+            state.publish()
+            state.fast_cell[0] = None
+
+    # -- the manifest -------------------------------------------------------------
+    def low_seq(self) -> int | None:
+        """The smallest sequence number any memtable holds (None: all are empty)."""
+        low = None
+        for s in self.tables.values():
+            for mem in (s.mem,) + s.imms:
+                if mem.min_seq is not None and (low is None or mem.min_seq < low):
+                    low = mem.min_seq
+        return low
+
+    def manifest(self, low_seq: int | None) -> Manifest:
+        tables = {}
+        for name, s in self.tables.items():
+            files = [FileMeta(r.number, r.level, r.size_bytes, r.entries, r.min_key, r.max_key,
+                              r.min_seq, r.max_seq) for r in s.files]
+            tables[name] = TableMeta(s.id, s.explicit, s.flushed_seq, files)
+        return Manifest(self.next_file, self.next_table_id, self.last_seq, tables,
+                        self.log.state(low_seq))
+
+    def write_manifest(self) -> None:
+        """Switch the manifest to the current state (the lock held); once that is
+        durable, delete the WAL segments no memtable needs.  On
+        SwitchedButNotSynced they stay: a crash could bring the old manifest back."""
+        low = self.low_seq()
+        try:
+            self.manifest(low).write(os.path.join(self.path, MANIFEST_NAME))
+        except SwitchedButNotSynced:
+            self.manifest_unsynced = True
+            raise
+        self.manifest_unsynced = False
+        self.log.retire(low)
+
+    def promote_segments(self) -> None:
+        """``sync()`` or a sync=True write fsynced unsynced segments: a manifest switch
+        names them synced.  The writes are durable either way: a failure is logged,
+        and the next switch tries again."""
+        try:
+            self.write_manifest()
+        except OSError as exc:
+            log.warning("could not record the WAL segments a sync fsynced: %s", exc)
+
+    def sync_manifest(self) -> None:
+        """Make the visible manifest durable if its switch's directory fsync failed
+        (the lock held): a table created or a file installed then is no more
+        durable than that manifest."""
+        if self.manifest_unsynced:
+            fsync_dir(self.path)
+            self.manifest_unsynced = False
+
+    def rotate_wal(self, flushing: TableState | None = None) -> None:
+        """Close the live WAL segment and start a new one, through a manifest switch
+        naming both; the lock held.  The closed segment is fsynced unless only
+        ``flushing``'s memtables (about to be flushed) may hold records in it and
+        the unsynced ones: then, flushed, it is deleted unsynced.  See
+        :meth:`lsmdb.logset.LogSet.rotate`."""
+        sync = True
+        if flushing is not None:
+            others = [(m.min_seq, m.max_seq) for s in self.tables.values() if s is not flushing
+                      for m in (s.mem,) + s.imms if m.min_seq is not None]
+            sync = self.log.may_hold(others)
+        self.log.rotate(self.alloc_file_number(), self.write_manifest, sync)
+
+    # -- tables -------------------------------------------------------------------
+    def add(self, state: TableState) -> None:
+        """Take a table read from the manifest."""
+        self.tables[state.name] = state
+        self.by_id[state.id] = state
+
+    def create_table(self, name: str, explicit: dict[str, Any]) -> TableState:
+        """A new table, named by a manifest switch (the lock held).  On
+        SwitchedButNotSynced the table exists (the visible manifest names it)."""
+        state = TableState(name, self.next_table_id, explicit)
+        self.next_table_id += 1
+        self.tables[name] = state
+        try:
+            self.write_manifest()
+        except SwitchedButNotSynced:
+            self.by_id[state.id] = state
+            raise
+        except BaseException:
+            del self.tables[name]
+            self.next_table_id -= 1
+            raise
+        self.by_id[state.id] = state
+        return state
+
+    def alter_table(self, state: TableState, changes: dict[str, Any]) -> None:
+        """New options for a table, through a manifest switch (the lock held)."""
+        old = state.explicit
+        state.set_options({**state.explicit, **changes})  # validates first
+        try:
+            self.write_manifest()
+        except SwitchedButNotSynced:
+            raise  # the new options are on disk: keep them
+        except BaseException:
+            state.set_options(old)
+            raise
+
+    def drop_table(self, state: TableState) -> None:
+        """Remove a table through a manifest switch, then its files (the lock held).
+        On SwitchedButNotSynced it is gone but its files stay: the old manifest
+        could come back."""
+        del self.tables[state.name]
+        synced = True
+        try:
+            self.write_manifest()
+        except SwitchedButNotSynced:
+            synced = False  # dropped on disk; keep its files for the old manifest
+        except BaseException:
+            self.tables[state.name] = state
+            raise
+        state.dropped = True
+        self.by_id.pop(state.id, None)
+        for reader in state.files:
+            reader.drop_cached()  # no read of this database reaches them again
+        for reader in state.files if synced else ():
+            # Not closed here: a concurrent get may still hold it; the
+            # descriptor is released when the last reference goes.
+            unlink_quietly(reader.path)
+        state.mem = Memtable()
+        state.imms = ()
+        state.files = ()
+        state.publish()
+        if not synced:
+            raise SwitchedButNotSynced(errno.EIO, f"table {state.name!r} dropped, but the "
+                                                  "manifest switch may not be durable")
+
+    def memtable_bytes(self) -> int:
+        """The sum of every table's ``memtable_size_bytes``."""
+        return sum(s.options.memtable_size_bytes for s in self.tables.values())

@@ -1,0 +1,196 @@
+"""The write path: one WAL record per write or batch, then the memtables.
+
+``commit`` logs a batch (one record, so it is atomic across tables) and
+applies it to the memtables under the database's lock, then -- outside the
+lock -- flushes the memtables it filled.  A table with
+``MAX_FROZEN_MEMTABLES`` frozen memtables (their flushes failing) takes no
+more writes until one flushes; WAL segments past ``max_total_wal_size_bytes``
+get the tables that pin the oldest of them flushed; and level 0 past its
+bound holds writers while compaction can reduce it.  An OSError from the WAL
+means the write is not applied: its record may be in the failed segment, but
+nothing is ever appended after it, and the next write first makes the log
+whole again (:meth:`lsmdb.flush.Flusher.recover_log`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from operator import itemgetter
+from typing import Any
+
+from . import compaction as _compaction
+from .errors import LsmdbError, NoSuchTableError
+from .flush import Flusher
+from .keys import MAX_BATCH_SIZE_BYTES
+from .logset import encode_record, encode_table_record
+from .table import TableState
+from .versions import Versions
+
+log = logging.getLogger("lsmdb")
+
+#: A table with this many frozen memtables waiting for their flush takes no
+#: more writes until one is flushed (each write tries; while flushes fail, it
+#: raises their error and writes nothing).
+MAX_FROZEN_MEMTABLES = 2
+#: ``max_total_wal_size_bytes=None``: this many times the memtables' total size.
+WAL_SIZE_MEMTABLE_MULTIPLE = 4
+
+_first = itemgetter(0)
+_second = itemgetter(1)
+_third = itemgetter(2)
+
+
+def check_batch_size(keys: Iterable[bytes], values: Iterable[bytes | None]) -> None:
+    total = sum(map(len, keys)) + sum(map(len, filter(None, values)))
+    if total > MAX_BATCH_SIZE_BYTES:
+        raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
+
+
+class WritePath:
+    """Writes to one database (see the module docstring).
+
+    ``stall`` is the background worker writers wait on while level 0 is
+    full (None: no background compaction).
+    """
+
+    def __init__(self, versions: Versions, flusher: Flusher, *, sync: bool,
+                 max_total_wal_size_bytes: int | None) -> None:
+        self.versions = versions
+        self.flusher = flusher
+        self.sync_default = sync
+        self.max_wal = max_total_wal_size_bytes
+        self.wal_limit = 0
+        self.stall: Any = None
+        self.update_wal_limit()
+
+    def update_wal_limit(self) -> None:
+        """After a table's options changed: the WAL size that sets off flushes."""
+        self.wal_limit = self.max_wal if self.max_wal is not None else \
+            WAL_SIZE_MEMTABLE_MULTIPLE * self.versions.memtable_bytes()
+
+    def write(self, ops: list[tuple[TableState, bytes, bytes | None]], sync: bool | None) -> None:
+        """Apply (table, key, value|None) ops atomically: one WAL record."""
+        states = set(map(_first, ops))
+        if len(states) == 1:
+            (state,) = states
+            self.write_columns(state, list(map(_second, ops)), list(map(_third, ops)), sync)
+            return
+        check_batch_size(map(_second, ops), map(_third, ops))
+
+        def encode(seq: int) -> bytes:
+            return encode_record(seq, [(s.id, k, v) for s, k, v in ops])
+
+        def apply(seq: int) -> list[TableState]:
+            # Per table, the batch becomes visible to point reads at once.
+            per_table: dict[TableState, dict[bytes, bytes | None]] = {}
+            for state, key, value in ops:
+                items = per_table.get(state)
+                if items is None:
+                    items = per_table[state] = {}
+                items[key] = value  # later ops of the batch win
+            for state, items in per_table.items():
+                state.mem.apply_many(seq, items)
+            return list(per_table)
+
+        self.commit(states, encode, apply, sync)
+
+    def write_columns(self, state: TableState, keys: list[bytes], values: list[bytes | None],
+                      sync: bool | None) -> None:
+        """Set keys[i] to values[i] (None: delete) in one table, atomically:
+        one WAL record; a later op on the same key wins.  (The per-op work --
+        sizes, the WAL ops, the batch dict -- runs in C: map/zip/sum.)"""
+        check_batch_size(keys, values)
+        n = len(keys)
+
+        def encode(seq: int) -> bytes:
+            return encode_table_record(seq, state.id, keys, values)
+
+        def apply(seq: int) -> list[TableState]:
+            if n == 1:
+                state.mem.apply(seq, keys[0], values[0])
+            else:
+                state.mem.apply_many(seq, dict(zip(keys, values, strict=True)))
+            return [state]
+
+        self.commit({state}, encode, apply, sync)
+
+    def commit(self, states: set[TableState], encode: Callable[[int], bytes],
+               apply: Callable[[int], list[TableState]], sync: bool | None) -> None:
+        """Log a batch (``encode(seq)``) and apply it (``apply(seq)``) under the
+        lock; then flush whatever memtable it filled, outside the lock."""
+        do_sync = self.sync_default if sync is None else bool(sync)
+        if self.stall is not None:
+            self._maybe_stall(states)
+        flusher = self.flusher
+        for state in states:
+            if len(state.imms) >= MAX_FROZEN_MEMTABLES:
+                flusher.flush_table(state, freeze=False)  # raises while flushes fail
+        versions = self.versions
+        wal = versions.log
+        while True:
+            with versions.lock:
+                self.versions.check_writable()
+                for state in states:
+                    if state.dropped:
+                        raise NoSuchTableError(f"table {state.name!r} was dropped")
+                if wal.failed is None:
+                    if do_sync and versions.manifest_unsynced:
+                        versions.sync_manifest()
+                    seq = versions.last_seq = versions.last_seq + 1
+                    wal.append(seq, encode(seq), do_sync)
+                    if wal.promoted:
+                        versions.promote_segments()
+                    touched = apply(seq)
+                    full = [s for s in touched
+                            if s.mem.size_bytes >= s.options.memtable_size_bytes]
+                    wal_over = wal.total_bytes > self.wal_limit
+                    break
+            flusher.recover_log()  # outside the lock: it writes SSTables
+        for state in full:  # outside the lock: the SSTable is written without it
+            try:
+                flusher.flush_table(state)
+            except OSError as exc:
+                # The write itself is applied (and in the WAL); the flush is
+                # retried by the next write (or an explicit flush()).
+                log.error("automatic flush of table %r failed: %s", state.name, exc)
+        if wal_over:
+            self._flush_wal_pinners()
+
+    def _flush_wal_pinners(self) -> None:
+        """The WAL is past ``max_total_wal_size_bytes``: flush every table whose
+        memtables hold a record of the oldest segment, so that segment can go."""
+        versions = self.versions
+        with versions.lock:
+            oldest = versions.log.oldest_max_seq()
+            if oldest is None or versions.log.total_bytes <= self.wal_limit:
+                return
+            pinning = [s for s in versions.tables.values()
+                       if any(m.min_seq is not None and m.min_seq <= oldest
+                              for m in (s.mem,) + s.imms)]
+        for state in pinning:
+            try:
+                self.flusher.flush_table(state)
+            except OSError as exc:
+                log.error("flush of table %r for max_total_wal_size_bytes failed: %s",
+                          state.name, exc)
+
+    def _maybe_stall(self, states: set[TableState]) -> None:
+        """Hold a writer while level 0 is past its bound and compaction can reduce it."""
+        bg = self.stall
+        for state in states:
+            announced = False
+            while (len(state.view[2]) >= _compaction.L0_STALL_FILES and not state.dropped
+                   and _compaction.pick(state) is not None):
+                self.versions.check_writable()
+                if bg.error is not None:
+                    raise LsmdbError(f"writes to table {state.name!r} are stalled and background "
+                                     f"compaction is failing: {bg.error}")
+                if not announced:
+                    log.warning("write stall: table %r has %d files in level 0; waiting for "
+                                "compaction", state.name, len(state.view[2]))
+                    announced = True
+                bg.wait_round(0.05)
+
+
+__all__ = ["WritePath", "MAX_FROZEN_MEMTABLES", "WAL_SIZE_MEMTABLE_MULTIPLE"]

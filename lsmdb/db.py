@@ -95,8 +95,8 @@ class DB:
         self._stats_lock = threading.Lock()
         self._stats_saved_at = time.monotonic()
         self._bg: Background | None = None
-        self._dblock: DatabaseLock | None = open_database(versions, self._flusher,
-                                                          create_if_missing)
+        self._recovered = open_database(versions, self._flusher, create_if_missing)
+        self._dblock: DatabaseLock | None = self._recovered.lock
         self._writes = WritePath(versions, self._flusher, sync=bool(sync),
                                  max_total_wal_size_bytes=max_wal)
         self._handles = {name: self._handle(state) for name, state in versions.tables.items()}
@@ -471,6 +471,17 @@ class DB:
                     self._dblock = None
         if error is not None:
             raise error
+
+    @property
+    def recovery(self) -> dict[str, Any]:
+        """What this open recovered: WAL ``segments`` and ``records`` replayed,
+        ``torn`` tails dropped (``[path, offset]``: writes never fsynced that a
+        crash cut short), leftover files ``removed``, segments ``set_aside`` in
+        ``lost/`` and tables ``flushed`` because the replay filled them."""
+        r = self._recovered
+        return {"segments": r.segments, "records": r.records,
+                "torn": [list(t) for t in r.torn], "removed": list(r.removed),
+                "set_aside": list(r.set_aside), "flushed": list(r.flushed)}
 
     @property
     def closed(self) -> bool:

@@ -31,7 +31,7 @@ After a failed append or fsync the log is **failed**: nothing more is
 appended to the live segment (its end may hold part of a record, and after
 a failed fsync the kernel may have dropped data it held).  The database then
 makes its records durable another way -- by flushing every memtable --
-before it accepts another write (:meth:`lsmdb.db.DB._recover_log`).
+before it accepts another write (:meth:`lsmdb.flush.Flusher.recover_log`).
 
 Record framing is in :mod:`lsmdb.wal`; a record's payload is msgpack
 ``[seq, [[table_id, key, value|nil], ...]]``.
@@ -162,6 +162,7 @@ class ReplayedLog:
     top_seq: int
     torn: list[tuple[str, int]]   # (path, offset) of each torn tail dropped
     ignored: list[int] = field(default_factory=list)   # segments after a torn one, not read
+    records: int = 0                                   # records replayed (set by the caller)
 
 
 def read_unsynced_segment(path: str, number: int, size: int) -> LogReadResult:

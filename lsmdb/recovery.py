@@ -2,7 +2,9 @@
 
 ``open_database(versions, flusher, create_if_missing)`` brings a fresh
 :class:`~lsmdb.versions.Versions` to the state its directory's files
-describe, and returns the lock it took:
+describe, and returns what it recovered (:class:`Recovered`: the lock it
+took, the WAL records replayed, the torn tails dropped, the files removed or
+set aside):
 
 1. refuse a directory that is not a database before creating anything in it;
 2. take the ``LOCK`` (not for ``read_only``);
@@ -26,6 +28,7 @@ import logging
 import os
 import stat
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from . import stats as _stats
@@ -60,14 +63,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("lsmdb")
 
 
+@dataclass
+class Recovered:
+    """What :func:`open_database` found and did."""
+
+    lock: DatabaseLock | None          # None for a read-only open
+    segments: int = 0                  # WAL segments replayed
+    records: int = 0                   # WAL records applied to memtables
+    torn: list[tuple[str, int]] = field(default_factory=list)  # (path, offset) dropped
+    removed: list[str] = field(default_factory=list)    # leftover files deleted
+    set_aside: list[str] = field(default_factory=list)  # segments moved into lost/
+    flushed: list[str] = field(default_factory=list)    # tables flushed while opening
+
+
 class _Vanished(Exception):
     """A file the manifest named was deleted by a concurrent writer (read-only open)."""
 
 
-def open_database(db: Versions, flusher: Flusher, create_if_missing: bool
-                  ) -> DatabaseLock | None:
-    """Open the database in ``db.path`` into ``db`` (see the module docstring); the
-    lock taken (None for a read-only open).  On failure everything is let go."""
+def open_database(db: Versions, flusher: Flusher, create_if_missing: bool) -> Recovered:
+    """Open the database in ``db.path`` into ``db`` (see the module docstring).
+    On failure everything is let go."""
     path = db.path
     if not os.path.isdir(path):
         if os.path.lexists(path):
@@ -86,27 +101,31 @@ def open_database(db: Versions, flusher: Flusher, create_if_missing: bool
         db.keyed = load_secret(db.path)
         manifest, replayed = load_with_retry(db, manifest_path)
         load_counters(db)
+        recovered = Recovered(lock, segments=len(replayed.segments), records=replayed.records,
+                              torn=list(replayed.torn))
         if not db.read_only:
             for seg_path, offset in replayed.torn:
                 log.warning("%s: ignoring a torn tail from offset %d: a write cut short by a "
                             "crash (writes not yet fsynced can be lost this way)",
                             seg_path, offset)
-            sweep(db, manifest, replayed)
+            recovered.removed = sweep(db, manifest, replayed)
             db.log.adopt(replayed.segments)
             with db.lock:
                 db.rotate_wal()
-            set_aside(db.path, [wal_name(n) for n in replayed.ignored],
+            recovered.set_aside = [wal_name(n) for n in replayed.ignored]
+            set_aside(db.path, recovered.set_aside,
                       "written after a torn WAL segment: not replayed")
             for state in list(db.tables.values()):
                 if state.mem.size_bytes >= state.options.memtable_size_bytes:
                     flusher.flush_table(state, opening=True)
+                    recovered.flushed.append(state.name)
     except BaseException:
         db.log.close()
         db.close_readers()
         if lock is not None:
             lock.release()
         raise
-    return lock
+    return recovered
 
 
 def check_creatable(db: Versions, create_if_missing: bool) -> None:
@@ -210,8 +229,11 @@ def recover_wal(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> 
 
     top_tid = 0
 
+    records = 0
+
     def apply(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
-        nonlocal top_tid
+        nonlocal top_tid, records
+        records += 1
         for tid, key, value in ops:
             state = by_id.get(tid)  # records of dropped tables are ignored
             if state is not None and seq > state.flushed_seq:
@@ -239,11 +261,13 @@ def recover_wal(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> 
     db.next_file = max([db.next_file, *(n + 1 for n in on_disk)])
     for state in db.tables.values():
         state.publish()
+    replayed.records = records
     return replayed
 
 
-def sweep(db: Versions, manifest: Manifest, replayed: ReplayedLog) -> None:
-    """Remove files a crash left behind: only ever after a valid manifest was read.
+def sweep(db: Versions, manifest: Manifest, replayed: ReplayedLog) -> list[str]:
+    """Remove files a crash left behind (returned): only ever after a valid manifest
+    was read.
 
     That is every SSTable the manifest does not name, every ``.tmp`` file,
     and every WAL segment it does not name: one numbered below the
@@ -255,6 +279,7 @@ def sweep(db: Versions, manifest: Manifest, replayed: ReplayedLog) -> None:
     """
     live = {fm.number for t in manifest.tables.values() for fm in t.files}
     listed = {seg.number for seg in replayed.segments} | set(replayed.ignored)
+    removed = []
     for name in sorted(os.listdir(db.path)):
         path = os.path.join(db.path, name)
         m = SST_RE.match(name)
@@ -276,6 +301,8 @@ def sweep(db: Versions, manifest: Manifest, replayed: ReplayedLog) -> None:
             continue
         log.info("removing leftover file %s", name)
         unlink_quietly(path)
+        removed.append(name)
+    return removed
 
 
 def set_aside(directory: str, names: list[str], why: str) -> None:

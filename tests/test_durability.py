@@ -505,6 +505,10 @@ def test_a_torn_unsynced_segment_ends_the_replay(tmp_path, caplog):
         got = [again.get(b"k%03d" % i) is not None for i in range(n)]
         assert got == sorted(got, reverse=True) and not all(got)   # a prefix, torn short
         assert again.get(b"later") is None
+        rec = again.recovery
+        assert rec["set_aside"] == [os.path.basename(newer)]
+        assert [os.path.basename(p) for p, _ in rec["torn"]] == [os.path.basename(older)]
+        assert rec["segments"] >= 1 and 0 < rec["records"] < n
     assert any("written after a torn WAL segment" in r.getMessage() for r in caplog.records)
     assert errors_of(str(crashed)) == []
 
@@ -934,3 +938,23 @@ def test_repair_replays_only_the_wal_segments_the_manifest_names(tmp_path, caplo
     with lsmdb.open(path) as again:
         assert (again.get(b"a"), again.get(b"k2"), again.get(b"k3")) == (
             b"1", None, b"acknowledged later")
+
+
+def test_recovery_says_what_an_open_replayed_and_removed(tmp_path):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        assert db.recovery == {"segments": 0, "records": 0, "torn": [], "removed": [],
+                               "set_aside": [], "flushed": []}
+        for i in range(5):
+            db.put(b"k%d" % i, b"v")
+        db.sync()
+        crashed = tmp_path / "crashed"
+        shutil.copytree(path, crashed)                  # the process dies here
+    (crashed / "sst-999999.sst.tmp").write_bytes(b"half a file")
+    with lsmdb.open(str(crashed)) as again:
+        rec = again.recovery
+        assert rec["records"] == 5 and rec["segments"] == 1 and rec["torn"] == []
+        assert rec["removed"] == ["sst-999999.sst.tmp"]
+        again.flush()
+    with lsmdb.open(str(crashed)) as clean:                # flushed: nothing to replay
+        assert clean.recovery["records"] == 0 and clean.get(b"k4") == b"v"

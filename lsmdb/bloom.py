@@ -410,3 +410,19 @@ class BloomFilter:
         f._bits = bytearray(data[FILTER_HEADER_SIZE:])
         f._capacity = n
         return f
+
+    def _check(self) -> None:
+        """Invariants: the header's shape, a bit array of ceil(m / 8) bytes and the
+        partition size of its layout.  (The padding bits past m are not checked:
+        no probe reads them, and a damaged file may have them set.)"""
+        if self.version not in KNOWN_FILTER_VERSIONS:
+            raise AssertionError(f"filter format {self.version}")
+        if self.m < 0 or self.n < 0 or (self.m == 0) != (self.k == 0) or self.k > MAX_HASHES:
+            raise AssertionError(f"filter m={self.m} k={self.k} n={self.n}")
+        if len(self._bits) != (self.m + 7) // 8:
+            raise AssertionError(f"filter of {self.m} bits holds {len(self._bits)} bytes")
+        if self.part != partition_bits(self.version, self.m, self.k):
+            raise AssertionError(f"filter partition size {self.part}")
+        if self.version == FILTER_VERSION_PARTITIONED and self.m and \
+                not partitionable(self.m, self.k):
+            raise AssertionError(f"partitioned filter m={self.m} k={self.k}")

@@ -317,6 +317,30 @@ class PyBlockCache:
         with self._lock:
             return [(k, self._sizes[k], k in self._marked) for k in self._ring]
 
+    def _check(self) -> None:
+        check_books(self)
+        if set(self._map) != set(self._sizes):
+            raise AssertionError("block cache map and sizes disagree")
+
+
+def check_books(cache: PyBlockCache | Any) -> None:
+    """Invariants of either block cache: each cached block once in the ring, the
+    bytes used their sum and within the budget, each one found by ``lookup``,
+    and the admission's window within its bounds."""
+    entries = cache.entries()
+    keys = [k for k, _size, _marked in entries]
+    if len(set(keys)) != len(keys) or len(keys) != len(cache):
+        raise AssertionError("block cache ring holds a block twice or misses one")
+    used = sum(size for _k, size, _marked in entries)
+    if used != cache.used_bytes or used > cache.capacity_bytes:
+        raise AssertionError(f"block cache uses {cache.used_bytes} bytes, holds {used}, "
+                             f"budget {cache.capacity_bytes}")
+    if any(cache.lookup(k) is None for k in keys):
+        raise AssertionError("a block in the cache's ring is not in its map")
+    window = cache.admission.window
+    if not MIN_GHOSTS <= window <= max(MIN_GHOSTS, max_window(cache.capacity_bytes)):
+        raise AssertionError(f"admission window {window}")
+
 
 if _CCache is not None:
     class CBlockCache(_CCache):
@@ -329,6 +353,9 @@ if _CCache is not None:
         def __init__(self, capacity_bytes: int) -> None:
             super().__init__(capacity_bytes, _CAdmission(max_window(capacity_bytes)),
                              MIN_GHOSTS, WINDOW_DIVISOR)
+
+        def _check(self) -> None:
+            check_books(self)
 
     #: The block cache a DB makes: the C books where the speedups are built.
     BlockCache: type[PyBlockCache] | type[CBlockCache] = CBlockCache

@@ -472,6 +472,11 @@ class DB:
         if error is not None:
             raise error
 
+    def _check(self) -> None:
+        """Check the engine's invariants (AssertionError naming the first broken one):
+        for tests and debugging, not needed in use."""
+        self._versions._check()
+
     @property
     def recovery(self) -> dict[str, Any]:
         """What this open recovered: WAL ``segments`` and ``records`` replayed,

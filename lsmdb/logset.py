@@ -470,8 +470,12 @@ class LogSet:
         """Invariants: segments in order, synced ones before unsynced ones."""
         numbers = [s.number for s in self.closed + self.unsynced] + \
             ([self.live.number] if self.live else [])
-        assert numbers == sorted(set(numbers)), numbers
-        assert all(s.writer is None for s in self.closed)
-        assert self._closed_bytes == sum(s.size for s in self.closed + self.unsynced)
-        if self.writer is not None:
-            assert self.live is not None and self.writer.number == self.live.number
+        if numbers != sorted(set(numbers)):
+            raise AssertionError(f"WAL segments out of order: {numbers}")
+        if any(s.writer is not None for s in self.closed):
+            raise AssertionError("a synced closed WAL segment still has a writer")
+        if self._closed_bytes != sum(s.size for s in self.closed + self.unsynced):
+            raise AssertionError("closed WAL bytes miscounted")
+        if self.writer is not None and (self.live is None
+                                        or self.writer.number != self.live.number):
+            raise AssertionError("the WAL writer is not the live segment's")

@@ -65,6 +65,9 @@ class _FailOpenFilter:
     def may_contain_hash(self, h1: int, h2: int) -> bool:
         return True
 
+    def _check(self) -> None:
+        """A filter that fails open has no bits to check."""
+
 
 RANGE_SKIPS, FILTER_NEGATIVES, TRUE_POSITIVES, FALSE_POSITIVES = 0, 1, 2, 3
 FALSE_NEGATIVES, BLOCK_READS, BLOCK_CACHE_HITS = 4, 5, 6  # slots of ``counts`` (FILE_COUNTERS)
@@ -630,6 +633,30 @@ class SSTableReader:
             self._parked = fd
         except OSError:
             os.close(fd)
+
+    def _check(self) -> None:
+        """Invariants: the index tiles the data region in key order and ends at
+        ``max_key``; the properties and the counters are in range; the filter's
+        own invariants; a mapping covers the whole file."""
+        keys, offsets, sizes = self.index_keys, self.index_offsets, self.index_sizes
+        if not keys or not len(keys) == len(offsets) == len(sizes):
+            raise AssertionError(f"{self.path}: index of {len(keys)} keys")
+        if any(a >= b for a, b in zip(keys, keys[1:])):
+            raise AssertionError(f"{self.path}: index keys out of order")
+        end = 0
+        for off, size in zip(offsets, sizes, strict=True):
+            if off != end:
+                raise AssertionError(f"{self.path}: data block at {off}, expected at {end}")
+            end = off + size + BLOCK_TRAILER_SIZE
+        if end > self._data_end or keys[-1] != self.max_key or self.min_key > keys[0]:
+            raise AssertionError(f"{self.path}: index does not match the key range")
+        if not 0 <= self.tombstones <= self.entries or not 0 <= self.min_seq <= self.max_seq:
+            raise AssertionError(f"{self.path}: properties out of range")
+        if len(self.counts) != len(FILE_COUNTERS) or self.cache_base < 0 or self.level < 0:
+            raise AssertionError(f"{self.path}: counters or cache keys out of range")
+        self.bloom._check()
+        if self.mapped is not None and self.mapped.size != self.size_bytes:
+            raise AssertionError(f"{self.path}: mapping of {self.mapped.size} bytes")
 
     def __del__(self) -> None:
         for name in ("_fd", "_parked"):  # nothing reads through a reader being freed

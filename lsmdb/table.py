@@ -103,6 +103,38 @@ class TableState:
             out.extend(readers)
         return out
 
+    def _check(self) -> None:
+        """Invariants: the published view is the table's memtables and files --
+        level 0 newest first, each deeper level in key order without overlaps --
+        and the fast path's tuples are the same files in the same order; every
+        memtable and reader keeps its own invariants."""
+        mem, imms, l0, deeper = self.view
+        if mem is not self.mem or imms != self.imms or mem.frozen \
+                or not all(m.frozen for m in imms):
+            raise AssertionError(f"table {self.name!r}: view of other memtables")
+        numbers = [r.number for r in self.files]
+        flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
+        if len(set(numbers)) != len(numbers) or sorted(numbers) != sorted(r.number for r in flat):
+            raise AssertionError(f"table {self.name!r}: view of other files")
+        if any(r.level != 0 for r in l0) or \
+                [(r.max_seq, r.number) for r in l0] != sorted(
+                    ((r.max_seq, r.number) for r in l0), reverse=True):
+            raise AssertionError(f"table {self.name!r}: level 0 not newest first")
+        for level, (keys, readers) in enumerate(deeper, 1):
+            if any(r.level != level for r in readers) or keys != [r.max_key for r in readers]:
+                raise AssertionError(f"table {self.name!r}: level {level} misfiled")
+            if any(a.max_key >= b.min_key for a, b in zip(readers, readers[1:])):
+                raise AssertionError(f"table {self.name!r}: level {level} overlaps")
+        fast = self.fast
+        if fast[0] is not mem.data or [p[0] for p in fast[2]] != list(l0) or \
+                [r for _k, probes in fast[3] for r, *_rest in probes] != flat[len(l0):] or \
+                [entry[0] for entry in fast[5]] != flat:
+            raise AssertionError(f"table {self.name!r}: fast path out of date")
+        for m in (mem, *imms):
+            m._check()
+        for r in self.files:
+            r._check()
+
 
 def _probe(r: SSTableReader) -> tuple[Any, ...]:
     """What the read path needs of one file, flattened: (reader, min_key, max_key,

@@ -242,6 +242,30 @@ class Versions:
             raise SwitchedButNotSynced(errno.EIO, f"table {state.name!r} dropped, but the "
                                                   "manifest switch may not be durable")
 
+    def _check(self) -> None:
+        """Invariants: every table by name and by id once; no file in two tables,
+        none at or past the next file number; every table, the WAL set and the
+        block cache keep their own invariants.  Takes the lock."""
+        with self.lock:
+            self._check_held()
+
+    def _check_held(self) -> None:
+        if sorted(id(s) for s in self.tables.values()) != sorted(id(s) for s in
+                                                                 self.by_id.values()):
+            raise AssertionError("tables by name and by id disagree")
+        if any(self.by_id[s.id] is not s or s.name != name for name, s in self.tables.items()):
+            raise AssertionError("a table filed under another name or id")
+        if any(s.id >= self.next_table_id for s in self.tables.values()):
+            raise AssertionError("a table id at or past the next one")
+        numbers = [r.number for s in self.tables.values() for r in s.files]
+        if len(set(numbers)) != len(numbers) or any(n >= self.next_file for n in numbers):
+            raise AssertionError(f"file numbers {sorted(numbers)} (next {self.next_file})")
+        for state in self.tables.values():
+            state._check()
+        self.log._check()
+        if self.block_cache is not None:
+            self.block_cache._check()
+
     def memtable_bytes(self) -> int:
         """The sum of every table's ``memtable_size_bytes``."""
         return sum(s.options.memtable_size_bytes for s in self.tables.values())

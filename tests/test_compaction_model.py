@@ -235,6 +235,10 @@ class CompactionMachine(RuleBasedStateMachine):
             assert self.t.get(key) == value
 
     @invariant()
+    def engine_invariants(self):
+        self.db._check()   # tables, memtables, readers, filters, WAL set, block cache
+
+    @invariant()
     def levels_do_not_overlap(self):
         infos = self.db.sstables(TABLE)
         if self.STRATEGY == "leveled":

@@ -27,8 +27,8 @@ import time
 import pytest
 
 import lsmdb
+from tests.conftest import SMALL
 
-SMALL = {"memtable_size_bytes": 4096, "block_size_bytes": 256}
 BATCH_KEYS = [b"b%02d" % j for j in range(12)]
 JOIN_SECONDS = 60
 

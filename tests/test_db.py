@@ -15,8 +15,7 @@ from itertools import pairwise
 import pytest
 
 import lsmdb
-
-SMALL = {"memtable_size_bytes": 4096, "block_size_bytes": 256}
+from tests.conftest import SMALL
 
 
 @pytest.fixture

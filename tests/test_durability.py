@@ -64,6 +64,7 @@ from lsmdb.repair import repair_database
 from lsmdb.sstable import SSTableReader
 from lsmdb.verify import verify_database
 from lsmdb.wal import read_segment
+from tests.conftest import SMALL
 
 
 def _load(name: str) -> Any:
@@ -88,7 +89,6 @@ else:
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="the fault layers read descriptors through /proc")
 
-SMALL = {"memtable_size_bytes": 4096, "block_size_bytes": 512}
 
 
 @pytest.fixture(autouse=True)

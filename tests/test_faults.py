@@ -35,6 +35,7 @@ import lsmdb
 import lsmdb.stats
 from lsmdb.files import SwitchedButNotSynced
 from lsmdb.verify import verify_database
+from tests.conftest import SMALL
 
 
 def _load_faultfs() -> Any:
@@ -56,7 +57,6 @@ else:
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="the fault layer reads descriptors through /proc")
 
-SMALL = {"memtable_size_bytes": 4096, "block_size_bytes": 512}
 
 
 @pytest.fixture(autouse=True)

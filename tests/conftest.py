@@ -1,0 +1,51 @@
+"""What the tests share: small table options, a database fixture, the suite's options.
+
+``SMALL`` makes a table flush every few dozen writes into SSTables of several
+blocks, so a test of a few hundred keys meets many files, blocks and
+compactions.  ``small`` hands a copy to a test; modules that build options at
+import time take ``SMALL`` itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+#: A 4 KiB memtable (the least allowed) and 512-byte blocks.
+SMALL: dict[str, int] = {"memtable_size_bytes": 4096, "block_size_bytes": 512}
+
+
+def pytest_addoption(parser: Any) -> None:
+    parser.addoption("--bloom-seed", type=int, default=20240611,
+                     help="seed of the keys tests/test_bloom.py's statistical tests draw")
+
+
+def pytest_report_header(config: Any) -> str:
+    import lsmdb
+    return f"lsmdb C speedups: {'on' if lsmdb.SPEEDUPS else 'off'}"
+
+
+@pytest.fixture
+def small() -> dict[str, int]:
+    """A copy of ``SMALL``."""
+    return dict(SMALL)
+
+
+@pytest.fixture
+def db_path(tmp_path: Any) -> str:
+    """Where a test's database lives (not created yet)."""
+    return str(tmp_path / "db")
+
+
+@pytest.fixture
+def small_db(db_path: str) -> Iterator[Any]:
+    """A database whose default table has ``SMALL`` options, background compaction
+    off (a test decides when to compact); closed after the test."""
+    import lsmdb
+    db = lsmdb.open(db_path, auto_compaction=False)
+    db.alter_table("default", **SMALL)
+    yield db
+    if not db.closed:
+        db.close()

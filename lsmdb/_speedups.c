@@ -871,10 +871,9 @@ key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
  * probes decide together (they are the lines the gathered probes prefetch,
  * in the first two partitions, the part of every filter every absent key
  * touches): one branch, right three times in four on an absent key, where a
- * branch per probe is a coin toss.  Then, only if both are set, the rest.
- * (get_many, which tests one filter for many keys in a row, loaded all k
- * and let one branch decide until 2026-12-01; with the early exit its absent
- * keys took 0.91-0.98x the time.) */
+ * branch per probe is a coin toss.  Then, only if both are set, the rest:
+ * also for get_many, which tests one filter for many keys in a row, where
+ * loading all k and letting one branch decide is slower on absent keys. */
 static inline int
 filter_test_part(const Entry *e, uint64_t h)
 {
@@ -1368,7 +1367,7 @@ static PyTypeObject ProbesType = {
  * turned-away reads.  A table larger than the cache read at random would
  * otherwise have every block it reads put in and another evicted, for a hit
  * rate no policy raises above the cache's share of the table: the puts and
- * evictions cost more than the hits they bring (issue #7).  The memory of
+ * evictions cost more than the hits they bring.  The memory of
  * turned-away keys is a bitmap of 64 bits per key of the window (a
  * "doorkeeper", as in TinyLFU), cleared once `window` keys have been set in
  * it: a key is remembered for between 0 and `window` turned-away reads, and

@@ -4439,7 +4439,6 @@ crc_clmul(uint32_t state, const unsigned char *p, size_t n)
     x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
     return crc_clmul_tail(x1, p, n);
 }
-#endif
 
 /* crc_clmul with the lanes twice as wide (VPCLMULQDQ on 256 bits): four
  * 256-bit lanes, each folded 1024 bits forward, take 128 bytes a step,
@@ -4491,6 +4490,7 @@ crc_vclmul(uint32_t state, const unsigned char *p, size_t n)
     }
     return crc_clmul_tail(x1, p, n);
 }
+#endif
 
 static uint32_t
 crc32_update(uint32_t crc, const unsigned char *p, size_t n)

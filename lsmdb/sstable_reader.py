@@ -36,7 +36,7 @@ _block_entry: Callable[[bytes], bytes] | None
 _entry_find: Callable[[bytes, bytes, object], Any] | None
 _entry_lists: Callable[[bytes], tuple[list[bytes], list[bytes | None]]] | None
 _map_file: Callable[[int, int], Any] | None
-try:  # optional C speedups (lsmdb/_speedups.c)
+try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
     from ._speedups import block_entry as _block_entry
     from ._speedups import block_may_hold
     from ._speedups import entry_find as _entry_find

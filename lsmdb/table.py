@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .db import DB
     from .sstable import SSTableReader
 
-try:  # optional C speedups for the per-file steps of a get (lsmdb/_speedups.c)
+try:  # optional C speedups for the per-file steps of a get (lsmdb/csrc/bloom_probes.c)
     from ._speedups import Probes
 except ImportError:  # pragma: no cover - no C compiler when installed
     Probes = None  # type: ignore[assignment,misc]

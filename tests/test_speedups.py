@@ -1,4 +1,4 @@
-"""The optional C read path (lsmdb/_speedups.c) against the Python one.
+"""The optional C read path (lsmdb/csrc/) against the Python one.
 
 Both must give the same answers and the same counters, read for read: the
 range checks and filter probes (``Probes``) and the whole get (``Getter``).

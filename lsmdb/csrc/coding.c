@@ -1,7 +1,7 @@
 /* coding.c: crc32, zlib's CRC-32 -- a byte-at-a-time table, and on x86-64
  * folds of 128-bit lanes (PCLMULQDQ) and of 256-bit lanes (VPCLMULQDQ),
- * chosen by what the CPU has.  Python twin: zlib.crc32, which
- * lsmdb/coding.py's crc32 is where PCLMULQDQ is missing. */
+ * chosen by what the CPU has and set_crc32_wide.  Python twin: zlib.crc32,
+ * which lsmdb/coding.py's crc32 is where PCLMULQDQ is missing. */
 
 #include "speedups.h"
 
@@ -21,6 +21,9 @@ static uint32_t crc_table[256];
 
 int have_clmul;
 int have_vclmul;
+/* Whether crc32_update folds 256-bit lanes: where the CPU can, unless
+ * set_crc32_wide(False) chose the 128-bit fold (tests compare the two). */
+static int use_vclmul;
 
 static void
 crc_table_init(void)
@@ -195,7 +198,7 @@ crc32_update(uint32_t crc, const unsigned char *p, size_t n)
 {
     uint32_t state = ~crc;
 #ifdef HAVE_CLMUL_CODE
-    if (have_vclmul && n >= 256) {
+    if (use_vclmul && n >= 256) {
         size_t lanes = n & ~(size_t)15;
         state = crc_vclmul(state, p, lanes);
         p += lanes;
@@ -250,6 +253,22 @@ coding_init(void)
     have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
     /* "avx2" is reported only where the OS saves the YMM registers */
     have_vclmul = have_clmul && __builtin_cpu_supports("avx2")
-                  && __builtin_cpu_supports("vpclmulqdq") && getenv("LSMDB_NO_VPCLMUL") == NULL;
+                  && __builtin_cpu_supports("vpclmulqdq");
 #endif
+    use_vclmul = have_vclmul;
+}
+
+PyObject *
+speedups_set_crc32_wide(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    /* set_crc32_wide(wide) -> whether crc32, and the getter's checks of the
+     * blocks it reads, now fold 256-bit lanes: with True (the choice at
+     * import) where the CPU has them (CRC32_VPCLMUL), with False never (the
+     * 128-bit fold).  The same checksums either way. */
+    if (!PyBool_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_crc32_wide(wide: bool)");
+        return NULL;
+    }
+    use_vclmul = arg == Py_True && have_vclmul;
+    return PyBool_FromLong(use_vclmul);
 }

@@ -49,6 +49,9 @@ static PyMethodDef speedups_functions[] = {
      "_fastmod(a, d) -> a % d, computed the way the filter probes compute it"},
     {"crc32", (PyCFunction)(void (*)(void))speedups_crc32, METH_FASTCALL,
      "crc32(data, value=0) -> zlib.crc32(data, value), folded with PCLMULQDQ where present"},
+    {"set_crc32_wide", (PyCFunction)speedups_set_crc32_wide, METH_O,
+     "set_crc32_wide(wide) -> whether crc32 now folds 256-bit lanes (VPCLMULQDQ): True where "
+     "the CPU has them, as at import; False keeps the 128-bit fold"},
     {"xxh3_64", (PyCFunction)speedups_xxh3_64, METH_O,
      "xxh3_64(data) -> xxhash.xxh3_64_intdigest(data), computed here up to 240 bytes"},
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,

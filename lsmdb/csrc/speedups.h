@@ -276,7 +276,8 @@ PyObject *speedups_encode_ops(PyObject *module, PyObject *const *args, Py_ssize_
 
 /* coding.c */
 extern int have_clmul;   /* the CPU has PCLMULQDQ (and SSE4.1): crc32 folds 128-bit lanes */
-extern int have_vclmul;  /* ... and VPCLMULQDQ and AVX2, saved by the OS: 256-bit lanes */
+extern int have_vclmul;  /* ... and VPCLMULQDQ and AVX2, saved by the OS: 256-bit lanes
+                          * too, unless set_crc32_wide(False) */
 void coding_init(void);
 uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n);
 PyObject *speedups_crc32(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

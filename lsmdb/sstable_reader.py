@@ -45,7 +45,7 @@ try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
 except ImportError:  # pragma: no cover - built without a C compiler
     _block_entry = _entry_find = _entry_lists = _map_file = None
 
-    def block_may_hold(raw: bytes, key: bytes) -> bool:
+    def block_may_hold(raw: bytes, key: bytes, /) -> bool:
         """False when the data block ``raw`` (payload and trailer) certainly
         does not hold ``key``: its bytes appear nowhere in it."""
         return key in raw

@@ -59,6 +59,22 @@ def test_setup_builds_every_c_file_of_csrc():
     assert sorted(listed) == sources
 
 
+def test_the_stub_is_true_to_the_module():
+    """lsmdb/_speedups.pyi against the built module, by mypy's stubtest: every
+    name, every signature (the C docstrings begin with theirs, "name(...)" and
+    "--", which is what stubtest reads), which classes are final, which
+    attributes are read-only.  Nothing is allowlisted."""
+    import subprocess
+    import sys
+    if not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups")
+    pytest.importorskip("mypy.stubtest")
+    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "--mypy-config-file",
+                          os.path.join(REPO, "pyproject.toml"), "lsmdb._speedups"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
 NO_SPEEDUPS_CHILD = r'''
 import importlib.abc, os, sys
 class Block(importlib.abc.MetaPathFinder):

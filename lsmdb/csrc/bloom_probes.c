@@ -728,12 +728,16 @@ Probes_index_block(Probes *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyMethodDef Probes_methods[] = {
     {"first", (PyCFunction)(void (*)(void))Probes_first, METH_FASTCALL,
-     "first(key, start) -> index of the first file from start that may hold key, or -1"},
+     "first($self, key, start, /)\n--\n\n"
+     "The index of the first file from start that may hold key, or -1."},
     {"first_many", (PyCFunction)(void (*)(void))Probes_first_many, METH_FASTCALL,
-     "first_many(keys, starts=None, seeds=None) -> [first(key, start) for each key]"},
+     "first_many($self, keys, starts=None, seeds=None, /)\n--\n\n"
+     "[first(key, start) for each key]; seeds, a list as long as keys, carries each key's "
+     "hashes from one call to the next."},
     {"index_block", (PyCFunction)(void (*)(void))Probes_index_block, METH_FASTCALL,
-     "index_block(f, key) -> bisect_left of key over file f's index keys (the block that "
-     "can hold it; the index's length if none)"},
+     "index_block($self, f, key, /)\n--\n\n"
+     "bisect_left of key over file f's index keys: the block that can hold it (the index's "
+     "length if none)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -752,7 +756,8 @@ PyTypeObject ProbesType = {
     .tp_basicsize = sizeof(Probes),
     .tp_dealloc = (destructor)Probes_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The files a point read consults: range checks and Bloom filter probes in C.",
+    .tp_doc = "Probes(l0, deeper, fast_hash, *, prefetch_all_bytes=FILTER_PREFETCH_BYTES)\n--\n\n"
+              "The files a point read consults: range checks and Bloom filter probes in C.",
     .tp_methods = Probes_methods,
     .tp_members = Probes_members,
     .tp_init = (initproc)Probes_init,

@@ -228,10 +228,11 @@ Admission_get_count(Admission *self, void *Py_UNUSED(closure))
 
 static PyMethodDef Admission_methods[] = {
     {"admit", (PyCFunction)Admission_admit, METH_O,
-     "admit(key) -> whether a full cache takes the block read with this cache key"},
+     "admit($self, key, /)\n--\n\n"
+     "Whether a full cache takes the block read with this cache key."},
     {"admit_reread", (PyCFunction)Admission_admit_reread, METH_O,
-     "admit_reread(key) -> whether the block read with this cache key is read again "
-     "within the window"},
+     "admit_reread($self, key, /)\n--\n\n"
+     "Whether the block read with this cache key is read again within the window."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -251,7 +252,8 @@ PyTypeObject AdmissionType = {
     .tp_name = "lsmdb._speedups.Admission",
     .tp_basicsize = sizeof(Admission),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Admission(window): which blocks read from disk a full block cache takes in.",
+    .tp_doc = "Admission(window)\n--\n\n"
+              "Which blocks read from disk a full block cache takes in.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Admission_init,
     .tp_dealloc = (destructor)Admission_dealloc,
@@ -770,22 +772,25 @@ Cache_get_admission(Cache *self, void *Py_UNUSED(closure))
 }
 
 static PyMethodDef Cache_methods[] = {
-    {"lookup", (PyCFunction)Cache_lookup, METH_O, "lookup(key) -> the cached block or None"},
+    {"lookup", (PyCFunction)Cache_lookup, METH_O,
+     "lookup($self, key, /)\n--\n\nThe cached block or None."},
     {"get", (PyCFunction)Cache_get, METH_O,
-     "get(key) -> the cached block or None; a hit is marked as recently used"},
-    {"touch", (PyCFunction)Cache_touch, METH_O, "touch(key): mark a hit"},
+     "get($self, key, /)\n--\n\nThe cached block or None; a hit is marked as recently used."},
+    {"touch", (PyCFunction)Cache_touch, METH_O, "touch($self, key, /)\n--\n\nMark a hit."},
     {"put", (PyCFunction)(void (*)(void))Cache_put, METH_FASTCALL,
-     "put(key, block, size): cache a block, evicting down to the budget"},
+     "put($self, key, block, size, /)\n--\n\nCache a block, evicting down to the budget."},
     {"admit", (PyCFunction)Cache_admit, METH_O,
-     "admit(key) -> whether to cache the block a get read from disk"},
+     "admit($self, key, /)\n--\n\nWhether to cache the block a get read from disk."},
     {"admit_reread", (PyCFunction)Cache_admit_reread, METH_O,
-     "admit_reread(key) -> whether to cache the block of a false positive: on its second read"},
+     "admit_reread($self, key, /)\n--\n\n"
+     "Whether to cache the block of a false positive: on its second read."},
     {"reserve", (PyCFunction)Cache_reserve, METH_O,
-     "reserve(nblocks) -> the first of nblocks keys of a reader's own: block i's is that + i"},
+     "reserve($self, nblocks, /)\n--\n\n"
+     "The first of nblocks keys of a reader's own: block i's is that + i."},
     {"evict_range", (PyCFunction)(void (*)(void))Cache_evict_range, METH_FASTCALL,
-     "evict_range(lo, hi): drop every block with a key in [lo, hi)"},
+     "evict_range($self, lo, hi, /)\n--\n\nDrop every block with a key in [lo, hi)."},
     {"entries", (PyCFunction)Cache_entries, METH_NOARGS,
-     "entries() -> [(key, size, marked)], oldest first"},
+     "entries($self, /)\n--\n\n[(key, size, marked)] of the cached blocks, oldest first."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -803,8 +808,8 @@ PyTypeObject CacheType = {
     .tp_name = "lsmdb._speedups.Cache",
     .tp_basicsize = sizeof(Cache),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Cache(capacity_bytes, admission, min_window=1024, window_divisor=4): "
-              "the block cache's books in C.",
+    .tp_doc = "Cache(capacity_bytes, admission, min_window=1024, window_divisor=4)\n--\n\n"
+              "The block cache's books in C.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Cache_init,
     .tp_dealloc = (destructor)Cache_dealloc,

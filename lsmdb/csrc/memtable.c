@@ -177,10 +177,11 @@ MemFilter_get_nbytes(MemFilter *self, void *Py_UNUSED(closure))
 
 static PyMethodDef MemFilter_methods[] = {
     {"add_many", (PyCFunction)MemFilter_add_many, METH_O,
-     "add_many(keys): keys (a list of bytes) are about to enter the memtable's dict"},
-    {"add", (PyCFunction)MemFilter_add, METH_O, "add(key): add_many([key])"},
+     "add_many($self, keys, /)\n--\n\n"
+     "Keys (a list of bytes) that are about to enter the memtable's dict."},
+    {"add", (PyCFunction)MemFilter_add, METH_O, "add($self, key, /)\n--\n\nadd_many([key])."},
     {"may_hold", (PyCFunction)MemFilter_may_hold, METH_O,
-     "may_hold(key) -> False when the memtable cannot hold key, else True"},
+     "may_hold($self, key, /)\n--\n\nFalse when the memtable cannot hold key, else True."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -196,7 +197,8 @@ PyTypeObject MemFilterType = {
     .tp_basicsize = sizeof(MemFilter),
     .tp_dealloc = (destructor)MemFilter_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "MemFilter(data): a Bloom filter over the keys of a memtable's dict, for gets",
+    .tp_doc = "MemFilter(data)\n--\n\n"
+              "A Bloom filter over the keys of a memtable's dict, for gets.",
     .tp_methods = MemFilter_methods,
     .tp_getset = MemFilter_getset,
     .tp_init = (initproc)MemFilter_init,

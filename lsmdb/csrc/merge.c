@@ -273,9 +273,9 @@ PyTypeObject MergeType = {
     .tp_basicsize = sizeof(Merge),
     .tp_dealloc = (destructor)Merge_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False): newest version of each\n"
-              "key from sorted sources of (keys, values) chunks, newest source first,\n"
-              "tombstones hidden (see lsmdb.merge).",
+    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False)\n--\n\n"
+              "The newest version of each key from sorted sources of (keys, values) chunks,\n"
+              "newest source first, tombstones hidden (see lsmdb.merge).",
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)Merge_next,
     .tp_init = (initproc)Merge_init,

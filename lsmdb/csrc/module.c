@@ -44,35 +44,43 @@ speedups_cmp(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
 
 static PyMethodDef speedups_functions[] = {
     {"_cmp", (PyCFunction)(void (*)(void))speedups_cmp, METH_FASTCALL,
-     "_cmp(a, b) -> -1, 0 or 1: bytes order, computed the way the C code computes it"},
+     "_cmp($module, a, b, /)\n--\n\n"
+     "-1, 0 or 1: bytes order, computed the way the C code computes it."},
     {"_fastmod", (PyCFunction)(void (*)(void))speedups_fastmod, METH_FASTCALL,
-     "_fastmod(a, d) -> a % d, computed the way the filter probes compute it"},
+     "_fastmod($module, a, d, /)\n--\n\na % d, computed the way the filter probes compute it."},
     {"crc32", (PyCFunction)(void (*)(void))speedups_crc32, METH_FASTCALL,
-     "crc32(data, value=0) -> zlib.crc32(data, value), folded with PCLMULQDQ where present"},
+     "crc32($module, data, value=0, /)\n--\n\n"
+     "zlib.crc32(data, value), folded with PCLMULQDQ where present."},
     {"set_crc32_wide", (PyCFunction)speedups_set_crc32_wide, METH_O,
-     "set_crc32_wide(wide) -> whether crc32 now folds 256-bit lanes (VPCLMULQDQ): True where "
-     "the CPU has them, as at import; False keeps the 128-bit fold"},
+     "set_crc32_wide($module, wide, /)\n--\n\n"
+     "Whether crc32 now folds 256-bit lanes (VPCLMULQDQ): with True where the CPU has them, "
+     "as at import; False keeps the 128-bit fold."},
     {"xxh3_64", (PyCFunction)speedups_xxh3_64, METH_O,
-     "xxh3_64(data) -> xxhash.xxh3_64_intdigest(data), computed here up to 240 bytes"},
+     "xxh3_64($module, data, /)\n--\n\n"
+     "xxhash.xxh3_64_intdigest(data), computed here up to 240 bytes."},
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
-     "encode_ops(seq, table_id, keys, values) -> msgpack [seq, [[table_id, key, value], ...]]"},
+     "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
+     "msgpack [seq, [[table_id, key, value], ...]]."},
     {"block_find", (PyCFunction)(void (*)(void))speedups_block_find, METH_FASTCALL,
-     "block_find(payload, key, missing) -> key's value in a data block payload, None for a "
-     "tombstone, or missing"},
+     "block_find($module, payload, key, missing, /)\n--\n\n"
+     "Key's value in a data block payload, None for a tombstone, or missing."},
     {"block_entry", (PyCFunction)speedups_block_entry, METH_O,
-     "block_entry(payload) -> the block cache's form of a data block: the payload, then its "
-     "entries' offsets"},
+     "block_entry($module, payload, /)\n--\n\n"
+     "The block cache's form of a data block: the payload, then its entries' offsets."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
-     "entry_lists(entry) -> (keys, values) of a cached block (block_entry)"},
+     "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
-     "entry_find(entry, key, missing) -> key's value in a cached block (block_entry), None for "
-     "a tombstone, or missing"},
+     "entry_find($module, entry, key, missing, /)\n--\n\n"
+     "Key's value in a cached block (block_entry), None for a tombstone, or missing."},
     {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
-     "block_may_hold(raw, key) -> False when the data block certainly does not hold key"},
+     "block_may_hold($module, raw, key, /)\n--\n\n"
+     "False when the data block certainly does not hold key."},
     {"map_file", (PyCFunction)(void (*)(void))speedups_map_file, METH_FASTCALL,
-     "map_file(fd, size) -> Mapping: the file mapped read-only for the C getter's block reads"},
+     "map_file($module, fd, size, /)\n--\n\n"
+     "Mapping: the file mapped read-only for the C getter's block reads."},
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
-     "bloom_add(bits, m, k, hashes[, part]): set the filter bits of every 64-bit hash"},
+     "bloom_add($module, bits, m, k, hashes, part=0, /)\n--\n\n"
+     "Set the filter bits of every 64-bit hash (part 0: format 1)."},
     {NULL, NULL, 0, NULL},
 };
 

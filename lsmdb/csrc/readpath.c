@@ -783,7 +783,8 @@ done:
 
 static PyMethodDef Getter_methods[] = {
     {"many", (PyCFunction)Getter_many, METH_O,
-     "many(keys) -> None or (out, maybes, fast, ks): the memtable and filter steps of get_many"},
+     "many($self, keys, /)\n--\n\n"
+     "None or (out, maybes, fast, ks): the memtable and filter steps of get_many."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -797,7 +798,9 @@ PyTypeObject GetterType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Getter_traverse,
     .tp_clear = (inquiry)Getter_clear,
-    .tp_doc = "get(key, default=None): a table's point read with the per-file steps in C;\n"
+    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache, decode_read)\n"
+              "--\n\n"
+              "get(key, default=None): a table's point read with the per-file steps in C;\n"
               "anything but a plain bytes key on an open database with C probes goes to\n"
               "the Python getter (slow_get).",
     .tp_init = (initproc)Getter_init,

@@ -1,19 +1,11 @@
 /* readpath.c: Getter, a table's whole point read in C -- the memtables and
  * their filters, the files' probes (bloom_probes.c), the block that can hold
  * the key found in the index, then answered from the block cache or read from
- * disk (sstable_reader.c) and walked (block.c) -- and the dispatch of
- * get_many (Getter.many), whose pass over the files a file at a time for all
- * its keys is readpath_many.c.  Anything unusual goes to the Python getter.
- * Python twin: lsmdb/readpath.py (make_getter's get, get_many). */
+ * disk (sstable_reader.c) and walked (block.c).  Anything unusual goes to the
+ * Python getter.  Getter.many, get_many's part, is readpath_many.c.  Python
+ * twin: lsmdb/readpath.py's make_getter (its get). */
 
 #include "speedups.h"
-
-#define GETS 0
-#define GETS_ABSENT 1
-#define PREFETCH_AHEAD 8
-/* get_many's first pass over its keys touches each key object first: loading
- * this many keys ahead made a call 16-17% faster on shuffled keys. */
-#define MANY_PREFETCH_AHEAD 16
 
 /* Index words per group in bisect_index's two steps: 32 words, four cache
  * lines. */
@@ -297,25 +289,6 @@ cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
     return 1;
 }
 
-/* After a "maybe" from file entry `item`: answer from the block cache when
- * it holds the block.  1: found, *value set (a new reference; None for a
- * tombstone); 0: a false positive (counted); 2: not answerable here (block
- * not cached, no cache, odd types): the caller asks the Python lookup_block,
- * passing it *block_index when that is >= 0 (the block that can hold key,
- * which the cache does not hold, or there is no cache); -1: error. */
-static int
-cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
-              Py_ssize_t *block_index)
-{
-    PyObject *block;
-    int r = cached_block_for(self, e, item, key, &block, block_index);
-    if (r <= 0)
-        return r < 0 ? -1 : 2;
-    int found = cached_answer(e, block, key, value);
-    Py_DECREF(block);
-    return found;
-}
-
 /* Offer block i of file entry item (reader, index_keys, base, counts),
  * whose checksum-verified payload is p[0:size], to the cache: if its
  * admission takes base + i (admission_admit for a block that held the key
@@ -425,32 +398,6 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
 
 /* ---- get ------------------------------------------------------------------ */
 
-/* The state's fast tuple when the C path can serve: 1 and *fast (a new
- * reference); 0 when the Python getter must (closed database: its close
- * puts None in the cell; no C probes: shadow mode).  The tuple is taken out
- * of the state's cell, a list that TableState.publish and DB.close write:
- * the attribute lookups of db._closed and state.fast it replaced took
- * 13-20% of an absent get (paired, 2,000,000 and 200,000 keys). */
-static int
-getter_fast(Getter *self, PyObject **fast)
-{
-    PyObject *cell = self->cell;
-    if (PyList_GET_SIZE(cell) != 1)
-        return 0;
-    PyObject *f = PyList_GET_ITEM(cell, 0);  /* borrowed: no other thread runs until the incref */
-    if (!PyTuple_CheckExact(f) || PyTuple_GET_SIZE(f) != 7
-        || !PyObject_TypeCheck(PyTuple_GET_ITEM(f, 4), &ProbesType)
-        || !PyDict_CheckExact(PyTuple_GET_ITEM(f, 0))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 1))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 5))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 6))
-        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 6))
-               != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 1)) + 1)
-        return 0;
-    *fast = Py_NewRef(f);
-    return 1;
-}
-
 /* key in the memtable or the frozen ones (newest first): 1 and *value
  * (borrowed; None for a tombstone), 0 when none has it, -1 on error.  With
  * have_h, h is the key's xxh3_64, and a memtable whose filter (fast[6]) says
@@ -478,34 +425,6 @@ mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **val
             return -1;
     }
     return 0;
-}
-
-/* Make key the probes' held key with h as its fast hash (the probes' fast
- * hash being this module's xxh3_64), so that the files' probes reuse it. */
-static void
-probes_hold(Probes *self, PyObject *key, uint64_t h)
-{
-    if (self->last_key != key) {
-        Py_INCREF(key);
-        Py_XSETREF(self->last_key, key);
-        self->have_keyed = 0;
-    }
-    self->last_fast = h;
-    self->have_fast = 1;
-}
-
-/* A get's key hashed once, up front, for the memtable filters and then the
- * files' filters: 1 and *h, or 0 for a key too long to hash inline (its
- * memtable lookups then go straight to the dicts). */
-static int
-getter_hash(Probes *probes, PyObject *key, uint64_t *h)
-{
-    if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
-        return 0;
-    *h = xxh3_64_of_short(key);
-    if (probes->native_hash)
-        probes_hold(probes, key, *h);
-    return 1;
 }
 
 static PyObject *
@@ -609,174 +528,6 @@ absent:
     counts[GETS_ABSENT]++;
     result = Py_NewRef(dflt);
 done:
-    Py_DECREF(fast);
-    return result;
-}
-
-/* ---- get_many ------------------------------------------------------------- */
-
-/* The one keyed hash function every filter of probes tests with: 1 and
- * *kf (borrowed), or *kf NULL when no filter is keyed; 0 when the filters
- * use different hashes (the fast one and a keyed one, or two keyed ones, as
- * while rebuild_filters or compactions move a table to another hash). */
-static int
-probes_one_hash(const Probes *self, PyObject **kf)
-{
-    PyObject *one = NULL;
-    int fast = 0;
-    for (Py_ssize_t i = 0; i < self->n; i++) {
-        const Entry *e = &self->e[i];
-        if (!e->m)
-            continue;
-        if (e->kf == NULL)
-            fast = 1;
-        else if (one == NULL)
-            one = e->kf;
-        else if (e->kf != one)
-            return 0;
-    }
-    if (fast && one != NULL)
-        return 0;
-    *kf = one;
-    return 1;
-}
-
-static PyObject *
-Getter_many(Getter *self, PyObject *keys)
-{
-    /* many(keys) -> None, or (out, maybes, fast, ks): the first steps of
-     * get_many.  keys: a list of bytes.  out[i] is the answer where the
-     * memtables or the filters settle it (None: absent), else MISSING;
-     * maybes lists (file, i, seed) for those, to be read by the Python side
-     * (which counts their absences); fast is the state.fast tuple this answer
-     * used (its files are what the indexes in maybes refer to); ks is a list
-     * of the keys as they were answered, for the Python side to read the
-     * maybes with (a private copy whenever maybes is not empty).  None when the
-     * Python path must serve (keys not all plain bytes within the size
-     * limit, closed database, no C probes for this state).
-     *
-     * The caller's list is not copied up front (that cost 5-7% of a call):
-     * on the native-hash path with keys short enough to hash here, nothing
-     * after getter_fast runs Python code or lets the GIL go until a block has
-     * to be read, and the cyclic collector -- whose finalisers could run from
-     * any allocation here -- is paused, so the list and its items stay as they
-     * are.  Before a block read (it lets the GIL go, and decoding is Python
-     * code), and from the start on the other paths (a keyed hash is Python
-     * code; xxhash may let the GIL go), a copy holds them (own_keys). */
-    if (self->db == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
-        return NULL;
-    }
-    if (!PyList_CheckExact(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys must be a list");
-        return NULL;
-    }
-    PyObject *fast = NULL;
-    int ok = getter_fast(self, &fast);
-    if (ok <= 0)
-        return ok < 0 ? NULL : Py_NewRef(Py_None);
-    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
-    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
-    PyObject *kf = NULL;  /* the keyed hash of every filter, if they all use one */
-    int by_file = probes->native_hash && probes_one_hash(probes, &kf), all_short = 1;
-    ManyKeys mk = {keys, Py_NewRef(keys), PyGC_Disable()};
-    PyObject *out = NULL, *maybes = NULL, *result = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (i + MANY_PREFETCH_AHEAD < n) {  /* key objects spread over the heap: fetch ahead */
-            const char *ahead = (const char *)PyList_GET_ITEM(keys, i + MANY_PREFETCH_AHEAD);
-            PREFETCH(ahead);       /* header */
-            PREFETCH(ahead + 63);  /* bytes, when the object straddles two lines */
-        }
-        if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-        all_short &= PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;  /* hashed here, not by xxhash */
-    }
-    if (!(by_file && all_short && kf == NULL) && own_keys(&mk) < 0)
-        goto done;
-    out = PyList_New(n);
-    maybes = PyList_New(0);
-    if (out == NULL || maybes == NULL)
-        goto done;
-    uint64_t *counts = (uint64_t *)self->counts.buf;
-    uint64_t absent = 0;
-    if (by_file) {
-        if (many_by_file(self, probes, fast, &mk, out, maybes, &absent, kf) < 0)
-            goto done;
-        n = 0;  /* every key answered or in maybes (which only a block read adds: mk owns) */
-    }
-    PyObject *ks = mk.keys;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(ks, i);
-        if (i + PREFETCH_AHEAD < n) {  /* keys scattered in memory: fetch ahead */
-            const char *ahead = (const char *)PyList_GET_ITEM(ks, i + PREFETCH_AHEAD);
-            PREFETCH(ahead);
-            PREFETCH(ahead + 63);
-        }
-        PyObject *value = NULL;
-        uint64_t h = 0;
-        int have_h = getter_hash(probes, key, &h);
-        if (mem_lookup(fast, key, h, have_h, &value) < 0)
-            goto done;
-        if (value != NULL) {
-            absent += value == Py_None;
-            PyList_SET_ITEM(out, i, Py_NewRef(value));
-            continue;
-        }
-        Py_ssize_t f = probes_first(probes, key, 0);
-        value = NULL;
-        while (f >= 0) {  /* blocks the cache holds are read here; others wait */
-            if (f >= PyTuple_GET_SIZE(flat) || f >= probes->n
-                || !PyTuple_CheckExact(PyTuple_GET_ITEM(flat, f))
-                || PyTuple_GET_SIZE(PyTuple_GET_ITEM(flat, f)) != 4) {
-                PyErr_SetString(PyExc_IndexError, "bad file entry");
-                goto done;
-            }
-            Py_ssize_t block;
-            int c = cached_lookup(self, &probes->e[f], PyTuple_GET_ITEM(flat, f), key, &value,
-                                  &block);
-            if (c < 0)
-                goto done;
-            if (c == 1)
-                break;
-            if (c == 2) {  /* the Python side reads this block, once for all keys */
-                PyObject *seed = probes->last_key == key ? hash_seed(probes)
-                                                         : Py_NewRef(Py_None);
-                if (seed == NULL)
-                    goto done;
-                PyObject *item = Py_BuildValue("(nnN)", f, i, seed);
-                if (item == NULL)
-                    goto done;
-                int r = PyList_Append(maybes, item);
-                Py_DECREF(item);
-                if (r < 0)
-                    goto done;
-                value = Py_NewRef(self->missing);
-                break;
-            }
-            f = probes_first(probes, key, f + 1);  /* a false positive: resume */
-        }
-        if (f == -2)
-            goto done;
-        if (value == NULL || value == Py_None) {
-            absent++;
-            Py_XDECREF(value);
-            value = Py_NewRef(Py_None);
-        }
-        PyList_SET_ITEM(out, i, value);
-    }
-    counts[GETS] += (uint64_t)PyList_GET_SIZE(ks);
-    counts[GETS_ABSENT] += absent;
-    result = PyTuple_Pack(4, out, maybes, fast, ks);
-done:
-    if (mk.gc_paused)
-        PyGC_Enable();
-    Py_DECREF(mk.keys);
-    Py_XDECREF(out);
-    Py_XDECREF(maybes);
     Py_DECREF(fast);
     return result;
 }

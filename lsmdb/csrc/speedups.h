@@ -3,13 +3,13 @@
  *   - the slots of the counters they count into;
  *   - the structures that cross files: a table's Probes and their file
  *     Entries, the block Cache and its Admission, a memtable's MemFilter,
- *     the Getter and the keys of its get_many;
+ *     the Getter;
  *   - one declaration of each type and function a file defines for others
  *     (everything else in a file is static);
  *   - the helpers of the hot paths (key order, bit positions, range checks,
  *     the cache's admission, the memtable filter's test, a cached block's
- *     shape), static inline so that each file compiles them into its loops
- *     as it would its own.
+ *     shape, the steps get and get_many share), static inline so that each
+ *     file compiles them into its loops as it would its own.
  *
  * The files, each named after the Python module whose step it does in C:
  * bloom.c, bloom_probes.c, cache.c, memtable.c, readpath.c,
@@ -42,6 +42,11 @@
 #define BLOCK_READS 5
 #define BLOCK_CACHE_HITS 6
 #define MIN_COUNTERS 7
+
+/* Slots of a table's read counters (state.counts, lsmdb/stats.py's
+ * TABLE_COUNTERS). */
+#define GETS 0
+#define GETS_ABSENT 1
 
 /* A function whose only effect is PREFETCH has none the compiler counts: it
  * may drop every call of one it does not inline.  Such helpers are
@@ -191,15 +196,6 @@ typedef struct {
     Py_ssize_t max_key;
 } Getter;
 
-/* The keys of a get_many call: the caller's list, used as it is while
- * nothing can change it (see Getter_many), and a private copy from the first
- * step that runs Python code or lets the GIL go on. */
-typedef struct {
-    PyObject *given;  /* the caller's list (borrowed) */
-    PyObject *keys;   /* given, or a copy of it (a new reference either way) */
-    int gc_paused;    /* the collector was running and is paused until own_keys */
-} ManyKeys;
-
 /* ---- the types, one per file that defines it ----------------------------- */
 
 extern PyTypeObject ProbesType;     /* bloom_probes.c */
@@ -248,9 +244,7 @@ int disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
 
 /* readpath_many.c */
-int own_keys(ManyKeys *mk);
-int many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObject *out,
-                 PyObject *maybes, uint64_t *absent, PyObject *kf);
+PyObject *Getter_many(Getter *self, PyObject *keys);
 
 /* sstable_reader.c */
 int sstable_reader_init(void);
@@ -598,6 +592,81 @@ disk_block_find(const unsigned char *buf, size_t size, PyObject *key, const unsi
     const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
     size_t klen = (size_t)PyBytes_GET_SIZE(key);
     return block_may_hold(buf, size, k, klen) ? block_find(buf, size, k, klen, vp, vlen) : 0;
+}
+
+/* ---- inline helpers: the getter's steps that get and get_many share ------ */
+
+/* The state's fast tuple when the C path can serve: 1 and *fast (a new
+ * reference); 0 when the Python getter must (closed database: its close
+ * puts None in the cell; no C probes: shadow mode).  The tuple is taken out
+ * of the state's cell, a list that TableState.publish and DB.close write:
+ * the attribute lookups of db._closed and state.fast it replaced took
+ * 13-20% of an absent get (paired, 2,000,000 and 200,000 keys). */
+static inline int
+getter_fast(Getter *self, PyObject **fast)
+{
+    PyObject *cell = self->cell;
+    if (PyList_GET_SIZE(cell) != 1)
+        return 0;
+    PyObject *f = PyList_GET_ITEM(cell, 0);  /* borrowed: no other thread runs until the incref */
+    if (!PyTuple_CheckExact(f) || PyTuple_GET_SIZE(f) != 7
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(f, 4), &ProbesType)
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(f, 0))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 1))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 5))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 6))
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 6))
+               != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 1)) + 1)
+        return 0;
+    *fast = Py_NewRef(f);
+    return 1;
+}
+
+/* Make key the probes' held key with h as its fast hash (the probes' fast
+ * hash being this module's xxh3_64), so that the files' probes reuse it. */
+static inline void
+probes_hold(Probes *self, PyObject *key, uint64_t h)
+{
+    if (self->last_key != key) {
+        Py_INCREF(key);
+        Py_XSETREF(self->last_key, key);
+        self->have_keyed = 0;
+    }
+    self->last_fast = h;
+    self->have_fast = 1;
+}
+
+/* A get's key hashed once, up front, for the memtable filters and then the
+ * files' filters: 1 and *h, or 0 for a key too long to hash inline (its
+ * memtable lookups then go straight to the dicts). */
+static inline int
+getter_hash(Probes *probes, PyObject *key, uint64_t *h)
+{
+    if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
+        return 0;
+    *h = xxh3_64_of_short(key);
+    if (probes->native_hash)
+        probes_hold(probes, key, *h);
+    return 1;
+}
+
+/* After a "maybe" from file entry `item`: answer from the block cache when
+ * it holds the block.  1: found, *value set (a new reference; None for a
+ * tombstone); 0: a false positive (counted); 2: not answerable here (block
+ * not cached, no cache, odd types): the caller asks the Python lookup_block,
+ * passing it *block_index when that is >= 0 (the block that can hold key,
+ * which the cache does not hold, or there is no cache); -1: error. */
+static inline int
+cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
+              Py_ssize_t *block_index)
+{
+    PyObject *block;
+    int r = cached_block_for(self, e, item, key, &block, block_index);
+    if (r <= 0)
+        return r < 0 ? -1 : 2;
+    int found = cached_answer(e, block, key, value);
+    Py_DECREF(block);
+    return found;
 }
 
 #if defined(__GNUC__) || defined(__clang__)

@@ -1,6 +1,7 @@
 """Build hook for the optional C speedups; everything else is in pyproject.toml.
 
-``lsmdb._speedups`` (lsmdb/_speedups.c) runs the hot per-key and per-file
+``lsmdb._speedups`` (the C files in lsmdb/csrc/, one per concept, named after
+the Python module whose step each does) runs the hot per-key and per-file
 steps: a point read's range checks, filter probes and block read, get_many,
 the scan/compaction merge, checksums, key hashes, WAL batch encoding and
 filter building.  It is optional: when no C compiler is at hand the build goes
@@ -9,5 +10,10 @@ on without it and lsmdb uses the same logic in Python.
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("lsmdb._speedups", ["lsmdb/_speedups.c"], optional=True,
+CSRC = "lsmdb/csrc/"
+SOURCES = ["module.c", "bloom.c", "bloom_probes.c", "cache.c", "memtable.c", "readpath.c",
+           "readpath_many.c", "sstable_reader.c", "block.c", "merge.c", "logset.c", "coding.c"]
+
+setup(ext_modules=[Extension("lsmdb._speedups", [CSRC + name for name in SOURCES],
+                             depends=[CSRC + "speedups.h"], optional=True,
                              extra_compile_args=["-O2"])])

@@ -31,7 +31,7 @@ __version__ = "0.1.0"
 
 try:
     from . import _speedups  # noqa: F401
-    #: True when the optional C speedups (lsmdb/_speedups.c) were built and are
+    #: True when the optional C speedups (lsmdb/csrc/) were built and are
     #: in use: per-file read steps, get_many, merges and filter building.
     #: Without them (no C compiler at install time) the same code runs in Python.
     SPEEDUPS = True

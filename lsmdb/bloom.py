@@ -73,7 +73,7 @@ LN2_SQUARED = math.log(2) ** 2
 MAX_HASHES = 64
 MASK32 = 0xFFFFFFFF
 
-try:  # optional C speedups (lsmdb/_speedups.c)
+try:  # optional C speedups (lsmdb/csrc/bloom.c)
     from ._speedups import bloom_add as _bloom_add
     from ._speedups import xxh3_64 as _c_xxh3_64
 except ImportError:  # pragma: no cover - built without a C compiler

@@ -76,7 +76,7 @@ import threading
 from collections import deque
 from typing import Any
 
-try:  # optional C speedups (lsmdb/_speedups.c)
+try:  # optional C speedups (lsmdb/csrc/cache.c)
     from ._speedups import Admission as _CAdmission
     from ._speedups import Cache as _CCache
 except ImportError:  # pragma: no cover - no C compiler when installed

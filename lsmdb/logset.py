@@ -49,7 +49,7 @@ import msgpack
 from .errors import CorruptionError
 from .files import SwitchedButNotSynced, read_file, unlink_quietly, wal_name
 
-try:  # optional C speedups (lsmdb/_speedups.c)
+try:  # optional C speedups (lsmdb/csrc/logset.c)
     from ._speedups import encode_ops as _encode_ops
 except ImportError:  # pragma: no cover - built without a C compiler
     _encode_ops = None  # type: ignore[assignment]

@@ -24,7 +24,7 @@ from itertools import filterfalse
 
 from sortedcontainers import SortedList
 
-try:  # optional C speedups (lsmdb/_speedups.c): the memtable's key filter
+try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
     from ._speedups import MemFilter
 except ImportError:  # pragma: no cover - no C compiler when installed
     MemFilter = None  # type: ignore[assignment,misc]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from itertools import chain, repeat
 from typing import Any
 
-try:  # the same merge with the heap in C (lsmdb/_speedups.c)
+try:  # the same merge with the heap in C (lsmdb/csrc/merge.c)
     from ._speedups import Merge as _CMerge
 except ImportError:  # pragma: no cover - built without a C compiler
     _CMerge = None  # type: ignore[assignment,misc]

@@ -14,7 +14,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
-from itertools import chain
+from itertools import chain, pairwise
 from typing import Any
 
 from . import block as blk
@@ -36,7 +36,7 @@ _block_entry: Callable[[bytes], bytes] | None
 _entry_find: Callable[[bytes, bytes, object], Any] | None
 _entry_lists: Callable[[bytes], tuple[list[bytes], list[bytes | None]]] | None
 _map_file: Callable[[int, int], Any] | None
-try:  # optional C speedups (lsmdb/_speedups.c)
+try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
     from ._speedups import block_entry as _block_entry
     from ._speedups import block_may_hold
     from ._speedups import entry_find as _entry_find
@@ -45,7 +45,7 @@ try:  # optional C speedups (lsmdb/_speedups.c)
 except ImportError:  # pragma: no cover - built without a C compiler
     _block_entry = _entry_find = _entry_lists = _map_file = None
 
-    def block_may_hold(raw: bytes, key: bytes) -> bool:
+    def block_may_hold(raw: bytes, key: bytes, /) -> bool:
         """False when the data block ``raw`` (payload and trailer) certainly
         does not hold ``key``: its bytes appear nowhere in it."""
         return key in raw
@@ -641,7 +641,7 @@ class SSTableReader:
         keys, offsets, sizes = self.index_keys, self.index_offsets, self.index_sizes
         if not keys or not len(keys) == len(offsets) == len(sizes):
             raise AssertionError(f"{self.path}: index of {len(keys)} keys")
-        if any(a >= b for a, b in zip(keys, keys[1:])):
+        if any(a >= b for a, b in pairwise(keys)):
             raise AssertionError(f"{self.path}: index keys out of order")
         end = 0
         for off, size in zip(offsets, sizes, strict=True):

@@ -37,7 +37,8 @@ STATS_HEADER = struct.Struct("<8sIII")
 STATS_INTERVAL_SECONDS = 10.0
 
 #: Order of the per-file counters on disk and in ``SSTableReader.counts``.
-#: DO NOT CHANGE: on disk (append only); lsmdb/_speedups.c counts into slots 0 and 1.
+#: DO NOT CHANGE: on disk (append only); the C read path counts by the same slots
+#: (lsmdb/csrc/speedups.h).
 FILE_COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
                  "false_negatives", "block_reads", "block_cache_hits")
 #: Order of the per-table read counters (``TableState.counts``, STATS); the C getter

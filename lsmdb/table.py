@@ -7,6 +7,7 @@ import math
 import os
 from array import array
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from .bloom import key_hash, predicted_fpr_for
@@ -17,7 +18,7 @@ from .stats import TABLE_COUNTERS, ArrayCounter
 if TYPE_CHECKING:
     from .sstable import SSTableReader
 
-try:  # optional C speedups for the per-file steps of a get (lsmdb/_speedups.c)
+try:  # optional C speedups for the per-file steps of a get (lsmdb/csrc/bloom_probes.c)
     from ._speedups import Probes
 except ImportError:  # pragma: no cover - no C compiler when installed
     Probes = None  # type: ignore[assignment,misc]
@@ -123,7 +124,7 @@ class TableState:
         for level, (keys, readers) in enumerate(deeper, 1):
             if any(r.level != level for r in readers) or keys != [r.max_key for r in readers]:
                 raise AssertionError(f"table {self.name!r}: level {level} misfiled")
-            if any(a.max_key >= b.min_key for a, b in zip(readers, readers[1:])):
+            if any(a.max_key >= b.min_key for a, b in pairwise(readers)):
                 raise AssertionError(f"table {self.name!r}: level {level} overlaps")
         fast = self.fast
         if fast[0] is not mem.data or [p[0] for p in fast[2]] != list(l0) or \

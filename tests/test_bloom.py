@@ -3,7 +3,7 @@
 The statistical tests use keys from a fixed-seed RNG, but they do not rely on
 the seed being lucky: every bound is derived below so that a correct filter
 fails this whole module with probability below ``ALPHA_MODULE`` (one in a
-million) *whatever the seed*.  Set ``LSMDB_TEST_SEED`` to run them with other
+million) *whatever the seed*.  ``pytest --bloom-seed N`` runs them with other
 keys.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import random
 import statistics
 import struct
@@ -32,7 +31,6 @@ from lsmdb.bloom import (
 )
 from lsmdb.sstable import MISSING, SSTableBuilder, SSTableReader
 
-SEED = int(os.environ.get("LSMDB_TEST_SEED", "20240611"))
 LN2 = math.log(2)
 
 FP_CHANCES = (0.1, 0.01, 0.001)
@@ -263,16 +261,22 @@ def _distinct(rng: random.Random, count: int, prefix: bytes) -> list[bytes]:
 
 
 @pytest.fixture(scope="module")
-def present_keys() -> list[bytes]:
-    """Distinct keys to add (first byte 0x01), enough for the largest case."""
-    need = max(max(SIZES), 2 * OVERFILL_CAPACITY)
-    return _distinct(random.Random(SEED), need, b"\x01")
+def seed(pytestconfig: pytest.Config) -> int:
+    """The seed the keys are drawn with (``--bloom-seed``)."""
+    return int(pytestconfig.getoption("--bloom-seed"))
 
 
 @pytest.fixture(scope="module")
-def absent_keys() -> list[bytes]:
+def present_keys(seed: int) -> list[bytes]:
+    """Distinct keys to add (first byte 0x01), enough for the largest case."""
+    need = max(max(SIZES), 2 * OVERFILL_CAPACITY)
+    return _distinct(random.Random(seed), need, b"\x01")
+
+
+@pytest.fixture(scope="module")
+def absent_keys(seed: int) -> list[bytes]:
     """PROBES distinct keys never added to any filter (first byte 0x02)."""
-    return _distinct(random.Random(SEED + 1), PROBES, b"\x02")
+    return _distinct(random.Random(seed + 1), PROBES, b"\x02")
 
 
 def _check_count(f: BloomFilter, n_added: int, absent: list[bytes]) -> tuple[int, float, float]:
@@ -653,9 +657,9 @@ def _build_sst(items, fp_chance=0.01, block_size=512) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def sst():
-    items = _sst_items(random.Random(SEED + 2))
-    absent = _distinct(random.Random(SEED + 3), 5000, b"k:")
+def sst(seed):
+    items = _sst_items(random.Random(seed + 2))
+    absent = _distinct(random.Random(seed + 3), 5000, b"k:")
     present = {key for key, _ in items}
     absent = [key for key in absent if key not in present]
     return items, _build_sst(items), absent

@@ -8,10 +8,12 @@ import pytest
 
 import lsmdb
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(lsmdb.__file__)))
+
 
 def test_speedups_are_built_where_a_c_compiler_is():
-    """pip builds lsmdb/_speedups.c when it can; where a compiler exists and
-    the extension is missing, the build broke (and lsmdb runs far slower)."""
+    """pip builds lsmdb/csrc/ when it can; where a compiler exists and the
+    extension is missing, the build broke (and lsmdb runs far slower)."""
     import shutil
     import sysconfig
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
@@ -20,19 +22,57 @@ def test_speedups_are_built_where_a_c_compiler_is():
     assert lsmdb.SPEEDUPS, "a C compiler is here but lsmdb._speedups was not built"
 
 
-def test_the_built_extension_is_not_older_than_its_source():
+def _c_sources() -> list[str]:
+    """The C files and the header of lsmdb._speedups in a source checkout."""
+    csrc = os.path.join(os.path.dirname(lsmdb.__file__), "csrc")
+    if not os.path.isdir(csrc):
+        return []
+    return sorted(os.path.join(csrc, n) for n in os.listdir(csrc) if n.endswith((".c", ".h")))
+
+
+def test_the_built_extension_is_not_older_than_its_sources():
     """pip treats the extension as optional: a source that no longer compiles
     leaves the previous build in place, silently.  In a source checkout the
-    built file must be at least as new as lsmdb/_speedups.c."""
-    import os
+    built file must be at least as new as every file of lsmdb/csrc/."""
     if not lsmdb.SPEEDUPS:
         pytest.skip("built without the C speedups")
     from lsmdb import _speedups
-    source = os.path.join(os.path.dirname(lsmdb.__file__), "_speedups.c")
-    if not os.path.exists(source) or not _speedups.__file__:
+    sources = _c_sources()
+    if not sources or not _speedups.__file__:
         pytest.skip("not a source checkout")
-    assert os.path.getmtime(_speedups.__file__) >= os.path.getmtime(source), \
-        "lsmdb/_speedups.c changed since the extension was built: rebuild (pip install -e .)"
+    built = os.path.getmtime(_speedups.__file__)
+    newer = [os.path.relpath(p, REPO) for p in sources if os.path.getmtime(p) > built]
+    assert not newer, f"{newer} changed since the extension was built: rebuild (pip install -e .)"
+
+
+def test_setup_builds_every_c_file_of_csrc():
+    """setup.py names the extension's sources one by one: a C file added to
+    lsmdb/csrc/ and not to that list would be left out of the build."""
+    import ast
+    sources = [os.path.basename(p) for p in _c_sources() if p.endswith(".c")]
+    if not sources:
+        pytest.skip("not a source checkout")
+    tree = ast.parse(open(os.path.join(REPO, "setup.py")).read())
+    listed = next(ast.literal_eval(node.value) for node in ast.walk(tree)
+                  if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", None) == "SOURCES" for t in node.targets))
+    assert sorted(listed) == sources
+
+
+def test_the_stub_is_true_to_the_module():
+    """lsmdb/_speedups.pyi against the built module, by mypy's stubtest: every
+    name, every signature (the C docstrings begin with theirs, "name(...)" and
+    "--", which is what stubtest reads), which classes are final, which
+    attributes are read-only.  Nothing is allowlisted."""
+    import subprocess
+    import sys
+    if not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups")
+    pytest.importorskip("mypy.stubtest")
+    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "--mypy-config-file",
+                          os.path.join(REPO, "pyproject.toml"), "lsmdb._speedups"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
 
 
 NO_SPEEDUPS_CHILD = r'''
@@ -72,8 +112,7 @@ def test_lsmdb_works_without_its_c_extension(tmp_path):
     keys at once, compacted and scanned, with the same answers."""
     import subprocess
     import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(lsmdb.__file__)))
     out = subprocess.run([sys.executable, "-c", NO_SPEEDUPS_CHILD, str(tmp_path / "db")],
-                         cwd=root, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

@@ -1,4 +1,4 @@
-"""The optional C read path (lsmdb/_speedups.c) against the Python one.
+"""The optional C read path (lsmdb/csrc/) against the Python one.
 
 Both must give the same answers and the same counters, read for read: the
 range checks and filter probes (``Probes``) and the whole get (``Getter``).
@@ -1027,34 +1027,35 @@ def test_crc32_equals_zlib_on_every_length_alignment_and_start_value():
         speedups.crc32("text")
 
 
-_CRC_LENGTHS = r"""
-import os, random, sys, zlib
-from lsmdb import _speedups as speedups
-rng = random.Random(9)
-for n in [*range(0, 1100, 7), *range(250, 300), 4095, 4096, 4100, 65_536, 1_000_003]:
-    data = os.urandom(n + 3)
-    for off in range(3):
-        view = memoryview(data)[off:off + n]
-        value = rng.getrandbits(32)
-        assert speedups.crc32(view, value) == zlib.crc32(view, value), (n, off)
-print(speedups.CRC32_CLMUL, speedups.CRC32_VPCLMUL)
-"""
+_CRC_LENGTHS = [*range(0, 1100, 7), *range(250, 300), 4095, 4096, 4100, 65_536, 1_000_003]
 
 
 @pytest.mark.parametrize("wide", [True, False])
 def test_crc32_equals_zlib_with_either_fold(wide):
     """The fold on 256-bit lanes (VPCLMULQDQ, where the CPU has it) and the
-    one on 128-bit lanes (LSMDB_NO_VPCLMUL=1 keeps it) both give zlib's
+    one on 128-bit lanes (set_crc32_wide(False) keeps it) both give zlib's
     value, from the lengths each takes on."""
-    env = {k: v for k, v in os.environ.items() if k != "LSMDB_NO_VPCLMUL"}
-    if not wide:
-        env["LSMDB_NO_VPCLMUL"] = "1"
-    done = subprocess.run([sys.executable, "-c", _CRC_LENGTHS], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    clmul, vpclmul = map(int, done.stdout.split())
-    assert vpclmul == (speedups.CRC32_VPCLMUL if wide else 0)
-    assert clmul == speedups.CRC32_CLMUL and (vpclmul <= clmul)
+    import zlib
+    rng = random.Random(9)
+    assert speedups.CRC32_VPCLMUL <= speedups.CRC32_CLMUL
+    try:
+        assert speedups.set_crc32_wide(wide) is (wide and bool(speedups.CRC32_VPCLMUL))
+        for n in _CRC_LENGTHS:
+            data = os.urandom(n + 3)
+            for off in range(3):
+                view = memoryview(data)[off:off + n]
+                value = rng.getrandbits(32)
+                assert speedups.crc32(view, value) == zlib.crc32(view, value), (n, off)
+    finally:
+        speedups.set_crc32_wide(True)
+    assert speedups.set_crc32_wide(True) is bool(speedups.CRC32_VPCLMUL)
+
+
+def test_the_crc32_fold_is_chosen_by_a_bool():
+    with pytest.raises(TypeError):
+        speedups.set_crc32_wide(0)
+    with pytest.raises(TypeError):
+        speedups.set_crc32_wide("no")
 
 
 @settings(max_examples=500, deadline=None)

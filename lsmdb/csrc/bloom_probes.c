@@ -1,0 +1,765 @@
+/* bloom_probes.c: Probes, the files a point read consults and each one's
+ * range check and filter test, in the order of a get.  Python twin: the
+ * per-file loop of the getter in lsmdb/readpath.py, over the probe entries
+ * lsmdb/table.py makes (_probe; _c_entry and _c_probes build these).
+ *
+ * For each SSTable a get consults it does what the Python read path does,
+ * in the same order:
+ *
+ *   key range check            -> counts[RANGE_SKIPS] += 1 when outside
+ *   Bloom filter probe         -> counts[FILTER_NEGATIVES] += 1 on a "no"
+ *                                 (filter_says_maybe, bloom.c)
+ *   "maybe" (or no filter)     -> the one data block: from the cache, or
+ *                                 read, checked and walked (readpath.c)
+ *
+ * The hashes are computed at most once per key and reused for every file,
+ * also across calls that resume after a false positive (the last key and
+ * its hashes are kept, compared by identity while a reference is held).
+ *
+ * Probes(l0, deeper, fast_hash)
+ *   l0:     sequence of file entries, newest first
+ *   deeper: sequence of (max_keys, entries) per level >= 1, sorted by key
+ *   entry:  (counts, min_key, max_key, bits, m, k, keyed_fn, index_keys
+ *            [, index_offsets, index_sizes[, part]])
+ *           counts: array('Q') of the file's counters (sstable_reader.FILE_COUNTERS)
+ *           bits:   the filter's bit array (any buffer), None when m == 0
+ *           keyed_fn: None for xxh3_64, else the keyed hash function
+ *           index_keys, index_offsets, index_sizes: the file's index
+ *           part:   s, the partition size of a format-2 filter; 0 (the
+ *                   default): format 1
+ *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key); given this
+ *           module's xxh3_64, the probes compute it inline
+ *   prefetch_all_bytes (keyword only): the filter bytes in all above which
+ *           lookups start loading every probe's line up front (prefetch_all);
+ *           default FILTER_PREFETCH_BYTES, the L2 cache's size
+ * Probes.first(key, start) -> index of the first file at or after flat
+ *   index `start` (level-0 files, then the deeper levels' files in order)
+ *   whose range holds key and whose filter says "maybe"; -1 when none.
+ */
+
+#include "speedups.h"
+
+/* Filters larger than this in all (the L2 cache's size where the system
+ * tells it, else 1 MiB) are taken to be mostly out of the L2 cache, so
+ * gather_start starts to load the lines of all k probes of each filter, not
+ * only the first two (set at import). */
+uint64_t prefetch_all_bytes = 1 << 20;
+
+/* prefetch_all_bytes from the L2 cache's size, where the system tells it
+ * (at import). */
+void
+bloom_probes_init(void)
+{
+#if !defined(_WIN32) && defined(_SC_LEVEL2_CACHE_SIZE)
+    long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    if (l2 > 0)
+        prefetch_all_bytes = (uint64_t)l2;
+#endif
+}
+
+static void
+entry_clear(Entry *e)
+{
+    PyMem_Free(e->ikeys);
+    PyMem_Free(e->ioff);
+    PyMem_Free(e->ipre);
+    PyMem_Free(e->itop);
+    PyMem_Free(e->boff);
+    PyMem_Free(e->bsize);
+    e->ikeys = NULL;
+    e->ioff = NULL;
+    e->ipre = NULL;
+    e->itop = NULL;
+    e->boff = NULL;
+    e->bsize = NULL;
+    Py_CLEAR(e->lo);
+    Py_CLEAR(e->hi);
+    Py_CLEAR(e->kf);
+    if (e->have_bits) {
+        PyBuffer_Release(&e->bits);
+        e->have_bits = 0;
+    }
+    if (e->have_counts) {
+        PyBuffer_Release(&e->counts);
+        e->have_counts = 0;
+    }
+}
+
+static int
+entry_init(Entry *e, PyObject *item)
+{
+    PyObject *t = PySequence_Tuple(item);
+    if (t == NULL)
+        return -1;
+    if (PyTuple_GET_SIZE(t) != 8 && PyTuple_GET_SIZE(t) != 10 && PyTuple_GET_SIZE(t) != 11) {
+        PyErr_SetString(PyExc_ValueError, "a file entry is (counts, min_key, max_key, bits, m, "
+                                          "k, keyed_fn, index_keys[, offsets, sizes[, part]])");
+        goto fail;
+    }
+    PyObject *counts = PyTuple_GET_ITEM(t, 0), *lo = PyTuple_GET_ITEM(t, 1),
+             *hi = PyTuple_GET_ITEM(t, 2), *bits = PyTuple_GET_ITEM(t, 3),
+             *m = PyTuple_GET_ITEM(t, 4), *k = PyTuple_GET_ITEM(t, 5),
+             *kf = PyTuple_GET_ITEM(t, 6), *index_keys = PyTuple_GET_ITEM(t, 7);
+    if (!PyBytes_CheckExact(lo) || !PyBytes_CheckExact(hi)) {
+        PyErr_SetString(PyExc_TypeError, "min_key and max_key must be bytes");
+        goto fail;
+    }
+    e->lo = Py_NewRef(lo);
+    e->hi = Py_NewRef(hi);
+    if (PyObject_GetBuffer(counts, &e->counts, PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
+        goto fail;
+    e->have_counts = 1;
+    if (e->counts.itemsize != 8 || e->counts.format == NULL || strcmp(e->counts.format, "Q") != 0
+        || e->counts.len < 8 * MIN_COUNTERS) {
+        PyErr_SetString(PyExc_TypeError, "counts must be an array('Q') of the file counters");
+        goto fail;
+    }
+    unsigned long long mv = PyLong_AsUnsignedLongLong(m);
+    if (mv == (unsigned long long)-1 && PyErr_Occurred())
+        goto fail;
+    Py_ssize_t kv = PyLong_AsSsize_t(k);
+    if (kv == -1 && PyErr_Occurred())
+        goto fail;
+    if (kv < 0 || kv > 1024) {
+        PyErr_SetString(PyExc_ValueError, "hash count out of range");
+        goto fail;
+    }
+    e->m = mv;
+    e->mod_M = fastmod_M(mv);
+    e->k = kv;
+    if (PyTuple_GET_SIZE(t) == 11) {
+        unsigned long long sv = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 10));
+        if (sv == (unsigned long long)-1 && PyErr_Occurred())
+            goto fail;
+        if (check_part(sv, mv, kv) < 0)
+            goto fail;
+        e->part = sv;
+    }
+    if (mv) {
+        if (PyObject_GetBuffer(bits, &e->bits, PyBUF_SIMPLE) < 0)
+            goto fail;
+        e->have_bits = 1;
+        if ((uint64_t)e->bits.len < (mv + 7) / 8) {
+            PyErr_SetString(PyExc_ValueError, "filter bit array shorter than m bits");
+            goto fail;
+        }
+    }
+    if (kf != Py_None) {
+        if (!PyCallable_Check(kf)) {
+            PyErr_SetString(PyExc_TypeError, "keyed_fn must be callable or None");
+            goto fail;
+        }
+        e->kf = Py_NewRef(kf);
+    }
+    /* A compact copy of the index keys: the bisect after a "maybe" walks one
+     * small buffer instead of a list of objects spread over the heap. */
+    if (!PyList_CheckExact(index_keys)) {
+        PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
+        goto fail;
+    }
+    Py_ssize_t nidx = PyList_GET_SIZE(index_keys), total = 0;
+    for (Py_ssize_t i = 0; i < nidx; i++) {
+        PyObject *ik = PyList_GET_ITEM(index_keys, i);
+        if (!PyBytes_CheckExact(ik)) {
+            PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
+            goto fail;
+        }
+        total += PyBytes_GET_SIZE(ik);
+    }
+    e->ikeys = PyMem_Malloc(total ? (size_t)total : 1);
+    e->ioff = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nidx + 1));
+    if (e->ikeys == NULL || e->ioff == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    total = 0;
+    for (Py_ssize_t i = 0; i < nidx; i++) {
+        PyObject *ik = PyList_GET_ITEM(index_keys, i);
+        e->ioff[i] = total;
+        memcpy(e->ikeys + total, PyBytes_AS_STRING(ik), (size_t)PyBytes_GET_SIZE(ik));
+        total += PyBytes_GET_SIZE(ik);
+    }
+    e->ioff[nidx] = total;
+    e->nidx = nidx;
+    if (index_words_init(e) < 0)
+        goto fail;
+    if (PyTuple_GET_SIZE(t) >= 10) {  /* where each block is: a get's disk read needs no lookup */
+        PyObject *offs = PyTuple_GET_ITEM(t, 8), *sizes = PyTuple_GET_ITEM(t, 9);
+        if (!PyList_CheckExact(offs) || !PyList_CheckExact(sizes)
+            || PyList_GET_SIZE(offs) != nidx || PyList_GET_SIZE(sizes) != nidx) {
+            PyErr_SetString(PyExc_TypeError, "offsets and sizes must be lists, one per block");
+            goto fail;
+        }
+        e->boff = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
+        e->bsize = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
+        if (e->boff == NULL || e->bsize == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < nidx; i++) {
+            e->boff[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offs, i));
+            e->bsize[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(sizes, i));
+            if (PyErr_Occurred())
+                goto fail;
+        }
+    }
+    Py_DECREF(t);
+    return 0;
+fail:
+    Py_DECREF(t);
+    return -1;
+}
+
+/* cp[L] and pre[L] for level L's max keys (count >= 1, in order): the prefix
+ * they all share is the one the first and the last share. */
+static int
+level_keys_init(Probes *self, Py_ssize_t L, PyObject *keys)
+{
+    Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    PyObject *a = PyTuple_GET_ITEM(keys, 0), *b = PyTuple_GET_ITEM(keys, count - 1);
+    Py_ssize_t cp = shared_prefix(PyBytes_AS_STRING(a), PyBytes_GET_SIZE(a),
+                                  PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b));
+    self->cp[L] = cp;
+    self->pre[L] = PyMem_Malloc(sizeof(uint64_t) * (size_t)count);
+    if (self->pre[L] == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < count; j++) {
+        PyObject *mk = PyTuple_GET_ITEM(keys, j);
+        self->pre[L][j] = be_word(PyBytes_AS_STRING(mk) + cp, PyBytes_GET_SIZE(mk) - cp);
+    }
+    return 0;
+}
+
+static void
+Probes_dealloc(Probes *self)
+{
+    if (self->e) {
+        for (Py_ssize_t i = 0; i < self->n; i++)
+            entry_clear(&self->e[i]);
+        PyMem_Free(self->e);
+    }
+    if (self->max_keys) {
+        for (Py_ssize_t i = 0; i < self->nlevels; i++)
+            Py_XDECREF(self->max_keys[i]);
+        PyMem_Free(self->max_keys);
+    }
+    if (self->pre) {
+        for (Py_ssize_t i = 0; i < self->nlevels; i++)
+            PyMem_Free(self->pre[i]);
+        PyMem_Free(self->pre);
+    }
+    PyMem_Free(self->cp);
+    PyMem_Free(self->off);
+    Py_XDECREF(self->fast_hash);
+    Py_XDECREF(self->last_key);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Probes_init(Probes *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *l0_arg, *deeper_arg, *fast_hash;
+    PyObject *threshold_arg = NULL;
+    uint64_t threshold = prefetch_all_bytes;
+    static char *kwlist[] = {"l0", "deeper", "fast_hash", "prefetch_all_bytes", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|$O:Probes", kwlist, &l0_arg, &deeper_arg,
+                                     &fast_hash, &threshold_arg))
+        return -1;
+    if (threshold_arg != NULL) {
+        long long v = PyLong_Check(threshold_arg) ? PyLong_AsLongLong(threshold_arg) : -1;
+        if (v < 0) {
+            if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_ValueError, "prefetch_all_bytes must be an int >= 0");
+            }
+            return -1;
+        }
+        threshold = (uint64_t)v;
+    }
+    if (self->e != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Probes cannot be initialised twice");
+        return -1;
+    }
+    if (!PyCallable_Check(fast_hash)) {
+        PyErr_SetString(PyExc_TypeError, "fast_hash must be callable");
+        return -1;
+    }
+    self->native_hash = PyCFunction_Check(fast_hash)
+                        && PyCFunction_GET_FUNCTION(fast_hash) == (PyCFunction)speedups_xxh3_64;
+    PyObject *l0 = PySequence_Tuple(l0_arg);
+    if (l0 == NULL)
+        return -1;
+    PyObject *deeper = PySequence_Tuple(deeper_arg);
+    if (deeper == NULL) {
+        Py_DECREF(l0);
+        return -1;
+    }
+    Py_ssize_t n0 = PyTuple_GET_SIZE(l0), nlevels = PyTuple_GET_SIZE(deeper);
+    PyObject *levels = PyTuple_New(nlevels); /* per level: tuple of entries */
+    if (levels == NULL)
+        goto fail_early;
+    self->max_keys = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(PyObject *));
+    self->off = PyMem_Calloc(nlevels + 1, sizeof(Py_ssize_t));
+    self->cp = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(Py_ssize_t));
+    self->pre = PyMem_Calloc(nlevels ? nlevels : 1, sizeof(uint64_t *));
+    if (self->max_keys == NULL || self->off == NULL || self->cp == NULL || self->pre == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    self->nlevels = nlevels;
+    Py_ssize_t n = n0;
+    for (Py_ssize_t L = 0; L < nlevels; L++) {
+        PyObject *pair = PySequence_Tuple(PyTuple_GET_ITEM(deeper, L));
+        if (pair == NULL)
+            goto fail;
+        if (PyTuple_GET_SIZE(pair) != 2) {
+            Py_DECREF(pair);
+            PyErr_SetString(PyExc_ValueError, "a level is (max_keys, entries)");
+            goto fail;
+        }
+        PyObject *keys = PySequence_Tuple(PyTuple_GET_ITEM(pair, 0));
+        PyObject *entries = keys ? PySequence_Tuple(PyTuple_GET_ITEM(pair, 1)) : NULL;
+        Py_DECREF(pair);
+        if (entries == NULL) {
+            Py_XDECREF(keys);
+            goto fail;
+        }
+        self->max_keys[L] = keys;
+        PyTuple_SET_ITEM(levels, L, entries);
+        if (PyTuple_GET_SIZE(keys) != PyTuple_GET_SIZE(entries)) {
+            PyErr_SetString(PyExc_ValueError, "one max key per file of a level");
+            goto fail;
+        }
+        Py_ssize_t count = PyTuple_GET_SIZE(keys);
+        for (Py_ssize_t j = 0; j < count; j++) {
+            if (!PyBytes_CheckExact(PyTuple_GET_ITEM(keys, j))) {
+                PyErr_SetString(PyExc_TypeError, "max keys must be bytes");
+                goto fail;
+            }
+            if (j && bytes_cmp(PyTuple_GET_ITEM(keys, j - 1), PyTuple_GET_ITEM(keys, j)) > 0) {
+                PyErr_SetString(PyExc_ValueError, "a level's max keys must be in order");
+                goto fail;
+            }
+        }
+        if (count && level_keys_init(self, L, keys) < 0)
+            goto fail;
+        self->off[L] = n;
+        n += PyTuple_GET_SIZE(entries);
+    }
+    self->off[nlevels] = n;
+    self->e = PyMem_Calloc(n ? n : 1, sizeof(Entry));
+    if (self->e == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    self->n = n;
+    self->n0 = n0;
+    for (Py_ssize_t i = 0; i < n0; i++)
+        if (entry_init(&self->e[i], PyTuple_GET_ITEM(l0, i)) < 0)
+            goto fail;
+    for (Py_ssize_t L = 0; L < nlevels; L++) {
+        PyObject *entries = PyTuple_GET_ITEM(levels, L);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(entries); j++) {
+            Entry *e = &self->e[self->off[L] + j];
+            if (entry_init(e, PyTuple_GET_ITEM(entries, j)) < 0)
+                goto fail;
+            /* level_pick's file holds the key only below its max key: the
+             * range check of a picked file compares the min key alone. */
+            if (bytes_cmp(PyTuple_GET_ITEM(self->max_keys[L], j), e->hi) != 0) {
+                PyErr_SetString(PyExc_ValueError, "a level's max keys must be its files' max keys");
+                goto fail;
+            }
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (self->e[i].kf != NULL)
+            self->has_keyed = 1;
+        if (self->e[i].m)
+            self->filter_bytes += (self->e[i].m + 7) / 8;
+    }
+    self->prefetch_all = self->filter_bytes > threshold;
+    self->fast_hash = Py_NewRef(fast_hash);
+    Py_DECREF(levels);
+    Py_DECREF(l0);
+    Py_DECREF(deeper);
+    return 0;
+fail:
+    Py_XDECREF(levels);
+fail_early:
+    Py_DECREF(l0);
+    Py_DECREF(deeper);
+    return -1;
+}
+
+/* The 64-bit hash of key under fn (the fast hash when fn is NULL), cached. */
+static int
+key_hash(Probes *self, PyObject *key, PyObject *kf, uint64_t *out)
+{
+    if (self->last_key == key) {
+        if (kf == NULL && self->have_fast) {
+            *out = self->last_fast;
+            return 0;
+        }
+        if (kf != NULL && self->have_keyed && self->last_kf == kf) {
+            *out = self->last_keyed;
+            return 0;
+        }
+    }
+    uint64_t h;
+    if (kf == NULL && self->native_hash) {
+        if (xxh3_64_bytes(key, &h) < 0)
+            return -1;
+    } else {
+        PyObject *r = PyObject_CallOneArg(kf ? kf : self->fast_hash, key);
+        if (r == NULL)
+            return -1;
+        /* The fast hash is xxh3_64: always an int in [0, 2**64), whose low
+         * 64 bits are the value (the mask conversion skips CPython's slow
+         * path for multi-digit ints).  A keyed result is checked in full. */
+        h = kf == NULL && PyLong_CheckExact(r) ? PyLong_AsUnsignedLongLongMask(r)
+                                               : PyLong_AsUnsignedLongLong(r);
+        Py_DECREF(r);
+        if (h == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+    }
+    /* The call may have let another thread in: decide about the cache now. */
+    if (self->last_key != key) {
+        Py_INCREF(key);
+        Py_XSETREF(self->last_key, key);
+        self->have_fast = self->have_keyed = 0;
+    }
+    if (kf == NULL) {
+        self->last_fast = h;
+        self->have_fast = 1;
+    } else {
+        self->last_kf = kf;
+        self->last_keyed = h;
+        self->have_keyed = 1;
+    }
+    *out = h;
+    return 0;
+}
+
+/* 1: the file may hold key (or has no filter); 0: certainly not; -1: error.
+ * `picked`: e is the file level_pick chose for key. */
+static inline int
+check(Probes *self, Entry *e, PyObject *key, const int picked)
+{
+    if (!in_range(e, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), picked))
+        return 0;
+    if (!e->m)
+        return 1;
+    uint64_t h;
+    if (key_hash(self, key, e->kf, &h) < 0)
+        return -1;
+    return filter_says_maybe(e, h);
+}
+
+/* The file of level L that may hold key (flat index), or -1: bisect_left on
+ * the level's max keys.  The bisect runs on each max key's 8 bytes after the
+ * prefix they all share (pre[L], one small array, the steps without branches)
+ * rather than on the key objects (a dependent load and a compare per step);
+ * only the max keys whose 8 bytes equal the key's are compared whole. */
+Py_ssize_t
+level_pick(Probes *self, Py_ssize_t L, PyObject *key)
+{
+    Py_ssize_t off = self->off[L], count = self->off[L + 1] - off;
+    if (count == 0)
+        return -1;
+    PyObject *keys = self->max_keys[L];
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), cp = self->cp[L];
+    if (cp) {
+        int c = mem_order(k, klen < cp ? klen : cp, PyBytes_AS_STRING(PyTuple_GET_ITEM(keys, 0)),
+                          cp);
+        if (c)  /* below the prefix every max key starts with, or beyond them all */
+            return c < 0 ? off : -1;
+    }
+    const uint64_t *pre = self->pre[L];
+    uint64_t v = be_word(k + cp, klen - cp);
+    Py_ssize_t lo = lower_bound_u64(pre, count, v);
+    if (lo < count && pre[lo] == v) {
+        Py_ssize_t hi = v == UINT64_MAX ? count : lower_bound_u64(pre, count, v + 1);
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (bytes_cmp(PyTuple_GET_ITEM(keys, mid), key) < 0)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+    }
+    return lo == count ? -1 : off + lo;
+}
+
+/* The first half of probes_gather, for key of fast hash h: the files the key
+ * meets (every level-0 file, each level's pick) and their range checks into
+ * g, starting to load the lines of the first two probes of every filter in
+ * range -- of all k where the filters outgrow the L2 cache (prefetch_all):
+ * a key that passes a filter's first two probes (one in four absent keys, at
+ * fill 0.5) then finds the other k - 2 lines on their way instead of
+ * fetching them after the other files' first two.  Paired with the first
+ * two only, absent gets at 2,000,000 keys took 0.87-0.93x the time
+ * (size-tiered and leveled); loading all k where the filters fit in the L2
+ * cache cost 5-9% at 200,000 (the address arithmetic of lines already near),
+ * hence the threshold.  Nothing is counted yet. */
+void
+gather_start(Probes *self, PyObject *key, uint64_t h, Gather *g)
+{
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), c = 0;
+    g->h = h;
+    for (Py_ssize_t i = 0; i < self->n0; i++)
+        g->files[c++] = i;
+    for (Py_ssize_t L = 0; L < self->nlevels; L++) {
+        Py_ssize_t f = level_pick(self, L, key);
+        if (f >= 0)
+            g->files[c++] = f;
+    }
+    g->c = c;
+    for (Py_ssize_t j = 0; j < c; j++) {
+        const Entry *e = &self->e[g->files[j]];
+        g->holds[j] = (unsigned char)range_holds_as(e, k, klen, j >= self->n0);
+        if (g->holds[j] && e->m) {
+            if (e->part) {
+                prefetch_part_lines(e, h, self->prefetch_all ? e->k : e->k > 1 ? 2 : 1);
+                continue;
+            }
+            const unsigned char *bits = (const unsigned char *)e->bits.buf;
+            uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
+            uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
+            PREFETCH(bits + (pos >> 3));
+            pos += step;
+            if (pos >= e->m)
+                pos -= e->m;
+            PREFETCH(bits + (pos >> 3));
+        }
+    }
+}
+
+/* The second half of probes_gather: g's files in order, counted as
+ * probes_first counts them (only those consulted up to the first "maybe");
+ * the first that may hold the key, or -1. */
+Py_ssize_t
+gather_finish(Probes *self, const Gather *g)
+{
+    for (Py_ssize_t j = 0; j < g->c; j++) {
+        Entry *e = &self->e[g->files[j]];
+        if (!g->holds[j]) {
+            ((uint64_t *)e->counts.buf)[RANGE_SKIPS]++;
+            continue;
+        }
+        if (!e->m || filter_says_maybe(e, g->h))
+            return g->files[j];
+    }
+    return -1;
+}
+
+/* probes_first from the start for a table of the inline fast hash
+ * (can_gather): gather_start, then gather_finish.  The filters' loads
+ * overlap instead of each waiting for the one before: an absent key's
+ * filter steps at 2,000,000 keys (2.4 MB of filters, beyond the L2 cache)
+ * took 12-16% less time, 5-8% at 200,000. */
+static Py_ssize_t
+probes_gather(Probes *self, PyObject *key)
+{
+    uint64_t h;
+    if (key_hash(self, key, NULL, &h) < 0)
+        return -2;
+    Gather g;
+    gather_start(self, key, h, &g);
+    return gather_finish(self, &g);
+}
+
+/* The first file from `start` that may hold key (bytes); -1: none; -2: error set. */
+Py_ssize_t
+probes_first(Probes *self, PyObject *key, Py_ssize_t start)
+{
+    if (start <= 0 && can_gather(self, key))
+        return probes_gather(self, key);
+    if (start < 0)
+        start = 0;
+    for (Py_ssize_t i = start; i < self->n0; i++) {
+        int r = check(self, &self->e[i], key, 0);
+        if (r)
+            return r < 0 ? -2 : i;
+    }
+    for (Py_ssize_t L = 0; L < self->nlevels; L++) {
+        if (start > self->off[L])
+            continue; /* this level was consulted before the resume */
+        Py_ssize_t f = level_pick(self, L, key);
+        if (f < 0)
+            continue;
+        int r = check(self, &self->e[f], key, 1);
+        if (r)
+            return r < 0 ? -2 : f;
+    }
+    return -1;
+}
+
+static PyObject *
+Probes_first(Probes *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first(key, start) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *key = args[0];
+    if (!PyBytes_CheckExact(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    if (start == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t f = probes_first(self, key, start);
+    return f == -2 ? NULL : PyLong_FromSsize_t(f);
+}
+
+/* Make `key` the held key with the hashes of `seed` (from hash_seed). */
+static int
+use_seed(Probes *self, PyObject *key, PyObject *seed)
+{
+    long long fast, keyed;
+    PyObject *kf;
+    if (!PyTuple_CheckExact(seed) || !PyArg_ParseTuple(seed, "LLO", &fast, &keyed, &kf)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "a hash seed is what first_many wrote");
+        return -1;
+    }
+    Py_INCREF(key);
+    Py_XSETREF(self->last_key, key);
+    self->have_fast = fast != -1;
+    self->last_fast = (uint64_t)fast;
+    self->have_keyed = 0;
+    for (Py_ssize_t i = 0; keyed != -1 && i < self->n; i++) {
+        if (self->e[i].kf == kf) {  /* only a function these files hold */
+            self->have_keyed = 1;
+            self->last_keyed = (uint64_t)keyed;
+            self->last_kf = kf;
+            break;
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+Probes_first_many(Probes *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* first_many(keys, starts=None, seeds=None): [first(key, start) ...] in one
+     * call.  seeds, a list as long as keys, carries each key's hashes from
+     * one call to the next: where a key may be in a file, its seed is
+     * written; where a seed is given, the key is not hashed again. */
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "first_many(keys, starts=None, seeds=None)");
+        return NULL;
+    }
+    PyObject *keys = args[0];
+    PyObject *starts = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
+    PyObject *seeds = nargs > 2 && args[2] != Py_None ? args[2] : NULL;
+    if (!PyList_CheckExact(keys) || (starts && !PyList_CheckExact(starts))
+        || (seeds && !PyList_CheckExact(seeds))) {
+        PyErr_SetString(PyExc_TypeError, "keys, starts and seeds must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    if ((starts && PyList_GET_SIZE(starts) != n) || (seeds && PyList_GET_SIZE(seeds) != n)) {
+        PyErr_SetString(PyExc_ValueError, "keys, starts and seeds must be as long");
+        return NULL;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_CheckExact(key)) {
+            PyErr_SetString(PyExc_TypeError, "key must be bytes");
+            goto fail;
+        }
+        Py_ssize_t start = 0;
+        if (starts) {
+            start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, i));
+            if (start == -1 && PyErr_Occurred())
+                goto fail;
+        }
+        if (seeds && PyList_GET_ITEM(seeds, i) != Py_None
+            && use_seed(self, key, PyList_GET_ITEM(seeds, i)) < 0)
+            goto fail;
+        Py_ssize_t f = probes_first(self, key, start);
+        if (f == -2)
+            goto fail;
+        PyObject *r = PyLong_FromSsize_t(f);
+        if (r == NULL)
+            goto fail;
+        PyList_SET_ITEM(out, i, r);
+        if (seeds && f >= 0 && self->last_key == key) {
+            PyObject *seed = hash_seed(self);
+            if (seed == NULL)
+                goto fail;
+            if (PyList_SetItem(seeds, i, seed) < 0)  /* steals seed */
+                goto fail;
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+/* index_block(f, key): the block of file f (flat index) that a get of key
+ * reads, as the getter finds it (tests compare it with bisect_left). */
+static PyObject *
+Probes_index_block(Probes *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "index_block(f: int, key: bytes)");
+        return NULL;
+    }
+    Py_ssize_t f = PyLong_AsSsize_t(args[0]);
+    if (f == -1 && PyErr_Occurred())
+        return NULL;
+    if (f < 0 || f >= self->n) {
+        PyErr_SetString(PyExc_IndexError, "file index out of range");
+        return NULL;
+    }
+    return PyLong_FromSsize_t(bisect_index(&self->e[f], args[1]));
+}
+
+static PyMethodDef Probes_methods[] = {
+    {"first", (PyCFunction)(void (*)(void))Probes_first, METH_FASTCALL,
+     "first($self, key, start, /)\n--\n\n"
+     "The index of the first file from start that may hold key, or -1."},
+    {"first_many", (PyCFunction)(void (*)(void))Probes_first_many, METH_FASTCALL,
+     "first_many($self, keys, starts=None, seeds=None, /)\n--\n\n"
+     "[first(key, start) for each key]; seeds, a list as long as keys, carries each key's "
+     "hashes from one call to the next."},
+    {"index_block", (PyCFunction)(void (*)(void))Probes_index_block, METH_FASTCALL,
+     "index_block($self, f, key, /)\n--\n\n"
+     "bisect_left of key over file f's index keys: the block that can hold it (the index's "
+     "length if none)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Probes_members[] = {
+    {"filter_bytes", T_ULONGLONG, offsetof(Probes, filter_bytes), READONLY,
+     "the bytes of all the files' filters"},
+    {"prefetch_all", T_BOOL, offsetof(Probes, prefetch_all), READONLY,
+     "whether a get starts loading every probe's filter line at once (filter_bytes > "
+     "FILTER_PREFETCH_BYTES) rather than the first two's"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject ProbesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Probes",
+    .tp_basicsize = sizeof(Probes),
+    .tp_dealloc = (destructor)Probes_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Probes(l0, deeper, fast_hash, *, prefetch_all_bytes=FILTER_PREFETCH_BYTES)\n--\n\n"
+              "The files a point read consults: range checks and Bloom filter probes in C.",
+    .tp_methods = Probes_methods,
+    .tp_members = Probes_members,
+    .tp_init = (initproc)Probes_init,
+    .tp_new = PyType_GenericNew,
+};

@@ -1,0 +1,206 @@
+/* memtable.c: MemFilter, a Bloom filter over a memtable's keys for the C
+ * getter (lsmdb/memtable.py's Memtable holds one beside its dict).  It has
+ * no Python twin: without the extension a get asks the dict. */
+
+#include "speedups.h"
+
+/* ------------------------------------------------------------------ MemFilter
+ * A Bloom filter over a memtable's keys, kept in memory only, so that a get
+ * of a key the memtable does not hold skips the dict lookup (a walk into a
+ * dict of tens of thousands of entries, cache misses and all) for a test of
+ * a few bits in one cache line.  The key's hash is xxh3_64, which the get
+ * computes anyway for the files' filters and reuses for them.
+ *
+ * Layout: lines of 512 bits (8 words); a key sets MF_K bits of one line:
+ * line ((h >> 32) * nlines) >> 32, bits (g >> 9i) & 511 for i < MF_K, where
+ * g = h * 0x9E3779B97F4A7C15.  Sized at MF_BITS_PER_KEY bits per key of its
+ * capacity; when a write would take it past its capacity it is rebuilt at
+ * twice the keys from the memtable's dict (amortised: each key is hashed
+ * about twice), the new lines replacing the old ones only when complete.
+ *
+ * Writers add a batch's new keys *before* the batch enters the dict, in one
+ * call that never releases the GIL or runs Python code, so a reader that
+ * finds a key in the dict always finds it in the filter, and a batch still
+ * becomes visible in one dict.update.  Keys longer than XXH3_NATIVE_MAX
+ * bytes are not added: the getter looks them up in the dict without asking
+ * the filter.  A memtable never loses a key (a delete is a tombstone), so the
+ * filter never has to.  MF_K, the struct and the test the getter runs
+ * (mf_line, mf_test) are in speedups.h. */
+#define MF_BITS_PER_KEY 10
+#define MF_MIN_KEYS 1024
+
+static inline void
+mf_set(uint64_t *lines, uint64_t nlines, uint64_t h)
+{
+    uint64_t *line = mf_line(lines, nlines, h);
+    uint64_t g = h * UINT64_C(0x9E3779B97F4A7C15);
+    for (int i = 0; i < MF_K; i++) {
+        unsigned b = (unsigned)(g >> (9 * i)) & 511;
+        line[b >> 6] |= UINT64_C(1) << (b & 63);
+    }
+}
+
+/* Size the filter for `keys` keys and refill it from the dict; the old lines
+ * stay in place until the new ones are complete.  0, or -1 (MemoryError). */
+static int
+mf_resize(MemFilter *mf, Py_ssize_t keys)
+{
+    if (keys < MF_MIN_KEYS)
+        keys = MF_MIN_KEYS;
+    if ((uint64_t)keys > (UINT64_C(1) << 40))
+        keys = (Py_ssize_t)(UINT64_C(1) << 40);
+    uint64_t nlines = ((uint64_t)keys * MF_BITS_PER_KEY + 511) / 512;
+    if (nlines > UINT32_MAX || nlines > (uint64_t)PY_SSIZE_T_MAX / 64 - 1) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    void *raw = PyMem_RawCalloc((size_t)nlines * 64 + 64, 1);
+    if (raw == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t *lines = (uint64_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
+    Py_ssize_t pos = 0, count = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(mf->data, &pos, &key, &value)) {
+        if (PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
+            mf_set(lines, nlines, xxh3_64_of_short(key));
+            count++;
+        }
+    }
+    PyMem_RawFree(mf->raw);
+    mf->raw = raw;
+    mf->lines = lines;
+    mf->nlines = nlines;
+    mf->capacity = keys;
+    mf->count = count;
+    return 0;
+}
+
+static int
+MemFilter_init(MemFilter *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *data;
+    static char *kwlist[] = {"data", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:MemFilter", kwlist, &PyDict_Type, &data))
+        return -1;
+    if (!PyDict_CheckExact(data)) {
+        PyErr_SetString(PyExc_TypeError, "data must be a dict");
+        return -1;
+    }
+    Py_INCREF(data);
+    Py_XSETREF(self->data, data);
+    return mf_resize(self, 2 * PyDict_GET_SIZE(data));
+}
+
+static void
+MemFilter_dealloc(MemFilter *self)
+{
+    Py_XDECREF(self->data);
+    PyMem_RawFree(self->raw);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The n keys of items (bytes, checked first: a bad one adds nothing) are
+ * about to enter the dict.  0, or -1 with an exception set. */
+static int
+mf_add(MemFilter *self, PyObject *const *items, Py_ssize_t n)
+{
+    if (self->lines == NULL) {
+        PyErr_SetString(PyExc_TypeError, "MemFilter is not initialised");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!PyBytes_CheckExact(items[i])) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return -1;
+        }
+    if (self->count + n > self->capacity
+        && mf_resize(self, 2 * (PyDict_GET_SIZE(self->data) + n)) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (PyBytes_GET_SIZE(items[i]) <= XXH3_NATIVE_MAX) {
+            mf_set(self->lines, self->nlines, xxh3_64_of_short(items[i]));
+            self->count++;
+        }
+    return 0;
+}
+
+/* add_many(keys): keys (a list of bytes) are about to enter the dict. */
+static PyObject *
+MemFilter_add_many(MemFilter *self, PyObject *keys)
+{
+    if (!PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list");
+        return NULL;
+    }
+    if (mf_add(self, PySequence_Fast_ITEMS(keys), PyList_GET_SIZE(keys)) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+MemFilter_add(MemFilter *self, PyObject *key)
+{
+    if (mf_add(self, &key, 1) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+MemFilter_may_hold(MemFilter *self, PyObject *key)
+{
+    if (self->lines == NULL) {
+        PyErr_SetString(PyExc_TypeError, "MemFilter is not initialised");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(key)) {
+        PyErr_SetString(PyExc_TypeError, "key must be bytes");
+        return NULL;
+    }
+    if (PyBytes_GET_SIZE(key) > XXH3_NATIVE_MAX)
+        Py_RETURN_TRUE;
+    return PyBool_FromLong(mf_test(self, xxh3_64_of_short(key)));
+}
+
+static PyObject *
+MemFilter_get_capacity(MemFilter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->capacity);
+}
+
+static PyObject *
+MemFilter_get_nbytes(MemFilter *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromUnsignedLongLong(self->nlines * 64);
+}
+
+static PyMethodDef MemFilter_methods[] = {
+    {"add_many", (PyCFunction)MemFilter_add_many, METH_O,
+     "add_many($self, keys, /)\n--\n\n"
+     "Keys (a list of bytes) that are about to enter the memtable's dict."},
+    {"add", (PyCFunction)MemFilter_add, METH_O, "add($self, key, /)\n--\n\nadd_many([key])."},
+    {"may_hold", (PyCFunction)MemFilter_may_hold, METH_O,
+     "may_hold($self, key, /)\n--\n\nFalse when the memtable cannot hold key, else True."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef MemFilter_getset[] = {
+    {"capacity", (getter)MemFilter_get_capacity, NULL, "keys the filter is sized for", NULL},
+    {"nbytes", (getter)MemFilter_get_nbytes, NULL, "bytes of filter lines", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject MemFilterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.MemFilter",
+    .tp_basicsize = sizeof(MemFilter),
+    .tp_dealloc = (destructor)MemFilter_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "MemFilter(data)\n--\n\n"
+              "A Bloom filter over the keys of a memtable's dict, for gets.",
+    .tp_methods = MemFilter_methods,
+    .tp_getset = MemFilter_getset,
+    .tp_init = (initproc)MemFilter_init,
+    .tp_new = PyType_GenericNew,
+};

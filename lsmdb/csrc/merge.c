@@ -1,0 +1,283 @@
+/* merge.c: Merge, the k-way merge of scans and compactions.  Python twin:
+ * lsmdb/merge.py's merge_newest (heapq.merge over tagged entries). */
+
+#include "speedups.h"
+
+/* ---- Merge: k-way merge of sorted sources -------------------------------- */
+
+/* Merge(sources, reverse=False, keep_tombstones=False): iterate (key, value)
+ * pairs in key order (descending when reverse) from sources given newest
+ * first.  Each source yields chunks (keys, values): two lists of the same
+ * length, keys bytes, in the scan's order.  For equal keys the newest
+ * source wins, older versions are skipped, and tombstones (value None) are
+ * hidden unless keep_tombstones.  The entries are walked in place (no
+ * per-entry tuple besides the pair returned).  A source is advanced only at
+ * the next call after its entry went out, as a generator would; after an
+ * error the iteration is over. */
+
+typedef struct {
+    PyObject *chunk;   /* the source's current (keys, values), owned */
+    PyObject *keys;    /* borrowed from chunk */
+    PyObject *values;  /* borrowed from chunk */
+    PyObject *key;     /* keys[pos], borrowed */
+    Py_ssize_t pos;
+    Py_ssize_t len;
+    Py_ssize_t src;    /* age: 0 = newest */
+} Head;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *sources;  /* tuple of the sources as given, until started */
+    PyObject **iters;
+    Py_ssize_t nsrc;
+    Head *heap;
+    Py_ssize_t nheap;
+    Head pending;       /* the head whose entry went out last (pending.chunk != NULL) */
+    int reverse;
+    int keep_tombstones;
+    int started;
+    int failed;
+    PyObject *last_key;
+} Merge;
+
+static inline int
+head_less(const Merge *self, const Head *a, const Head *b)
+{
+    int c = bytes_cmp(a->key, b->key);
+    if (c)
+        return self->reverse ? c > 0 : c < 0;
+    return a->src < b->src;
+}
+
+static void
+sift_down(Merge *self, Py_ssize_t i)
+{
+    Py_ssize_t n = self->nheap;
+    Head h = self->heap[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n)
+            break;
+        if (c + 1 < n && head_less(self, &self->heap[c + 1], &self->heap[c]))
+            c++;
+        if (!head_less(self, &self->heap[c], &h))
+            break;
+        self->heap[i] = self->heap[c];
+        i = c;
+    }
+    self->heap[i] = h;
+}
+
+static void
+sift_up(Merge *self, Py_ssize_t i)
+{
+    Head h = self->heap[i];
+    while (i > 0) {
+        Py_ssize_t p = (i - 1) / 2;
+        if (!head_less(self, &h, &self->heap[p]))
+            break;
+        self->heap[i] = self->heap[p];
+        i = p;
+    }
+    self->heap[i] = h;
+}
+
+/* Point h at entry h->pos of its chunk; -1 (TypeError) when the key is not bytes. */
+static inline int
+head_load(Head *h)
+{
+    h->key = PyList_GET_ITEM(h->keys, h->pos);
+    if (!PyBytes_CheckExact(h->key)) {
+        PyErr_SetString(PyExc_TypeError, "merge keys must be bytes");
+        return -1;
+    }
+    return 0;
+}
+
+/* Move h to its source's next non-empty chunk: 1 done, 0 exhausted, -1 error. */
+static int
+next_chunk(Merge *self, Head *h)
+{
+    Py_CLEAR(h->chunk);
+    for (;;) {
+        PyObject *chunk = PyIter_Next(self->iters[h->src]);
+        if (chunk == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        if (!PyTuple_CheckExact(chunk) || PyTuple_GET_SIZE(chunk) != 2
+            || !PyList_CheckExact(PyTuple_GET_ITEM(chunk, 0))
+            || !PyList_CheckExact(PyTuple_GET_ITEM(chunk, 1))
+            || PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 0))
+                   != PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 1))) {
+            Py_DECREF(chunk);
+            PyErr_SetString(PyExc_TypeError,
+                            "a merge source must yield (keys, values) lists of one length");
+            return -1;
+        }
+        if (PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 0)) == 0) {
+            Py_DECREF(chunk);
+            continue;
+        }
+        h->chunk = chunk;
+        h->keys = PyTuple_GET_ITEM(chunk, 0);
+        h->values = PyTuple_GET_ITEM(chunk, 1);
+        h->pos = 0;
+        h->len = PyList_GET_SIZE(h->keys);
+        return head_load(h) < 0 ? -1 : 1;
+    }
+}
+
+/* The next entry of h's source: 1 done, 0 exhausted, -1 error. */
+static int
+head_advance(Merge *self, Head *h)
+{
+    /* The lists may have been changed by someone holding them: re-check. */
+    if (++h->pos < h->len && h->pos < PyList_GET_SIZE(h->keys)
+        && h->pos < PyList_GET_SIZE(h->values))
+        return head_load(h) < 0 ? -1 : 1;
+    return next_chunk(self, h);
+}
+
+static void
+merge_fail(Merge *self)
+{
+    for (Py_ssize_t i = 0; i < self->nheap; i++)
+        Py_CLEAR(self->heap[i].chunk);
+    self->nheap = 0;
+    Py_CLEAR(self->pending.chunk);
+    self->failed = 1;
+}
+
+static int
+merge_start(Merge *self)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(self->sources);
+    self->iters = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    self->heap = PyMem_Calloc(n ? n : 1, sizeof(Head));
+    if (self->iters == NULL || self->heap == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->nsrc = n;
+    self->started = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        self->iters[i] = PyObject_GetIter(PyTuple_GET_ITEM(self->sources, i));
+        if (self->iters[i] == NULL)
+            return -1;
+    }
+    Py_CLEAR(self->sources);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Head h = {0};
+        h.src = i;
+        int r = next_chunk(self, &h);
+        if (r < 0) {
+            Py_XDECREF(h.chunk);
+            return -1;
+        }
+        if (r) {
+            self->heap[self->nheap++] = h;
+            sift_up(self, self->nheap - 1);
+        }
+    }
+    return 0;
+}
+
+static PyObject *
+Merge_next(Merge *self)
+{
+    if (self->failed)
+        return NULL;
+    if (!self->started) {
+        if (self->sources == NULL) {
+            PyErr_SetString(PyExc_TypeError, "Merge is not initialised");
+            return NULL;
+        }
+        if (merge_start(self) < 0) {
+            merge_fail(self);
+            return NULL;
+        }
+    }
+    for (;;) {
+        if (self->pending.chunk != NULL) {
+            Head h = self->pending;
+            self->pending.chunk = NULL;
+            int r = head_advance(self, &h);
+            if (r < 0) {
+                Py_XDECREF(h.chunk);
+                merge_fail(self);
+                return NULL;
+            }
+            if (r) {
+                self->heap[self->nheap++] = h;
+                sift_up(self, self->nheap - 1);
+            }
+        }
+        if (self->nheap == 0)
+            return NULL;
+        Head top = self->heap[0];
+        self->heap[0] = self->heap[--self->nheap];
+        if (self->nheap)
+            sift_down(self, 0);
+        self->pending = top;  /* advanced at the next call */
+        PyObject *key = top.key;
+        if (self->last_key != NULL && bytes_cmp(key, self->last_key) == 0)
+            continue;  /* an older version of a key already decided */
+        Py_INCREF(key);
+        Py_XSETREF(self->last_key, key);
+        PyObject *value = PyList_GET_ITEM(top.values, top.pos);
+        if (value == Py_None && !self->keep_tombstones)
+            continue;
+        return PyTuple_Pack(2, key, value);
+    }
+}
+
+static void
+Merge_dealloc(Merge *self)
+{
+    Py_XDECREF(self->sources);
+    for (Py_ssize_t i = 0; i < self->nheap; i++)
+        Py_XDECREF(self->heap[i].chunk);
+    Py_XDECREF(self->pending.chunk);
+    if (self->iters) {
+        for (Py_ssize_t i = 0; i < self->nsrc; i++)
+            Py_XDECREF(self->iters[i]);
+        PyMem_Free(self->iters);
+    }
+    PyMem_Free(self->heap);
+    Py_XDECREF(self->last_key);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Merge_init(Merge *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *sources;
+    int reverse = 0, keep = 0;
+    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pp:Merge", kwlist, &sources, &reverse, &keep))
+        return -1;
+    if (self->sources != NULL || self->started) {
+        PyErr_SetString(PyExc_TypeError, "Merge cannot be initialised twice");
+        return -1;
+    }
+    self->sources = PySequence_Tuple(sources);
+    if (self->sources == NULL)
+        return -1;
+    self->reverse = reverse;
+    self->keep_tombstones = keep;
+    return 0;
+}
+
+PyTypeObject MergeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Merge",
+    .tp_basicsize = sizeof(Merge),
+    .tp_dealloc = (destructor)Merge_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False)\n--\n\n"
+              "The newest version of each key from sorted sources of (keys, values) chunks,\n"
+              "newest source first, tombstones hidden (see lsmdb.merge).",
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Merge_next,
+    .tp_init = (initproc)Merge_init,
+    .tp_new = PyType_GenericNew,
+};

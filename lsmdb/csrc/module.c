@@ -1,0 +1,134 @@
+/* module.c: lsmdb._speedups itself -- its functions' table, its types and
+ * constants, set up at import -- and _cmp, the tests' handle on the key
+ * order every file compares with (mem_order, speedups.h).
+ *
+ * The hot per-key and per-file steps of lsmdb, in C.  Optional: lsmdb works
+ * without them (the same logic runs in Python, and the tests run both and
+ * compare answers and counters).  Each file is named after the Python
+ * module whose step it does:
+ *
+ *   bloom.c           xxh3_64 (the filters' key hash, for keys up to 240
+ *                     bytes), a key's probes in a filter, bloom_add
+ *   bloom_probes.c    Probes: a get's range checks and filter probes, file
+ *                     by file
+ *   readpath.c        Getter: the whole db.get (block-cache hits, a block
+ *                     read from disk and its key walk) and get_many's steps
+ *   readpath_many.c   get_many's pass over the files a file at a time
+ *   memtable.c        MemFilter: a Bloom filter of a memtable's keys, so that
+ *                     a get skips the memtable's dict for keys it does not hold
+ *   cache.c           Admission (which blocks read from disk a full block
+ *                     cache takes in) and Cache (the block cache's books)
+ *   sstable_reader.c  map_file, Mapping and a data block read for the getter
+ *   block.c           block_may_hold, block_find, block_entry, entry_find,
+ *                     entry_lists: a data block's keys walked in place, the
+ *                     block cache's form of a block and a lookup in it
+ *   merge.c           Merge: the k-way merge of scans and compactions
+ *   logset.c          encode_ops: a one-table WAL record
+ *   coding.c          crc32: zlib's CRC-32, folded with PCLMULQDQ where the
+ *                     CPU has it
+ *
+ * speedups.h holds what they share. */
+
+#include "speedups.h"
+
+static PyObject *
+speedups_cmp(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* _cmp(a, b) -> -1, 0 or 1: the key order the C code uses (for the tests). */
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_cmp(a: bytes, b: bytes)");
+        return NULL;
+    }
+    return PyLong_FromLong(bytes_cmp(args[0], args[1]));
+}
+
+static PyMethodDef speedups_functions[] = {
+    {"_cmp", (PyCFunction)(void (*)(void))speedups_cmp, METH_FASTCALL,
+     "_cmp($module, a, b, /)\n--\n\n"
+     "-1, 0 or 1: bytes order, computed the way the C code computes it."},
+    {"_fastmod", (PyCFunction)(void (*)(void))speedups_fastmod, METH_FASTCALL,
+     "_fastmod($module, a, d, /)\n--\n\na % d, computed the way the filter probes compute it."},
+    {"crc32", (PyCFunction)(void (*)(void))speedups_crc32, METH_FASTCALL,
+     "crc32($module, data, value=0, /)\n--\n\n"
+     "zlib.crc32(data, value), folded with PCLMULQDQ where present."},
+    {"set_crc32_wide", (PyCFunction)speedups_set_crc32_wide, METH_O,
+     "set_crc32_wide($module, wide, /)\n--\n\n"
+     "Whether crc32 now folds 256-bit lanes (VPCLMULQDQ): with True where the CPU has them, "
+     "as at import; False keeps the 128-bit fold."},
+    {"xxh3_64", (PyCFunction)speedups_xxh3_64, METH_O,
+     "xxh3_64($module, data, /)\n--\n\n"
+     "xxhash.xxh3_64_intdigest(data), computed here up to 240 bytes."},
+    {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
+     "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
+     "msgpack [seq, [[table_id, key, value], ...]]."},
+    {"block_find", (PyCFunction)(void (*)(void))speedups_block_find, METH_FASTCALL,
+     "block_find($module, payload, key, missing, /)\n--\n\n"
+     "Key's value in a data block payload, None for a tombstone, or missing."},
+    {"block_entry", (PyCFunction)speedups_block_entry, METH_O,
+     "block_entry($module, payload, /)\n--\n\n"
+     "The block cache's form of a data block: the payload, then its entries' offsets."},
+    {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
+     "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
+    {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
+     "entry_find($module, entry, key, missing, /)\n--\n\n"
+     "Key's value in a cached block (block_entry), None for a tombstone, or missing."},
+    {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
+     "block_may_hold($module, raw, key, /)\n--\n\n"
+     "False when the data block certainly does not hold key."},
+    {"map_file", (PyCFunction)(void (*)(void))speedups_map_file, METH_FASTCALL,
+     "map_file($module, fd, size, /)\n--\n\n"
+     "Mapping: the file mapped read-only for the C getter's block reads."},
+    {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
+     "bloom_add($module, bits, m, k, hashes, part=0, /)\n--\n\n"
+     "Set the filter bits of every 64-bit hash (part 0: format 1)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT, "lsmdb._speedups",
+    "Optional C speedups for lsmdb's read path, merges and filter building "
+    "(see lsmdb/csrc/).", -1, speedups_functions,
+};
+
+static int
+add_type(PyObject *mod, const char *name, PyTypeObject *type)
+{
+    Py_INCREF(type);
+    if (PyModule_AddObject(mod, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (PyType_Ready(&ProbesType) < 0 || PyType_Ready(&GetterType) < 0
+        || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0
+        || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0
+        || PyType_Ready(&CacheType) < 0)
+        return NULL;
+    if (sstable_reader_init() < 0)
+        return NULL;
+    coding_init();
+    if (bloom_init() < 0)
+        return NULL;
+    bloom_probes_init();
+    PyObject *mod = PyModule_Create(&speedups_module);
+    if (mod == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(mod, "FILTER_PREFETCH_BYTES", (long)prefetch_all_bytes) < 0
+        || add_type(mod, "Probes", &ProbesType) < 0 || add_type(mod, "Getter", &GetterType) < 0
+        || add_type(mod, "Merge", &MergeType) < 0
+        || add_type(mod, "MemFilter", &MemFilterType) < 0
+        || add_type(mod, "Mapping", &MappingType) < 0
+        || add_type(mod, "Admission", &AdmissionType) < 0
+        || add_type(mod, "Cache", &CacheType) < 0
+        || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
+        || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

@@ -1,0 +1,560 @@
+/* readpath.c: Getter, a table's whole point read in C -- the memtables and
+ * their filters, the files' probes (bloom_probes.c), the block that can hold
+ * the key found in the index, then answered from the block cache or read from
+ * disk (sstable_reader.c) and walked (block.c).  Anything unusual goes to the
+ * Python getter.  Getter.many, get_many's part, is readpath_many.c.  Python
+ * twin: lsmdb/readpath.py's make_getter (its get). */
+
+#include "speedups.h"
+
+/* Index words per group in bisect_index's two steps: 32 words, four cache
+ * lines. */
+#define INDEX_GROUP 32
+
+/* A Getter and its DB refer to each other (db.get is the Getter): the
+ * cycle collector must see the references, or neither is ever freed. */
+static int
+Getter_traverse(Getter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->db);
+    Py_VISIT(self->cell);
+    Py_VISIT(self->missing);
+    Py_VISIT(self->lookup_block);
+    Py_VISIT(self->slow_get);
+    Py_VISIT(self->decode_read);
+    Py_VISIT(self->cache);
+    if (self->have_counts)
+        Py_VISIT(self->counts.obj);
+    return 0;
+}
+
+static int
+Getter_clear(Getter *self)
+{
+    if (self->have_counts) {
+        self->have_counts = 0;
+        PyBuffer_Release(&self->counts);
+    }
+    Py_CLEAR(self->db);  /* a cleared Getter refuses calls: db is NULL */
+    Py_CLEAR(self->cell);
+    Py_CLEAR(self->missing);
+    Py_CLEAR(self->lookup_block);
+    Py_CLEAR(self->slow_get);
+    Py_CLEAR(self->decode_read);
+    Py_CLEAR(self->cache);
+    return 0;
+}
+
+static void
+Getter_dealloc(Getter *self)
+{
+    PyObject_GC_UnTrack(self);
+    Getter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames);
+
+static int
+Getter_init(Getter *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache, *decode_read;
+    Py_ssize_t max_key;
+    static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
+                             "cache", "decode_read", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOO:Getter", kwlist, &db, &state,
+                                     &missing, &lookup_block, &slow_get, &max_key, &cache,
+                                     &decode_read))
+        return -1;
+    if (cache != Py_None && (!PyObject_TypeCheck(cache, &CacheType)
+                             || ((Cache *)cache)->slots == NULL)) {
+        PyErr_SetString(PyExc_TypeError, "cache must be an initialised Cache or None");
+        return -1;
+    }
+    if (self->db != NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
+        return -1;
+    }
+    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)
+        || !PyCallable_Check(decode_read)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "lookup_block, slow_get and decode_read must be callable");
+        return -1;
+    }
+    PyObject *counts = PyObject_GetAttrString(state, "counts");
+    if (counts == NULL)
+        return -1;
+    int r = PyObject_GetBuffer(counts, &self->counts, PyBUF_WRITABLE | PyBUF_FORMAT);
+    Py_DECREF(counts);
+    if (r < 0)
+        return -1;
+    self->have_counts = 1;
+    if (self->counts.itemsize != 8 || self->counts.format == NULL
+        || strcmp(self->counts.format, "Q") != 0 || self->counts.len < 16) {
+        PyErr_SetString(PyExc_TypeError, "state.counts must be an array('Q') of 2 counters");
+        return -1;
+    }
+    PyObject *cell = PyObject_GetAttrString(state, "fast_cell");
+    if (cell == NULL)
+        return -1;
+    if (!PyList_CheckExact(cell) || PyList_GET_SIZE(cell) != 1) {
+        Py_DECREF(cell);
+        PyErr_SetString(PyExc_TypeError, "state.fast_cell must be a list of one item");
+        return -1;
+    }
+    self->cell = cell;
+    self->db = Py_NewRef(db);
+    self->missing = Py_NewRef(missing);
+    self->lookup_block = Py_NewRef(lookup_block);
+    self->slow_get = Py_NewRef(slow_get);
+    self->decode_read = Py_NewRef(decode_read);
+    if (cache != Py_None)
+        self->cache = (Cache *)Py_NewRef(cache);
+    self->max_key = max_key;
+    self->vectorcall = Getter_vectorcall;
+    return 0;
+}
+
+/* ---- the block of a file that can hold a key ---------------------------- */
+
+/* The first i in e's index words (e->ipre[0:nidx]) with ipre[i] >= v, or
+ * nidx: first the group, on itop (one word per INDEX_GROUP, a small array
+ * whose lines every lookup shares), then within it, its lines all loaded at
+ * once.  A plain bisect over a large file's index waits on a cache miss at
+ * each of its last steps. */
+static inline Py_ssize_t
+index_lower_bound(const Entry *e, uint64_t v)
+{
+    Py_ssize_t ngroups = (e->nidx + INDEX_GROUP - 1) / INDEX_GROUP;
+    Py_ssize_t g = lower_bound_u64(e->itop, ngroups, v);
+    if (g == ngroups)
+        return e->nidx;
+    const uint64_t *grp = e->ipre + g * INDEX_GROUP;
+    Py_ssize_t len = e->nidx - g * INDEX_GROUP;
+    if (len > INDEX_GROUP)
+        len = INDEX_GROUP;
+    for (Py_ssize_t j = 0; j < len; j += 8)
+        PREFETCH(grp + j);
+    return g * INDEX_GROUP + lower_bound_u64(grp, len, v);
+}
+
+/* bisect_left of key over e's index keys: on their words (index_lower_bound),
+ * the keys themselves compared only where a word equals the key's, as
+ * level_pick does for a level's max keys. */
+Py_ssize_t
+bisect_index(const Entry *e, PyObject *key)
+{
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t klen = PyBytes_GET_SIZE(key), cp = e->icp;
+    if (e->nidx == 0)
+        return 0;
+    if (cp && e->ipre != NULL) {
+        int c = mem_order(k, klen < cp ? klen : cp, e->ikeys, cp);
+        if (c)  /* below the prefix every index key starts with, or beyond them all */
+            return c < 0 ? 0 : e->nidx;
+    }
+    Py_ssize_t lo = 0, hi = e->nidx;
+    if (e->ipre != NULL) {
+        uint64_t v = be_word(k + cp, klen - cp);
+        lo = index_lower_bound(e, v);
+        hi = lo < e->nidx && e->ipre[lo] == v
+             ? (v == UINT64_MAX ? e->nidx : index_lower_bound(e, v + 1)) : lo;
+    }
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (mem_order(e->ikeys + e->ioff[mid], e->ioff[mid + 1] - e->ioff[mid], k, klen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+/* icp, ipre and itop of e from its index keys (ikeys, ioff, nidx), when the
+ * keys are in order (ties allowed): then every key starts with the prefix
+ * the first and the last share.  Keys out of order (the reader refuses such
+ * an index) leave ipre NULL: their words would not bisect like the keys, so
+ * bisect_index bisects the keys. */
+int
+index_words_init(Entry *e)
+{
+    Py_ssize_t n = e->nidx;
+    const char *ik = e->ikeys;
+    const Py_ssize_t *off = e->ioff;
+    e->icp = 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (mem_order(ik + off[i - 1], off[i] - off[i - 1], ik + off[i], off[i + 1] - off[i]) > 0)
+            return 0;
+    if (n == 0)
+        return 0;
+    Py_ssize_t cp = shared_prefix(ik, off[1] - off[0], ik + off[n - 1], off[n] - off[n - 1]);
+    Py_ssize_t ngroups = (n + INDEX_GROUP - 1) / INDEX_GROUP;
+    e->ipre = PyMem_Malloc(sizeof(uint64_t) * (size_t)n);
+    e->itop = PyMem_Malloc(sizeof(uint64_t) * (size_t)ngroups);
+    if (e->ipre == NULL || e->itop == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    e->icp = cp;
+    for (Py_ssize_t i = 0; i < n; i++)
+        e->ipre[i] = be_word(ik + off[i] + cp, off[i + 1] - off[i] - cp);
+    for (Py_ssize_t g = 0; g < ngroups; g++) {
+        Py_ssize_t last = (g + 1) * INDEX_GROUP - 1;
+        e->itop[g] = e->ipre[last < n ? last : n - 1];
+    }
+    return 0;
+}
+
+/* ---- that block, from the cache or read from disk ----------------------- */
+
+/* The block cache's key of block i of a file whose key base is base (an
+ * int, the first of the range Cache.reserve gave the file's reader, one
+ * key per block, so that base + i stays in it for 0 <= i < its blocks):
+ * base + i in *key; 0, or -1 with an exception set. */
+static int
+block_cache_key(PyObject *base, Py_ssize_t i, uint64_t *key)
+{
+    unsigned long long b = PyLong_AsUnsignedLongLong(base);
+    if (b == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *key = (uint64_t)b + (uint64_t)i;
+    return 0;
+}
+
+/* The cached block of file entry `item` (reader, index_keys, base, counts)
+ * that can hold key: 1 and *block (a new reference to its cached bytes, as
+ * block_entry made them; marked as used); 0 when the cache cannot answer (odd
+ * types, key past the last block, no cache, or the block is not cached: for
+ * the last two *block_index is that block, else -1); -1: error. */
+int
+cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
+                 Py_ssize_t *block_index)
+{
+    *block_index = -1;
+    PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
+    if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
+        return 0;
+    if (e->nidx != PyList_GET_SIZE(index_keys))
+        return 0;
+    Py_ssize_t i = bisect_index(e, key);
+    if (i == e->nidx)
+        return 0; /* past the last block: let the Python side count it */
+    if (self->cache == NULL) {  /* no cache: the caller reads block i */
+        *block_index = i;
+        return 0;
+    }
+    uint64_t ck;
+    if (block_cache_key(base, i, &ck) < 0)
+        return -1;
+    Py_ssize_t s = cache_find(self->cache, ck);
+    if (s < 0) {
+        *block_index = i;
+        return 0;
+    }
+    PyObject *bl = self->cache->slots[s].block;
+    if (!PyBytes_CheckExact(bl))
+        return 0;
+    self->cache->slots[s].marked = 1;
+    PREFETCH(PyBytes_AS_STRING(bl));
+    *block = Py_NewRef(bl);
+    return 1;
+}
+
+/* The answer for key from a cached block (entry_find), counted: 1, found
+ * (*value: a new reference, None for a tombstone); 0, a false positive; 2,
+ * an entry that does not hold together (not counted: the Python lookup
+ * decodes its payload, and refuses it); -1, error. */
+int
+cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
+{
+    const unsigned char *vp = NULL;
+    size_t vlen = 0;
+    int f = entry_find((const unsigned char *)PyBytes_AS_STRING(entry),
+                       (size_t)PyBytes_GET_SIZE(entry),
+                       (const unsigned char *)PyBytes_AS_STRING(key),
+                       (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    if (f < 0)
+        return 2;
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_CACHE_HITS]++;
+    if (f == 0) {
+        counts[FALSE_POSITIVES]++;
+        return 0;
+    }
+    *value = found_value(f, vp, vlen);
+    if (*value == NULL)
+        return -1;
+    counts[TRUE_POSITIVES]++;
+    return 1;
+}
+
+/* Offer block i of file entry item (reader, index_keys, base, counts),
+ * whose checksum-verified payload is p[0:size], to the cache: if its
+ * admission takes base + i (admission_admit for a block that held the key
+ * looked up; admission_admit_reread for a false positive's), cache its
+ * block_entry there, counting that entry's size.  0, or -1 on error. */
+int
+offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size,
+            int false_positive)
+{
+    PyObject *base = PyTuple_GET_ITEM(item, 2);
+    if (!PyLong_CheckExact(base))
+        return 0;
+    uint64_t key;
+    if (block_cache_key(base, i, &key) < 0)
+        return -1;
+    Admission *a = self->cache->admission;
+    if (!(false_positive ? admission_admit_reread(a, key) : admission_admit(a, key)))
+        return 0;
+    PyObject *entry = block_entry(p, size);
+    if (entry == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_ValueError))
+            return -1;
+        PyErr_Clear();  /* a block over 1 GiB, or one block_find cannot read: not cached */
+        return 0;
+    }
+    int r = cache_put(self->cache, key, entry, PyBytes_GET_SIZE(entry));
+    Py_DECREF(entry);
+    return r;
+}
+
+/* After a "maybe" for key in data block i of file entry item (reader,
+ * index_keys, base, counts), a block the cache does not hold: read it with
+ * one copy out of the reader's mapping, or where it has none one pread (the
+ * GIL released either way, as os.pread does), verify its checksum and
+ * walk its keys (block_may_hold).  0: a false positive, counted (one block
+ * read, one false positive), its block cached if the cache admits it on its
+ * second read (admission_admit_reread); 1: found, *value the value
+ * block_find took from the bytes read (a new reference; None for a
+ * tombstone), one true positive counted, and the payload cached if the
+ * cache admits it -- or, for a block block_find refuses, what the Python
+ * decode_read made of the bytes read (it raises CorruptionError for a
+ * malformed block); 2: let the Python lookup_block serve (the reader is
+ * closed or in memory, odd types, a short read or a checksum mismatch: it
+ * reads again and raises what it should); -1: error. */
+int
+disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
+           PyObject **value)
+{
+#ifdef _WIN32
+    (void)self; (void)e; (void)item; (void)key; (void)i; (void)value;
+    return 2;
+#else
+    PyObject *reader = PyTuple_GET_ITEM(item, 0);
+    unsigned char *buf;
+    size_t size;
+    int r = read_block_buf(e, reader, i, &buf, &size);
+    if (r != 0)
+        return r;
+    size_t total = size + 4;
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_READS]++;
+    const unsigned char *vp = NULL;
+    size_t vlen = 0;
+    int f = disk_block_find(buf, size, key, &vp, &vlen);
+    if (f == 0) {
+        /* a false positive: its block is cached only on its second read
+         * within the admission's window (BlockCache.admit_reread) */
+        r = self->cache != NULL ? offer_block(self, item, i, buf, (size_t)size, 1) : 0;
+        PyMem_RawFree(buf);
+        if (r < 0)
+            return -1;
+        counts[FALSE_POSITIVES]++;
+        return 0;
+    }
+    if (f > 0) {
+        /* a full cache takes a block a get read only if it was read not long
+         * ago (BlockCache.admit) */
+        if (self->cache != NULL && offer_block(self, item, i, buf, (size_t)size, 0) < 0) {
+            PyMem_RawFree(buf);
+            return -1;
+        }
+        *value = found_value(f, vp, vlen);
+        PyMem_RawFree(buf);
+        if (*value == NULL)
+            return -1;
+        counts[TRUE_POSITIVES]++;
+        return 1;
+    }
+    /* a block block_find refuses: the Python decode_read decodes the bytes
+     * read, and raises CorruptionError for a malformed block */
+    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);
+    PyMem_RawFree(buf);
+    if (raw == NULL)
+        return -1;
+    PyObject *index = PyLong_FromSsize_t(i);
+    if (index == NULL) {
+        Py_DECREF(raw);
+        return -1;
+    }
+    PyObject *args[5] = {reader, index, raw, PyTuple_GET_ITEM(item, 3), key};
+    *value = PyObject_Vectorcall(self->decode_read, args, 5, NULL);
+    Py_DECREF(index);
+    Py_DECREF(raw);
+    return *value == NULL ? -1 : 1;
+#endif
+}
+
+/* ---- get ------------------------------------------------------------------ */
+
+/* key in the memtable or the frozen ones (newest first): 1 and *value
+ * (borrowed; None for a tombstone), 0 when none has it, -1 on error.  With
+ * have_h, h is the key's xxh3_64, and a memtable whose filter (fast[6]) says
+ * "no" is passed without a dict lookup. */
+int
+mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value)
+{
+    PyObject *imms = PyTuple_GET_ITEM(fast, 1), *filters = PyTuple_GET_ITEM(fast, 6);
+    for (Py_ssize_t j = -1; j < PyTuple_GET_SIZE(imms); j++) {
+        PyObject *d = j < 0 ? PyTuple_GET_ITEM(fast, 0) : PyTuple_GET_ITEM(imms, j);
+        if (!PyDict_CheckExact(d)) {
+            PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
+            return -1;
+        }
+        PyObject *mf = PyTuple_GET_ITEM(filters, j + 1);
+        if (have_h && Py_IS_TYPE(mf, &MemFilterType) && ((MemFilter *)mf)->data == d
+            && ((MemFilter *)mf)->lines != NULL && !mf_test((MemFilter *)mf, h))
+            continue;
+        PyObject *v = PyDict_GetItemWithError(d, key);
+        if (v != NULL) {
+            *value = v;
+            return 1;
+        }
+        if (PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Getter *self = (Getter *)callable;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->db == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
+        return NULL;
+    }
+    if (kwnames != NULL || nargs < 1 || nargs > 2)
+        return PyObject_Vectorcall(self->slow_get, args, nargsf, kwnames);
+    PyObject *key = args[0];
+    PyObject *dflt = nargs > 1 ? args[1] : Py_None;
+    if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
+        return PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
+    PyObject *fast = NULL, *result = NULL, *value = NULL;
+    int ok = getter_fast(self, &fast);
+    if (ok <= 0)  /* 0: the Python getter serves (and raises DatabaseClosedError) */
+        return ok < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
+    uint64_t *counts = (uint64_t *)self->counts.buf;
+    counts[GETS]++;
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
+    uint64_t h = 0;
+    int have_h = getter_hash(probes, key, &h);
+    /* The files' filter lines start loading before the memtables are asked:
+     * the loads overlap that work. */
+    Gather g;
+    int gathered = have_h && can_gather(probes, key);
+    if (gathered)
+        gather_start(probes, key, h, &g);
+    int m = mem_lookup(fast, key, h, have_h, &value);
+    if (m < 0)
+        goto done;
+    if (value != NULL) {
+        if (value == Py_None)
+            goto absent;
+        result = Py_NewRef(value);
+        goto done;
+    }
+    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
+    Py_ssize_t f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
+    while (f >= 0) {
+        if (f >= PyTuple_GET_SIZE(flat)) {
+            PyErr_SetString(PyExc_IndexError, "file index beyond the table's files");
+            goto done;
+        }
+        PyObject *item = PyTuple_GET_ITEM(flat, f);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
+            PyErr_SetString(PyExc_TypeError, "bad file entry");
+            goto done;
+        }
+        if (f >= probes->n) {
+            PyErr_SetString(PyExc_IndexError, "file index beyond the probes");
+            goto done;
+        }
+        Py_ssize_t block;
+        int c = cached_lookup(self, &probes->e[f], item, key, &value, &block);
+        if (c < 0)
+            goto done;
+        if (c == 0) {  /* a false positive, answered from the cache */
+            f = probes_first(probes, key, f + 1);
+            continue;
+        }
+        if (c == 2 && block >= 0) {  /* not in the cache (or no cache): read it here */
+            c = disk_probe(self, &probes->e[f], item, key, block, &value);
+            if (c < 0)
+                goto done;
+            if (c == 0) {  /* a false positive, read and walked */
+                f = probes_first(probes, key, f + 1);
+                continue;
+            }
+        }
+        if (c == 2) {  /* the Python side reads the block */
+            PyObject *i = block >= 0 ? PyLong_FromSsize_t(block) : NULL;
+            if (block >= 0 && i == NULL)
+                goto done;
+            PyObject *callargs[6] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
+                                     PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key,
+                                     i};
+            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 6 : 5, NULL);
+            Py_XDECREF(i);
+            if (value == NULL)
+                goto done;
+        }
+        if (value == Py_None) {  /* a tombstone: newest version says deleted */
+            Py_DECREF(value);
+            goto absent;
+        }
+        if (value != self->missing) {
+            result = value;
+            goto done;
+        }
+        Py_DECREF(value);
+        f = probes_first(probes, key, f + 1);
+    }
+    if (f == -2)  /* error in a probe */
+        goto done;
+absent:
+    counts[GETS_ABSENT]++;
+    result = Py_NewRef(dflt);
+done:
+    Py_DECREF(fast);
+    return result;
+}
+
+static PyMethodDef Getter_methods[] = {
+    {"many", (PyCFunction)Getter_many, METH_O,
+     "many($self, keys, /)\n--\n\n"
+     "None or (out, maybes, fast, ks): the memtable and filter steps of get_many."},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject GetterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Getter",
+    .tp_basicsize = sizeof(Getter),
+    .tp_dealloc = (destructor)Getter_dealloc,
+    .tp_vectorcall_offset = offsetof(Getter, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Getter_traverse,
+    .tp_clear = (inquiry)Getter_clear,
+    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache, decode_read)\n"
+              "--\n\n"
+              "get(key, default=None): a table's point read with the per-file steps in C;\n"
+              "anything but a plain bytes key on an open database with C probes goes to\n"
+              "the Python getter (slow_get).",
+    .tp_init = (initproc)Getter_init,
+    .tp_methods = Getter_methods,
+    .tp_new = PyType_GenericNew,
+};

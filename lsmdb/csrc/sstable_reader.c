@@ -1,0 +1,294 @@
+/* sstable_reader.c: an SSTable's data blocks read for the C getter -- the
+ * file mapped read-only (map_file, Mapping) with its SIGBUS guard, and a
+ * block copied out of the mapping or read with one pread, its checksum
+ * verified (read_block_buf).  Python twin: lsmdb/sstable_reader.py's
+ * SSTableReader (map_file, _read_raw, _check_raw). */
+
+#include "speedups.h"
+
+static PyObject *str_fd, *str_mapped;
+
+/* The names reader_fd and mapped_read look up, interned (at import): 0, or
+ * -1 with an exception set. */
+int
+sstable_reader_init(void)
+{
+    str_fd = PyUnicode_InternFromString("_fd");
+    str_mapped = PyUnicode_InternFromString("mapped");
+    return str_fd == NULL || str_mapped == NULL ? -1 : 0;
+}
+
+/* ---- a file mapped for block reads ------------------------------------- */
+
+/* A whole SSTable mapped read-only (map_file): the C getter copies a block
+ * out of it instead of a pread, a memory copy instead of a system call.
+ * Unmapped when freed; a read copying out of it holds a reference. */
+typedef struct {
+    PyObject_HEAD
+    unsigned char *addr;
+    size_t len;
+} Mapping;
+
+static void
+Mapping_dealloc(Mapping *self)
+{
+#ifndef _WIN32
+    if (self->addr != NULL)
+        munmap(self->addr, self->len);
+#endif
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Mapping_getbuffer(Mapping *self, Py_buffer *view, int flags)
+{
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->addr, (Py_ssize_t)self->len, 1, flags);
+}
+
+static PyObject *
+Mapping_size(Mapping *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSize_t(self->len);
+}
+
+static PyBufferProcs Mapping_as_buffer = {(getbufferproc)Mapping_getbuffer, NULL};
+
+static PyGetSetDef Mapping_getset[] = {
+    {"size", (getter)Mapping_size, NULL, "bytes mapped", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Mapping",
+    .tp_basicsize = sizeof(Mapping),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A file mapped read-only by map_file (read-only buffer).",
+    .tp_dealloc = (destructor)Mapping_dealloc,
+    .tp_as_buffer = &Mapping_as_buffer,
+    .tp_getset = Mapping_getset,
+};
+
+#ifndef _WIN32
+/* A page of a mapping that cannot be read (the file cut short under it, a
+ * device error) raises SIGBUS at the access.  guarded_copy points bus_env
+ * at its jump buffer for the length of its copy; the handler jumps back
+ * there, and the copy reports failure instead of the process ending.  A
+ * SIGBUS anywhere else, or one sent (kill) rather than raised by a fault,
+ * goes to the handler there was before (or ends the process, as it would
+ * have).  The handler runs with SA_NODEFER, so jumping
+ * out of it leaves SIGBUS unblocked, and sigsetjmp need not save the signal
+ * mask (which would be a system call per copy).  bus_env is initial-exec
+ * TLS: read in a signal handler, it must not need an allocation. */
+static __thread sigjmp_buf *volatile bus_env __attribute__((tls_model("initial-exec")));
+static struct sigaction prev_bus;
+static int bus_handler_installed;
+
+static void
+on_sigbus(int sig, siginfo_t *info, void *uctx)
+{
+    sigjmp_buf *env = bus_env;
+    if (env != NULL && (info == NULL || info->si_code > 0)) {  /* a fault, not a signal sent */
+        bus_env = NULL;
+        siglongjmp(*env, 1);
+    }
+    if (prev_bus.sa_flags & SA_SIGINFO) {
+        if (prev_bus.sa_sigaction != NULL) {
+            prev_bus.sa_sigaction(sig, info, uctx);
+            return;
+        }
+    }
+    else if (prev_bus.sa_handler != SIG_DFL && prev_bus.sa_handler != SIG_IGN) {
+        prev_bus.sa_handler(sig);
+        return;
+    }
+    /* no handler before ours: the default action.  A fault runs again on
+     * return and ends the process; a signal sent is sent again. */
+    sigaction(SIGBUS, &prev_bus, NULL);
+    if (info == NULL || info->si_code <= 0)
+        raise(sig);
+}
+
+static int
+install_bus_handler(void)
+{
+    if (bus_handler_installed)
+        return 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
+    if (sigaction(SIGBUS, &sa, &prev_bus) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    bus_handler_installed = 1;
+    return 0;
+}
+
+/* memcpy(dst, src, n) from a mapping: 0, or -1 when a page of it raised
+ * SIGBUS (dst then holds part of the bytes).  Needs no GIL. */
+static int
+guarded_copy(unsigned char *dst, const unsigned char *src, size_t n)
+{
+    sigjmp_buf env;
+    if (sigsetjmp(env, 0))
+        return -1;
+    bus_env = &env;
+    __asm__ __volatile__("" ::: "memory");  /* the copy stays between the two stores */
+    memcpy(dst, src, n);
+    __asm__ __volatile__("" ::: "memory");
+    bus_env = NULL;
+    return 0;
+}
+#endif
+
+PyObject *
+speedups_map_file(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* map_file(fd, size) -> Mapping: the first size bytes of the open file fd,
+     * mapped read-only and shared, advised for random reads. */
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "map_file(fd, size)");
+        return NULL;
+    }
+    long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX || size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "map_file needs an open descriptor and a size > 0");
+        return NULL;
+    }
+#ifdef _WIN32
+    PyErr_SetString(PyExc_OSError, "map_file: not on Windows");
+    return NULL;
+#else
+    if (install_bus_handler() < 0)
+        return NULL;
+    void *addr;
+    Py_BEGIN_ALLOW_THREADS
+    addr = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, (int)fd, 0);
+    Py_END_ALLOW_THREADS
+    if (addr == MAP_FAILED)
+        return PyErr_SetFromErrno(PyExc_OSError);
+#ifdef MADV_RANDOM
+    (void)madvise(addr, (size_t)size, MADV_RANDOM);  /* a get reads one block: no read-around */
+#endif
+    Mapping *m = PyObject_New(Mapping, &MappingType);
+    if (m == NULL) {
+        munmap(addr, (size_t)size);
+        return NULL;
+    }
+    m->addr = addr;
+    m->len = (size_t)size;
+    return (PyObject *)m;
+#endif
+}
+
+/* Copy total bytes at offset out of reader's mapping (reader.mapped) into
+ * buf, the GIL released: 0; 1 when the reader has no mapping (the caller
+ * reads with pread); 2 when the mapping ends before those bytes or a page of
+ * it could not be read (the caller lets Python read them again, and raise);
+ * -1 on error. */
+static int
+mapped_read(PyObject *reader, unsigned char *buf, uint64_t offset, size_t total)
+{
+#ifdef _WIN32
+    (void)reader; (void)buf; (void)offset; (void)total;
+    return 1;
+#else
+    PyObject *mp = PyObject_GetAttr(reader, str_mapped);
+    if (mp == NULL)
+        return -1;
+    if (!Py_IS_TYPE(mp, &MappingType)) {
+        Py_DECREF(mp);
+        return 1;
+    }
+    Mapping *m = (Mapping *)mp;
+    if (offset > m->len || total > m->len - offset) {
+        Py_DECREF(mp);
+        return 2;
+    }
+    int bad;
+    Py_BEGIN_ALLOW_THREADS  /* a page not in the page cache waits for the device */
+    bad = guarded_copy(buf, m->addr + offset, total);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(mp);  /* the reader may have dropped it meanwhile: unmapped here then */
+    return bad ? 2 : 0;
+#endif
+}
+
+/* The reader's file descriptor: 0 and *fd; 1 when it has none (closed, or
+ * in memory: the caller lets Python serve); -1 on error. */
+static int
+reader_fd(PyObject *reader, int *fd)
+{
+    PyObject *a = PyObject_GetAttr(reader, str_fd);
+    if (a == NULL)
+        return -1;
+    long v = PyLong_CheckExact(a) ? PyLong_AsLong(a) : -1;
+    Py_DECREF(a);
+    if (v == -1 && PyErr_Occurred())
+        PyErr_Clear();
+    if (v < 0 || v > INT_MAX)
+        return 1;
+    *fd = (int)v;
+    return 0;
+}
+
+#define CRC32_RESIDUE 0x2144DF1Cu  /* crc32(payload + its crc32, little-endian) */
+
+/* Data block i of file entry e (of reader) read with one copy out of the
+ * reader's mapping, or where it has none one pread (the GIL released either
+ * way, as os.pread does), its checksum verified: 0 and *buf (payload and
+ * trailer, PyMem_RawMalloc'd: the caller frees it) and *size (the payload's
+ * bytes); 2 when Python must read it (an entry without block offsets, the
+ * reader closed or in memory, a mapping that ends short or faulted, a short
+ * read or a checksum mismatch: it reads again and raises what it should);
+ * -1 on error.  Nothing is counted. */
+int
+read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, size_t *sizep)
+{
+#ifdef _WIN32
+    (void)e; (void)reader; (void)i; (void)bufp; (void)sizep;
+    return 2;
+#else
+    if (e->boff == NULL || i >= e->nidx)  /* an entry without block offsets */
+        return 2;
+    int fd;
+    int r = reader_fd(reader, &fd);  /* now: the reader may have been closed */
+    if (r != 0)
+        return r < 0 ? -1 : 2;
+    uint64_t offset = e->boff[i], size = e->bsize[i];
+    if (size > (uint64_t)PY_SSIZE_T_MAX - 4 || offset > (uint64_t)INT64_MAX)
+        return 2;
+    size_t total = (size_t)size + 4;
+    unsigned char *buf = PyMem_RawMalloc(total);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    ssize_t got = (ssize_t)total;
+    r = mapped_read(reader, buf, offset, total);
+    if (r < 0 || r == 2) {  /* 2: the mapping ends short or faulted: Python reads again */
+        PyMem_RawFree(buf);
+        return r;
+    }
+    if (r == 1) {  /* no mapping */
+        Py_BEGIN_ALLOW_THREADS
+        got = pread(fd, buf, total, (off_t)offset);
+        Py_END_ALLOW_THREADS
+    }
+    if (got < 0 || (size_t)got != total || crc32_update(0, buf, total) != CRC32_RESIDUE) {
+        PyMem_RawFree(buf);
+        return 2;
+    }
+    *bufp = buf;
+    *sizep = (size_t)size;
+    return 0;
+#endif
+}

@@ -1,0 +1,82 @@
+"""The k-way merge of scans and compactions, in C and in Python, against a model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import lsmdb
+import lsmdb.merge as merge_mod
+from lsmdb.merge import merge_newest
+
+source = st.dictionaries(st.binary(max_size=4), st.one_of(st.none(), st.binary(max_size=4)),
+                         max_size=30)
+
+
+@pytest.fixture(params=["python", "c"])
+def use_c(request, monkeypatch):
+    if request.param == "c" and merge_mod._CMerge is None:
+        pytest.skip("built without the C speedups")
+    monkeypatch.setattr(merge_mod, "USE_SPEEDUPS", request.param == "c")
+    return request.param
+
+
+def chunked(pairs: list[tuple[bytes, bytes | None]], cuts: list[int]) -> list:
+    """``pairs`` as (keys, values) chunks cut at ``cuts`` (empty chunks included)."""
+    out, start = [], 0
+    for cut in sorted(c % (len(pairs) + 1) for c in cuts) + [len(pairs)]:
+        part = pairs[start:cut]
+        out.append(([k for k, _ in part], [v for _, v in part]))
+        start = max(start, cut)
+    return out
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # it picks a path
+@given(sources=st.lists(source, max_size=6), cuts=st.lists(st.integers(0, 40), max_size=4),
+       reverse=st.booleans(), keep=st.booleans())
+def test_the_newest_version_of_each_key_wins(use_c, sources, cuts, reverse, keep):
+    model: dict[bytes, bytes | None] = {}
+    for src in reversed(sources):           # oldest first: newer ones overwrite
+        model.update(src)
+    want = [(k, model[k]) for k in sorted(model, reverse=reverse)
+            if keep or model[k] is not None]
+    chunks = [chunked(sorted(src.items(), reverse=reverse), cuts) for src in sources]
+    assert list(merge_newest(chunks, reverse=reverse, keep_tombstones=keep)) == want
+
+
+def test_a_source_is_read_lazily_one_chunk_at_a_time(use_c):
+    taken = []
+
+    def source(tag: bytes):
+        for i in range(1000):
+            taken.append((tag, i))
+            yield [tag + b"%04d" % i], [b"v"]
+
+    merged = merge_newest([source(b"a"), source(b"b")])
+    first = [next(merged) for _ in range(3)]
+    assert [k for k, _ in first] == [b"a0000", b"a0001", b"a0002"]
+    assert len(taken) < 10
+
+
+def test_chunks_of_unequal_length_are_refused(use_c):
+    with pytest.raises((ValueError, TypeError)):
+        list(merge_newest([[([b"a", b"b"], [b"1"])], [([b"c"], [b"2"])]]))
+
+
+def test_c_and_python_agree_on_a_database_scan(tmp_path, monkeypatch, small):
+    if merge_mod._CMerge is None:
+        pytest.skip("built without the C speedups")
+    with lsmdb.open(str(tmp_path / "db"), auto_compaction=False) as db:
+        db.alter_table("default", **small)
+        for i in range(2000):
+            db.put(b"k%05d" % (i * 7919 % 2000), b"v%d" % i)
+            if i % 3 == 0:
+                db.delete(b"k%05d" % (i * 31 % 2000))
+        scans = {}
+        for c in (True, False):
+            monkeypatch.setattr(merge_mod, "USE_SPEEDUPS", c)
+            scans[c] = (list(db.scan()), list(db.scan(reverse=True)),
+                        list(db.scan(b"k00500", b"k01500")))
+        assert scans[True] == scans[False] and len(scans[True][0]) > 100

@@ -75,14 +75,20 @@ def test_the_stub_is_true_to_the_module():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+#: PYTHONPATH entry whose sitecustomize blocks lsmdb._speedups in every process.
+NO_SPEEDUPS_PATH = os.path.join(REPO, "tests", "no_speedups")
+
+
+def without_speedups() -> dict[str, str]:
+    """The environment of a child process (and its children) without the C extension."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [NO_SPEEDUPS_PATH,
+                                                      env.get("PYTHONPATH")]))
+    return env
+
+
 NO_SPEEDUPS_CHILD = r'''
-import importlib.abc, os, sys
-class Block(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "lsmdb._speedups":
-            raise ImportError("no C extension in this test")
-        return None
-sys.meta_path.insert(0, Block())
+import sys
 import lsmdb, lsmdb.cache, lsmdb.table
 assert not lsmdb.SPEEDUPS and not lsmdb.table.USE_SPEEDUPS
 assert lsmdb.cache.BlockCache is lsmdb.cache.PyBlockCache
@@ -113,6 +119,34 @@ def test_lsmdb_works_without_its_c_extension(tmp_path):
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-c", NO_SPEEDUPS_CHILD, str(tmp_path / "db")],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+                         cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=without_speedups())
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+#: The suites that also run on the Python path alone: the database, its model,
+#: the formats, corruption, crashes and power losses.
+CORE_SUITES = ["test_db.py", "test_db_model.py", "test_golden.py", "test_corruption.py",
+               "test_crash.py", "test_powerloss.py"]
+
+
+def test_the_core_suites_pass_without_the_c_extension(tmp_path):
+    """The Python path is the reference: the core suites pass on it alone, in a
+    pytest whose every process has the C extension blocked (where it is built;
+    without it the suites ran so already)."""
+    import re
+    import subprocess
+    import sys
+    if not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups: the whole suite ran on the Python path")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rfE",
+                          "--tb=short", "--basetemp", str(tmp_path / "t"),
+                          *(os.path.join("tests", name) for name in CORE_SUITES)],
+                         cwd=REPO, capture_output=True, text=True, timeout=1800,
+                         env=without_speedups())
+    tail = out.stdout[-4000:] + out.stderr[-2000:]
+    assert "lsmdb C speedups: off" in out.stdout, tail
+    assert out.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", out.stdout)
+    assert passed is not None and int(passed.group(1)) >= 150, tail

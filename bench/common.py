@@ -377,7 +377,8 @@ def _cpu_model() -> str | None:
 
 
 def machine_info() -> dict[str, Any]:
-    """Date, cores, CPU, Python and the lsmdb commit the numbers belong to."""
+    """Date, cores, CPU, Python, the lsmdb commit the numbers belong to and whether
+    its C speedups ran."""
     import lsmdb
 
     status = _git("status", "--porcelain", "--", "lsmdb")
@@ -390,6 +391,7 @@ def machine_info() -> dict[str, Any]:
         "lsmdb_version": getattr(lsmdb, "__version__", None),
         "lsmdb_commit": _git("rev-parse", "--short", "HEAD"),
         "lsmdb_uncommitted_changes": None if status is None else bool(status),
+        "lsmdb_speedups": bool(getattr(lsmdb, "SPEEDUPS", False)),
         "load_average_at_start": load_average(),
     }
 
@@ -408,9 +410,10 @@ def describe_machine(info: dict[str, Any]) -> str:
         commit += " + uncommitted changes in lsmdb/"
     load = info.get("load_average_at_start")
     load_text = f"; load average {load[0]:.2f} at start" if load else ""
+    speedups = "on" if info.get("lsmdb_speedups") else "off"
     return (f"{info['date']}; {info['cores']} cores ({info['cpu'] or 'unknown CPU'}); "
-            f"{info['python']}; {info['platform']}; lsmdb {info['lsmdb_version']} ({commit})"
-            f"{load_text}")
+            f"{info['python']}; {info['platform']}; lsmdb {info['lsmdb_version']} ({commit}; "
+            f"C speedups {speedups}){load_text}")
 
 
 # ----------------------------------------------------------------------- JSON

@@ -1,4 +1,4 @@
-"""``db.get_many`` against a loop of ``db.get`` on the same keys (issue #7's 2× goal).
+"""``db.get_many`` against a loop of ``db.get`` on the same keys.
 
 Used by :mod:`bench.peers` on its lsmdb store after the timed gets: the same
 keys answered both ways, slices interleaved (loop, many, many, loop, ...) so

@@ -1,4 +1,4 @@
-"""Gets at two sizes, timed side by side: absent keys (issue #7's scale goal), then present ones.
+"""Gets at two sizes, timed side by side: absent keys, then present ones.
 
     python -m bench.scale [--small N] [--large N] [--queries Q] [--compaction NAME ...]
                           [--peers NAME ...]

@@ -49,10 +49,10 @@ Admission.  A full cache takes a block read from disk only if the same block
 was read and turned away not long before (``Admission``): a table larger
 than the cache read at random would otherwise have each block it reads put
 in and another evicted, for a hit rate that no choice of blocks raises above
-the cache's share of the table.  In Python those puts and evictions cost
-more than the hits brought (issue #7: at 2,000,000 keys, 232 MB of blocks
-against the default 32 MiB, present gets took 1.6 times as long with the
-cache as without one).  The turned-away blocks are remembered in a bitmap
+the cache's share of the table.  Without it, those puts and evictions can
+cost more than the hits bring: on a table of 232 MB of blocks against the
+default 32 MiB, present gets read at random would take longer with the cache
+than without one.  The turned-away blocks are remembered in a bitmap
 of 64 bits per block remembered, cleared after a window of turned-away reads
 of a quarter as many blocks as the cache holds (``WINDOW_DIVISOR``; at least
 ``MIN_GHOSTS``, at most one per ``BYTES_PER_REMEMBERED`` bytes of the

@@ -73,6 +73,10 @@ def test_absent_keys_report_shape(absent_keys: tuple[dict[str, Any], str]) -> No
     assert report["config"] == {**report["config"], "keys": KEYS, "sstables": SSTABLES,
                                 "queries": QUERIES}
     assert report["machine"]["cores"] >= 1
+    import lsmdb
+    assert report["machine"]["lsmdb_speedups"] is lsmdb.SPEEDUPS
+    machine_line = next(line for line in stdout.splitlines() if line.startswith("machine:"))
+    assert f"C speedups {'on' if lsmdb.SPEEDUPS else 'off'}" in machine_line
 
 
 def test_guarantee_no_false_negatives(absent_keys: tuple[dict[str, Any], str]) -> None:

@@ -1,4 +1,4 @@
-"""The ``lsmdb`` command line (issue #4): inspect, sstable, trace, verify, advise, --help.
+"""The ``lsmdb`` command line: inspect, sstable, trace, verify, advise, --help.
 
 The CLI runs as a separate process (``python -m lsmdb ...``) on a database
 built here, whose files, key ranges and filters are known; filter answers are

@@ -1,4 +1,4 @@
-"""Compaction (issue #3): size-tiered and leveled strategies, fresh filters, rebuild_filters,
+"""Compaction: size-tiered and leveled strategies, fresh filters, rebuild_filters,
 tombstone dropping, the background thread, crash safety and leftover files.
 
 Every test compares the database with a dict model; the structural checks

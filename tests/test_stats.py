@@ -1,4 +1,4 @@
-"""Per-SSTable filter counters and per-table read counters (issue #4).
+"""Per-SSTable filter counters and per-table read counters.
 
 Every expectation here is exact on a constructed database: one table, no
 background compaction, one SSTable whose key range, filter and contents are

@@ -1,4 +1,4 @@
-"""Where the extra time of an absent get goes at the larger size (issue #7's scale goal).
+"""Where the extra time of an absent get goes at the larger size.
 
     python tools/profile_scale.py [--small N] [--large N] [--queries Q] [--rounds R]
                                   [--compaction NAME] [--paths SMALL LARGE]
@@ -29,11 +29,10 @@ have been (the report says how many times over them each went).  And each timing
 size, then the other, before the next timing, so that every timing follows the same work on the
 other database (whose gets push the smaller table's filters out of the L2 cache: a slice of
 40,000 keys, as ``bench.scale``'s, pays that about as often as its gets do).  Timed on the same
-keys one after the other, all of one database's timings in a row, as this tool did until
-2026-12-01, a timing found the larger table's filter lines and false-positive blocks in the CPU
-caches where the one before it had left them, and the parts of a get measured smaller than the
-get (at 2,000,000 keys, 232 ns a get against 165 rebuilt from its two outcomes; now 220-232
-against 214-218), and a false positive seemed to cost no more at the larger size.
+keys one after the other, all of one database's timings in a row, a timing would find the larger
+table's filter lines and false-positive blocks in the CPU caches where the one before it had left
+them: the parts of a get would measure smaller than the get, and a false positive would seem to
+cost no more at the larger size.
 
 ``--paths SMALL LARGE`` profiles two databases already loaded (by ``bench.scale``'s loader,
 with ``--small`` and ``--large`` keys; opened read-only, so another copy can be timed against

@@ -43,7 +43,7 @@ from typing import Any, Union
 from .db import DB
 from .db import open as _open_db
 from .errors import DatabaseLockedError, LsmdbError
-from .files import OWN_NAME_RE
+from .files import LOCK_NAME, MANIFEST_NAME, OWN_NAME_RE
 from .lockfile import DatabaseLock
 
 __all__ = ["Database", "error", "open", "open_shelf"]
@@ -531,8 +531,8 @@ def _empty_database_dir(path: str) -> None:
     try:
         # MANIFEST first: an interrupted run leaves no half database behind,
         # only lsmdb files that a later "n" deletes.
-        for name in sorted(names, key=lambda n: (not n.startswith("MANIFEST"), n)):
-            if name != "LOCK":
+        for name in sorted(names, key=lambda n: (not n.startswith(MANIFEST_NAME), n)):
+            if name != LOCK_NAME:
                 try:
                     os.unlink(os.path.join(path, name))
                 except FileNotFoundError:

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import table
-from .bloom import MASK32
 from .bloom import key_hash as _key_hash
+from .bloom import may_contain, split_hash
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
 from .sstable import MISSING, SSTableReader
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from .versions import Versions
 
 log = logging.getLogger("lsmdb")
-_MASK32 = MASK32
 
 
 def state_getter(db: Versions, state: TableState) -> Any:
@@ -67,7 +66,6 @@ def make_getter(db: Versions, state: TableState) -> Any:
     cache = db.block_cache
     lookup: Any = cache.lookup if cache is not None else None
     touch: Any = cache.touch if cache is not None else None
-    mask = _MASK32
     max_key = MAX_KEY_SIZE_BYTES
     _bisect = bisect_left
 
@@ -156,51 +154,20 @@ def make_getter(db: Versions, state: TableState) -> Any:
             files = l0
         h1 = k1 = -1
         h2 = k2 = 0
-        for reader, lo, hi, bits, m, ks, kf, index_keys, base, counts, part in files:
+        for reader, lo, hi, bits, m, k, kf, index_keys, base, counts, part in files:
             if key < lo or key > hi:
                 counts[RANGE_SKIPS] += 1
                 continue
             if m:
                 if kf is None:
                     if h1 < 0:
-                        h = key_hash(key)
-                        h1 = h & mask
-                        h2 = h >> 32
-                    g = h1
-                    step = h2
+                        h1, h2 = split_hash(key_hash(key))
+                    maybe = may_contain(bits, m, k, part, h1, h2)
                 else:
                     if k1 < 0:  # one keyed hash per get, reused for every keyed filter
-                        h = kf(key)
-                        k1 = h & mask
-                        k2 = h >> 32
-                    g = k1
-                    step = k2
-                if part:  # format 2: probe i in partition i (see bloom.py)
-                    pos = g * part >> 32
-                    negative = not bits[pos >> 3] & (1 << (pos & 7))
-                    if not negative:
-                        start = 0
-                        for _ in ks:
-                            g = (g + step) & mask
-                            start += part
-                            pos = start + (g * part >> 32)
-                            if not bits[pos >> 3] & (1 << (pos & 7)):
-                                negative = True
-                                break
-                else:  # format 1: (g + i*step) mod m
-                    pos = g % m
-                    step %= m
-                    # Probe 0 unrolled: most absent keys stop here.
-                    negative = not bits[pos >> 3] & (1 << (pos & 7))
-                    if not negative:
-                        for _ in ks:
-                            pos += step
-                            if pos >= m:
-                                pos -= m
-                            if not bits[pos >> 3] & (1 << (pos & 7)):
-                                negative = True
-                                break
-                if negative:
+                        k1, k2 = split_hash(kf(key))
+                    maybe = may_contain(bits, m, k, part, k1, k2)
+                if not maybe:
                     if state.shadow:
                         value = _shadow_check(reader, key)
                         if value is not missing:
@@ -281,67 +248,38 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
             if out[i] is MISSING:
                 out[i] = imm.get(ks[i], MISSING)
     pending = [i for i in range(n) if out[i] is MISSING]
-    hashes: dict[Any, tuple[list[int], list[int]]] = {}
+    hashes: dict[Any, list[tuple[int, int]]] = {}
 
-    def halves(kf: Any) -> tuple[list[int], list[int]]:
+    def halves(kf: Any) -> list[tuple[int, int]]:
         """(h1, h2) of every key under one hash function, computed once per call."""
         hv = hashes.get(kf)
         if hv is None:
             fn = _key_hash if kf is None else kf
-            full = [fn(key) for key in ks]
-            hv = hashes[kf] = ([h & _MASK32 for h in full], [h >> 32 for h in full])
+            hv = hashes[kf] = [split_hash(fn(key)) for key in ks]
         return hv
 
     def visit(probe: tuple[Any, ...], idx: list[int]) -> list[int]:
         """Answer what ``probe``'s file can; returns the indexes still open."""
-        reader, lo, hi, bits, m, krange, kf = probe[:7]
+        reader, lo, hi, bits, m, k, kf = probe[:7]
         part = probe[10]
         maybe: list[int] = []
         still: list[int] = []
         skipped = 0
         negatives: list[int] = []
         if m:
-            h1s, h2s = halves(kf)
+            hv = halves(kf)
         for i in idx:
             key = ks[i]
             if key < lo or key > hi:
                 skipped += 1
                 still.append(i)
                 continue
-            if m and part:  # format 2: probe i in partition i (see bloom.py)
-                g = h1s[i]
-                step = h2s[i]
-                pos = g * part >> 32
-                if not bits[pos >> 3] & (1 << (pos & 7)):
+            if m:
+                h1, h2 = hv[i]
+                if not may_contain(bits, m, k, part, h1, h2):
                     negatives.append(i)
                     continue
-                start = 0
-                for _ in krange:  # the probes after the first
-                    g = (g + step) & _MASK32
-                    start += part
-                    pos = start + (g * part >> 32)
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        negatives.append(i)
-                        break
-                else:
-                    maybe.append(i)
-            elif m:
-                pos = h1s[i] % m
-                step = h2s[i] % m
-                if not bits[pos >> 3] & (1 << (pos & 7)):
-                    negatives.append(i)
-                    continue
-                for _ in krange:  # the probes after the first
-                    pos += step
-                    if pos >= m:
-                        pos -= m
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        negatives.append(i)
-                        break
-                else:
-                    maybe.append(i)
-            else:
-                maybe.append(i)
+            maybe.append(i)
         reader.range_skips += skipped
         if negatives:
             if state.shadow:

@@ -139,19 +139,19 @@ class TableState:
 
 def _probe(r: SSTableReader) -> tuple[Any, ...]:
     """What the read path needs of one file, flattened: (reader, min_key, max_key,
-    filter bits, m, range(k - 1) -- the probes after the first --, keyed hash fn,
-    index keys, the file's block-cache key base, its counters array, the
-    filter's partition size s: 0 for a format-1 filter)."""
+    filter bits, m, k, keyed hash fn, index keys, the file's block-cache key
+    base, its counters array, the filter's partition size s: 0 for a format-1
+    filter)."""
     bloom = r.bloom
     m = bloom.m
-    return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(max(0, bloom.k - 1)),
+    return (r, r.min_key, r.max_key, bloom.bits if m else None, m, bloom.k,
             r.keyed_fn, r.index_keys, r.cache_base, r.counts, bloom.part)
 
 
 def _c_entry(r: SSTableReader) -> tuple[Any, ...]:
     bloom = r.bloom
     m = bloom.m
-    return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn,
+    return (r.counts, r.min_key, r.max_key, bloom.bits if m else None, m, bloom.k, r.keyed_fn,
             r.index_keys, r.index_offsets, r.index_sizes, bloom.part)
 
 

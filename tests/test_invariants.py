@@ -98,7 +98,7 @@ def test_a_filter_of_the_wrong_size_is_caught():
     f._check()
     f.add(b"x")
     f._check()
-    f._bits.append(0)
+    f.bits.append(0)
     with pytest.raises(AssertionError, match="holds"):
         f._check()
     g = BloomFilter(1000, 0.01)

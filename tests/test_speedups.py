@@ -53,7 +53,7 @@ def entry(keys: list[bytes], fp: float, kf=None, c=None, version: int = 2):
     c = counts() if c is None else c
     lo, hi = min(keys), max(keys)
     index = sorted(keys)
-    e = (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf, index)
+    e = (c, lo, hi, bloom.bits if bloom.m else None, bloom.m, bloom.k, kf, index)
     if bloom.part:
         e += ([0] * len(index), [0] * len(index), bloom.part)
     return e, bloom
@@ -142,7 +142,7 @@ def test_filters_beyond_the_l2_cache_load_every_probe_line_first():
         bloom = BloomFilter(capacity, 0.01, 2)
         for key in keys:
             bloom.add_hash(key_hash(key))
-        e = (counts(), keys[0], keys[-1], bloom._bits, bloom.m, bloom.k, None, keys,
+        e = (counts(), keys[0], keys[-1], bloom.bits, bloom.m, bloom.k, None, keys,
              [0] * len(keys), [0] * len(keys), bloom.part)
         files.append((e, bloom))
     big = Probes([f[0] for f in files], [], key_hash)
@@ -925,7 +925,7 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
         assert four == c_bits
     for h in hashes:
         ref.add_hash(h)
-    assert c_bits == ref._bits
+    assert c_bits == ref.bits
     py = BloomFilter.with_size(m, k, version)
     monkey = bloom_mod._bloom_add
     try:  # the pure-Python add_hashes sets the same bits
@@ -933,7 +933,7 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
         py.add_hashes(hashes)
     finally:
         bloom_mod._bloom_add = monkey
-    assert py._bits == ref._bits
+    assert py.bits == ref.bits
 
 
 def test_bloom_add_refuses_bad_input():

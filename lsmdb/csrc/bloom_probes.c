@@ -526,6 +526,7 @@ gather_start(Probes *self, PyObject *key, uint64_t h, Gather *g)
                 prefetch_part_lines(e, h, self->prefetch_all ? e->k : e->k > 1 ? 2 : 1);
                 continue;
             }
+            /* format 1: probes 0 and 1 of bloom.py's probe_bit */
             const unsigned char *bits = (const unsigned char *)e->bits.buf;
             uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
             uint64_t step = fastmod(h >> 32, e->m, e->mod_M);

@@ -361,7 +361,7 @@ fastmod(uint64_t a, uint64_t d, uint64_t M)
 }
 
 /* The offset of g's probe inside a partition of s bits (format 2):
- * (g * s) >> 32.  A format-2 filter has s < 2^32 (larger ones are written in
+ * (g * s) >> 32, as lsmdb/bloom.py's probe_bit (the reference) has it.  A format-2 filter has s < 2^32 (larger ones are written in
  * format 1), so the product fits 64 bits: one multiply.  With a 128-bit
  * product the filter step of a table that fits the caches measured 8-10%
  * slower than format 1's; with this one, the same. */
@@ -494,7 +494,8 @@ check_raw(Entry *e, const char *k, Py_ssize_t klen, uint64_t h, const int picked
 }
 
 /* Start loading the lines of the first `lines` probes (at most k) of key
- * hash h in e's partitioned filter (e->part > 0). */
+ * hash h in e's partitioned filter (e->part > 0): the bits of bloom.py's
+ * probe_bit. */
 PREFETCH_HELPER
 prefetch_part_lines(const Entry *e, uint64_t h, Py_ssize_t lines)
 {

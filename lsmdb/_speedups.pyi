@@ -89,6 +89,8 @@ class Mapping:
 CRC32_CLMUL: int
 CRC32_VPCLMUL: int
 FILTER_PREFETCH_BYTES: int
+FILE_COUNTERS: tuple[str, ...]
+TABLE_COUNTERS: tuple[str, ...]
 
 def crc32(data: Any, value: int = 0, /) -> int: ...
 def set_crc32_wide(wide: bool, /) -> bool: ...

@@ -19,21 +19,16 @@ from typing import TYPE_CHECKING, Any
 from . import table
 from .bloom import key_hash as _key_hash
 from .bloom import may_contain, split_hash
+from .fastpath import C_READ_PATH
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
 from .sstable import MISSING, SSTableReader
-from .sstable_reader import (
-    BLOCK_CACHE_HITS,
-    FALSE_POSITIVES,
-    FILTER_NEGATIVES,
-    RANGE_SKIPS,
-    TRUE_POSITIVES,
-)
+from .stats import BLOCK_CACHE_HITS, FALSE_POSITIVES, FILTER_NEGATIVES, RANGE_SKIPS, TRUE_POSITIVES
 from .table import TableState
 
 try:
     from ._speedups import Cache, Getter
-    USE_C_GETTER = True
+    USE_C_GETTER = C_READ_PATH
 except ImportError:  # pragma: no cover - built without a C compiler
     USE_C_GETTER = False
 

@@ -69,10 +69,6 @@ class _FailOpenFilter:
         """A filter that fails open has no bits to check."""
 
 
-RANGE_SKIPS, FILTER_NEGATIVES, TRUE_POSITIVES, FALSE_POSITIVES = 0, 1, 2, 3
-FALSE_NEGATIVES, BLOCK_READS, BLOCK_CACHE_HITS = 4, 5, 6  # slots of ``counts`` (FILE_COUNTERS)
-
-
 #: A scan or a compaction reads a file's data blocks ahead, in runs that start at
 #: one block and double up to this many blocks or this many bytes per read (a
 #: short scan reads no more than twice what it uses).
@@ -101,8 +97,8 @@ class SSTableReader:
         #: once it knows the secret); None for the fast hash.
         self.keyed_fn: Any = None
         self._filter_stats: dict[str, float] | None = None
-        # Counters (#4): cumulative, never reset on read; named by the
-        # ArrayCounter attributes below (the C read path counts into slots 0, 1).
+        # Counters: cumulative, never reset on read; named by the
+        # ArrayCounter attributes below (lsmdb/stats.py).
         self.counts = array("Q", bytes(8 * len(FILE_COUNTERS)))
         self._cache: Any = None  # the shared block cache of payloads, or None
         self._fd = -1
@@ -148,13 +144,14 @@ class SSTableReader:
         if self._cache is not None:
             self._cache.evict_range(self.cache_base, self.cache_base + len(self.index_keys))
 
-    range_skips = ArrayCounter(RANGE_SKIPS)
-    filter_negatives = ArrayCounter(FILTER_NEGATIVES)  # the filter said no: a read skipped
-    true_positives = ArrayCounter(TRUE_POSITIVES)
-    false_positives = ArrayCounter(FALSE_POSITIVES)
-    false_negatives = ArrayCounter(FALSE_NEGATIVES)    # shadow mode only; must stay 0
-    block_reads = ArrayCounter(BLOCK_READS)            # data blocks read from disk
-    block_cache_hits = ArrayCounter(BLOCK_CACHE_HITS)  # data blocks served by the cache
+    # The counters by name (lsmdb/stats.py says what each counts).
+    range_skips = ArrayCounter(FILE_COUNTERS)
+    filter_negatives = ArrayCounter(FILE_COUNTERS)
+    true_positives = ArrayCounter(FILE_COUNTERS)
+    false_positives = ArrayCounter(FILE_COUNTERS)
+    false_negatives = ArrayCounter(FILE_COUNTERS)
+    block_reads = ArrayCounter(FILE_COUNTERS)
+    block_cache_hits = ArrayCounter(FILE_COUNTERS)
 
     # -- low-level reads --------------------------------------------------
     def _pread(self, size: int, offset: int) -> bytes:

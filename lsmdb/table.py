@@ -11,6 +11,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from .bloom import key_hash, predicted_fpr_for
+from .fastpath import C_READ_PATH
 from .memtable import Memtable
 from .options import TableOptions
 from .stats import TABLE_COUNTERS, ArrayCounter
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 try:  # optional C speedups for the per-file steps of a get (lsmdb/csrc/bloom_probes.c)
     from ._speedups import Probes
 except ImportError:  # pragma: no cover - no C compiler when installed
+    Probes = None  # type: ignore[assignment,misc]
+if not C_READ_PATH:  # built from other sources: see fastpath.LAYOUT_ERRORS
     Probes = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("lsmdb")
@@ -45,8 +48,8 @@ class TableState:
                  "view", "dropped", "counts", "shadow", "compact_pointer", "fast",
                  "fast_cell", "getter", "__weakref__")
 
-    gets = ArrayCounter(0)         # point reads answered
-    gets_absent = ArrayCounter(1)  # ... that found nothing
+    gets = ArrayCounter(TABLE_COUNTERS)
+    gets_absent = ArrayCounter(TABLE_COUNTERS)
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
         self.name = name
@@ -56,7 +59,7 @@ class TableState:
         self.files: tuple[SSTableReader, ...] = ()
         self.flushed_seq = 0
         self.dropped = False
-        self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))  # gets, gets_absent
+        self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))
         self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
         self.getter: Any = None  # the compiled point-read closure (readpath.make_getter)
         #: [fast], what the C getter reads instead of two attribute lookups a

@@ -110,7 +110,7 @@ entry_init(Entry *e, PyObject *item)
         goto fail;
     e->have_counts = 1;
     if (e->counts.itemsize != 8 || e->counts.format == NULL || strcmp(e->counts.format, "Q") != 0
-        || e->counts.len < 8 * MIN_COUNTERS) {
+        || e->counts.len < 8 * FILE_COUNTER_SLOTS) {
         PyErr_SetString(PyExc_TypeError, "counts must be an array('Q') of the file counters");
         goto fail;
     }

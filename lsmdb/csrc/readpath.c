@@ -91,7 +91,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         return -1;
     self->have_counts = 1;
     if (self->counts.itemsize != 8 || self->counts.format == NULL
-        || strcmp(self->counts.format, "Q") != 0 || self->counts.len < 16) {
+        || strcmp(self->counts.format, "Q") != 0
+        || self->counts.len < 8 * TABLE_COUNTER_SLOTS) {
         PyErr_SetString(PyExc_TypeError, "state.counts must be an array('Q') of 2 counters");
         return -1;
     }

@@ -33,20 +33,24 @@
 #include <unistd.h>
 #endif
 
-/* Slots of a file's counters (array('Q'), lsmdb/stats.py's FILE_COUNTERS;
- * lsmdb/sstable_reader.py names the same slots). */
+/* Slots of a file's counters (array('Q')), as lsmdb/stats.py's
+ * FILE_COUNTERS orders them: module.c exports their names in slot order
+ * (FILE_COUNTERS), which lsmdb checks against stats.py at import, and
+ * refuses the C read path on a mismatch. */
 #define RANGE_SKIPS 0
 #define FILTER_NEGATIVES 1
 #define TRUE_POSITIVES 2
 #define FALSE_POSITIVES 3
+#define FALSE_NEGATIVES 4
 #define BLOCK_READS 5
 #define BLOCK_CACHE_HITS 6
-#define MIN_COUNTERS 7
+#define FILE_COUNTER_SLOTS 7
 
 /* Slots of a table's read counters (state.counts, lsmdb/stats.py's
- * TABLE_COUNTERS). */
+ * TABLE_COUNTERS; exported and checked the same way). */
 #define GETS 0
 #define GETS_ABSENT 1
+#define TABLE_COUNTER_SLOTS 2
 
 /* A function whose only effect is PREFETCH has none the compiler counts: it
  * may drop every call of one it does not inline.  Such helpers are

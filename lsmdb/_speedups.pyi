@@ -89,6 +89,9 @@ class Mapping:
 CRC32_CLMUL: int
 CRC32_VPCLMUL: int
 FILTER_PREFETCH_BYTES: int
+FILE_PROBE_FIELDS: tuple[str, ...]
+LEVEL_FIELDS: tuple[str, ...]
+FAST_PATH_FIELDS: tuple[str, ...]
 FILE_COUNTERS: tuple[str, ...]
 TABLE_COUNTERS: tuple[str, ...]
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from . import table
 from .bloom import key_hash as _key_hash
 from .bloom import may_contain, split_hash
-from .fastpath import C_READ_PATH
+from .fastpath import C_READ_PATH, FileProbe
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
 from .sstable import MISSING, SSTableReader
@@ -64,19 +64,20 @@ def make_getter(db: Versions, state: TableState) -> Any:
     max_key = MAX_KEY_SIZE_BYTES
     _bisect = bisect_left
 
-    def lookup_block(reader: SSTableReader, index_keys: list[bytes], base: int, counts: Any,
-                     key: bytes, i: int = -1) -> Any:
+    def lookup_block(reader: SSTableReader, key: bytes, i: int = -1) -> Any:
         """After a "maybe": the key's value (None: tombstone) from the one data
         block that can hold it -- cache first -- or MISSING (a false positive).
 
         ``i`` >= 0: the C getter found that block ``i`` is the one and that the
         cache does not hold it, so it is read from disk straight away."""
+        counts = reader.counts
         if i < 0:
+            index_keys = reader.index_keys
             i = _bisect(index_keys, key)
             if i == len(index_keys):
                 counts[FALSE_POSITIVES] += 1
                 return missing
-            block = lookup(base + i) if lookup is not None else None
+            block = lookup(reader.cache_base + i) if lookup is not None else None
         else:
             block = None
         if block is None:
@@ -85,7 +86,7 @@ def make_getter(db: Versions, state: TableState) -> Any:
                 counts[FALSE_POSITIVES] += 1
                 return missing
             return find_in(block, counts, key)
-        touch(base + i)
+        touch(reader.cache_base + i)
         counts[BLOCK_CACHE_HITS] += 1
         value = reader.find_in_cached(i, block, key)
         counts[FALSE_POSITIVES if value is missing else TRUE_POSITIVES] += 1
@@ -100,22 +101,22 @@ def make_getter(db: Versions, state: TableState) -> Any:
         counts[TRUE_POSITIVES] += 1
         return block[1][j]
 
-    def decode_read(reader: SSTableReader, i: int, raw: bytes, counts: Any, key: bytes) -> Any:
+    def decode_read(reader: SSTableReader, i: int, raw: bytes, key: bytes) -> Any:
         """The C getter read block ``i`` from disk (counted, checksum verified)
         and could not walk it: decode it (a malformed block raises
         CorruptionError) and look.  Not cached."""
-        return find_in(reader.decode_raw(i, raw), counts, key)
+        return find_in(reader.decode_raw(i, raw), reader.counts, key)
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
         if db.closed:
             db.check_open()
-        data, imms, l0, deeper, probes, flat, _filters = state.fast
+        fast = state.fast
         state.gets += 1
-        value = data.get(key, missing)
-        if value is missing and imms:
-            for imm in imms:
+        value = fast.data.get(key, missing)
+        if value is missing and fast.imm_datas:
+            for imm in fast.imm_datas:
                 value = imm.get(key, missing)
                 if value is not missing:
                     break
@@ -124,13 +125,13 @@ def make_getter(db: Versions, state: TableState) -> Any:
                 state.gets_absent += 1
                 return default
             return value
+        probes = fast.probes
         if probes is not None and not state.shadow:
             # C: range checks and filter probes (counted there) up to the
             # first file that may hold the key; resumed after a false positive.
             f = probes.first(key, 0)
             while f >= 0:
-                reader, index_keys, base, counts = flat[f]
-                value = lookup_block(reader, index_keys, base, counts, key)
+                value = lookup_block(fast.files[f].reader, key)
                 if value is not missing:
                     if value is None:
                         break
@@ -138,41 +139,39 @@ def make_getter(db: Versions, state: TableState) -> Any:
                 f = probes.first(key, f + 1)
             state.gets_absent += 1
             return default
-        files: Any
-        if deeper:
-            files = list(l0)
-            for max_keys, level_files in deeper:
-                i = _bisect(max_keys, key)
-                if i < len(level_files):
-                    files.append(level_files[i])
-        else:
-            files = l0
+        files: Any = fast.l0
+        if fast.deeper:
+            files = list(files)
+            for level in fast.deeper:
+                i = _bisect(level.max_keys, key)
+                if i < len(level.files):
+                    files.append(level.files[i])
         h1 = k1 = -1
         h2 = k2 = 0
-        for reader, lo, hi, bits, m, k, kf, index_keys, base, counts, part in files:
-            if key < lo or key > hi:
-                counts[RANGE_SKIPS] += 1
+        for p in files:
+            if key < p.min_key or key > p.max_key:
+                p.counts[RANGE_SKIPS] += 1
                 continue
-            if m:
-                if kf is None:
+            if p.m:
+                if p.keyed_fn is None:
                     if h1 < 0:
                         h1, h2 = split_hash(key_hash(key))
-                    maybe = may_contain(bits, m, k, part, h1, h2)
+                    maybe = may_contain(p.bits, p.m, p.k, p.part, h1, h2)
                 else:
                     if k1 < 0:  # one keyed hash per get, reused for every keyed filter
-                        k1, k2 = split_hash(kf(key))
-                    maybe = may_contain(bits, m, k, part, k1, k2)
+                        k1, k2 = split_hash(p.keyed_fn(key))
+                    maybe = may_contain(p.bits, p.m, p.k, p.part, k1, k2)
                 if not maybe:
                     if state.shadow:
-                        value = _shadow_check(reader, key)
+                        value = _shadow_check(p.reader, key)
                         if value is not missing:
                             if value is None:
                                 state.gets_absent += 1
                                 return default
                             return value
-                    counts[FILTER_NEGATIVES] += 1
+                    p.counts[FILTER_NEGATIVES] += 1
                     continue
-            value = lookup_block(reader, index_keys, base, counts, key)
+            value = lookup_block(p.reader, key)
             if value is missing:
                 continue
             if value is None:
@@ -223,7 +222,7 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
         if res is not None:
             answers, maybes, fast, ks = res
             if maybes:
-                _files_many_c(ks, maybes, answers, fast[4], fast[5])
+                _files_many_c(ks, maybes, answers, fast.probes, fast.files)
                 absent = 0
                 for _f, i, _seed in maybes:
                     if answers[i] is MISSING or answers[i] is None:
@@ -234,11 +233,11 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db.closed:
         db.check_open()
-    data, imms, l0, deeper, _probes, _flat, _filters = state.fast
+    fast = state.fast
     n = len(ks)
     state.gets += n
-    out: list[Any] = [data.get(key, MISSING) for key in ks]
-    for imm in imms:
+    out: list[Any] = [fast.data.get(key, MISSING) for key in ks]
+    for imm in fast.imm_datas:
         for i in range(n):
             if out[i] is MISSING:
                 out[i] = imm.get(ks[i], MISSING)
@@ -253,16 +252,15 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
             hv = hashes[kf] = [split_hash(fn(key)) for key in ks]
         return hv
 
-    def visit(probe: tuple[Any, ...], idx: list[int]) -> list[int]:
-        """Answer what ``probe``'s file can; returns the indexes still open."""
-        reader, lo, hi, bits, m, k, kf = probe[:7]
-        part = probe[10]
+    def visit(p: FileProbe, idx: list[int]) -> list[int]:
+        """Answer what ``p``'s file can; returns the indexes still open."""
+        reader, lo, hi, bits, m, k, part = p.reader, p.min_key, p.max_key, p.bits, p.m, p.k, p.part
         maybe: list[int] = []
         still: list[int] = []
         skipped = 0
         negatives: list[int] = []
         if m:
-            hv = halves(kf)
+            hv = halves(p.keyed_fn)
         for i in idx:
             key = ks[i]
             if key < lo or key > hi:
@@ -285,23 +283,23 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
             _read_blocks(reader, ks, maybe, still, out)
         return still
 
-    for probe in l0:
+    for p in fast.l0:
         if not pending:
             break
-        pending = visit(probe, pending)
-    for max_keys, probes in deeper:
+        pending = visit(p, pending)
+    for level in fast.deeper:
         if not pending:
             break
         groups: dict[int, list[int]] = {}
         rest: list[int] = []
         for i in pending:
-            f = bisect_left(max_keys, ks[i])
-            if f < len(probes):
+            f = bisect_left(level.max_keys, ks[i])
+            if f < len(level.files):
                 groups.setdefault(f, []).append(i)
             else:
                 rest.append(i)
         for f, idx in groups.items():
-            rest += visit(probes[f], idx)
+            rest += visit(level.files[f], idx)
         pending = rest
     absent = 0
     for i in range(n):
@@ -313,7 +311,7 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
 
 
 def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list[Any],
-                  probes: Any, flat: tuple[tuple[Any, ...], ...]) -> None:
+                  probes: Any, files: tuple[FileProbe, ...]) -> None:
     """get_many's block reads after the C probes: ``maybes`` holds (file, key
     index, hash seed) per key some filter let through.  File by file in read
     order, each distinct block is read once for all the keys that need it;
@@ -325,13 +323,13 @@ def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list
     for f, i, seed in maybes:
         waiting.setdefault(f, []).append(i)
         seed_of[i] = seed
-    for f in range(len(flat)):  # resumes only go forward: one pass in read order
+    for f in range(len(files)):  # resumes only go forward: one pass in read order
         idx = waiting.pop(f, None)
         if not idx:
             continue
         idx.sort()
         still: list[int] = []
-        _read_blocks(flat[f][0], ks, idx, still, out)
+        _read_blocks(files[f].reader, ks, idx, still, out)
         if still:
             rseeds = [seed_of[i] for i in still]
             nexts = probes.first_many([ks[i] for i in still], [f + 1] * len(still), rseeds)

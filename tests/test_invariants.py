@@ -58,9 +58,7 @@ def test_a_file_missing_from_the_view_is_caught(loaded):
 
 def test_a_stale_fast_path_is_caught(loaded):
     state = loaded._versions.tables["default"]
-    fast = list(state.fast)
-    fast[2] = fast[2][1:]
-    state.fast = tuple(fast)
+    state.fast = state.fast._replace(l0=state.fast.l0[1:])
     with pytest.raises(AssertionError, match="fast path out of date"):
         loaded._check()
 

@@ -56,9 +56,9 @@ def main() -> None:
     queries = [b"user:%010d" % (2 * rng.randrange(N_KEYS) + 1) for _ in range(N_QUERIES)]
     get = db.get
     pyget = pydb.get
-    data = db._default_state.fast[0]
-    probes = db._default_state.fast[2]
-    c_probes = db._default_state.fast[4]
+    fast = db._default_state.fast
+    data = fast.data
+    c_probes = fast.probes
 
     def full() -> None:
         for key in queries:
@@ -91,9 +91,9 @@ def main() -> None:
     def hash_probe() -> None:
         for key in queries:
             h1, h2 = split_hash(key_hash(key))
-            for _r, lo, hi, bits, m, k, _kf, _ik, _base, _counts, part in probes:
-                if lo <= key <= hi:
-                    may_contain(bits, m, k, part, h1, h2)
+            for p in fast.l0:
+                if p.min_key <= key <= p.max_key:
+                    may_contain(p.bits, p.m, p.k, p.part, h1, h2)
 
     runs = [(f"db.get ({N_FILES} files)", full),
             (f"db.get, Python read path ({N_FILES} files)", python_path)]

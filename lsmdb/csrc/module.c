@@ -88,8 +88,40 @@ static PyMethodDef speedups_functions[] = {
  *
  * The names of the slots and fields speedups.h numbers, in their order, from
  * the same macros: lsmdb compares them at import with what the Python side
- * defines (lsmdb/stats.py's counter tuples), and refuses the C read path on
- * a mismatch rather than count into the wrong slots. */
+ * defines (lsmdb/fastpath.py's NamedTuples, lsmdb/stats.py's counter
+ * tuples), and refuses the C read path on a mismatch rather than read the
+ * wrong fields or count into the wrong slots. */
+
+static const char *const file_probe_fields[FILE_FIELDS] = {
+    [FILE_READER] = "reader",
+    [FILE_MIN_KEY] = "min_key",
+    [FILE_MAX_KEY] = "max_key",
+    [FILE_COUNTS] = "counts",
+    [FILE_KEYED_FN] = "keyed_fn",
+    [FILE_BITS] = "bits",
+    [FILE_M] = "m",
+    [FILE_K] = "k",
+    [FILE_PART] = "part",
+    [FILE_INDEX_KEYS] = "index_keys",
+    [FILE_INDEX_OFFSETS] = "index_offsets",
+    [FILE_INDEX_SIZES] = "index_sizes",
+    [FILE_CACHE_BASE] = "cache_base",
+};
+
+static const char *const level_fields[LEVEL_FIELDS] = {
+    [LEVEL_MAX_KEYS] = "max_keys",
+    [LEVEL_FILES] = "files",
+};
+
+static const char *const fast_path_fields[FAST_FIELDS] = {
+    [FAST_DATA] = "data",
+    [FAST_IMM_DATAS] = "imm_datas",
+    [FAST_L0] = "l0",
+    [FAST_DEEPER] = "deeper",
+    [FAST_PROBES] = "probes",
+    [FAST_FILES] = "files",
+    [FAST_FILTERS] = "filters",
+};
 
 static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {
     [RANGE_SKIPS] = "range_skips",
@@ -184,6 +216,9 @@ PyInit__speedups(void)
         || add_type(mod, "Cache", &CacheType) < 0
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
         || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0
+        || add_names(mod, "FILE_PROBE_FIELDS", file_probe_fields, FILE_FIELDS) < 0
+        || add_names(mod, "LEVEL_FIELDS", level_fields, LEVEL_FIELDS) < 0
+        || add_names(mod, "FAST_PATH_FIELDS", fast_path_fields, FAST_FIELDS) < 0
         || add_names(mod, "FILE_COUNTERS", file_counter_names, FILE_COUNTER_SLOTS) < 0
         || add_names(mod, "TABLE_COUNTERS", table_counter_names, TABLE_COUNTER_SLOTS) < 0) {
         Py_DECREF(mod);

@@ -209,35 +209,18 @@ index_words_init(Entry *e)
 
 /* ---- that block, from the cache or read from disk ----------------------- */
 
-/* The block cache's key of block i of a file whose key base is base (an
- * int, the first of the range Cache.reserve gave the file's reader, one
- * key per block, so that base + i stays in it for 0 <= i < its blocks):
- * base + i in *key; 0, or -1 with an exception set. */
-static int
-block_cache_key(PyObject *base, Py_ssize_t i, uint64_t *key)
-{
-    unsigned long long b = PyLong_AsUnsignedLongLong(base);
-    if (b == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *key = (uint64_t)b + (uint64_t)i;
-    return 0;
-}
-
-/* The cached block of file entry `item` (reader, index_keys, base, counts)
- * that can hold key: 1 and *block (a new reference to its cached bytes, as
- * block_entry made them; marked as used); 0 when the cache cannot answer (odd
- * types, key past the last block, no cache, or the block is not cached: for
- * the last two *block_index is that block, else -1); -1: error. */
+/* The cached block of file e that can hold key: 1 and *block (a new
+ * reference to its cached bytes, as block_entry made them; marked as used);
+ * 0 when the cache cannot answer (an odd entry, key past the last block, no
+ * cache, or the block is not cached: for the last two *block_index is that
+ * block, else -1).  Block i of a file is cached under its cache_base + i (the
+ * first of the range Cache.reserve gave the file's reader, one key per
+ * block). */
 int
-cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
+cached_block_for(Getter *self, const Entry *e, PyObject *key, PyObject **block,
                  Py_ssize_t *block_index)
 {
     *block_index = -1;
-    PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
-    if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
-        return 0;
-    if (e->nidx != PyList_GET_SIZE(index_keys))
-        return 0;
     Py_ssize_t i = bisect_index(e, key);
     if (i == e->nidx)
         return 0; /* past the last block: let the Python side count it */
@@ -245,10 +228,7 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
         *block_index = i;
         return 0;
     }
-    uint64_t ck;
-    if (block_cache_key(base, i, &ck) < 0)
-        return -1;
-    Py_ssize_t s = cache_find(self->cache, ck);
+    Py_ssize_t s = cache_find(self->cache, e->cache_base + (uint64_t)i);
     if (s < 0) {
         *block_index = i;
         return 0;
@@ -290,21 +270,16 @@ cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
     return 1;
 }
 
-/* Offer block i of file entry item (reader, index_keys, base, counts),
- * whose checksum-verified payload is p[0:size], to the cache: if its
- * admission takes base + i (admission_admit for a block that held the key
- * looked up; admission_admit_reread for a false positive's), cache its
- * block_entry there, counting that entry's size.  0, or -1 on error. */
+/* Offer block i of file e, whose checksum-verified payload is p[0:size], to
+ * the cache: if its admission takes the block's key (admission_admit for a
+ * block that held the key looked up; admission_admit_reread for a false
+ * positive's), cache its block_entry there, counting that entry's size.  0,
+ * or -1 on error. */
 int
-offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size,
+offer_block(Getter *self, const Entry *e, Py_ssize_t i, const unsigned char *p, size_t size,
             int false_positive)
 {
-    PyObject *base = PyTuple_GET_ITEM(item, 2);
-    if (!PyLong_CheckExact(base))
-        return 0;
-    uint64_t key;
-    if (block_cache_key(base, i, &key) < 0)
-        return -1;
+    uint64_t key = e->cache_base + (uint64_t)i;
     Admission *a = self->cache->admission;
     if (!(false_positive ? admission_admit_reread(a, key) : admission_admit(a, key)))
         return 0;
@@ -320,8 +295,8 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
     return r;
 }
 
-/* After a "maybe" for key in data block i of file entry item (reader,
- * index_keys, base, counts), a block the cache does not hold: read it with
+/* After a "maybe" for key in data block i of file e, a block the cache does
+ * not hold: read it with
  * one copy out of the reader's mapping, or where it has none one pread (the
  * GIL released either way, as os.pread does), verify its checksum and
  * walk its keys (block_may_hold).  0: a false positive, counted (one block
@@ -335,17 +310,15 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
  * closed or in memory, odd types, a short read or a checksum mismatch: it
  * reads again and raises what it should); -1: error. */
 int
-disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
-           PyObject **value)
+disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value)
 {
 #ifdef _WIN32
-    (void)self; (void)e; (void)item; (void)key; (void)i; (void)value;
+    (void)self; (void)e; (void)key; (void)i; (void)value;
     return 2;
 #else
-    PyObject *reader = PyTuple_GET_ITEM(item, 0);
     unsigned char *buf;
     size_t size;
-    int r = read_block_buf(e, reader, i, &buf, &size);
+    int r = read_block_buf(e, e->reader, i, &buf, &size);
     if (r != 0)
         return r;
     size_t total = size + 4;
@@ -357,7 +330,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     if (f == 0) {
         /* a false positive: its block is cached only on its second read
          * within the admission's window (BlockCache.admit_reread) */
-        r = self->cache != NULL ? offer_block(self, item, i, buf, (size_t)size, 1) : 0;
+        r = self->cache != NULL ? offer_block(self, e, i, buf, (size_t)size, 1) : 0;
         PyMem_RawFree(buf);
         if (r < 0)
             return -1;
@@ -367,7 +340,7 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
     if (f > 0) {
         /* a full cache takes a block a get read only if it was read not long
          * ago (BlockCache.admit) */
-        if (self->cache != NULL && offer_block(self, item, i, buf, (size_t)size, 0) < 0) {
+        if (self->cache != NULL && offer_block(self, e, i, buf, (size_t)size, 0) < 0) {
             PyMem_RawFree(buf);
             return -1;
         }
@@ -389,8 +362,8 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
         Py_DECREF(raw);
         return -1;
     }
-    PyObject *args[5] = {reader, index, raw, PyTuple_GET_ITEM(item, 3), key};
-    *value = PyObject_Vectorcall(self->decode_read, args, 5, NULL);
+    PyObject *args[4] = {e->reader, index, raw, key};
+    *value = PyObject_Vectorcall(self->decode_read, args, 4, NULL);
     Py_DECREF(index);
     Py_DECREF(raw);
     return *value == NULL ? -1 : 1;
@@ -401,14 +374,15 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
 
 /* key in the memtable or the frozen ones (newest first): 1 and *value
  * (borrowed; None for a tombstone), 0 when none has it, -1 on error.  With
- * have_h, h is the key's xxh3_64, and a memtable whose filter (fast[6]) says
- * "no" is passed without a dict lookup. */
+ * have_h, h is the key's xxh3_64, and a memtable whose filter (the FastPath's
+ * filters) says "no" is passed without a dict lookup. */
 int
 mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value)
 {
-    PyObject *imms = PyTuple_GET_ITEM(fast, 1), *filters = PyTuple_GET_ITEM(fast, 6);
+    PyObject *imms = PyTuple_GET_ITEM(fast, FAST_IMM_DATAS);
+    PyObject *filters = PyTuple_GET_ITEM(fast, FAST_FILTERS);
     for (Py_ssize_t j = -1; j < PyTuple_GET_SIZE(imms); j++) {
-        PyObject *d = j < 0 ? PyTuple_GET_ITEM(fast, 0) : PyTuple_GET_ITEM(imms, j);
+        PyObject *d = j < 0 ? PyTuple_GET_ITEM(fast, FAST_DATA) : PyTuple_GET_ITEM(imms, j);
         if (!PyDict_CheckExact(d)) {
             PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
             return -1;
@@ -449,7 +423,7 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
         return ok < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
     uint64_t *counts = (uint64_t *)self->counts.buf;
     counts[GETS]++;
-    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES);
     uint64_t h = 0;
     int have_h = getter_hash(probes, key, &h);
     /* The files' filter lines start loading before the memtables are asked:
@@ -467,24 +441,11 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
         result = Py_NewRef(value);
         goto done;
     }
-    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     Py_ssize_t f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
     while (f >= 0) {
-        if (f >= PyTuple_GET_SIZE(flat)) {
-            PyErr_SetString(PyExc_IndexError, "file index beyond the table's files");
-            goto done;
-        }
-        PyObject *item = PyTuple_GET_ITEM(flat, f);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
-            PyErr_SetString(PyExc_TypeError, "bad file entry");
-            goto done;
-        }
-        if (f >= probes->n) {
-            PyErr_SetString(PyExc_IndexError, "file index beyond the probes");
-            goto done;
-        }
+        Entry *e = &probes->e[f];  /* f < probes->n: probes_first returns its own files */
         Py_ssize_t block;
-        int c = cached_lookup(self, &probes->e[f], item, key, &value, &block);
+        int c = cached_lookup(self, e, key, &value, &block);
         if (c < 0)
             goto done;
         if (c == 0) {  /* a false positive, answered from the cache */
@@ -492,7 +453,7 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             continue;
         }
         if (c == 2 && block >= 0) {  /* not in the cache (or no cache): read it here */
-            c = disk_probe(self, &probes->e[f], item, key, block, &value);
+            c = disk_probe(self, e, key, block, &value);
             if (c < 0)
                 goto done;
             if (c == 0) {  /* a false positive, read and walked */
@@ -504,10 +465,8 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             PyObject *i = block >= 0 ? PyLong_FromSsize_t(block) : NULL;
             if (block >= 0 && i == NULL)
                 goto done;
-            PyObject *callargs[6] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
-                                     PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key,
-                                     i};
-            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 6 : 5, NULL);
+            PyObject *callargs[3] = {e->reader, key, i};
+            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 3 : 2, NULL);
             Py_XDECREF(i);
             if (value == NULL)
                 goto done;

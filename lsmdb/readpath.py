@@ -2,9 +2,10 @@
 
 A get consults the memtables, then every level-0 file newest first, then at
 most one file per deeper level (bisect on the level's key ranges).  Per file:
-the key range, then the Bloom filter -- probed inline from one hash per get,
-reused for every file -- and only on a "maybe" exactly one data block (or a
-block-cache hit).  Every step is counted on the file (SSTableInfo).  A scan
+the key range, then the Bloom filter (``bloom.may_contain``, from one hash per
+get reused for every file) and only on a "maybe" exactly one data block or a
+block-cache hit (``SSTableReader.lookup``).  Every step is counted on the file
+(SSTableInfo).  A scan
 merges the memtables and files whose range it meets, newest first
 (:mod:`lsmdb.merge`), over a snapshot taken when it starts.
 """
@@ -23,7 +24,7 @@ from .fastpath import C_READ_PATH, FileProbe
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
 from .sstable import MISSING, SSTableReader
-from .stats import BLOCK_CACHE_HITS, FALSE_POSITIVES, FILTER_NEGATIVES, RANGE_SKIPS, TRUE_POSITIVES
+from .stats import FILTER_NEGATIVES, RANGE_SKIPS
 from .table import TableState
 
 try:
@@ -51,61 +52,17 @@ def make_getter(db: Versions, state: TableState) -> Any:
 
     ``get(key, default=None)``: memtables, then level-0 files newest first,
     then at most one file per deeper level (bisect on key ranges).  Per file:
-    key range check, then the filter, probed inline from a hash computed at
-    most once per get (one fast and at most one keyed hash), then on a
-    "maybe" exactly one data block (or a cache hit).  Every step is counted
-    on the file (see SSTableInfo).
+    key range check, then the filter (``bloom.may_contain``) from a hash
+    computed at most once per get (one fast and at most one keyed hash), then
+    on a "maybe" exactly one data block or a cache hit
+    (``SSTableReader.lookup``).  Every step is counted on the file (see
+    SSTableInfo).
     """
     missing = MISSING
     key_hash = _key_hash
     cache = db.block_cache
-    lookup: Any = cache.lookup if cache is not None else None
-    touch: Any = cache.touch if cache is not None else None
     max_key = MAX_KEY_SIZE_BYTES
     _bisect = bisect_left
-
-    def lookup_block(reader: SSTableReader, key: bytes, i: int = -1) -> Any:
-        """After a "maybe": the key's value (None: tombstone) from the one data
-        block that can hold it -- cache first -- or MISSING (a false positive).
-
-        ``i`` >= 0: the C getter found that block ``i`` is the one and that the
-        cache does not hold it, so it is read from disk straight away."""
-        counts = reader.counts
-        if i < 0:
-            index_keys = reader.index_keys
-            i = _bisect(index_keys, key)
-            if i == len(index_keys):
-                counts[FALSE_POSITIVES] += 1
-                return missing
-            block = lookup(reader.cache_base + i) if lookup is not None else None
-        else:
-            block = None
-        if block is None:
-            block = reader.read_block_for(i, key)  # a disk read; None: not in it
-            if block is None:
-                counts[FALSE_POSITIVES] += 1
-                return missing
-            return find_in(block, counts, key)
-        touch(reader.cache_base + i)
-        counts[BLOCK_CACHE_HITS] += 1
-        value = reader.find_in_cached(i, block, key)
-        counts[FALSE_POSITIVES if value is missing else TRUE_POSITIVES] += 1
-        return value
-
-    def find_in(block: tuple[list[bytes], list[bytes | None]], counts: Any, key: bytes) -> Any:
-        block_keys = block[0]
-        j = _bisect(block_keys, key)
-        if j == len(block_keys) or block_keys[j] != key:
-            counts[FALSE_POSITIVES] += 1
-            return missing
-        counts[TRUE_POSITIVES] += 1
-        return block[1][j]
-
-    def decode_read(reader: SSTableReader, i: int, raw: bytes, key: bytes) -> Any:
-        """The C getter read block ``i`` from disk (counted, checksum verified)
-        and could not walk it: decode it (a malformed block raises
-        CorruptionError) and look.  Not cached."""
-        return find_in(reader.decode_raw(i, raw), reader.counts, key)
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
@@ -131,7 +88,7 @@ def make_getter(db: Versions, state: TableState) -> Any:
             # first file that may hold the key; resumed after a false positive.
             f = probes.first(key, 0)
             while f >= 0:
-                value = lookup_block(fast.files[f].reader, key)
+                value = fast.files[f].reader.lookup(key)
                 if value is not missing:
                     if value is None:
                         break
@@ -171,7 +128,7 @@ def make_getter(db: Versions, state: TableState) -> Any:
                             return value
                     p.counts[FILTER_NEGATIVES] += 1
                     continue
-            value = lookup_block(p.reader, key)
+            value = p.reader.lookup(key)
             if value is missing:
                 continue
             if value is None:
@@ -185,8 +142,9 @@ def make_getter(db: Versions, state: TableState) -> Any:
         # unusual calls (non-bytes keys, keywords, closed database, shadow
         # mode) go to ``get`` above.  It looks blocks up in the cache's C
         # books, marks hits and puts the blocks it reads there itself, as
-        # ``lookup``/``touch``/``admit``/``put`` do.
-        return Getter(db, state, missing, lookup_block, get, max_key, cache, decode_read)
+        # ``lookup``/``touch``/``admit``/``put`` do; a block it cannot serve
+        # goes to SSTableReader.lookup.
+        return Getter(db, state, missing, SSTableReader.lookup, get, max_key, cache)
     return get
 
 
@@ -341,51 +299,14 @@ def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list
 
 def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still: list[int],
                  out: list[Any]) -> None:
-    """Look ``maybe`` keys up in ``reader``, one read per distinct block.
-
-    A block the cache holds counts one cache hit per key it answers (as a
-    loop of ``get`` would); one read from disk counts one block read."""
-    index_keys = reader.index_keys
-    nblocks = len(index_keys)
-    by_block: dict[int, list[int]] = {}
-    for i in maybe:
-        b = bisect_left(index_keys, ks[i])
-        if b < nblocks:
-            by_block.setdefault(b, []).append(i)
-        else:
-            reader.false_positives += 1
+    """Look the ``maybe`` keys up in ``reader`` (``lookup_many``: one read per
+    distinct block): their values into ``out``, the keys it does not hold
+    onto ``still``."""
+    for i, value in zip(maybe, reader.lookup_many([ks[i] for i in maybe]), strict=True):
+        if value is MISSING:
             still.append(i)
-    tp = fp = 0
-    for b, members in by_block.items():
-        block = reader.cached_block(b)
-        payload = None
-        if block is None:
-            if len(members) == 1:  # as get does: a false positive is not decoded
-                block = reader.read_block_for(b, ks[members[0]])
-                if block is None:
-                    fp += 1
-                    still.append(members[0])
-                    continue
-            else:  # from disk, offered to the cache below
-                block, payload = reader.read_block(b)
         else:
-            reader.block_cache_hits += len(members)
-        block_keys, values = block
-        nkeys = len(block_keys)
-        found = tp
-        for i in members:
-            key = ks[i]
-            j = bisect_left(block_keys, key)
-            if j < nkeys and block_keys[j] == key:
-                tp += 1
-                out[i] = values[j]
-            else:
-                fp += 1
-                still.append(i)
-        if payload is not None:  # a get's block if it held one of the keys
-            reader.offer_block(b, payload, held=tp > found)
-    reader.true_positives += tp
-    reader.false_positives += fp
+            out[i] = value
 
 
 def _shadow_many(reader: SSTableReader, ks: list[bytes], negatives: list[int], maybe: list[int],

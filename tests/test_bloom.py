@@ -770,17 +770,17 @@ def test_corrupt_data_block_raises_with_its_offset(sst, which, part):
     reader = _open(_flip(data, target))
     assert reader.filter_error is None            # the filter and index are intact
     with pytest.raises(lsmdb.CorruptionError) as info:
-        reader.read_data_block(i)
+        reader.read_block(i)
     assert info.value.offset == off
     assert info.value.path == "mem.sst"
     # Every key of that block hits the corruption; keys of other blocks do not.
-    for key in clean.read_data_block(i)[0]:
+    for key in clean.read_block(i)[0]:
         with pytest.raises(lsmdb.CorruptionError) as info:
             reader.find(key)
         assert info.value.offset == off
     values = dict(items)
     other = (i + 1) % nblocks
-    for key in clean.read_data_block(other)[0]:
+    for key in clean.read_block(other)[0]:
         assert reader.find(key) == values[key]
 
 

@@ -240,7 +240,7 @@ def test_golden_every_key_and_value(golden_reader):
     assert list(r.iter_range(None, None, reverse=True)) == list(reversed(EXPECTED_ITEMS.items()))
     for absent in (b"", b"key", b"key0000", b"key020", b"kez", b"\xff"):
         assert r.find(absent) is MISSING
-    blocks = [r.read_data_block(i) for i in range(len(r.index_keys))]
+    blocks = [r.read_block(i) for i in range(len(r.index_keys))]
     assert [len(keys) for keys, _ in blocks] == [4, 4, 4, 4, 4]
     assert [keys[-1] for keys, _ in blocks] == [last for last, _, _ in EXPECTED_INDEX]
 

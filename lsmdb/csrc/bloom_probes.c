@@ -97,11 +97,11 @@ entry_init(Entry *e, PyObject *item)
         PyErr_SetString(PyExc_TypeError, "a file is a FileProbe (lsmdb/fastpath.py)");
         return -1;
     }
-    PyObject *counts = PyTuple_GET_ITEM(item, FILE_COUNTS), *lo = PyTuple_GET_ITEM(item, FILE_MIN_KEY),
-             *hi = PyTuple_GET_ITEM(item, FILE_MAX_KEY), *bits = PyTuple_GET_ITEM(item, FILE_BITS),
-             *m = PyTuple_GET_ITEM(item, FILE_M), *k = PyTuple_GET_ITEM(item, FILE_K),
-             *kf = PyTuple_GET_ITEM(item, FILE_KEYED_FN),
-             *index_keys = PyTuple_GET_ITEM(item, FILE_INDEX_KEYS);
+    PyObject *counts = PyTuple_GET_ITEM(item, FILE_COUNTS);
+    PyObject *lo = PyTuple_GET_ITEM(item, FILE_MIN_KEY), *hi = PyTuple_GET_ITEM(item, FILE_MAX_KEY);
+    PyObject *bits = PyTuple_GET_ITEM(item, FILE_BITS), *m = PyTuple_GET_ITEM(item, FILE_M);
+    PyObject *k = PyTuple_GET_ITEM(item, FILE_K), *kf = PyTuple_GET_ITEM(item, FILE_KEYED_FN);
+    PyObject *index_keys = PyTuple_GET_ITEM(item, FILE_INDEX_KEYS);
     if (!PyBytes_CheckExact(lo) || !PyBytes_CheckExact(hi)) {
         PyErr_SetString(PyExc_TypeError, "min_key and max_key must be bytes");
         return -1;

@@ -21,7 +21,6 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->missing);
     Py_VISIT(self->lookup_block);
     Py_VISIT(self->slow_get);
-    Py_VISIT(self->decode_read);
     Py_VISIT(self->cache);
     if (self->have_counts)
         Py_VISIT(self->counts.obj);
@@ -40,7 +39,6 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->missing);
     Py_CLEAR(self->lookup_block);
     Py_CLEAR(self->slow_get);
-    Py_CLEAR(self->decode_read);
     Py_CLEAR(self->cache);
     return 0;
 }
@@ -59,13 +57,12 @@ static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, si
 static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache, *decode_read;
+    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             "cache", "decode_read", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOO:Getter", kwlist, &db, &state,
-                                     &missing, &lookup_block, &slow_get, &max_key, &cache,
-                                     &decode_read))
+                             "cache", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnO:Getter", kwlist, &db, &state,
+                                     &missing, &lookup_block, &slow_get, &max_key, &cache))
         return -1;
     if (cache != Py_None && (!PyObject_TypeCheck(cache, &CacheType)
                              || ((Cache *)cache)->slots == NULL)) {
@@ -76,10 +73,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
         return -1;
     }
-    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)
-        || !PyCallable_Check(decode_read)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lookup_block, slow_get and decode_read must be callable");
+    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)) {
+        PyErr_SetString(PyExc_TypeError, "lookup_block and slow_get must be callable");
         return -1;
     }
     PyObject *counts = PyObject_GetAttrString(state, "counts");
@@ -109,7 +104,6 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     self->missing = Py_NewRef(missing);
     self->lookup_block = Py_NewRef(lookup_block);
     self->slow_get = Py_NewRef(slow_get);
-    self->decode_read = Py_NewRef(decode_read);
     if (cache != Py_None)
         self->cache = (Cache *)Py_NewRef(cache);
     self->max_key = max_key;
@@ -304,11 +298,10 @@ offer_block(Getter *self, const Entry *e, Py_ssize_t i, const unsigned char *p, 
  * second read (admission_admit_reread); 1: found, *value the value
  * block_find took from the bytes read (a new reference; None for a
  * tombstone), one true positive counted, and the payload cached if the
- * cache admits it -- or, for a block block_find refuses, what the Python
- * decode_read made of the bytes read (it raises CorruptionError for a
- * malformed block); 2: let the Python lookup_block serve (the reader is
- * closed or in memory, odd types, a short read or a checksum mismatch: it
- * reads again and raises what it should); -1: error. */
+ * cache admits it; 2: nothing counted, let the Python lookup_block serve
+ * (SSTableReader.lookup: the reader is closed or in memory, a short read, a
+ * checksum mismatch, a block block_find refuses: it reads again and raises
+ * what it should, CorruptionError for a malformed block); -1: error. */
 int
 disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value)
 {
@@ -321,12 +314,15 @@ disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value
     int r = read_block_buf(e, e->reader, i, &buf, &size);
     if (r != 0)
         return r;
-    size_t total = size + 4;
-    uint64_t *counts = (uint64_t *)e->counts.buf;
-    counts[BLOCK_READS]++;
     const unsigned char *vp = NULL;
     size_t vlen = 0;
     int f = disk_block_find(buf, size, key, &vp, &vlen);
+    if (f < 0) {  /* a block block_find refuses: the Python side reads it again */
+        PyMem_RawFree(buf);
+        return 2;
+    }
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_READS]++;
     if (f == 0) {
         /* a false positive: its block is cached only on its second read
          * within the admission's window (BlockCache.admit_reread) */
@@ -337,36 +333,18 @@ disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value
         counts[FALSE_POSITIVES]++;
         return 0;
     }
-    if (f > 0) {
-        /* a full cache takes a block a get read only if it was read not long
-         * ago (BlockCache.admit) */
-        if (self->cache != NULL && offer_block(self, e, i, buf, (size_t)size, 0) < 0) {
-            PyMem_RawFree(buf);
-            return -1;
-        }
-        *value = found_value(f, vp, vlen);
+    /* a full cache takes a block a get read only if it was read not long ago
+     * (BlockCache.admit) */
+    if (self->cache != NULL && offer_block(self, e, i, buf, (size_t)size, 0) < 0) {
         PyMem_RawFree(buf);
-        if (*value == NULL)
-            return -1;
-        counts[TRUE_POSITIVES]++;
-        return 1;
+        return -1;
     }
-    /* a block block_find refuses: the Python decode_read decodes the bytes
-     * read, and raises CorruptionError for a malformed block */
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);
+    *value = found_value(f, vp, vlen);
     PyMem_RawFree(buf);
-    if (raw == NULL)
+    if (*value == NULL)
         return -1;
-    PyObject *index = PyLong_FromSsize_t(i);
-    if (index == NULL) {
-        Py_DECREF(raw);
-        return -1;
-    }
-    PyObject *args[4] = {e->reader, index, raw, key};
-    *value = PyObject_Vectorcall(self->decode_read, args, 4, NULL);
-    Py_DECREF(index);
-    Py_DECREF(raw);
-    return *value == NULL ? -1 : 1;
+    counts[TRUE_POSITIVES]++;
+    return 1;
 #endif
 }
 
@@ -509,7 +487,7 @@ PyTypeObject GetterType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Getter_traverse,
     .tp_clear = (inquiry)Getter_clear,
-    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache, decode_read)\n"
+    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache)\n"
               "--\n\n"
               "get(key, default=None): a table's point read with the per-file steps in C;\n"
               "anything but a plain bytes key on an open database with C probes goes to\n"

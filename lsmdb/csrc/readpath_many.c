@@ -344,8 +344,7 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
                                    misses[a].block, &value);
                 if (d < 0)
                     goto done;
-                if (d == 0 || (d == 1 && value == self->missing)) {
-                    Py_XDECREF(value);  /* a false positive: on to the next file */
+                if (d == 0) {  /* a false positive: on to the next file */
                     pending[keep++] = i;
                     continue;
                 }

@@ -243,9 +243,8 @@ typedef struct {
     Py_buffer counts;       /* state.counts: gets, gets_absent */
     int have_counts;
     PyObject *missing;      /* the MISSING sentinel */
-    PyObject *lookup_block; /* (reader, key[, block]) -> value/None/MISSING */
+    PyObject *lookup_block; /* (reader, key[, block]) -> value/None/MISSING: SSTableReader.lookup */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
-    PyObject *decode_read;  /* (reader, block, raw, key) -> value/None/MISSING */
     Cache *cache;           /* the block cache (its entries: block_entry bytes), or NULL */
     Py_ssize_t max_key;
 } Getter;

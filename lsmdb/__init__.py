@@ -29,14 +29,13 @@ from .table import SSTableInfo
 
 __version__ = "0.1.0"
 
-try:
-    from . import _speedups  # noqa: F401
-    #: True when the optional C speedups (lsmdb/csrc/) were built and are
-    #: in use: per-file read steps, get_many, merges and filter building.
-    #: Without them (no C compiler at install time) the same code runs in Python.
-    SPEEDUPS = True
-except ImportError:  # pragma: no cover - built without a C compiler
-    SPEEDUPS = False
+from .fastpath import C_READ_PATH
+
+#: True when the optional C speedups (lsmdb/csrc/) were built and are in use:
+#: per-file read steps, get_many, merges and filter building.  Without them
+#: (no C compiler at install time, or an extension built from other sources:
+#: ``lsmdb.fastpath.LAYOUT_ERRORS``) the same code runs in Python.
+SPEEDUPS = C_READ_PATH
 
 __all__ = [
     "open", "DB", "Table", "WriteBatch", "SSTableInfo", "TableOptions", "BloomFilter",

@@ -33,8 +33,7 @@ class MemFilter:
 class Getter:
     def __init__(self, db: Any, state: Any, missing: object,
                  lookup_block: Callable[..., Any], slow_get: Callable[..., Any],
-                 max_key: int, cache: Cache | None,
-                 decode_read: Callable[..., Any]) -> None: ...
+                 max_key: int, cache: Cache | None) -> None: ...
     def __call__(self, key: Any, default: Any = None) -> Any: ...
     def many(self, keys: list[bytes], /) -> tuple[list[Any], list[tuple[int, int, Any]],
                                                   tuple[Any, ...], list[bytes]] | None: ...
@@ -89,6 +88,11 @@ class Mapping:
 CRC32_CLMUL: int
 CRC32_VPCLMUL: int
 FILTER_PREFETCH_BYTES: int
+FILE_PROBE_FIELDS: tuple[str, ...]
+LEVEL_FIELDS: tuple[str, ...]
+FAST_PATH_FIELDS: tuple[str, ...]
+FILE_COUNTERS: tuple[str, ...]
+TABLE_COUNTERS: tuple[str, ...]
 
 def crc32(data: Any, value: int = 0, /) -> int: ...
 def set_crc32_wide(wide: bool, /) -> bool: ...

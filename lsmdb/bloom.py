@@ -19,8 +19,9 @@ same bits: partitions only change where the probes land.  Every absent key
 meets the first two partitions of each filter in its way, 2/k of the bits,
 which stay in the CPU's caches where the whole filters of a large table
 would not.  Bit ``b`` lives in byte ``b >> 3`` under mask ``1 << (b & 7)``.
-The hash of a key is computed once per lookup and reused for every filter
-(``may_contain_hash``).
+The hash of a key is computed once per lookup and reused for every filter;
+:func:`probe_bit` is where a probe falls, :func:`may_contain` the test the
+read paths make of each filter (``BloomFilter.may_contain_hash``).
 
 Serialised form (docs/FORMAT.md, "Filter block")::
 
@@ -131,6 +132,50 @@ def keyed_hasher(secret: bytes) -> Hasher:
 def split_hash(h: int) -> tuple[int, int]:
     """The two double-hashing values (h1, h2) of a 64-bit hash."""
     return h & MASK32, h >> 32
+
+
+# -- where the probes fall: the one Python statement of both layouts --------
+# (lsmdb/csrc/bloom.c and speedups.h compute the same bits in C; the tests
+# compare the two.)
+
+def probe_bit(i: int, m: int, part: int, h1: int, h2: int) -> int:
+    """The bit probe ``i`` of a key of hash halves (h1, h2) tests in a filter of
+    ``m`` bits: ``i*s + (g_i * s >> 32)`` with ``g_i = (h1 + i*h2) mod 2**32``
+    when ``part`` is the partition size s (format 2), ``(h1 + i*h2) mod m``
+    when it is 0 (format 1).  O(1).
+
+    >>> probe_bit(1, 100, 50, 2**31, 2**31)  # partition 1, g_1 = 0
+    50
+    >>> probe_bit(1, 100, 0, 7, 40)          # format 1
+    47
+    """
+    if part:
+        return i * part + (((h1 + i * h2) & MASK32) * part >> 32)
+    return (h1 + i * h2) % m
+
+
+def positions(m: int, k: int, part: int, h1: int, h2: int) -> list[int]:
+    """The bits the k probes of a key test, in probe order (see probe_bit).  O(k)."""
+    return [probe_bit(i, m, part, h1, h2) for i in range(k)]
+
+
+def may_contain(bits: bytearray | bytes | None, m: int, k: int, part: int,
+                h1: int, h2: int) -> bool:
+    """False only if no key of hash halves (h1, h2) was added to the filter whose
+    bit array is ``bits`` (m bits, k probes, partition size ``part``; 0 for
+    format 1).  ``m == 0`` is no filter: always True.  O(k), stopping at the
+    first bit that is not set -- for most absent keys the first or second.
+
+    The read paths call it once per file they probe, with the hash halves
+    computed once per key."""
+    if not m:
+        return True
+    assert bits is not None
+    for i in range(k):
+        b = probe_bit(i, m, part, h1, h2)
+        if not bits[b >> 3] >> (b & 7) & 1:
+            return False
+    return True
 
 
 def optimal_bits(n: int, fp_chance: float) -> int:
@@ -255,42 +300,25 @@ class BloomFilter:
         if not self.m:
             return
         bits = self._bits
-        for pos in self.positions(h & MASK32, h >> 32):
-            bits[pos >> 3] |= 1 << (pos & 7)
+        for b in self.positions(h & MASK32, h >> 32):
+            bits[b >> 3] |= 1 << (b & 7)
 
     def add_hashes(self, hashes: Iterable[int]) -> None:
-        """``add_hash`` for many hashes (the SSTable writer's path).
-
-        The positions of probe i for every key are computed in one list
-        comprehension, then set: same bits as ``add_hash``, a few times faster.
-        """
+        """``add_hash`` for many hashes (the SSTable writer's path): the same
+        bits, set in C (``bloom_add``) where the speedups are built.  O(k) each."""
         hashes = list(hashes)
         self.n += len(hashes)
         m = self.m
         if not m or not hashes:
             return
         bits = self._bits
-        s = self.part
-        if _bloom_add is not None:  # the same bits, set in C
-            _bloom_add(bits, m, self.k, hashes, s)
+        if _bloom_add is not None:
+            _bloom_add(bits, m, self.k, hashes, self.part)
             return
-        if s:
-            h2s = [h >> 32 for h in hashes]
-            g = [h & MASK32 for h in hashes]
-            for base in range(0, self.k * s, s):
-                if base:
-                    g = [(x + y) & MASK32 for x, y in zip(g, h2s, strict=True)]
-                for x in g:
-                    p = base + (x * s >> 32)
-                    bits[p >> 3] |= 1 << (p & 7)
-            return
-        pos = [(h & MASK32) % m for h in hashes]
-        step = [(h >> 32) % m for h in hashes]
-        for i in range(self.k):
-            if i:
-                pos = [(p + s) % m for p, s in zip(pos, step, strict=True)]
-            for p in pos:
-                bits[p >> 3] |= 1 << (p & 7)
+        k, part = self.k, self.part
+        for h in hashes:
+            for b in positions(m, k, part, h & MASK32, h >> 32):
+                bits[b >> 3] |= 1 << (b & 7)
 
     def update(self, keys: Iterable[bytes]) -> None:
         """Add every key of ``keys``."""
@@ -304,26 +332,25 @@ class BloomFilter:
 
     def may_contain_hash(self, h1: int, h2: int) -> bool:
         """False only if the key was certainly never added.  O(k), early exit."""
-        if not self.m:
-            return True
-        bits = self._bits
-        return all(bits[pos >> 3] & (1 << (pos & 7)) for pos in self.positions(h1, h2))
+        return may_contain(self._bits, self.m, self.k, self.part, h1, h2)
 
     def positions(self, h1: int, h2: int) -> list[int]:
         """The k bits a key of hash halves (h1, h2) probes, in probe order
-        (docs/FORMAT.md section 5): ``i*s + ((h1 + i*h2) mod 2**32) * s >> 32``
-        in format 2, ``(h1 + i*h2) mod m`` in format 1."""
-        s = self.part
-        if s:
-            return [i * s + (((h1 + i * h2) & MASK32) * s >> 32) for i in range(self.k)]
-        m = self.m
-        return [(h1 + i * h2) % m for i in range(self.k)]
+        (docs/FORMAT.md section 5; :func:`probe_bit`)."""
+        return positions(self.m, self.k, self.part, h1, h2)
 
     def probes(self, h1: int, h2: int) -> list[tuple[int, int, bool]]:
         """Every probe as (i, bit position, bit set) -- for tracing a read."""
         bits = self._bits
-        return [(i, pos, bool(bits[pos >> 3] & (1 << (pos & 7))))
-                for i, pos in enumerate(self.positions(h1, h2))]
+        return [(i, b, bool(bits[b >> 3] >> (b & 7) & 1))
+                for i, b in enumerate(self.positions(h1, h2))]
+
+    @property
+    def bits(self) -> bytearray:
+        """The bit array itself (bit ``b`` in byte ``b >> 3`` under mask
+        ``1 << (b & 7)``), shared, not copied: what the read paths probe.
+        Changing it changes the filter."""
+        return self._bits
 
     # -- statistics -------------------------------------------------------
     @property

@@ -18,6 +18,7 @@ from typing import Any
 from . import SPEEDUPS
 from .db import DB
 from .db import open as open_db
+from .fastpath import LAYOUT_ERRORS
 
 
 class CliError(Exception):
@@ -28,6 +29,9 @@ def speedups_line() -> str:
     """Whether the C speedups are on, as the headers of the demo and the benches say it."""
     if SPEEDUPS:
         return "C speedups: on"
+    if LAYOUT_ERRORS:
+        return ("C speedups: OFF (lsmdb._speedups was built from other sources: rebuild it; "
+                "the same code runs in Python, absent-key gets many times slower)")
     return ("C speedups: OFF (built without a C compiler: the same code runs in Python, "
             "absent-key gets many times slower; see README, Performance)")
 

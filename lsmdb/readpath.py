@@ -2,9 +2,10 @@
 
 A get consults the memtables, then every level-0 file newest first, then at
 most one file per deeper level (bisect on the level's key ranges).  Per file:
-the key range, then the Bloom filter -- probed inline from one hash per get,
-reused for every file -- and only on a "maybe" exactly one data block (or a
-block-cache hit).  Every step is counted on the file (SSTableInfo).  A scan
+the key range, then the Bloom filter (``bloom.may_contain``, from one hash per
+get reused for every file) and only on a "maybe" exactly one data block or a
+block-cache hit (``SSTableReader.lookup``).  Every step is counted on the file
+(SSTableInfo).  A scan
 merges the memtables and files whose range it meets, newest first
 (:mod:`lsmdb.merge`), over a snapshot taken when it starts.
 """
@@ -17,23 +18,18 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import table
-from .bloom import MASK32
 from .bloom import key_hash as _key_hash
+from .bloom import may_contain, split_hash
+from .fastpath import C_READ_PATH, FileProbe
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
 from .sstable import MISSING, SSTableReader
-from .sstable_reader import (
-    BLOCK_CACHE_HITS,
-    FALSE_POSITIVES,
-    FILTER_NEGATIVES,
-    RANGE_SKIPS,
-    TRUE_POSITIVES,
-)
+from .stats import FILTER_NEGATIVES, RANGE_SKIPS
 from .table import TableState
 
 try:
     from ._speedups import Cache, Getter
-    USE_C_GETTER = True
+    USE_C_GETTER = C_READ_PATH
 except ImportError:  # pragma: no cover - built without a C compiler
     USE_C_GETTER = False
 
@@ -41,7 +37,6 @@ if TYPE_CHECKING:
     from .versions import Versions
 
 log = logging.getLogger("lsmdb")
-_MASK32 = MASK32
 
 
 def state_getter(db: Versions, state: TableState) -> Any:
@@ -57,72 +52,28 @@ def make_getter(db: Versions, state: TableState) -> Any:
 
     ``get(key, default=None)``: memtables, then level-0 files newest first,
     then at most one file per deeper level (bisect on key ranges).  Per file:
-    key range check, then the filter, probed inline from a hash computed at
-    most once per get (one fast and at most one keyed hash), then on a
-    "maybe" exactly one data block (or a cache hit).  Every step is counted
-    on the file (see SSTableInfo).
+    key range check, then the filter (``bloom.may_contain``) from a hash
+    computed at most once per get (one fast and at most one keyed hash), then
+    on a "maybe" exactly one data block or a cache hit
+    (``SSTableReader.lookup``).  Every step is counted on the file (see
+    SSTableInfo).
     """
     missing = MISSING
     key_hash = _key_hash
     cache = db.block_cache
-    lookup: Any = cache.lookup if cache is not None else None
-    touch: Any = cache.touch if cache is not None else None
-    mask = _MASK32
     max_key = MAX_KEY_SIZE_BYTES
     _bisect = bisect_left
-
-    def lookup_block(reader: SSTableReader, index_keys: list[bytes], base: int, counts: Any,
-                     key: bytes, i: int = -1) -> Any:
-        """After a "maybe": the key's value (None: tombstone) from the one data
-        block that can hold it -- cache first -- or MISSING (a false positive).
-
-        ``i`` >= 0: the C getter found that block ``i`` is the one and that the
-        cache does not hold it, so it is read from disk straight away."""
-        if i < 0:
-            i = _bisect(index_keys, key)
-            if i == len(index_keys):
-                counts[FALSE_POSITIVES] += 1
-                return missing
-            block = lookup(base + i) if lookup is not None else None
-        else:
-            block = None
-        if block is None:
-            block = reader.read_block_for(i, key)  # a disk read; None: not in it
-            if block is None:
-                counts[FALSE_POSITIVES] += 1
-                return missing
-            return find_in(block, counts, key)
-        touch(base + i)
-        counts[BLOCK_CACHE_HITS] += 1
-        value = reader.find_in_cached(i, block, key)
-        counts[FALSE_POSITIVES if value is missing else TRUE_POSITIVES] += 1
-        return value
-
-    def find_in(block: tuple[list[bytes], list[bytes | None]], counts: Any, key: bytes) -> Any:
-        block_keys = block[0]
-        j = _bisect(block_keys, key)
-        if j == len(block_keys) or block_keys[j] != key:
-            counts[FALSE_POSITIVES] += 1
-            return missing
-        counts[TRUE_POSITIVES] += 1
-        return block[1][j]
-
-    def decode_read(reader: SSTableReader, i: int, raw: bytes, counts: Any, key: bytes) -> Any:
-        """The C getter read block ``i`` from disk (counted, checksum verified)
-        and could not walk it: decode it (a malformed block raises
-        CorruptionError) and look.  Not cached."""
-        return find_in(reader.decode_raw(i, raw), counts, key)
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
         if db.closed:
             db.check_open()
-        data, imms, l0, deeper, probes, flat, _filters = state.fast
+        fast = state.fast
         state.gets += 1
-        value = data.get(key, missing)
-        if value is missing and imms:
-            for imm in imms:
+        value = fast.data.get(key, missing)
+        if value is missing and fast.imm_datas:
+            for imm in fast.imm_datas:
                 value = imm.get(key, missing)
                 if value is not missing:
                     break
@@ -131,13 +82,13 @@ def make_getter(db: Versions, state: TableState) -> Any:
                 state.gets_absent += 1
                 return default
             return value
+        probes = fast.probes
         if probes is not None and not state.shadow:
             # C: range checks and filter probes (counted there) up to the
             # first file that may hold the key; resumed after a false positive.
             f = probes.first(key, 0)
             while f >= 0:
-                reader, index_keys, base, counts = flat[f]
-                value = lookup_block(reader, index_keys, base, counts, key)
+                value = fast.files[f].reader.lookup(key)
                 if value is not missing:
                     if value is None:
                         break
@@ -145,72 +96,39 @@ def make_getter(db: Versions, state: TableState) -> Any:
                 f = probes.first(key, f + 1)
             state.gets_absent += 1
             return default
-        files: Any
-        if deeper:
-            files = list(l0)
-            for max_keys, level_files in deeper:
-                i = _bisect(max_keys, key)
-                if i < len(level_files):
-                    files.append(level_files[i])
-        else:
-            files = l0
+        files: Any = fast.l0
+        if fast.deeper:
+            files = list(files)
+            for level in fast.deeper:
+                i = _bisect(level.max_keys, key)
+                if i < len(level.files):
+                    files.append(level.files[i])
         h1 = k1 = -1
         h2 = k2 = 0
-        for reader, lo, hi, bits, m, ks, kf, index_keys, base, counts, part in files:
-            if key < lo or key > hi:
-                counts[RANGE_SKIPS] += 1
+        for p in files:
+            if key < p.min_key or key > p.max_key:
+                p.counts[RANGE_SKIPS] += 1
                 continue
-            if m:
-                if kf is None:
+            if p.m:
+                if p.keyed_fn is None:
                     if h1 < 0:
-                        h = key_hash(key)
-                        h1 = h & mask
-                        h2 = h >> 32
-                    g = h1
-                    step = h2
+                        h1, h2 = split_hash(key_hash(key))
+                    maybe = may_contain(p.bits, p.m, p.k, p.part, h1, h2)
                 else:
                     if k1 < 0:  # one keyed hash per get, reused for every keyed filter
-                        h = kf(key)
-                        k1 = h & mask
-                        k2 = h >> 32
-                    g = k1
-                    step = k2
-                if part:  # format 2: probe i in partition i (see bloom.py)
-                    pos = g * part >> 32
-                    negative = not bits[pos >> 3] & (1 << (pos & 7))
-                    if not negative:
-                        start = 0
-                        for _ in ks:
-                            g = (g + step) & mask
-                            start += part
-                            pos = start + (g * part >> 32)
-                            if not bits[pos >> 3] & (1 << (pos & 7)):
-                                negative = True
-                                break
-                else:  # format 1: (g + i*step) mod m
-                    pos = g % m
-                    step %= m
-                    # Probe 0 unrolled: most absent keys stop here.
-                    negative = not bits[pos >> 3] & (1 << (pos & 7))
-                    if not negative:
-                        for _ in ks:
-                            pos += step
-                            if pos >= m:
-                                pos -= m
-                            if not bits[pos >> 3] & (1 << (pos & 7)):
-                                negative = True
-                                break
-                if negative:
+                        k1, k2 = split_hash(p.keyed_fn(key))
+                    maybe = may_contain(p.bits, p.m, p.k, p.part, k1, k2)
+                if not maybe:
                     if state.shadow:
-                        value = _shadow_check(reader, key)
+                        value = _shadow_check(p.reader, key)
                         if value is not missing:
                             if value is None:
                                 state.gets_absent += 1
                                 return default
                             return value
-                    counts[FILTER_NEGATIVES] += 1
+                    p.counts[FILTER_NEGATIVES] += 1
                     continue
-            value = lookup_block(reader, index_keys, base, counts, key)
+            value = p.reader.lookup(key)
             if value is missing:
                 continue
             if value is None:
@@ -224,8 +142,9 @@ def make_getter(db: Versions, state: TableState) -> Any:
         # unusual calls (non-bytes keys, keywords, closed database, shadow
         # mode) go to ``get`` above.  It looks blocks up in the cache's C
         # books, marks hits and puts the blocks it reads there itself, as
-        # ``lookup``/``touch``/``admit``/``put`` do.
-        return Getter(db, state, missing, lookup_block, get, max_key, cache, decode_read)
+        # ``lookup``/``touch``/``admit``/``put`` do; a block it cannot serve
+        # goes to SSTableReader.lookup.
+        return Getter(db, state, missing, SSTableReader.lookup, get, max_key, cache)
     return get
 
 
@@ -261,7 +180,7 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
         if res is not None:
             answers, maybes, fast, ks = res
             if maybes:
-                _files_many_c(ks, maybes, answers, fast[4], fast[5])
+                _files_many_c(ks, maybes, answers, fast.probes, fast.files)
                 absent = 0
                 for _f, i, _seed in maybes:
                     if answers[i] is MISSING or answers[i] is None:
@@ -272,76 +191,46 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db.closed:
         db.check_open()
-    data, imms, l0, deeper, _probes, _flat, _filters = state.fast
+    fast = state.fast
     n = len(ks)
     state.gets += n
-    out: list[Any] = [data.get(key, MISSING) for key in ks]
-    for imm in imms:
+    out: list[Any] = [fast.data.get(key, MISSING) for key in ks]
+    for imm in fast.imm_datas:
         for i in range(n):
             if out[i] is MISSING:
                 out[i] = imm.get(ks[i], MISSING)
     pending = [i for i in range(n) if out[i] is MISSING]
-    hashes: dict[Any, tuple[list[int], list[int]]] = {}
+    hashes: dict[Any, list[tuple[int, int]]] = {}
 
-    def halves(kf: Any) -> tuple[list[int], list[int]]:
+    def halves(kf: Any) -> list[tuple[int, int]]:
         """(h1, h2) of every key under one hash function, computed once per call."""
         hv = hashes.get(kf)
         if hv is None:
             fn = _key_hash if kf is None else kf
-            full = [fn(key) for key in ks]
-            hv = hashes[kf] = ([h & _MASK32 for h in full], [h >> 32 for h in full])
+            hv = hashes[kf] = [split_hash(fn(key)) for key in ks]
         return hv
 
-    def visit(probe: tuple[Any, ...], idx: list[int]) -> list[int]:
-        """Answer what ``probe``'s file can; returns the indexes still open."""
-        reader, lo, hi, bits, m, krange, kf = probe[:7]
-        part = probe[10]
+    def visit(p: FileProbe, idx: list[int]) -> list[int]:
+        """Answer what ``p``'s file can; returns the indexes still open."""
+        reader, lo, hi, bits, m, k, part = p.reader, p.min_key, p.max_key, p.bits, p.m, p.k, p.part
         maybe: list[int] = []
         still: list[int] = []
         skipped = 0
         negatives: list[int] = []
         if m:
-            h1s, h2s = halves(kf)
+            hv = halves(p.keyed_fn)
         for i in idx:
             key = ks[i]
             if key < lo or key > hi:
                 skipped += 1
                 still.append(i)
                 continue
-            if m and part:  # format 2: probe i in partition i (see bloom.py)
-                g = h1s[i]
-                step = h2s[i]
-                pos = g * part >> 32
-                if not bits[pos >> 3] & (1 << (pos & 7)):
+            if m:
+                h1, h2 = hv[i]
+                if not may_contain(bits, m, k, part, h1, h2):
                     negatives.append(i)
                     continue
-                start = 0
-                for _ in krange:  # the probes after the first
-                    g = (g + step) & _MASK32
-                    start += part
-                    pos = start + (g * part >> 32)
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        negatives.append(i)
-                        break
-                else:
-                    maybe.append(i)
-            elif m:
-                pos = h1s[i] % m
-                step = h2s[i] % m
-                if not bits[pos >> 3] & (1 << (pos & 7)):
-                    negatives.append(i)
-                    continue
-                for _ in krange:  # the probes after the first
-                    pos += step
-                    if pos >= m:
-                        pos -= m
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        negatives.append(i)
-                        break
-                else:
-                    maybe.append(i)
-            else:
-                maybe.append(i)
+            maybe.append(i)
         reader.range_skips += skipped
         if negatives:
             if state.shadow:
@@ -352,23 +241,23 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
             _read_blocks(reader, ks, maybe, still, out)
         return still
 
-    for probe in l0:
+    for p in fast.l0:
         if not pending:
             break
-        pending = visit(probe, pending)
-    for max_keys, probes in deeper:
+        pending = visit(p, pending)
+    for level in fast.deeper:
         if not pending:
             break
         groups: dict[int, list[int]] = {}
         rest: list[int] = []
         for i in pending:
-            f = bisect_left(max_keys, ks[i])
-            if f < len(probes):
+            f = bisect_left(level.max_keys, ks[i])
+            if f < len(level.files):
                 groups.setdefault(f, []).append(i)
             else:
                 rest.append(i)
         for f, idx in groups.items():
-            rest += visit(probes[f], idx)
+            rest += visit(level.files[f], idx)
         pending = rest
     absent = 0
     for i in range(n):
@@ -380,7 +269,7 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
 
 
 def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list[Any],
-                  probes: Any, flat: tuple[tuple[Any, ...], ...]) -> None:
+                  probes: Any, files: tuple[FileProbe, ...]) -> None:
     """get_many's block reads after the C probes: ``maybes`` holds (file, key
     index, hash seed) per key some filter let through.  File by file in read
     order, each distinct block is read once for all the keys that need it;
@@ -392,13 +281,13 @@ def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list
     for f, i, seed in maybes:
         waiting.setdefault(f, []).append(i)
         seed_of[i] = seed
-    for f in range(len(flat)):  # resumes only go forward: one pass in read order
+    for f in range(len(files)):  # resumes only go forward: one pass in read order
         idx = waiting.pop(f, None)
         if not idx:
             continue
         idx.sort()
         still: list[int] = []
-        _read_blocks(flat[f][0], ks, idx, still, out)
+        _read_blocks(files[f].reader, ks, idx, still, out)
         if still:
             rseeds = [seed_of[i] for i in still]
             nexts = probes.first_many([ks[i] for i in still], [f + 1] * len(still), rseeds)
@@ -410,51 +299,14 @@ def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list
 
 def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still: list[int],
                  out: list[Any]) -> None:
-    """Look ``maybe`` keys up in ``reader``, one read per distinct block.
-
-    A block the cache holds counts one cache hit per key it answers (as a
-    loop of ``get`` would); one read from disk counts one block read."""
-    index_keys = reader.index_keys
-    nblocks = len(index_keys)
-    by_block: dict[int, list[int]] = {}
-    for i in maybe:
-        b = bisect_left(index_keys, ks[i])
-        if b < nblocks:
-            by_block.setdefault(b, []).append(i)
-        else:
-            reader.false_positives += 1
+    """Look the ``maybe`` keys up in ``reader`` (``lookup_many``: one read per
+    distinct block): their values into ``out``, the keys it does not hold
+    onto ``still``."""
+    for i, value in zip(maybe, reader.lookup_many([ks[i] for i in maybe]), strict=True):
+        if value is MISSING:
             still.append(i)
-    tp = fp = 0
-    for b, members in by_block.items():
-        block = reader.cached_block(b)
-        payload = None
-        if block is None:
-            if len(members) == 1:  # as get does: a false positive is not decoded
-                block = reader.read_block_for(b, ks[members[0]])
-                if block is None:
-                    fp += 1
-                    still.append(members[0])
-                    continue
-            else:  # from disk, offered to the cache below
-                block, payload = reader.read_block(b)
         else:
-            reader.block_cache_hits += len(members)
-        block_keys, values = block
-        nkeys = len(block_keys)
-        found = tp
-        for i in members:
-            key = ks[i]
-            j = bisect_left(block_keys, key)
-            if j < nkeys and block_keys[j] == key:
-                tp += 1
-                out[i] = values[j]
-            else:
-                fp += 1
-                still.append(i)
-        if payload is not None:  # a get's block if it held one of the keys
-            reader.offer_block(b, payload, held=tp > found)
-    reader.true_positives += tp
-    reader.false_positives += fp
+            out[i] = value
 
 
 def _shadow_many(reader: SSTableReader, ks: list[bytes], negatives: list[int], maybe: list[int],

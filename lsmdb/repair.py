@@ -251,7 +251,7 @@ class _Repair:
         bad = 0
         for i in range(len(reader.index_keys)):
             try:
-                k, v = reader.read_data_block(i, count=False)
+                k, v = reader.read_block(i, count=False)
                 blk.validate_data_block(k, v, reader.path, reader.index_offsets[i])
                 if keys and k and k[0] <= keys[-1]:
                     raise CorruptionError("block out of order", reader.path)

@@ -30,7 +30,7 @@ from .sstable_format import (
     SSTABLE_FORMAT_VERSION,
     SSTABLE_MAGIC,
 )
-from .stats import FILE_COUNTERS, ArrayCounter
+from .stats import BLOCK_CACHE_HITS, FALSE_POSITIVES, FILE_COUNTERS, TRUE_POSITIVES, ArrayCounter
 
 _block_entry: Callable[[bytes], bytes] | None
 _entry_find: Callable[[bytes, bytes, object], Any] | None
@@ -52,6 +52,9 @@ except ImportError:  # pragma: no cover - built without a C compiler
 
 log = logging.getLogger("lsmdb")
 
+#: A decoded data block: its keys in order, and their values (None: a tombstone).
+Block = tuple[list[bytes], list[bytes | None]]
+
 
 class _FailOpenFilter:
     """Stands in for a filter that cannot be decoded: always "maybe"."""
@@ -69,10 +72,6 @@ class _FailOpenFilter:
         """A filter that fails open has no bits to check."""
 
 
-RANGE_SKIPS, FILTER_NEGATIVES, TRUE_POSITIVES, FALSE_POSITIVES = 0, 1, 2, 3
-FALSE_NEGATIVES, BLOCK_READS, BLOCK_CACHE_HITS = 4, 5, 6  # slots of ``counts`` (FILE_COUNTERS)
-
-
 #: A scan or a compaction reads a file's data blocks ahead, in runs that start at
 #: one block and double up to this many blocks or this many bytes per read (a
 #: short scan reads no more than twice what it uses).
@@ -83,8 +82,13 @@ READAHEAD_BYTES = 1 << 20
 class SSTableReader:
     """An open SSTable: footer, index, properties and filter held in memory.
 
-    ``get`` is a range check, one filter probe (by the caller) and, on a
-    "maybe", one ``os.pread`` of a single data block.  The file descriptor
+    A point read is a range check and a filter probe (by the caller) and, on
+    a "maybe", ``lookup``: one data block from the cache or one ``os.pread``.
+    The data block methods: ``block_for`` (which block can hold a key),
+    ``read_block`` (one from disk, not cached), ``block_entries`` and
+    ``find`` (through the cache), ``lookup`` and ``lookup_many`` (through the
+    cache, counted as the filter's true or false positives), ``chunks`` and
+    ``iter_range`` (a key range, blocks read ahead).  The file descriptor
     stays open until ``close()``, so a file unlinked by compaction can still
     serve readers that hold this object.
     """
@@ -101,8 +105,8 @@ class SSTableReader:
         #: once it knows the secret); None for the fast hash.
         self.keyed_fn: Any = None
         self._filter_stats: dict[str, float] | None = None
-        # Counters (#4): cumulative, never reset on read; named by the
-        # ArrayCounter attributes below (the C read path counts into slots 0, 1).
+        # Counters: cumulative, never reset on read; named by the
+        # ArrayCounter attributes below (lsmdb/stats.py).
         self.counts = array("Q", bytes(8 * len(FILE_COUNTERS)))
         self._cache: Any = None  # the shared block cache of payloads, or None
         self._fd = -1
@@ -148,13 +152,14 @@ class SSTableReader:
         if self._cache is not None:
             self._cache.evict_range(self.cache_base, self.cache_base + len(self.index_keys))
 
-    range_skips = ArrayCounter(RANGE_SKIPS)
-    filter_negatives = ArrayCounter(FILTER_NEGATIVES)  # the filter said no: a read skipped
-    true_positives = ArrayCounter(TRUE_POSITIVES)
-    false_positives = ArrayCounter(FALSE_POSITIVES)
-    false_negatives = ArrayCounter(FALSE_NEGATIVES)    # shadow mode only; must stay 0
-    block_reads = ArrayCounter(BLOCK_READS)            # data blocks read from disk
-    block_cache_hits = ArrayCounter(BLOCK_CACHE_HITS)  # data blocks served by the cache
+    # The counters by name (lsmdb/stats.py says what each counts).
+    range_skips = ArrayCounter(FILE_COUNTERS)
+    filter_negatives = ArrayCounter(FILE_COUNTERS)
+    true_positives = ArrayCounter(FILE_COUNTERS)
+    false_positives = ArrayCounter(FILE_COUNTERS)
+    false_negatives = ArrayCounter(FILE_COUNTERS)
+    block_reads = ArrayCounter(FILE_COUNTERS)
+    block_cache_hits = ArrayCounter(FILE_COUNTERS)
 
     # -- low-level reads --------------------------------------------------
     def _pread(self, size: int, offset: int) -> bytes:
@@ -174,7 +179,7 @@ class SSTableReader:
             raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
         return data[offset:offset + size]
 
-    def _read_block(self, read: Any, offset: int, size: int, what: str) -> bytes:
+    def _read_meta_block(self, read: Any, offset: int, size: int, what: str) -> bytes:
         if offset < 0 or size < 0 or offset + size + BLOCK_TRAILER_SIZE > self._data_end:
             raise CorruptionError(f"{what} handle out of bounds", self.path, offset)
         raw = read(size + BLOCK_TRAILER_SIZE, offset)
@@ -205,7 +210,7 @@ class SSTableReader:
         self.filter_handle = (flt_off, flt_size)
         self.props_handle = (prop_off, prop_size)
 
-        props = blk.unpack(self._read_block(read, prop_off, prop_size, "properties block"),
+        props = blk.unpack(self._read_meta_block(read, prop_off, prop_size, "properties block"),
                            path, prop_off, "properties block")
         if type(props) is not dict:
             raise CorruptionError("properties block has the wrong shape", path, prop_off)
@@ -224,7 +229,7 @@ class SSTableReader:
             raise CorruptionError("properties block key range of the wrong type", path, prop_off)
         self.properties = props
 
-        index = blk.unpack(self._read_block(read, idx_off, idx_size, "index block"),
+        index = blk.unpack(self._read_meta_block(read, idx_off, idx_size, "index block"),
                            path, idx_off, "index block")
         if (type(index) is not list or len(index) != 3
                 or not all(type(part) is list for part in index)
@@ -248,7 +253,7 @@ class SSTableReader:
         self.bloom: Any
         self._keyed_bloom: BloomFilter | None = None
         try:
-            raw = self._read_block(read, flt_off, flt_size, "filter block")
+            raw = self._read_meta_block(read, flt_off, flt_size, "filter block")
             self.bloom = BloomFilter.from_bytes(raw, path, flt_off)
             if self.bloom.m and self.bloom.hash_algorithm != FAST_HASHER.algorithm:
                 # Probing with any other hash would give false negatives.
@@ -285,180 +290,140 @@ class SSTableReader:
                              "database does not have; the filter fails open")
         log.warning("%s: %s", self.path, self.filter_error)
 
-    # -- reads ------------------------------------------------------------
-    def read_data_block(self, i: int, count: bool = True) -> tuple[list[bytes], list[bytes | None]]:
-        """Read, check and decode data block ``i`` (one ``os.pread``)."""
-        payload, offset = self._read_payload(i, count)
-        return blk.decode_data_block(payload, self.path, offset)
-
-    def _read_payload(self, i: int, count: bool = True) -> tuple[bytes, int]:
-        """Data block ``i``'s payload, checksum verified, and its offset."""
-        raw, offset = self._read_raw(i, count)
-        return raw[:-BLOCK_TRAILER_SIZE], offset
-
-    def _read_raw(self, i: int, count: bool = True) -> tuple[bytes, int]:
-        """Data block ``i`` as stored (payload and trailer), checksum verified,
-        and its offset."""
-        offset = self.index_offsets[i]
-        size = self.index_sizes[i]
-        if self._data is None:
-            raw = self._pread(size + BLOCK_TRAILER_SIZE, offset)
-        else:
-            raw = self._data[offset:offset + size + BLOCK_TRAILER_SIZE]
-        if count:
-            self.block_reads += 1
-        self._check_raw(i, raw)
-        return raw, offset
-
-    def _check_raw(self, i: int, raw: bytes | memoryview) -> None:
-        """CorruptionError unless ``raw`` is data block ``i`` whole (payload and
-        trailer) with a matching checksum."""
-        if len(raw) != self.index_sizes[i] + BLOCK_TRAILER_SIZE:
-            raise CorruptionError("data block truncated", self.path, self.index_offsets[i])
-        if crc32(raw) != CRC32_RESIDUE:  # payload and trailer in one pass
-            raise CorruptionError("data block checksum mismatch", self.path,
-                                  self.index_offsets[i])
-
-    def read_block_for(self, i: int, key: bytes) -> tuple[list[bytes], list[bytes | None]] | None:
-        """Data block ``i`` read from disk for a lookup of ``key`` (then cached,
-        if the cache admits it), or None when it certainly does not hold ``key``.
-
-        A key is stored in a block as a msgpack bin among the block's sorted
-        keys.  So when the checksum-verified block's keys, walked in place
-        (``block_may_hold``; without the C speedups: when the key's bytes
-        appear nowhere in the block), do not include the key, it is a false
-        positive of the filter, and the block is not decoded: it costs one
-        read and one checksum.  It is cached only on its second read within
-        the admission's window (``BlockCache.admit_reread``), so that the
-        false positives of keys looked up again and again stop reading the
-        disk, while those of keys looked up once do not fill the cache.
-        Otherwise the block is decoded for this lookup, and its payload cached
-        if the cache admits it (``BlockCache.admit``: a full cache, only on
-        the block's second read), as the C getter does.
-        """
-        raw, _offset = self._read_raw(i)
-        held = block_may_hold(raw, key)
-        block = self.decode_raw(i, raw) if held else None  # a malformed block raises here
-        if self._cache is not None:
-            self.offer_block(i, raw[:-BLOCK_TRAILER_SIZE], held)
-        return block
-
-    def decode_raw(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` decoded from ``raw`` (payload and verified trailer)."""
-        return self._decode_payload(i, raw[:-BLOCK_TRAILER_SIZE])
-
-    def _decode_payload(self, i: int, payload: bytes | memoryview
-                        ) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` decoded from its checksum-verified payload."""
-        return blk.decode_data_block(payload, self.path, self.index_offsets[i])
-
-    def find_in_cached(self, i: int, entry: bytes, key: bytes) -> Any:
-        """``key``'s value in data block ``i`` as the cache holds it: the value,
-        None for a tombstone, or MISSING.  With the C speedups the entry is
-        the payload followed by its entries' offsets (``block_entry``), and
-        ``entry_find`` bisects the keys in place; without them it is the
-        payload, decoded here (as is one ``entry_find`` cannot read: then the
-        decoder raises CorruptionError if it is malformed)."""
-        if _entry_find is not None:
-            try:
-                return _entry_find(entry, key, MISSING)
-            except ValueError:
-                pass
-        keys, values = self._decode_cached(i, entry)
-        j = bisect_left(keys, key)
-        return values[j] if j < len(keys) and keys[j] == key else MISSING
-
-    def _cached_payload(self, i: int, entry: bytes) -> memoryview:
-        """Data block ``i``'s payload in its cache entry (its first bytes)."""
-        return memoryview(entry)[:self.index_sizes[i]]
-
-    def _decode_cached(self, i: int, entry: bytes) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` decoded from its cache entry: through its offsets
-        (``entry_lists``) with the C speedups, else from its payload."""
-        if _entry_lists is not None:
-            try:
-                return _entry_lists(entry)
-            except ValueError:
-                pass
-        return self._decode_payload(i, self._cached_payload(i, entry))
+    # -- data blocks ------------------------------------------------------
+    # A data block is read whole, payload and trailer, and its checksum
+    # verified before any of it is used.  ``read_block`` reads one for tools
+    # (not cached); ``block_entries`` and ``find`` go through the block cache;
+    # ``lookup`` and ``lookup_many`` are the read path's step after a
+    # filter's "maybe", counted as its true or false positives; ``chunks``
+    # walks a key range for scans and compactions.
 
     def block_for(self, key: bytes) -> int:
         """Index of the only data block that can hold ``key`` (len(index) if none)."""
         return bisect_left(self.index_keys, key)
 
-    def find(self, key: bytes) -> Any:
-        """The value, None for a tombstone, or MISSING; reads at most one block.
+    def read_block(self, i: int, count: bool = True) -> Block:
+        """Data block ``i``'s (keys, values) read from disk (one ``os.pread``),
+        checksum verified and decoded; counted as a block read unless
+        ``count`` is False; not cached."""
+        return self._decode(i, self._read_raw(i, count)[:-BLOCK_TRAILER_SIZE])
 
-        The block comes from the shared cache when it holds it, else from
-        disk with exactly one ``os.pread``.
-        """
-        index_keys = self.index_keys
-        i = bisect_left(index_keys, key)
-        if i == len(index_keys):
-            return MISSING
-        keys, values = self.load_block(i)
-        j = bisect_left(keys, key)
-        if j < len(keys) and keys[j] == key:
-            return values[j]
-        return MISSING
-
-    def load_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` from the cache (a counted hit), or from disk (then
-        cached if the cache admits it)."""
-        block = self.cached_block(i)
-        if block is None:
-            return self.fetch_block(i)
-        self.block_cache_hits += 1
-        return block
-
-    def cached_block(self, i: int) -> tuple[list[bytes], list[bytes | None]] | None:
-        """Data block ``i`` decoded from the cache's copy, if the cache holds
-        it (marked as used; not counted)."""
+    def block_entries(self, i: int) -> Block:
+        """Data block ``i``'s (keys, values) from the cache (a counted hit), or
+        read from disk (a counted read) and then cached if the cache admits it
+        as a get's block (``BlockCache.admit``: a full cache only on the
+        block's second read), so that shadow mode's reads cannot flush a
+        cache that a loop of ``get`` would have kept."""
         cache = self._cache
         entry = cache.get(self.cache_base + i) if cache is not None else None
-        return None if entry is None else self._decode_cached(i, entry)
-
-    def fetch_block(self, i: int) -> tuple[list[bytes], list[bytes | None]]:
-        """Data block ``i`` read from disk (a counted read), then cached if the
-        cache admits it (``BlockCache.admit``, as for a get's block: a full
-        cache only on the block's second read), so that shadow mode's reads
-        cannot flush a cache that a loop of ``get`` would have kept.
-        (``get_many``'s blocks for several keys go through ``read_block`` and
-        ``offer_block``.)"""
-        block, payload = self.read_block(i)
-        self.offer_block(i, payload, held=True)
+        if entry is not None:
+            self.block_cache_hits += 1
+            return self._decode_entry(i, entry)
+        payload = self._read_raw(i)[:-BLOCK_TRAILER_SIZE]
+        block = self._decode(i, payload)
+        self._offer(i, payload, held=True)
         return block
 
-    def read_block(self, i: int) -> tuple[tuple[list[bytes], list[bytes | None]], bytes]:
-        """Data block ``i`` read from disk (a counted read) and decoded, not
-        cached: (block, its checksum-verified payload), for ``offer_block``
-        once the caller knows whether it held what was looked for."""
-        payload, _offset = self._read_payload(i)
-        return self._decode_payload(i, payload), payload
+    def find(self, key: bytes) -> Any:
+        """The value, None for a tombstone, or MISSING: ``key`` looked up in the
+        one data block that can hold it (``block_entries``: the cache's copy,
+        else one ``os.pread``).  Not counted as a filter's true or false
+        positive (shadow mode and tools)."""
+        i = self.block_for(key)
+        if i == len(self.index_keys):
+            return MISSING
+        keys, values = self.block_entries(i)
+        j = bisect_left(keys, key)
+        return values[j] if j < len(keys) and keys[j] == key else MISSING
 
-    def offer_block(self, i: int, payload: bytes, held: bool) -> None:
-        """Cache data block ``i`` (its payload, as ``read_block`` gave it) if
-        the cache admits it: as a get's block (``BlockCache.admit``) when it
-        held a key looked up in it, else as a false positive's
-        (``BlockCache.admit_reread``: only on its second read), as the C
-        getter offers the blocks it reads."""
+    def lookup(self, key: bytes, i: int = -1) -> Any:
+        """After a filter's "maybe": ``key``'s value here (None: a tombstone),
+        or MISSING (a false positive), from the one data block that can hold
+        it -- the cache's copy (a hit), else read from disk (a block read) --
+        counted as a true or a false positive.  ``i`` >= 0: the C getter found
+        that block ``i`` is the one and that the cache does not hold it, so it
+        is read from disk straight away.
+
+        A key is stored in a block as a msgpack bin among the block's sorted
+        keys.  So when the checksum-verified block read from disk, its keys
+        walked in place (``block_may_hold``; without the C speedups: when the
+        key's bytes appear nowhere in it), does not hold the key, the block is
+        not decoded: a false positive costs one read and one checksum, and its
+        block is cached only on its second read within the admission's window
+        (``BlockCache.admit_reread``), so that the false positives of keys
+        looked up again and again stop reading the disk, while those of keys
+        looked up once do not fill the cache.  A block that may hold it is
+        decoded and cached if the cache admits it (``BlockCache.admit``), as
+        the C getter does."""
+        counts = self.counts
         cache = self._cache
-        if cache is not None and (cache.admit if held else cache.admit_reread)(self.cache_base + i):
-            self._remember(i, payload)
+        if i < 0:
+            index_keys = self.index_keys
+            i = bisect_left(index_keys, key)
+            if i == len(index_keys):
+                counts[FALSE_POSITIVES] += 1
+                return MISSING
+            entry = cache.get(self.cache_base + i) if cache is not None else None
+            if entry is not None:
+                counts[BLOCK_CACHE_HITS] += 1
+                value = self._find_in_entry(i, entry, key)
+                counts[FALSE_POSITIVES if value is MISSING else TRUE_POSITIVES] += 1
+                return value
+        raw = self._read_raw(i)
+        value = MISSING
+        held = block_may_hold(raw, key)
+        if held:
+            keys, values = self._decode(i, raw[:-BLOCK_TRAILER_SIZE])  # a malformed block raises
+            j = bisect_left(keys, key)
+            if j < len(keys) and keys[j] == key:
+                value = values[j]
+        if cache is not None:
+            self._offer(i, raw[:-BLOCK_TRAILER_SIZE], held)
+        counts[FALSE_POSITIVES if value is MISSING else TRUE_POSITIVES] += 1
+        return value
 
-    def _remember(self, i: int, payload: bytes) -> None:
-        """Cache data block ``i`` from its payload (checksum verified and
-        decoded): with the C speedups as ``block_entry`` makes it (not cached
-        if that refuses it), else the payload itself."""
-        if self._cache is None:
-            return
-        entry = payload
-        if _block_entry is not None:
-            try:
-                entry = _block_entry(payload)
-            except ValueError:
-                return
-        self._cache.put(self.cache_base + i, entry, len(entry))
+    def lookup_many(self, keys: list[bytes]) -> list[Any]:
+        """``lookup`` of each of ``keys`` (get_many's step after the filter),
+        each distinct data block taken from the cache or read from disk once
+        for all the keys it can hold.  Counted as a loop of ``lookup`` would
+        count them -- a cache hit per key a cached block answers -- except
+        that a block several keys need, read from disk, is one block read,
+        and is cached if the cache admits it as a get's block when it held one
+        of them, as a false positive's when it held none."""
+        out: list[Any] = [MISSING] * len(keys)
+        index_keys = self.index_keys
+        by_block: dict[int, list[int]] = {}
+        for n, key in enumerate(keys):
+            by_block.setdefault(bisect_left(index_keys, key), []).append(n)
+        cache = self._cache
+        tp = fp = 0
+        for b, members in by_block.items():
+            if len(members) == 1 or b == len(index_keys):
+                for n in members:
+                    out[n] = self.lookup(keys[n])
+                continue
+            entry = cache.get(self.cache_base + b) if cache is not None else None
+            payload = None
+            if entry is not None:
+                self.block_cache_hits += len(members)
+                block_keys, values = self._decode_entry(b, entry)
+            else:  # from disk, once for them all
+                payload = self._read_raw(b)[:-BLOCK_TRAILER_SIZE]
+                block_keys, values = self._decode(b, payload)
+            found = tp
+            for n in members:
+                key = keys[n]
+                j = bisect_left(block_keys, key)
+                if j < len(block_keys) and block_keys[j] == key:
+                    tp += 1
+                    out[n] = values[j]
+                else:
+                    fp += 1
+            if payload is not None:
+                self._offer(b, payload, held=tp > found)
+        self.true_positives += tp
+        self.false_positives += fp
+        return out
 
     def iter_range(self, start: bytes | None, end: bytes | None,
                    reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
@@ -468,7 +433,7 @@ class SSTableReader:
                                    for k, v in self.chunks(start, end, reverse))
 
     def chunks(self, start: bytes | None, end: bytes | None,
-               reverse: bool = False) -> Iterator[tuple[list[bytes], list[bytes | None]]]:
+               reverse: bool = False) -> Iterator[Block]:
         """The entries with start <= key < end as (keys, values) lists, a data
         block at a time, in key order (descending when ``reverse``): what
         :func:`lsmdb.merge.merge_newest` takes.
@@ -494,10 +459,10 @@ class SSTableReader:
                     ahead = self._read_ahead(order[n:n + span])
                     span = min(2 * span, READAHEAD_BLOCKS)
                     raw = ahead.pop(b)
-                self._check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
-                keys, values = self.decode_raw(b, raw)
+                self._verify(b, raw)  # as used: a block read ahead, unused, fails nothing
+                keys, values = self._decode(b, raw[:-BLOCK_TRAILER_SIZE])
             else:
-                keys, values = self._decode_cached(b, block)
+                keys, values = self._decode_entry(b, block)
                 self.block_cache_hits += 1
             lo = 0 if start is None else bisect_left(keys, start)
             hi = len(keys) if end is None else bisect_left(keys, end)
@@ -545,6 +510,82 @@ class SSTableReader:
             out[b] = view[offset:offset + sizes[b] + BLOCK_TRAILER_SIZE]
             self.block_reads += 1
         return out
+
+    # -- data blocks: the private steps -------------------------------------
+    def _read_raw(self, i: int, count: bool = True) -> bytes:
+        """Data block ``i`` as stored (payload and trailer), checksum verified:
+        one ``os.pread`` (or a slice of the file in memory), counted as a
+        block read unless ``count`` is False."""
+        offset = self.index_offsets[i]
+        size = self.index_sizes[i] + BLOCK_TRAILER_SIZE
+        if self._data is None:
+            raw = self._pread(size, offset)
+        else:
+            raw = self._data[offset:offset + size]
+        if count:
+            self.block_reads += 1
+        self._verify(i, raw)
+        return raw
+
+    def _verify(self, i: int, raw: bytes | memoryview) -> None:
+        """CorruptionError unless ``raw`` is data block ``i`` whole (payload and
+        trailer) with a matching checksum."""
+        if len(raw) != self.index_sizes[i] + BLOCK_TRAILER_SIZE:
+            raise CorruptionError("data block truncated", self.path, self.index_offsets[i])
+        if crc32(raw) != CRC32_RESIDUE:  # payload and trailer in one pass
+            raise CorruptionError("data block checksum mismatch", self.path,
+                                  self.index_offsets[i])
+
+    def _decode(self, i: int, payload: bytes | memoryview) -> Block:
+        """Data block ``i`` decoded from its checksum-verified payload."""
+        return blk.decode_data_block(payload, self.path, self.index_offsets[i])
+
+    def _decode_entry(self, i: int, entry: bytes) -> Block:
+        """Data block ``i`` decoded from its cache entry: through its offsets
+        (``entry_lists``) with the C speedups, else from its payload (the
+        entry's first bytes)."""
+        if _entry_lists is not None:
+            try:
+                return _entry_lists(entry)
+            except ValueError:
+                pass
+        return self._decode(i, memoryview(entry)[:self.index_sizes[i]])
+
+    def _find_in_entry(self, i: int, entry: bytes, key: bytes) -> Any:
+        """``key``'s value in data block ``i`` as the cache holds it: the value,
+        None for a tombstone, or MISSING.  With the C speedups the entry is
+        the payload followed by its entries' offsets (``block_entry``), and
+        ``entry_find`` bisects the keys in place; without them it is the
+        payload, decoded here (as is one ``entry_find`` cannot read: then the
+        decoder raises CorruptionError if it is malformed)."""
+        if _entry_find is not None:
+            try:
+                return _entry_find(entry, key, MISSING)
+            except ValueError:
+                pass
+        keys, values = self._decode_entry(i, entry)
+        j = bisect_left(keys, key)
+        return values[j] if j < len(keys) and keys[j] == key else MISSING
+
+    def _offer(self, i: int, payload: bytes, held: bool) -> None:
+        """Cache data block ``i`` from its checksum-verified payload if the
+        cache admits it: as a get's block (``BlockCache.admit``) when it held a
+        key looked up in it, else as a false positive's
+        (``BlockCache.admit_reread``: only on its second read), as the C
+        getter offers the blocks it reads.  The entry is what ``block_entry``
+        makes of the payload with the C speedups (not cached if that refuses
+        it), else the payload itself."""
+        cache = self._cache
+        key = self.cache_base + i
+        if cache is None or not (cache.admit if held else cache.admit_reread)(key):
+            return
+        entry = payload
+        if _block_entry is not None:
+            try:
+                entry = _block_entry(payload)
+            except ValueError:
+                return
+        cache.put(key, entry, len(entry))
 
     def bloom_memory_bytes(self) -> int:
         """Bytes the filter's bit array holds in memory."""

@@ -279,7 +279,7 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     bloom.key_id = hasher.key_id
     hash_fn = hasher.fn
     for i in range(len(reader.index_keys)):
-        keys, _values = reader.read_data_block(i, count=False)
+        keys, _values = reader.read_block(i, count=False)
         if bloom.m:
             bloom.add_hashes(map(hash_fn, keys))
     bloom.n = reader.entries

@@ -37,23 +37,63 @@ STATS_HEADER = struct.Struct("<8sIII")
 STATS_INTERVAL_SECONDS = 10.0
 
 #: Order of the per-file counters on disk and in ``SSTableReader.counts``.
-#: DO NOT CHANGE: on disk (append only); the C read path counts by the same slots
-#: (lsmdb/csrc/speedups.h).
+#: DO NOT CHANGE: on disk (append only).
 FILE_COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_positives",
                  "false_negatives", "block_reads", "block_cache_hits")
-#: Order of the per-table read counters (``TableState.counts``, STATS); the C getter
-#: counts into both.
+#: Order of the per-table read counters (``TableState.counts``, STATS).
 TABLE_COUNTERS = ("gets", "gets_absent")
+
+# The slots the read paths count into (``counts[RANGE_SKIPS] += 1``), taken
+# from the tuples above.  The C read path counts into the same slots: its
+# module exports the names of its slots in slot order, which
+# ``c_counter_errors`` compares with these tuples at import.
+RANGE_SKIPS = FILE_COUNTERS.index("range_skips")
+FILTER_NEGATIVES = FILE_COUNTERS.index("filter_negatives")  # the filter said no: a read skipped
+TRUE_POSITIVES = FILE_COUNTERS.index("true_positives")
+FALSE_POSITIVES = FILE_COUNTERS.index("false_positives")
+FALSE_NEGATIVES = FILE_COUNTERS.index("false_negatives")    # shadow mode only; must stay 0
+BLOCK_READS = FILE_COUNTERS.index("block_reads")            # data blocks read from disk
+BLOCK_CACHE_HITS = FILE_COUNTERS.index("block_cache_hits")  # data blocks served by the cache
+GETS = TABLE_COUNTERS.index("gets")                # point reads answered
+GETS_ABSENT = TABLE_COUNTERS.index("gets_absent")  # ... that found nothing
+
+
+def c_counter_errors(file_slots: tuple[str, ...], table_slots: tuple[str, ...]) -> list[str]:
+    """What is wrong with the C read path's counter slots (the names it exports
+    in slot order, lsmdb/csrc/speedups.h) against FILE_COUNTERS and
+    TABLE_COUNTERS: [] when each counter it counts has the slot it has here.
+
+    >>> c_counter_errors(FILE_COUNTERS, TABLE_COUNTERS)
+    []
+    >>> c_counter_errors(("filter_negatives", "range_skips"), TABLE_COUNTERS)
+    ['file counter slots (filter_negatives, range_skips) are not (range_skips, filter_negatives)']
+    """
+    errors = []
+    for what, c_names, names in (("file", file_slots, FILE_COUNTERS),
+                                 ("table", table_slots, TABLE_COUNTERS)):
+        if tuple(c_names) != names[:len(c_names)]:
+            errors.append(f"{what} counter slots ({', '.join(c_names)}) are not "
+                          f"({', '.join(names[:len(c_names)])})")
+    return errors
 
 
 class ArrayCounter:
-    """A counter attribute kept in slot ``index`` of the object's ``counts``
-    array('Q'), so the read path (Python or C) increments an array slot."""
+    """A counter attribute kept in the object's ``counts`` array('Q'), in the
+    slot its name has in ``names`` (FILE_COUNTERS or TABLE_COUNTERS), so the
+    read path (Python or C) increments an array slot::
 
-    __slots__ = ("index",)
+        class SSTableReader:
+            range_skips = ArrayCounter(FILE_COUNTERS)   # counts[RANGE_SKIPS]
+    """
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    __slots__ = ("names", "index")
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.index = -1  # set when the class is made (__set_name__)
+
+    def __set_name__(self, owner: Any, name: str) -> None:
+        self.index = self.names.index(name)
 
     def __get__(self, obj: Any, owner: Any = None) -> int:
         return int(obj.counts[self.index])
@@ -66,7 +106,7 @@ class ArrayCounter:
 def encode_stats(readers: Iterable[Any], tables: Iterable[Any]) -> bytes:
     payload = msgpack.packb({
         "files": {r.number: [getattr(r, c) for c in FILE_COUNTERS] for r in readers},
-        "tables": {t.id: [t.gets, t.gets_absent] for t in tables},
+        "tables": {t.id: [getattr(t, c) for c in TABLE_COUNTERS] for t in tables},
     }, use_bin_type=True)
     return STATS_HEADER.pack(STATS_MAGIC, STATS_FORMAT_VERSION, crc32(payload),
                              len(payload)) + payload

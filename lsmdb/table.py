@@ -10,7 +10,8 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from .bloom import key_hash, predicted_fpr_for
+from .bloom import predicted_fpr_for
+from .fastpath import Probes, fast_path
 from .memtable import Memtable
 from .options import TableOptions
 from .stats import TABLE_COUNTERS, ArrayCounter
@@ -18,10 +19,6 @@ from .stats import TABLE_COUNTERS, ArrayCounter
 if TYPE_CHECKING:
     from .sstable import SSTableReader
 
-try:  # optional C speedups for the per-file steps of a get (lsmdb/csrc/bloom_probes.c)
-    from ._speedups import Probes
-except ImportError:  # pragma: no cover - no C compiler when installed
-    Probes = None  # type: ignore[assignment,misc]
 
 log = logging.getLogger("lsmdb")
 
@@ -45,8 +42,8 @@ class TableState:
                  "view", "dropped", "counts", "shadow", "compact_pointer", "fast",
                  "fast_cell", "getter", "__weakref__")
 
-    gets = ArrayCounter(0)         # point reads answered
-    gets_absent = ArrayCounter(1)  # ... that found nothing
+    gets = ArrayCounter(TABLE_COUNTERS)
+    gets_absent = ArrayCounter(TABLE_COUNTERS)
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
         self.name = name
@@ -56,7 +53,7 @@ class TableState:
         self.files: tuple[SSTableReader, ...] = ()
         self.flushed_seq = 0
         self.dropped = False
-        self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))  # gets, gets_absent
+        self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))
         self.compact_pointer: dict[int, bytes] = {}  # leveled: last key compacted per level
         self.getter: Any = None  # the compiled point-read closure (readpath.make_getter)
         #: [fast], what the C getter reads instead of two attribute lookups a
@@ -81,20 +78,12 @@ class TableState:
             readers = sorted((r for r in self.files if r.level == level), key=lambda r: r.min_key)
             deeper.append(([r.max_key for r in readers], readers))
         self.view = (self.mem, self.imms, tuple(l0), tuple(deeper))
-        # The same, flattened for the get fast path: per file one tuple (_probe),
-        # and -- with the C speedups -- the files' range and filter steps in one
-        # Probes object (None: the Python path; always in shadow mode) plus, by
-        # its flat file index, what a block read needs, and the memtables' key
-        # filters (memtable first, like the dicts; None without the C speedups).
-        probes = (_c_probes(l0, deeper) if USE_SPEEDUPS and not self.shadow
-                  else None)
-        flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
-        self.fast = self.fast_cell[0] = (self.mem.data, tuple(m.data for m in self.imms),
-                     tuple(_probe(r) for r in l0),
-                     tuple((keys, tuple(_probe(r) for r in readers)) for keys, readers in deeper),
-                     probes,
-                     tuple((r, r.index_keys, r.cache_base, r.counts) for r in flat),
-                     (self.mem.filter, *(m.filter for m in self.imms)))
+        # The same, flattened for the get fast path (lsmdb/fastpath.py), with
+        # the files' range and filter steps in one C Probes object where the
+        # C speedups serve (not in shadow mode: there the Python path reads
+        # what the filter rejected too).
+        self.fast = self.fast_cell[0] = fast_path(self.mem, self.imms, l0, deeper,
+                                                  USE_SPEEDUPS and not self.shadow)
 
     def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
@@ -127,44 +116,15 @@ class TableState:
             if any(a.max_key >= b.min_key for a, b in pairwise(readers)):
                 raise AssertionError(f"table {self.name!r}: level {level} overlaps")
         fast = self.fast
-        if fast[0] is not mem.data or [p[0] for p in fast[2]] != list(l0) or \
-                [r for _k, probes in fast[3] for r, *_rest in probes] != flat[len(l0):] or \
-                [entry[0] for entry in fast[5]] != flat:
+        if fast.data is not mem.data or [p.reader for p in fast.l0] != list(l0) or \
+                [p.reader for level in fast.deeper for p in level.files] != flat[len(l0):] or \
+                [p.reader for p in fast.files] != flat or \
+                [level.max_keys for level in fast.deeper] != [tuple(k) for k, _r in deeper]:
             raise AssertionError(f"table {self.name!r}: fast path out of date")
         for m in (mem, *imms):
             m._check()
         for r in self.files:
             r._check()
-
-
-def _probe(r: SSTableReader) -> tuple[Any, ...]:
-    """What the read path needs of one file, flattened: (reader, min_key, max_key,
-    filter bits, m, range(k - 1) -- the probes after the first --, keyed hash fn,
-    index keys, the file's block-cache key base, its counters array, the
-    filter's partition size s: 0 for a format-1 filter)."""
-    bloom = r.bloom
-    m = bloom.m
-    return (r, r.min_key, r.max_key, bloom._bits if m else None, m, range(max(0, bloom.k - 1)),
-            r.keyed_fn, r.index_keys, r.cache_base, r.counts, bloom.part)
-
-
-def _c_entry(r: SSTableReader) -> tuple[Any, ...]:
-    bloom = r.bloom
-    m = bloom.m
-    return (r.counts, r.min_key, r.max_key, bloom._bits if m else None, m, bloom.k, r.keyed_fn,
-            r.index_keys, r.index_offsets, r.index_sizes, bloom.part)
-
-
-def _c_probes(l0: list[SSTableReader], deeper: list[tuple[list[bytes], list[SSTableReader]]]
-              ) -> Any:
-    """The C Probes of these files, or None (then the Python path serves)."""
-    try:
-        return Probes([_c_entry(r) for r in l0],
-                      [(keys, [_c_entry(r) for r in readers]) for keys, readers in deeper],
-                      key_hash)
-    except (TypeError, ValueError, OverflowError) as exc:  # should not happen: be slow, not wrong
-        log.warning("C read path unavailable for these files (%s); using the Python path", exc)
-        return None
 
 
 @dataclass(frozen=True)

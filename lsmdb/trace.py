@@ -43,7 +43,7 @@ def _file_step(reader: Any, key: bytes, h1: int, h2: int) -> tuple[dict[str, Any
         return step, MISSING
     step["outcome"] = "filter_maybe" if bloom.m else "no_filter"
     step["block"] = {"index": i, "offset": reader.index_offsets[i], "size": reader.index_sizes[i]}
-    keys, values = reader.read_data_block(i, count=False)
+    keys, values = reader.read_block(i, count=False)
     j = bisect_left(keys, key)
     if j < len(keys) and keys[j] == key:
         value = values[j]

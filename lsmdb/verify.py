@@ -75,7 +75,7 @@ def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> I
         for i, last in enumerate(reader.index_keys):
             offset = reader.index_offsets[i]
             try:
-                keys, values = reader.read_data_block(i, count=False)
+                keys, values = reader.read_block(i, count=False)
                 blk.validate_data_block(keys, values, path, offset)
             except CorruptionError as exc:
                 yield Problem(path, exc.offset, str(exc).split(" [")[0])

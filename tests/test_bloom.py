@@ -457,7 +457,7 @@ def test_partitioned_probe_i_lands_in_partition_i(present_keys):
         for i, pos, _set in f.probes(*split_hash(key_hash(key))):
             assert i * f.part <= pos < (i + 1) * f.part
     f.update(present_keys[:1000])
-    tail = int.from_bytes(f._bits, "little") >> (f.k * f.part)
+    tail = int.from_bytes(f.bits, "little") >> (f.k * f.part)
     assert tail == 0  # the m - k*s bits past the last partition are never set
 
 
@@ -770,17 +770,17 @@ def test_corrupt_data_block_raises_with_its_offset(sst, which, part):
     reader = _open(_flip(data, target))
     assert reader.filter_error is None            # the filter and index are intact
     with pytest.raises(lsmdb.CorruptionError) as info:
-        reader.read_data_block(i)
+        reader.read_block(i)
     assert info.value.offset == off
     assert info.value.path == "mem.sst"
     # Every key of that block hits the corruption; keys of other blocks do not.
-    for key in clean.read_data_block(i)[0]:
+    for key in clean.read_block(i)[0]:
         with pytest.raises(lsmdb.CorruptionError) as info:
             reader.find(key)
         assert info.value.offset == off
     values = dict(items)
     other = (i + 1) % nblocks
-    for key in clean.read_data_block(other)[0]:
+    for key in clean.read_block(other)[0]:
         assert reader.find(key) == values[key]
 
 
@@ -812,3 +812,25 @@ def test_padding_bits_of_a_damaged_filter_are_not_counted(m):
     g = BloomFilter.from_bytes(bytes(data))
     assert g.bits_set == m - 8 * ((m - 1) // 8)  # the filter bits of the last byte
     assert 0.0 <= g.fill_ratio <= 1.0
+
+
+def test_may_contain_and_positions_are_the_filters_probes():
+    """bloom.may_contain and bloom.positions (the read paths' one statement of
+    the probes) answer as the filter does, in both layouts; no filter (m == 0)
+    answers "maybe" without bits."""
+    rng = random.Random(11)
+    keys = [b"k%06d" % rng.randrange(10**6) for _ in range(400)]
+    for version in (1, 2):
+        f = BloomFilter(200, 0.05, version)
+        f.update(keys[:200])
+        for key in keys:
+            h1, h2 = split_hash(key_hash(key))
+            bits = bloom_mod.positions(f.m, f.k, f.part, h1, h2)
+            assert bits == f.positions(h1, h2) == [b for _i, b, _s in f.probes(h1, h2)]
+            assert bits == [bloom_mod.probe_bit(i, f.m, f.part, h1, h2) for i in range(f.k)]
+            answer = bloom_mod.may_contain(f.bits, f.m, f.k, f.part, h1, h2)
+            assert answer == all(f.bits[b >> 3] >> (b & 7) & 1 for b in bits)
+            assert answer == f.may_contain_hash(h1, h2) == (key in f)
+        assert all(key in f for key in keys[:200])
+    assert bloom_mod.may_contain(None, 0, 0, 0, 1, 2)
+    assert BloomFilter(10, 1.0).may_contain_hash(1, 2)

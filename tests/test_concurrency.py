@@ -530,7 +530,7 @@ def test_a_read_racing_close_never_reads_a_reused_descriptor(path, tmp_path):
         assert number not in fds
         assert os.pread(number, 4096, 0) == b""  # /dev/null, not another file
         with pytest.raises(lsmdb.DatabaseClosedError):
-            reader.read_data_block(0)
+            reader.read_block(0)
     finally:
         for fd in fds:
             os.close(fd)

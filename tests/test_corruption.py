@@ -179,7 +179,7 @@ class Layout:
         for name in (self.newest, self.oldest):
             r = SSTableReader(os.path.join(self.path, name))
             try:
-                self.block_keys[name] = [r.read_data_block(i, count=False)[0]
+                self.block_keys[name] = [r.read_block(i, count=False)[0]
                                          for i in range(len(r.index_keys))]
             finally:
                 r.close()

@@ -1122,7 +1122,7 @@ def _cache_books_match_the_files(d: lsmdb.DB, gone: list[tuple[int, int]] = ()) 
         assert not any(lo <= key < hi for lo, hi in gone)
         [reader] = [r for r in readers if 0 <= key - r.cache_base < len(r.index_keys)]
         i = key - reader.cache_base
-        assert reader._decode_cached(i, cache.lookup(key)) == reader.read_data_block(i, False)
+        assert reader._decode_entry(i, cache.lookup(key)) == reader.read_block(i, False)
 
 
 @pytest.mark.parametrize("c_getter", [True, False])

@@ -183,9 +183,9 @@ def test_golden_filter_parameters(golden_reader):
     # Format 2: 7 partitions of 192 // 7 = 27 bits (bits 189..191 in none).
     assert (f.version, f.part) == (2, 27)
     # The exact bits, so that a change of hash or probe order fails here too.
-    assert bytes(f._bits).hex() == (
+    assert bytes(f.bits).hex() == (
         "cc6ec15fc08fa20d8aaeb0ba76cd236ff04a68986b749f11")
-    assert not int.from_bytes(f._bits, "little") >> 189
+    assert not int.from_bytes(f.bits, "little") >> 189
 
 
 # -- (b') the frozen format-1 file reads back exactly ---------------------------
@@ -217,12 +217,12 @@ def test_golden_v1_filter_reads_as_format_1(golden_v1_reader):
     assert r.filter_error is None
     f = r.bloom
     assert (f.version, f.part, f.m, f.k, f.n) == (1, 0, 192, 7, 20)
-    assert bytes(f._bits).hex() == "98a99b05c318873541cd4d4d01fa73fef31aebcf7fd74636"
+    assert bytes(f.bits).hex() == "98a99b05c318873541cd4d4d01fa73fef31aebcf7fd74636"
     # Format 1 probes: (h1 + i*h2) mod m, computed here from the formula.
     for key in EXPECTED_ITEMS:
         h = bloom_mod.key_hash(key)
         h1, h2 = h & 0xFFFFFFFF, h >> 32
-        assert all(f._bits[(h1 + i * h2) % 192 >> 3] >> ((h1 + i * h2) % 192 & 7) & 1
+        assert all(f.bits[(h1 + i * h2) % 192 >> 3] >> ((h1 + i * h2) % 192 & 7) & 1
                    for i in range(7))
         assert key in f
     for key, value in EXPECTED_ITEMS.items():
@@ -240,7 +240,7 @@ def test_golden_every_key_and_value(golden_reader):
     assert list(r.iter_range(None, None, reverse=True)) == list(reversed(EXPECTED_ITEMS.items()))
     for absent in (b"", b"key", b"key0000", b"key020", b"kez", b"\xff"):
         assert r.find(absent) is MISSING
-    blocks = [r.read_data_block(i) for i in range(len(r.index_keys))]
+    blocks = [r.read_block(i) for i in range(len(r.index_keys))]
     assert [len(keys) for keys, _ in blocks] == [4, 4, 4, 4, 4]
     assert [keys[-1] for keys, _ in blocks] == [last for last, _, _ in EXPECTED_INDEX]
 

@@ -139,8 +139,8 @@ def test_crafted_keys_defeat_the_fast_filter_but_not_the_keyed_one(path):
         keyed_sst.attach_hasher(keyed_hasher(read_secret(path)))
         try:
             assert (fast_sst.bloom.m, fast_sst.bloom.k) == (offline.m, offline.k)
-            assert bytes(fast_sst.bloom._bits) == bytes(offline._bits)
-            assert bytes(keyed_sst.bloom._bits) != bytes(offline._bits)
+            assert bytes(fast_sst.bloom.bits) == bytes(offline.bits)
+            assert bytes(keyed_sst.bloom.bits) != bytes(offline.bits)
         finally:
             fast_sst.close()
             keyed_sst.close()

@@ -26,10 +26,12 @@ from hypothesis import strategies as st
 
 import lsmdb
 import lsmdb.bloom as bloom_mod
+import lsmdb.fastpath
 import lsmdb.readpath
 import lsmdb.table
 from lsmdb.bloom import BloomFilter, key_hash, keyed_hasher
 from lsmdb.errors import DatabaseClosedError
+from lsmdb.fastpath import FileProbe
 from lsmdb.stats import FILE_COUNTERS
 
 speedups = pytest.importorskip("lsmdb._speedups", reason="built without a C compiler")
@@ -42,21 +44,26 @@ def counts() -> array:
     return array("Q", bytes(8 * len(FILE_COUNTERS)))
 
 
+def probe(index: list[bytes], bloom: BloomFilter | None = None, kf=None, c=None,
+          lo: bytes | None = None, hi: bytes | None = None) -> FileProbe:
+    """A FileProbe of no reader, with placeholder block offsets and sizes
+    (Probes.first never reads them): ``index`` its index keys, ``bloom`` its
+    filter (None: no filter)."""
+    n = len(index)
+    return FileProbe(None, min(index) if lo is None else lo, max(index) if hi is None else hi,
+                     counts() if c is None else c, kf,
+                     bloom.bits if bloom is not None and bloom.m else None,
+                     bloom.m if bloom else 0, bloom.k if bloom else 0,
+                     bloom.part if bloom else 0, index, [0] * n, [0] * n, 0)
+
+
 def entry(keys: list[bytes], fp: float, kf=None, c=None, version: int = 2):
-    """A C file entry and its Python twin (BloomFilter) for ``keys``; a
-    format-2 filter's entry carries its partition size (the 11th item, after
-    placeholder block offsets and sizes that Probes.first never reads)."""
+    """A file's FileProbe for Probes and its Python twin (BloomFilter) for ``keys``."""
     bloom = BloomFilter(len(keys), fp, version)
     hash_fn = kf or key_hash
     for key in keys:
         bloom.add_hash(hash_fn(key))
-    c = counts() if c is None else c
-    lo, hi = min(keys), max(keys)
-    index = sorted(keys)
-    e = (c, lo, hi, bloom._bits if bloom.m else None, bloom.m, bloom.k, kf, index)
-    if bloom.part:
-        e += ([0] * len(index), [0] * len(index), bloom.part)
-    return e, bloom
+    return probe(sorted(keys), bloom, kf, c), bloom
 
 
 def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]]:
@@ -64,13 +71,12 @@ def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]
     deltas = [[0, 0] for _ in files]
     for i in range(start, len(files)):
         e, bloom = files[i]
-        _c, lo, hi, _bits, m, _k, kf = e[:7]
-        if key < lo or key > hi:
+        if key < e.min_key or key > e.max_key:
             deltas[i][0] += 1
             continue
-        if not m:
+        if not e.m:
             return i, deltas
-        h = (kf or key_hash)(key)
+        h = (e.keyed_fn or key_hash)(key)
         if bloom.may_contain_hash(h & 0xFFFFFFFF, h >> 32):
             return i, deltas
         deltas[i][1] += 1
@@ -82,11 +88,11 @@ def assert_first_matches(probes, files, key: bytes, context=()) -> None:
     and counts (range skips, filter negatives) as the Python rule does."""
     start = 0
     while True:
-        before = [list(f[0][0][:2]) for f in files]
+        before = [list(f[0].counts[:2]) for f in files]
         got = probes.first(key, start)
         want, deltas = reference_first(files, key, start)
         assert got == want, (*context, key, start)
-        after = [list(f[0][0][:2]) for f in files]
+        after = [list(f[0].counts[:2]) for f in files]
         assert [[a - b for a, b in zip(x, y, strict=True)]
                 for x, y in zip(after, before, strict=True)] == deltas
         if got < 0:
@@ -142,9 +148,7 @@ def test_filters_beyond_the_l2_cache_load_every_probe_line_first():
         bloom = BloomFilter(capacity, 0.01, 2)
         for key in keys:
             bloom.add_hash(key_hash(key))
-        e = (counts(), keys[0], keys[-1], bloom._bits, bloom.m, bloom.k, None, keys,
-             [0] * len(keys), [0] * len(keys), bloom.part)
-        files.append((e, bloom))
+        files.append((probe(keys, bloom), bloom))
     big = Probes([f[0] for f in files], [], key_hash)
     assert big.filter_bytes == sum((f[1].m + 7) // 8 for f in files)
     assert big.filter_bytes > speedups.FILTER_PREFETCH_BYTES
@@ -184,8 +188,7 @@ def test_index_block_is_bisect_left_over_the_index_keys(keys, queries, unsorted)
     the shared prefix, and (falling back to the plain bisect) an index out of
     order."""
     index = list(keys) if unsorted else sorted(keys)
-    e = (counts(), min(keys), max(keys), None, 0, 0, None, index)
-    probes = Probes([e], [], key_hash)
+    probes = Probes([probe(index, lo=min(keys), hi=max(keys))], [], key_hash)
     for q in queries + keys + [b"", b"\xff" * 20, min(keys) + b"\x00", max(keys) + b"\x00"]:
         assert probes.index_block(0, q) == bisect.bisect_left(index, q), q
 
@@ -196,7 +199,7 @@ def test_index_block_over_a_large_index():
     below and just above, and keys past both ends."""
     for n in (1, 31, 32, 33, 64, 1000, 1025):
         index = [b"user:%010d" % (7 * i + 3) for i in range(n)]
-        probes = Probes([(counts(), index[0], index[-1], None, 0, 0, None, index)], [], key_hash)
+        probes = Probes([probe(index)], [], key_hash)
         for i in range(7 * n + 10):
             q = b"user:%010d" % i
             assert probes.index_block(0, q) == bisect.bisect_left(index, q), (n, q)
@@ -217,7 +220,7 @@ def test_levels_bisect_and_resume_after_a_level():
     assert p.first(b"a0150", 1) == 2          # then level 1's second file (flat index 1 + 1)
     assert p.first(b"a0150", 3) == -1         # level 1 was consulted
     assert p.first(b"a0050", 0) == 1          # range skip in level 0, level 1 file 0
-    assert e0[0][0] == 1
+    assert e0.counts[0] == 1
     assert p.first(b"z", 0) == -1             # beyond every level's max key: no file at all
 
 
@@ -292,7 +295,7 @@ def test_hash_computed_once_per_key_across_resumes():
     keys = [b"k%03d" % i for i in range(100)]
     files = [entry(keys, 0.5)[0] for _ in range(4)]
     for f in files:  # every bit set: every filter says "maybe"
-        f[3][:] = b"\xff" * len(f[3])
+        f.bits[:] = b"\xff" * len(f.bits)
     p = Probes(files, [], counting_hash)
     key = b"k050x"
     assert [p.first(key, s) for s in range(5)] == [0, 1, 2, 3, -1]
@@ -310,7 +313,7 @@ def test_hash_computed_once_per_key_across_resumes():
 
     kfiles = [entry(keys, 0.5, counting_kf)[0] for _ in range(3)]
     for f in kfiles:
-        f[3][:] = b"\xff" * len(f[3])
+        f.bits[:] = b"\xff" * len(f.bits)
     kcalls.clear()
     p = Probes(kfiles + [files[0]], [], counting_hash)
     calls.clear()
@@ -319,18 +322,21 @@ def test_hash_computed_once_per_key_across_resumes():
 
 
 @pytest.mark.parametrize("bad, error", [
-    (lambda e: (e[0], "lo", *e[2:]), TypeError),                       # str key range
-    (lambda e: (e[0], e[1], e[2], b"\x00", 10_000, 7, None, []), ValueError),  # bits shorter than m
-    (lambda e: (array("l", [0] * 7), *e[1:]), TypeError),               # wrong counter array
-    (lambda e: (array("Q", [0] * 3), *e[1:]), TypeError),               # too few counters
-    (lambda e: (*e[:5], -1, None, []), ValueError),                      # negative k
-    (lambda e: (*e[:6], 42, []), TypeError),                             # keyed fn not callable
-    (lambda e: (*e[:7], ["a"]), TypeError),                              # index keys not bytes
-    (lambda e: (*e[:7], (b"a",)), TypeError),                            # index keys not a list
-    (lambda e: e[:5], ValueError),                                       # wrong arity
-    (lambda e: (*e[:8], [0], [1, 2]), TypeError),                        # offsets, sizes unequal
-    (lambda e: (*e[:8], (0,) * len(e[7]), [1] * len(e[7])), TypeError),  # offsets not a list
-    (lambda e: (*e[:8], [-1] * len(e[7]), [1] * len(e[7])), OverflowError),  # negative offset
+    (lambda e: e._replace(min_key="lo"), TypeError),                      # str key range
+    (lambda e: e._replace(bits=b"\x00", m=10_000, k=7, part=0), ValueError),  # bits shorter than m
+    (lambda e: e._replace(counts=array("l", [0] * 7)), TypeError),        # wrong counter array
+    (lambda e: e._replace(counts=array("Q", [0] * 3)), TypeError),        # too few counters
+    (lambda e: e._replace(k=-1), ValueError),                              # negative k
+    (lambda e: e._replace(part=e.m), ValueError),                          # partitions beyond m
+    (lambda e: e._replace(keyed_fn=42), TypeError),                        # keyed fn not callable
+    (lambda e: e._replace(index_keys=["a"]), TypeError),                   # index keys not bytes
+    (lambda e: e._replace(index_keys=(b"a",)), TypeError),                 # index keys not a list
+    (lambda e: tuple(e)[:5], TypeError),                                   # wrong arity
+    (lambda e: list(e), TypeError),                                        # not a tuple
+    (lambda e: e._replace(index_offsets=[0], index_sizes=[1, 2]), TypeError),  # unequal
+    (lambda e: e._replace(index_offsets=(0, 0)), TypeError),               # offsets not a list
+    (lambda e: e._replace(index_offsets=[-1, -1]), OverflowError),         # negative offset
+    (lambda e: e._replace(cache_base=-1), OverflowError),                  # negative cache key
 ])
 def test_bad_entries_are_refused(bad, error):
     e, _ = entry([b"a", b"b"], 0.01)
@@ -412,7 +418,7 @@ def run_all(path: str, use_c: bool, monkeypatch,
         assert (getter_kind == "Getter") == use_c
         if prefetch_all is not None:
             for name in ("keyed", "lev", "default"):
-                assert db._table_state(name).fast[4].prefetch_all == prefetch_all, name
+                assert db._table_state(name).fast.probes.prefetch_all == prefetch_all, name
         answers = []
         for name in ("keyed", "lev", "nofilter", None):
             get = db.get if name is None else db.table(name).get
@@ -514,8 +520,8 @@ def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path
         finally:
             db.close()
     if prefetch_all:
-        probes = lsmdb.table.Probes
-        monkeypatch.setattr(lsmdb.table, "Probes",
+        probes = lsmdb.fastpath.Probes
+        monkeypatch.setattr(lsmdb.fastpath, "Probes",
                             lambda *args: probes(*args, prefetch_all_bytes=0))
     c_answers, c_counters = run_all(path, True, monkeypatch, prefetch_all)
     py_answers, py_counters = run_all(path, False, monkeypatch)
@@ -604,7 +610,7 @@ def test_a_table_with_no_files_yet_answers_and_counts_on_either_path(tmp_path, m
     try:
         assert not db.sstables()
         assert (type(db.get).__name__ == "Getter") == use_c
-        assert (db._default_state.fast[4] is not None) == use_c
+        assert (db._default_state.fast.probes is not None) == use_c
         qs = [b"k%04d" % i for i in range(1000)] + [b"k%04d5" % i for i in range(300)]
         qs += [b"", b"zz"]
         for name in (None, "keyed"):
@@ -690,7 +696,7 @@ def test_get_many_hashes_once_and_reads_each_block_once(tmp_path, monkeypatch):
         calls.append(key)
         return key_hash(key)
 
-    monkeypatch.setattr(lsmdb.table, "key_hash", counting_hash)
+    monkeypatch.setattr(lsmdb.fastpath, "key_hash", counting_hash)
     path = str(tmp_path / "db")
     db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
     db.create_table("t", bloom_filter_fp_chance=0.5, block_size_bytes=4096)
@@ -814,8 +820,8 @@ def test_a_block_get_many_reads_for_several_keys_is_admitted_as_its_keys_answer(
 
         def block(key: bytes) -> tuple[object, int]:
             """The file whose range holds key, and its block that may."""
-            [reader] = [item[0] for item in db._default_state.fast[5]
-                        if item[0].min_key <= key <= item[0].max_key]
+            [reader] = [p.reader for p in db._default_state.fast.files
+                        if p.min_key <= key <= p.max_key]
             return reader, reader.block_for(key)
 
         def cached(key: bytes) -> bool:
@@ -925,7 +931,7 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
         assert four == c_bits
     for h in hashes:
         ref.add_hash(h)
-    assert c_bits == ref._bits
+    assert c_bits == ref.bits
     py = BloomFilter.with_size(m, k, version)
     monkey = bloom_mod._bloom_add
     try:  # the pure-Python add_hashes sets the same bits
@@ -933,7 +939,7 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
         py.add_hashes(hashes)
     finally:
         bloom_mod._bloom_add = monkey
-    assert py._bits == ref._bits
+    assert py.bits == ref.bits
 
 
 def test_bloom_add_refuses_bad_input():
@@ -954,7 +960,8 @@ def test_bloom_add_refuses_bad_input():
     assert sum(map(int.bit_count, bits)) == 3
     with pytest.raises(ValueError, match="2\\^32"):  # partitions of 2^32 bits: format 1 only
         speedups.bloom_add(bytearray(20), 7 * 2**32, 7, [1], 2**32)
-    big = (counts(), b"a", b"b", bytearray(1), 7 * 2**32, 7, None, [b"b"], [0], [1], 2**32)
+    big = FileProbe(None, b"a", b"b", counts(), None, bytearray(1), 7 * 2**32, 7, 2**32,
+                    [b"b"], [0], [1], 0)
     with pytest.raises(ValueError, match="2\\^32"):
         Probes([big], [], key_hash)
 
@@ -985,12 +992,12 @@ def test_the_c_getter_reads_the_states_cell_which_close_empties(tmp_path):
     db.put(b"k", b"v")
     assert state.fast_cell == [state.fast] and db.get(b"k") == b"v"
     db.flush()  # the value now only in a file
-    assert state.fast_cell[0] is state.fast and state.fast[0] == {}
+    assert state.fast_cell[0] is state.fast and state.fast.data == {}
     assert db.get(b"k") == b"v" and db.get_many([b"k", b"x"]) == [b"v", None]
     getter = db.get
     with pytest.raises(TypeError, match="fast_cell"):
         type(getter)(db, type("State", (), {"counts": state.counts, "fast_cell": ()})(),
-                     object(), print, print, 10, None, print)
+                     object(), print, print, 10, None)
     db.close()
     assert state.fast_cell == [None]
     for call in (lambda: getter(b"k"), lambda: db.get_many([b"k"])):
@@ -1360,8 +1367,8 @@ def _full_cache_db(path: str) -> lsmdb.DB:
     if not os.path.exists(path):
         _even_keys_db(path)
     db = lsmdb.open(path, auto_compaction=False)
-    sizes = [_cached_size(item[0]._read_payload(i, count=False)[0])
-             for item in db._default_state.fast[5] for i in range(len(item[1]))]
+    sizes = [_cached_size(item.reader._read_raw(i, count=False)[:-4])
+             for item in db._default_state.fast.files for i in range(len(item.index_keys))]
     db.close()
     db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=2 * max(sizes) + 10)
     assert type(db.get).__name__ == "Getter"
@@ -1408,7 +1415,7 @@ def test_a_full_cache_takes_a_block_get_many_read_for_several_keys_on_its_second
     db = _full_cache_db(str(tmp_path / "db"))
     try:
         cache = db._versions.block_cache
-        reader = db._default_state.fast[5][0][0]
+        reader = db._default_state.fast.files[0].reader
         keys = [b"key%06d" % i for i in (3600, 3602, 3604)]
         assert len({reader.block_for(k) for k in keys}) == 1  # one block for all three
         values = [b"v3600", b"v3602", b"v3604"]
@@ -1434,7 +1441,7 @@ def _str_key_block(path: str) -> tuple[bytes, str, int, int]:
     offset, its index)."""
     from lsmdb.coding import crc32
     db = _full_cache_db(path)
-    reader = db._default_state.fast[5][0][0]
+    reader = db._default_state.fast.files[0].reader
     i = len(reader.index_keys) - 3
     offset, size, key = reader.index_offsets[i], reader.index_sizes[i], reader.index_keys[i]
     file = reader.path
@@ -1470,7 +1477,8 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
     """With room in the cache, which admits every block read, the block of the
     wrong shape is not cached: every get of a key it may hold raises
     CorruptionError at its offset, on both read paths, get_many too (for one
-    key, and for two that need the block)."""
+    key, and for two that need the block), one block read counted each (the C
+    getter leaves a block it cannot walk to SSTableReader.lookup, uncounted)."""
     path = str(tmp_path / "db")
     key, file, offset, i = _str_key_block(path)
     if not c_getter:
@@ -1478,16 +1486,18 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
     db = lsmdb.open(path, auto_compaction=False)
     try:
         assert (type(db.get).__name__ == "Getter") == c_getter
-        reader = db._default_state.fast[5][0][0]
+        reader = db._default_state.fast.files[0].reader
         base = reader.cache_base
         other = b"key%06d" % (int(key[3:]) - 2)  # the key before it, in the same block
         assert reader.block_for(other) == reader.block_for(key) == i
         for call in (db.get, db.get, lambda k: db.get_many([k]),
                      lambda k: db.get_many([other, k])):
+            reads = reader.block_reads
             with pytest.raises(lsmdb.CorruptionError) as exc:
                 call(key)
             assert exc.value.path == file and exc.value.offset == offset
             assert db._versions.block_cache.lookup(base + i) is None
+            assert reader.block_reads == reads + 1  # one read counted, whoever read it
     finally:
         db.close()
 
@@ -1511,7 +1521,7 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_
         assert db.get_many(keys) == [b"v%d" % i if i % 2 == 0 else None
                                      for i in range(1990, 4000, 3)]
         cache = db._versions.block_cache
-        readers = [item[0] for item in db._default_state.fast[5]]
+        readers = [p.reader for p in db._default_state.fast.files]
         assert len(readers) > 1 and len(cache) > 10
         for ck, size, _marked in cache.entries():
             entry = cache.lookup(ck)
@@ -1546,18 +1556,18 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
         keys = sorted({b"key-%07d" % rng.randrange(1_000_000) for _ in range(20_000)})
         bits = bytearray((m + 7) // 8)
         speedups.bloom_add(bits, m, k, [key_hash(key) for key in keys], s)
-        e = (counts(), keys[0], keys[-1], bits, m, k, None, keys)
-        if s:
-            e += ([0] * len(keys), [0] * len(keys), s)
+        n = len(keys)
+        e = FileProbe(None, keys[0], keys[-1], counts(), None, bits, m, k, s, keys, [0] * n,
+                      [0] * n, 0)
         files.append((e, set(keys), bits))
     small, small_bloom = entry([b"key-0400000", b"key-0600000"], 0.01)
     probes = Probes([small] + [f[0] for f in files], [], key_hash)
 
     def reference(key: bytes) -> int:
-        if small[1] <= key <= small[2] and key in small_bloom:
+        if small.min_key <= key <= small.max_key and key in small_bloom:
             return 0
         for i, (e, _keys, bits) in enumerate(files, 1):
-            if not e[1] <= key <= e[2]:
+            if not e.min_key <= key <= e.max_key:
                 continue
             h = key_hash(key)
             h1, h2 = h & 0xFFFFFFFF, h >> 32
@@ -1575,7 +1585,7 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
         assert probes.first(key, 0) == want
         if any(key in keys for _e, keys, _b in files):
             assert want >= 0  # never a false negative
-    negatives = sum(f[0][0][1] for f in files)
+    negatives = sum(f[0].counts[1] for f in files)
     assert negatives > 0
 
 
@@ -1680,7 +1690,7 @@ def test_a_damaged_block_read_by_the_c_getter_is_corruption_at_its_offset(tmp_pa
     for i in range(2000):
         db.put(b"key%06d" % i, b"v%d" % i)
     db.flush()
-    reader = db._default_state.fast[5][0][0]
+    reader = db._default_state.fast.files[0].reader
     offset = reader.index_offsets[3]
     key = reader.index_keys[3]
     name = os.path.basename(reader.path)
@@ -1934,7 +1944,7 @@ def test_memtables_keep_their_keys_in_their_filters(tmp_path):
     db = lsmdb.open(str(tmp_path), auto_compaction=False)  # the memtable from the log
     db.put(b"three", b"3")
     state = db._default_state
-    data, imms, *_rest, filters = state.fast
+    data, imms, filters = state.fast.data, state.fast.imm_datas, state.fast.filters
     assert filters[0].may_hold(b"three")
     for d, f in zip((data, *imms), filters, strict=True):
         assert len(d) >= 3002
@@ -1970,7 +1980,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _readers(db) -> list:
-    return [item[0] for item in db._default_state.fast[5]]
+    return [p.reader for p in db._default_state.fast.files]
 
 
 def test_mmap_reads_maps_each_file_and_a_closed_reader_lets_its_mapping_go(tmp_path):
@@ -2011,8 +2021,8 @@ import lsmdb
 from bench.common import ReadSyscalls
 from lsmdb.errors import CorruptionError
 db = lsmdb.open(sys.argv[1], auto_compaction=False)
-[item] = db._default_state.fast[5]
-reader = item[0]
+[item] = db._default_state.fast.files
+reader = item.reader
 assert reader.mapped is not None and type(db.get).__name__ == "Getter"
 first, last = reader.index_keys[0], reader.index_keys[-1]
 syscalls = ReadSyscalls()
@@ -2067,7 +2077,7 @@ _SIGBUS_ELSEWHERE = r"""
 import mmap, os, signal, sys
 import lsmdb
 db = lsmdb.open(sys.argv[1], auto_compaction=False)
-assert db._default_state.fast[5][0][0].mapped is not None  # lsmdb's handler is installed
+assert db._default_state.fast.files[0].reader.mapped is not None  # lsmdb's handler is installed
 if sys.argv[2] == "sent":
     os.kill(os.getpid(), signal.SIGBUS)
 else:  # a fault in a mapping of someone else's: Python's mmap of a file cut short

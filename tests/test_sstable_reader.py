@@ -1,4 +1,4 @@
-"""SSTableReader.read_block_for: a false positive costs a read and a checksum, not a decode.
+"""SSTableReader.lookup: a false positive costs a read and a checksum, not a decode.
 
 A key sits in a data block as its bytes verbatim (a msgpack bin), so a
 checksum-verified payload that does not contain those bytes cannot hold the
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from lsmdb import cache as cache_module
 from lsmdb.cache import BlockCache, PyBlockCache
 from lsmdb.errors import CorruptionError
-from lsmdb.sstable import SSTableReader, write_sstable
+from lsmdb.sstable import MISSING, SSTableReader, write_sstable
 
 
 @settings(max_examples=60, deadline=None)
@@ -38,14 +38,12 @@ def test_never_misses_a_key_the_block_holds(tmp_path_factory, entries, probes, b
     try:
         for key in list(entries) + probes:
             i = r.block_for(key)
-            if i == len(r.index_keys):
-                continue
-            block = r.read_block_for(i, key)
-            keys, values = r.read_data_block(i)
-            if key in keys:
-                assert block == (keys, values)
-            else:  # may be decoded anyway (its bytes occur in the block), never wrong
-                assert block is None or block == (keys, values)
+            want = entries.get(key, MISSING)
+            assert r.lookup(key) == want and r.find(key) == want
+            if i < len(r.index_keys):
+                assert r.lookup(key, i) == want
+        present = sum(1 for key in list(entries) + probes if key in entries)
+        assert r.true_positives == 2 * present  # find counts no filter answer
     finally:
         r.close()
 
@@ -56,17 +54,49 @@ def test_false_positive_reads_and_counts_but_does_not_decode_or_cache(tmp_path):
                   block_size=1024)
     r = SSTableReader(path, 7)
     r.attach_cache(BlockCache(1 << 20))
+    decode = r._decode
     try:
         absent = b"k0101"
-        i = r.block_for(absent)
-        assert r.read_block_for(i, absent) is None
-        assert r.block_reads == 1 and len(r.cache) == 0
+        r._decode = lambda *args: pytest.fail("a false positive was decoded")  # type: ignore
+        assert r.lookup(absent) is MISSING
+        assert (r.block_reads, r.false_positives, len(r.cache)) == (1, 1, 0)
+        r._decode = decode  # type: ignore[method-assign]
         present = b"k0100"
-        block = r.read_block_for(r.block_for(present), present)
-        assert block is not None and present in block[0]
-        assert r.block_reads == 2 and len(r.cache) == 1
+        assert r.lookup(present) == b"v" * 50
+        assert (r.block_reads, r.true_positives, len(r.cache)) == (2, 1, 1)
+        assert r.lookup(present) == b"v" * 50  # now a cache hit
+        assert (r.block_reads, r.block_cache_hits, r.true_positives) == (2, 1, 2)
     finally:
         r.close()
+
+
+def test_lookup_many_reads_each_block_once_and_counts_as_a_loop_of_lookup(tmp_path):
+    """get_many's step: keys grouped by block; a cached block counts a hit per
+    key, a block read from disk for several keys one read, cached as a get's
+    block if it held one of them, as a false positive's (its second read) if
+    it held none; a key past the last block is a false positive, no read."""
+    path = str(tmp_path / "t.sst")
+    write_sstable(path, [(b"k%04d" % i, b"v%d" % i) for i in range(0, 400, 2)], fp_chance=0.01,
+                  block_size=1024)
+    with closing(SSTableReader(path, 7)) as r:
+        r.attach_cache(BlockCache(1 << 20))
+        block0 = r.index_keys[0]
+        two, one = b"k0000", b"k0002"
+        assert r.block_for(two) == r.block_for(one) == r.block_for(b"k0001") == 0
+        got = r.lookup_many([two, b"k0001", one, b"zzz"])
+        assert got == [b"v0", MISSING, b"v2", MISSING]
+        assert (r.block_reads, r.true_positives, r.false_positives, len(r.cache)) == (1, 2, 2, 1)
+        assert r.lookup_many([two, one, b"k0001"]) == [b"v0", b"v2", MISSING]
+        assert (r.block_reads, r.block_cache_hits) == (1, 3)
+        last = len(r.index_keys) - 1
+        absent = [k for k in (b"k%04d" % i for i in range(1, 400, 2))
+                  if r.block_for(k) == last][:3]
+        assert len(absent) == 3 and block0 < absent[0]
+        assert r.lookup_many(absent) == [MISSING] * 3
+        assert (r.block_reads, len(r.cache)) == (2, 1)  # a false positives' block: not yet
+        assert r.lookup_many(absent) == [MISSING] * 3
+        assert (r.block_reads, len(r.cache)) == (3, 2)  # its second read: cached
+        assert r.false_positives == 2 + 1 + 6
 
 
 def test_the_checksum_is_checked_before_the_shortcut(tmp_path):
@@ -86,7 +116,7 @@ def test_the_checksum_is_checked_before_the_shortcut(tmp_path):
     r = SSTableReader(path, 1)
     try:
         with pytest.raises(CorruptionError) as e:
-            r.read_block_for(0, b"absent-key")
+            r.lookup(b"absent-key", 0)
         assert e.value.path == path
     finally:
         r.close()
@@ -162,7 +192,7 @@ def test_cached_blocks_inside_a_run_are_used_and_counted_as_hits(tmp_path):
     with closing(SSTableReader(path, 1)) as r:
         r.attach_cache(BlockCache(1 << 20))
         for i in (1, 2, 5, 9):
-            r.load_block(i)  # read (counted) and cached
+            r.block_entries(i)  # read (counted) and cached
         before = r.block_reads
         assert _walk(r) == entries
         assert r.block_cache_hits == 4
@@ -258,13 +288,13 @@ def test_files_of_more_than_2_24_blocks_never_share_a_block_cache_key(tmp_path, 
     assert a.cache_base + blocks <= b.cache_base or b.cache_base + blocks <= a.cache_base
     edges = (2**24, 2**24 + 1, 0, 1, blocks - 1)
     for i in edges:  # read from "disk" and cached, file 2's blocks past 2**24 first
-        assert a.load_block(i)[1] == [b"a" * 8] * 4
+        assert a.block_entries(i)[1] == [b"a" * 8] * 4
     for i in edges:
-        assert b.load_block(i)[1] == [b"b" * 8] * 4
+        assert b.block_entries(i)[1] == [b"b" * 8] * 4
     assert (a.block_reads, a.block_cache_hits, b.block_reads, b.block_cache_hits) == (5, 0, 5, 0)
     assert len(cache) == 10
     for r, tag in ((a, b"a"), (b, b"b")):  # now every one a hit of its own block
-        assert all(r.load_block(i)[1] == [tag * 8] * 4 for i in edges)
+        assert all(r.block_entries(i)[1] == [tag * 8] * 4 for i in edges)
         assert r.block_cache_hits == 5
     a.drop_cached()  # file 2 leaves: file 3's blocks stay
     assert sorted(k - b.cache_base for k, _size, _marked in cache.entries()) == sorted(edges)
@@ -279,11 +309,11 @@ def test_attach_cache_refuses_a_spent_cache_and_leaves_the_reader_as_it_was(tmp_
         first, spent = make(1 << 20), make(1 << 20)
         r.attach_cache(first)
         base = r.cache_base
-        r.load_block(0)
+        r.block_entries(0)
         spent.reserve(2**64 - len(r.index_keys))  # one key short of a range for r
         with pytest.raises(OverflowError):
             r.attach_cache(spent)
         assert r.cache is first and r.cache_base == base and len(first) == 1
         r.attach_cache(None)  # detached: its blocks leave the cache
         assert r.cache is None and len(first) == 0
-        assert r.load_block(0) == r.read_data_block(0, False)
+        assert r.block_entries(0) == r.read_block(0, False)

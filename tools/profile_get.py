@@ -4,7 +4,7 @@ Run from the repository root: ``python tools/profile_get.py``.  Each line is the
 passes over 100,000 absent keys that fall inside every file's key range.  "C Probes.first" is the
 C part of a get with lsmdb._speedups (hash, range checks, filter probes, counters); the last line
 is the floor a pure-Python read path can reach for this layout: the hash, the range checks and
-the inline filter probes, without any counter, check or call.
+the filter probes (``bloom.may_contain``), without any counter or check.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import lsmdb
 import lsmdb.table
-from lsmdb.bloom import MASK32, key_hash
+from lsmdb.bloom import key_hash, may_contain, split_hash
 
 N_KEYS = 200_000
 N_QUERIES = 100_000
@@ -56,9 +56,9 @@ def main() -> None:
     queries = [b"user:%010d" % (2 * rng.randrange(N_KEYS) + 1) for _ in range(N_QUERIES)]
     get = db.get
     pyget = pydb.get
-    data = db._default_state.fast[0]
-    probes = db._default_state.fast[2]
-    c_probes = db._default_state.fast[4]
+    fast = db._default_state.fast
+    data = fast.data
+    c_probes = fast.probes
 
     def full() -> None:
         for key in queries:
@@ -90,35 +90,10 @@ def main() -> None:
 
     def hash_probe() -> None:
         for key in queries:
-            h = key_hash(key)
-            h1 = h & MASK32
-            h2 = h >> 32
-            for _r, lo, hi, bits, m, ks, _kf, _ik, _base, _counts, part in probes:
-                if key < lo or key > hi:
-                    continue
-                if part:  # filter format 2: probe i in partition i
-                    g = h1
-                    pos = g * part >> 32
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        continue
-                    start = 0
-                    for _ in ks:
-                        g = (g + h2) & MASK32
-                        start += part
-                        pos = start + (g * part >> 32)
-                        if not bits[pos >> 3] & (1 << (pos & 7)):
-                            break
-                    continue
-                pos = h1 % m
-                step = h2 % m
-                if not bits[pos >> 3] & (1 << (pos & 7)):
-                    continue
-                for _ in ks:
-                    pos += step
-                    if pos >= m:
-                        pos -= m
-                    if not bits[pos >> 3] & (1 << (pos & 7)):
-                        break
+            h1, h2 = split_hash(key_hash(key))
+            for p in fast.l0:
+                if p.min_key <= key <= p.max_key:
+                    may_contain(p.bits, p.m, p.k, p.part, h1, h2)
 
     runs = [(f"db.get ({N_FILES} files)", full),
             (f"db.get, Python read path ({N_FILES} files)", python_path)]
@@ -128,7 +103,7 @@ def main() -> None:
                      ("a Python call returning default", call_only),
                      ("memtable dict lookup", dict_only),
                      ("xxh3_64 hash", hash_only),
-                     (f"hash + {N_FILES} range checks + {N_FILES} filter probes, no counters",
+                     (f"hash + {N_FILES} range checks + {N_FILES} may_contain, no counters",
                       hash_probe)]:
         rate = best_rate(fn, len(queries))
         print(f"{name:<55} {rate / 1e3:8.0f}k/s  {1e9 / rate:6.0f} ns/get")

@@ -64,6 +64,7 @@ import lsmdb.table  # noqa: E402
 from bench.keys import key_of  # noqa: E402
 from bench.scale import counters, load  # noqa: E402
 from lsmdb.bloom import key_hash  # noqa: E402
+from lsmdb.fastpath import FileProbe, Level, probe_of  # noqa: E402
 from lsmdb.stats import FILE_COUNTERS  # noqa: E402
 
 HOT_KEYS = 500
@@ -80,13 +81,10 @@ def read_files(path: str) -> None:
                     pass
 
 
-def entry(reader: Any, with_filter: bool = True) -> tuple[Any, ...]:
-    """The file's C Probes entry with fresh counters (and, if asked, no filter)."""
-    e = list(lsmdb.table._c_entry(reader))
-    e[0] = array("Q", bytes(8 * len(FILE_COUNTERS)))
-    if not with_filter:
-        e[3], e[4], e[10] = None, 0, 0
-    return tuple(e)
+def entry(reader: Any, with_filter: bool = True) -> FileProbe:
+    """The file's FileProbe with fresh counters (and, if asked, no filter)."""
+    p = probe_of(reader)._replace(counts=array("Q", bytes(8 * len(FILE_COUNTERS))))
+    return p if with_filter else p._replace(bits=None, m=0, part=0)
 
 
 def parts(db: Any) -> tuple[list[tuple[str, Any]], str, int]:
@@ -98,7 +96,8 @@ def parts(db: Any) -> tuple[list[tuple[str, Any]], str, int]:
     def probes(l0s: Sequence[Any], levels: Sequence[tuple[Any, Sequence[Any]]],
                with_filter: bool = True) -> Any:
         return probes_type([entry(r, with_filter) for r in l0s],
-                           [(keys, [entry(r, with_filter) for r in rs]) for keys, rs in levels],
+                           [Level(tuple(keys), tuple(entry(r, with_filter) for r in rs))
+                            for keys, rs in levels],
                            key_hash)
 
     out = [("Probes.first, all files", probes(l0, deeper)),

@@ -1,8 +1,11 @@
 /* bloom.c: the Bloom filter itself in C -- its key hash, where a key's
  * probes fall, the test of a key's bits and the setting of many keys' bits.
- * Python twin: lsmdb/bloom.py (key_hash, BloomFilter.positions,
- * may_contain_hash and add_hashes).  The files a get consults and their
- * filters' tests in turn are Probes (bloom_probes.c).
+ * Python twin: lsmdb/bloom.py -- key_hash; probe_bit, the reference of
+ * where a probe falls, which every C copy of the arithmetic here and in
+ * speedups.h (part_pos, prefetch_part_lines) and bloom_probes.c
+ * (gather_start) must agree with; may_contain, the test; add_hashes.  The
+ * files a get consults and their filters' tests in turn are Probes
+ * (bloom_probes.c).
  *
  * The filter layouts are the ones in docs/FORMAT.md: h = xxh3_64(key) (or the
  * table's keyed hash), h1 = h & 0xFFFFFFFF, h2 = h >> 32, g_i = (h1 + i * h2)
@@ -207,6 +210,9 @@ bloom_init(void)
 
 /* ---- a key's probes in a filter ---------------------------------------- */
 
+/* The C twins of lsmdb/bloom.py's may_contain (whose probe_bit is the one
+ * Python statement of both layouts); the tests compare their answers. */
+
 /* Whether every probe bit of hash h is set in e's filter (m > 0), for a
  * format-2 filter: probe i tests bit i*s + part_pos(g_i, s) of partition i
  * (filter_test_whole: format 1, bit (h1 + i*h2) mod m).  The first two
@@ -334,7 +340,7 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
     uint64_t M = fastmod_M(m);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t j = 0; j < n; j++) {
+    for (Py_ssize_t j = 0; j < n; j++) {  /* bloom.py's probe_bit, for every probe of every hash */
         unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
         if (h == (unsigned long long)-1 && PyErr_Occurred())
             goto done;

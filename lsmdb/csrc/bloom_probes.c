@@ -1,7 +1,7 @@
 /* bloom_probes.c: Probes, the files a point read consults and each one's
  * range check and filter test, in the order of a get.  Python twin: the
- * per-file loop of the getter in lsmdb/readpath.py, over the probe entries
- * lsmdb/table.py makes (_probe; _c_entry and _c_probes build these).
+ * per-file loop of the getter in lsmdb/readpath.py, over the same FileProbes
+ * (lsmdb/fastpath.py).
  *
  * For each SSTable a get consults it does what the Python read path does,
  * in the same order:
@@ -17,16 +17,18 @@
  * its hashes are kept, compared by identity while a reference is held).
  *
  * Probes(l0, deeper, fast_hash)
- *   l0:     sequence of file entries, newest first
- *   deeper: sequence of (max_keys, entries) per level >= 1, sorted by key
- *   entry:  (counts, min_key, max_key, bits, m, k, keyed_fn, index_keys
- *            [, index_offsets, index_sizes[, part]])
- *           counts: array('Q') of the file's counters (sstable_reader.FILE_COUNTERS)
+ *   l0:     sequence of FileProbes, newest first
+ *   deeper: sequence of Levels (max_keys, files) per level >= 1, sorted by key
+ *   FileProbe (lsmdb/fastpath.py, its fields by the FILE_* macros of
+ *           speedups.h): reader, min_key, max_key, counts, keyed_fn, bits,
+ *           m, k, part, index_keys, index_offsets, index_sizes, cache_base
+ *           counts: array('Q') of the file's counters (stats.FILE_COUNTERS)
  *           bits:   the filter's bit array (any buffer), None when m == 0
  *           keyed_fn: None for xxh3_64, else the keyed hash function
+ *           part:   s, the partition size of a format-2 filter; 0: format 1
  *           index_keys, index_offsets, index_sizes: the file's index
- *           part:   s, the partition size of a format-2 filter; 0 (the
- *                   default): format 1
+ *           reader, cache_base: what the getter reads a block through (any
+ *                   object and 0 for Probes alone)
  *   fast_hash: xxh3_64 (an int in [0, 2**64) for every key); given this
  *           module's xxh3_64, the probes compute it inline
  *   prefetch_all_bytes (keyword only): the filter bytes in all above which
@@ -72,6 +74,7 @@ entry_clear(Entry *e)
     e->itop = NULL;
     e->boff = NULL;
     e->bsize = NULL;
+    Py_CLEAR(e->reader);
     Py_CLEAR(e->lo);
     Py_CLEAR(e->hi);
     Py_CLEAR(e->kf);
@@ -85,69 +88,71 @@ entry_clear(Entry *e)
     }
 }
 
+/* e from the FileProbe item (its fields by the FILE_* macros); 0, or -1
+ * with an exception set (Probes_dealloc releases what e holds by then). */
 static int
 entry_init(Entry *e, PyObject *item)
 {
-    PyObject *t = PySequence_Tuple(item);
-    if (t == NULL)
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != FILE_FIELDS) {
+        PyErr_SetString(PyExc_TypeError, "a file is a FileProbe (lsmdb/fastpath.py)");
         return -1;
-    if (PyTuple_GET_SIZE(t) != 8 && PyTuple_GET_SIZE(t) != 10 && PyTuple_GET_SIZE(t) != 11) {
-        PyErr_SetString(PyExc_ValueError, "a file entry is (counts, min_key, max_key, bits, m, "
-                                          "k, keyed_fn, index_keys[, offsets, sizes[, part]])");
-        goto fail;
     }
-    PyObject *counts = PyTuple_GET_ITEM(t, 0), *lo = PyTuple_GET_ITEM(t, 1),
-             *hi = PyTuple_GET_ITEM(t, 2), *bits = PyTuple_GET_ITEM(t, 3),
-             *m = PyTuple_GET_ITEM(t, 4), *k = PyTuple_GET_ITEM(t, 5),
-             *kf = PyTuple_GET_ITEM(t, 6), *index_keys = PyTuple_GET_ITEM(t, 7);
+    PyObject *counts = PyTuple_GET_ITEM(item, FILE_COUNTS);
+    PyObject *lo = PyTuple_GET_ITEM(item, FILE_MIN_KEY), *hi = PyTuple_GET_ITEM(item, FILE_MAX_KEY);
+    PyObject *bits = PyTuple_GET_ITEM(item, FILE_BITS), *m = PyTuple_GET_ITEM(item, FILE_M);
+    PyObject *k = PyTuple_GET_ITEM(item, FILE_K), *kf = PyTuple_GET_ITEM(item, FILE_KEYED_FN);
+    PyObject *index_keys = PyTuple_GET_ITEM(item, FILE_INDEX_KEYS);
     if (!PyBytes_CheckExact(lo) || !PyBytes_CheckExact(hi)) {
         PyErr_SetString(PyExc_TypeError, "min_key and max_key must be bytes");
-        goto fail;
+        return -1;
     }
+    e->reader = Py_NewRef(PyTuple_GET_ITEM(item, FILE_READER));
     e->lo = Py_NewRef(lo);
     e->hi = Py_NewRef(hi);
+    unsigned long long base = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, FILE_CACHE_BASE));
+    if (base == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    e->cache_base = base;
     if (PyObject_GetBuffer(counts, &e->counts, PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
-        goto fail;
+        return -1;
     e->have_counts = 1;
     if (e->counts.itemsize != 8 || e->counts.format == NULL || strcmp(e->counts.format, "Q") != 0
-        || e->counts.len < 8 * MIN_COUNTERS) {
+        || e->counts.len < 8 * FILE_COUNTER_SLOTS) {
         PyErr_SetString(PyExc_TypeError, "counts must be an array('Q') of the file counters");
-        goto fail;
+        return -1;
     }
     unsigned long long mv = PyLong_AsUnsignedLongLong(m);
     if (mv == (unsigned long long)-1 && PyErr_Occurred())
-        goto fail;
+        return -1;
     Py_ssize_t kv = PyLong_AsSsize_t(k);
     if (kv == -1 && PyErr_Occurred())
-        goto fail;
+        return -1;
     if (kv < 0 || kv > 1024) {
         PyErr_SetString(PyExc_ValueError, "hash count out of range");
-        goto fail;
+        return -1;
     }
     e->m = mv;
     e->mod_M = fastmod_M(mv);
     e->k = kv;
-    if (PyTuple_GET_SIZE(t) == 11) {
-        unsigned long long sv = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 10));
-        if (sv == (unsigned long long)-1 && PyErr_Occurred())
-            goto fail;
-        if (check_part(sv, mv, kv) < 0)
-            goto fail;
-        e->part = sv;
-    }
+    unsigned long long sv = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, FILE_PART));
+    if (sv == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    if (check_part(sv, mv, kv) < 0)
+        return -1;
+    e->part = sv;
     if (mv) {
         if (PyObject_GetBuffer(bits, &e->bits, PyBUF_SIMPLE) < 0)
-            goto fail;
+            return -1;
         e->have_bits = 1;
         if ((uint64_t)e->bits.len < (mv + 7) / 8) {
             PyErr_SetString(PyExc_ValueError, "filter bit array shorter than m bits");
-            goto fail;
+            return -1;
         }
     }
     if (kf != Py_None) {
         if (!PyCallable_Check(kf)) {
             PyErr_SetString(PyExc_TypeError, "keyed_fn must be callable or None");
-            goto fail;
+            return -1;
         }
         e->kf = Py_NewRef(kf);
     }
@@ -155,14 +160,14 @@ entry_init(Entry *e, PyObject *item)
      * small buffer instead of a list of objects spread over the heap. */
     if (!PyList_CheckExact(index_keys)) {
         PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
-        goto fail;
+        return -1;
     }
     Py_ssize_t nidx = PyList_GET_SIZE(index_keys), total = 0;
     for (Py_ssize_t i = 0; i < nidx; i++) {
         PyObject *ik = PyList_GET_ITEM(index_keys, i);
         if (!PyBytes_CheckExact(ik)) {
             PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
-            goto fail;
+            return -1;
         }
         total += PyBytes_GET_SIZE(ik);
     }
@@ -170,7 +175,7 @@ entry_init(Entry *e, PyObject *item)
     e->ioff = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(nidx + 1));
     if (e->ikeys == NULL || e->ioff == NULL) {
         PyErr_NoMemory();
-        goto fail;
+        return -1;
     }
     total = 0;
     for (Py_ssize_t i = 0; i < nidx; i++) {
@@ -182,32 +187,28 @@ entry_init(Entry *e, PyObject *item)
     e->ioff[nidx] = total;
     e->nidx = nidx;
     if (index_words_init(e) < 0)
-        goto fail;
-    if (PyTuple_GET_SIZE(t) >= 10) {  /* where each block is: a get's disk read needs no lookup */
-        PyObject *offs = PyTuple_GET_ITEM(t, 8), *sizes = PyTuple_GET_ITEM(t, 9);
-        if (!PyList_CheckExact(offs) || !PyList_CheckExact(sizes)
-            || PyList_GET_SIZE(offs) != nidx || PyList_GET_SIZE(sizes) != nidx) {
-            PyErr_SetString(PyExc_TypeError, "offsets and sizes must be lists, one per block");
-            goto fail;
-        }
-        e->boff = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
-        e->bsize = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
-        if (e->boff == NULL || e->bsize == NULL) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        for (Py_ssize_t i = 0; i < nidx; i++) {
-            e->boff[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offs, i));
-            e->bsize[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(sizes, i));
-            if (PyErr_Occurred())
-                goto fail;
-        }
+        return -1;
+    /* where each block is: a get's disk read needs no lookup */
+    PyObject *offs = PyTuple_GET_ITEM(item, FILE_INDEX_OFFSETS);
+    PyObject *sizes = PyTuple_GET_ITEM(item, FILE_INDEX_SIZES);
+    if (!PyList_CheckExact(offs) || !PyList_CheckExact(sizes)
+        || PyList_GET_SIZE(offs) != nidx || PyList_GET_SIZE(sizes) != nidx) {
+        PyErr_SetString(PyExc_TypeError, "offsets and sizes must be lists, one per block");
+        return -1;
     }
-    Py_DECREF(t);
+    e->boff = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
+    e->bsize = PyMem_Malloc(sizeof(uint64_t) * (size_t)(nidx ? nidx : 1));
+    if (e->boff == NULL || e->bsize == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nidx; i++) {
+        e->boff[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(offs, i));
+        e->bsize[i] = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(sizes, i));
+        if (PyErr_Occurred())
+            return -1;
+    }
     return 0;
-fail:
-    Py_DECREF(t);
-    return -1;
 }
 
 /* cp[L] and pre[L] for level L's max keys (count >= 1, in order): the prefix
@@ -311,17 +312,13 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
     self->nlevels = nlevels;
     Py_ssize_t n = n0;
     for (Py_ssize_t L = 0; L < nlevels; L++) {
-        PyObject *pair = PySequence_Tuple(PyTuple_GET_ITEM(deeper, L));
-        if (pair == NULL)
-            goto fail;
-        if (PyTuple_GET_SIZE(pair) != 2) {
-            Py_DECREF(pair);
-            PyErr_SetString(PyExc_ValueError, "a level is (max_keys, entries)");
+        PyObject *level = PyTuple_GET_ITEM(deeper, L);
+        if (!PyTuple_Check(level) || PyTuple_GET_SIZE(level) != LEVEL_FIELDS) {
+            PyErr_SetString(PyExc_TypeError, "a level is a Level (lsmdb/fastpath.py)");
             goto fail;
         }
-        PyObject *keys = PySequence_Tuple(PyTuple_GET_ITEM(pair, 0));
-        PyObject *entries = keys ? PySequence_Tuple(PyTuple_GET_ITEM(pair, 1)) : NULL;
-        Py_DECREF(pair);
+        PyObject *keys = PySequence_Tuple(PyTuple_GET_ITEM(level, LEVEL_MAX_KEYS));
+        PyObject *entries = keys ? PySequence_Tuple(PyTuple_GET_ITEM(level, LEVEL_FILES)) : NULL;
         if (entries == NULL) {
             Py_XDECREF(keys);
             goto fail;
@@ -526,6 +523,7 @@ gather_start(Probes *self, PyObject *key, uint64_t h, Gather *g)
                 prefetch_part_lines(e, h, self->prefetch_all ? e->k : e->k > 1 ? 2 : 1);
                 continue;
             }
+            /* format 1: probes 0 and 1 of bloom.py's probe_bit */
             const unsigned char *bits = (const unsigned char *)e->bits.buf;
             uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
             uint64_t step = fastmod(h >> 32, e->m, e->mod_M);

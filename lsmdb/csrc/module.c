@@ -84,6 +84,95 @@ static PyMethodDef speedups_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* ---- the layout of what the C read path reads and counts ----------------
+ *
+ * The names of the slots and fields speedups.h numbers, in their order, from
+ * the same macros: lsmdb compares them at import with what the Python side
+ * defines (lsmdb/fastpath.py's NamedTuples, lsmdb/stats.py's counter
+ * tuples), and refuses the C read path on a mismatch rather than read the
+ * wrong fields or count into the wrong slots. */
+
+static const char *const file_probe_fields[FILE_FIELDS] = {
+    [FILE_READER] = "reader",
+    [FILE_MIN_KEY] = "min_key",
+    [FILE_MAX_KEY] = "max_key",
+    [FILE_COUNTS] = "counts",
+    [FILE_KEYED_FN] = "keyed_fn",
+    [FILE_BITS] = "bits",
+    [FILE_M] = "m",
+    [FILE_K] = "k",
+    [FILE_PART] = "part",
+    [FILE_INDEX_KEYS] = "index_keys",
+    [FILE_INDEX_OFFSETS] = "index_offsets",
+    [FILE_INDEX_SIZES] = "index_sizes",
+    [FILE_CACHE_BASE] = "cache_base",
+};
+
+static const char *const level_fields[LEVEL_FIELDS] = {
+    [LEVEL_MAX_KEYS] = "max_keys",
+    [LEVEL_FILES] = "files",
+};
+
+static const char *const fast_path_fields[FAST_FIELDS] = {
+    [FAST_DATA] = "data",
+    [FAST_IMM_DATAS] = "imm_datas",
+    [FAST_L0] = "l0",
+    [FAST_DEEPER] = "deeper",
+    [FAST_PROBES] = "probes",
+    [FAST_FILES] = "files",
+    [FAST_FILTERS] = "filters",
+};
+
+static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {
+    [RANGE_SKIPS] = "range_skips",
+    [FILTER_NEGATIVES] = "filter_negatives",
+    [TRUE_POSITIVES] = "true_positives",
+    [FALSE_POSITIVES] = "false_positives",
+    [FALSE_NEGATIVES] = "false_negatives",
+    [BLOCK_READS] = "block_reads",
+    [BLOCK_CACHE_HITS] = "block_cache_hits",
+};
+
+static const char *const table_counter_names[TABLE_COUNTER_SLOTS] = {
+    [GETS] = "gets",
+    [GETS_ABSENT] = "gets_absent",
+};
+
+/* names[0:n] as a tuple of str; SystemError for a slot no macro named (two
+ * macros of one group with the same number leave one). */
+static PyObject *
+names_tuple(const char *what, const char *const *names, Py_ssize_t n)
+{
+    PyObject *t = PyTuple_New(n);
+    if (t == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *s = names[i] ? PyUnicode_FromString(names[i]) : NULL;
+        if (s == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_SystemError, "%s: slot %zd has no name", what, i);
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+/* Add names[0:n] to mod as the tuple `what`. */
+static int
+add_names(PyObject *mod, const char *what, const char *const *names, Py_ssize_t n)
+{
+    PyObject *t = names_tuple(what, names, n);
+    if (t == NULL)
+        return -1;
+    if (PyModule_AddObject(mod, what, t) < 0) {
+        Py_DECREF(t);
+        return -1;
+    }
+    return 0;
+}
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT, "lsmdb._speedups",
     "Optional C speedups for lsmdb's read path, merges and filter building "
@@ -126,7 +215,12 @@ PyInit__speedups(void)
         || add_type(mod, "Admission", &AdmissionType) < 0
         || add_type(mod, "Cache", &CacheType) < 0
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
-        || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0) {
+        || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0
+        || add_names(mod, "FILE_PROBE_FIELDS", file_probe_fields, FILE_FIELDS) < 0
+        || add_names(mod, "LEVEL_FIELDS", level_fields, LEVEL_FIELDS) < 0
+        || add_names(mod, "FAST_PATH_FIELDS", fast_path_fields, FAST_FIELDS) < 0
+        || add_names(mod, "FILE_COUNTERS", file_counter_names, FILE_COUNTER_SLOTS) < 0
+        || add_names(mod, "TABLE_COUNTERS", table_counter_names, TABLE_COUNTER_SLOTS) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

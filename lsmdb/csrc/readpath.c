@@ -21,7 +21,6 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->missing);
     Py_VISIT(self->lookup_block);
     Py_VISIT(self->slow_get);
-    Py_VISIT(self->decode_read);
     Py_VISIT(self->cache);
     if (self->have_counts)
         Py_VISIT(self->counts.obj);
@@ -40,7 +39,6 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->missing);
     Py_CLEAR(self->lookup_block);
     Py_CLEAR(self->slow_get);
-    Py_CLEAR(self->decode_read);
     Py_CLEAR(self->cache);
     return 0;
 }
@@ -59,13 +57,12 @@ static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, si
 static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache, *decode_read;
+    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache;
     Py_ssize_t max_key;
     static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
-                             "cache", "decode_read", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnOO:Getter", kwlist, &db, &state,
-                                     &missing, &lookup_block, &slow_get, &max_key, &cache,
-                                     &decode_read))
+                             "cache", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnO:Getter", kwlist, &db, &state,
+                                     &missing, &lookup_block, &slow_get, &max_key, &cache))
         return -1;
     if (cache != Py_None && (!PyObject_TypeCheck(cache, &CacheType)
                              || ((Cache *)cache)->slots == NULL)) {
@@ -76,10 +73,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
         return -1;
     }
-    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)
-        || !PyCallable_Check(decode_read)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "lookup_block, slow_get and decode_read must be callable");
+    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)) {
+        PyErr_SetString(PyExc_TypeError, "lookup_block and slow_get must be callable");
         return -1;
     }
     PyObject *counts = PyObject_GetAttrString(state, "counts");
@@ -91,7 +86,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         return -1;
     self->have_counts = 1;
     if (self->counts.itemsize != 8 || self->counts.format == NULL
-        || strcmp(self->counts.format, "Q") != 0 || self->counts.len < 16) {
+        || strcmp(self->counts.format, "Q") != 0
+        || self->counts.len < 8 * TABLE_COUNTER_SLOTS) {
         PyErr_SetString(PyExc_TypeError, "state.counts must be an array('Q') of 2 counters");
         return -1;
     }
@@ -108,7 +104,6 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     self->missing = Py_NewRef(missing);
     self->lookup_block = Py_NewRef(lookup_block);
     self->slow_get = Py_NewRef(slow_get);
-    self->decode_read = Py_NewRef(decode_read);
     if (cache != Py_None)
         self->cache = (Cache *)Py_NewRef(cache);
     self->max_key = max_key;
@@ -208,35 +203,18 @@ index_words_init(Entry *e)
 
 /* ---- that block, from the cache or read from disk ----------------------- */
 
-/* The block cache's key of block i of a file whose key base is base (an
- * int, the first of the range Cache.reserve gave the file's reader, one
- * key per block, so that base + i stays in it for 0 <= i < its blocks):
- * base + i in *key; 0, or -1 with an exception set. */
-static int
-block_cache_key(PyObject *base, Py_ssize_t i, uint64_t *key)
-{
-    unsigned long long b = PyLong_AsUnsignedLongLong(base);
-    if (b == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    *key = (uint64_t)b + (uint64_t)i;
-    return 0;
-}
-
-/* The cached block of file entry `item` (reader, index_keys, base, counts)
- * that can hold key: 1 and *block (a new reference to its cached bytes, as
- * block_entry made them; marked as used); 0 when the cache cannot answer (odd
- * types, key past the last block, no cache, or the block is not cached: for
- * the last two *block_index is that block, else -1); -1: error. */
+/* The cached block of file e that can hold key: 1 and *block (a new
+ * reference to its cached bytes, as block_entry made them; marked as used);
+ * 0 when the cache cannot answer (an odd entry, key past the last block, no
+ * cache, or the block is not cached: for the last two *block_index is that
+ * block, else -1).  Block i of a file is cached under its cache_base + i (the
+ * first of the range Cache.reserve gave the file's reader, one key per
+ * block). */
 int
-cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
+cached_block_for(Getter *self, const Entry *e, PyObject *key, PyObject **block,
                  Py_ssize_t *block_index)
 {
     *block_index = -1;
-    PyObject *index_keys = PyTuple_GET_ITEM(item, 1), *base = PyTuple_GET_ITEM(item, 2);
-    if (!PyList_CheckExact(index_keys) || !PyLong_CheckExact(base))
-        return 0;
-    if (e->nidx != PyList_GET_SIZE(index_keys))
-        return 0;
     Py_ssize_t i = bisect_index(e, key);
     if (i == e->nidx)
         return 0; /* past the last block: let the Python side count it */
@@ -244,10 +222,7 @@ cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject
         *block_index = i;
         return 0;
     }
-    uint64_t ck;
-    if (block_cache_key(base, i, &ck) < 0)
-        return -1;
-    Py_ssize_t s = cache_find(self->cache, ck);
+    Py_ssize_t s = cache_find(self->cache, e->cache_base + (uint64_t)i);
     if (s < 0) {
         *block_index = i;
         return 0;
@@ -289,21 +264,16 @@ cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
     return 1;
 }
 
-/* Offer block i of file entry item (reader, index_keys, base, counts),
- * whose checksum-verified payload is p[0:size], to the cache: if its
- * admission takes base + i (admission_admit for a block that held the key
- * looked up; admission_admit_reread for a false positive's), cache its
- * block_entry there, counting that entry's size.  0, or -1 on error. */
+/* Offer block i of file e, whose checksum-verified payload is p[0:size], to
+ * the cache: if its admission takes the block's key (admission_admit for a
+ * block that held the key looked up; admission_admit_reread for a false
+ * positive's), cache its block_entry there, counting that entry's size.  0,
+ * or -1 on error. */
 int
-offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size,
+offer_block(Getter *self, const Entry *e, Py_ssize_t i, const unsigned char *p, size_t size,
             int false_positive)
 {
-    PyObject *base = PyTuple_GET_ITEM(item, 2);
-    if (!PyLong_CheckExact(base))
-        return 0;
-    uint64_t key;
-    if (block_cache_key(base, i, &key) < 0)
-        return -1;
+    uint64_t key = e->cache_base + (uint64_t)i;
     Admission *a = self->cache->admission;
     if (!(false_positive ? admission_admit_reread(a, key) : admission_admit(a, key)))
         return 0;
@@ -319,8 +289,8 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
     return r;
 }
 
-/* After a "maybe" for key in data block i of file entry item (reader,
- * index_keys, base, counts), a block the cache does not hold: read it with
+/* After a "maybe" for key in data block i of file e, a block the cache does
+ * not hold: read it with
  * one copy out of the reader's mapping, or where it has none one pread (the
  * GIL released either way, as os.pread does), verify its checksum and
  * walk its keys (block_may_hold).  0: a false positive, counted (one block
@@ -328,71 +298,53 @@ offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, 
  * second read (admission_admit_reread); 1: found, *value the value
  * block_find took from the bytes read (a new reference; None for a
  * tombstone), one true positive counted, and the payload cached if the
- * cache admits it -- or, for a block block_find refuses, what the Python
- * decode_read made of the bytes read (it raises CorruptionError for a
- * malformed block); 2: let the Python lookup_block serve (the reader is
- * closed or in memory, odd types, a short read or a checksum mismatch: it
- * reads again and raises what it should); -1: error. */
+ * cache admits it; 2: nothing counted, let the Python lookup_block serve
+ * (SSTableReader.lookup: the reader is closed or in memory, a short read, a
+ * checksum mismatch, a block block_find refuses: it reads again and raises
+ * what it should, CorruptionError for a malformed block); -1: error. */
 int
-disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
-           PyObject **value)
+disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value)
 {
 #ifdef _WIN32
-    (void)self; (void)e; (void)item; (void)key; (void)i; (void)value;
+    (void)self; (void)e; (void)key; (void)i; (void)value;
     return 2;
 #else
-    PyObject *reader = PyTuple_GET_ITEM(item, 0);
     unsigned char *buf;
     size_t size;
-    int r = read_block_buf(e, reader, i, &buf, &size);
+    int r = read_block_buf(e, e->reader, i, &buf, &size);
     if (r != 0)
         return r;
-    size_t total = size + 4;
-    uint64_t *counts = (uint64_t *)e->counts.buf;
-    counts[BLOCK_READS]++;
     const unsigned char *vp = NULL;
     size_t vlen = 0;
     int f = disk_block_find(buf, size, key, &vp, &vlen);
+    if (f < 0) {  /* a block block_find refuses: the Python side reads it again */
+        PyMem_RawFree(buf);
+        return 2;
+    }
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_READS]++;
     if (f == 0) {
         /* a false positive: its block is cached only on its second read
          * within the admission's window (BlockCache.admit_reread) */
-        r = self->cache != NULL ? offer_block(self, item, i, buf, (size_t)size, 1) : 0;
+        r = self->cache != NULL ? offer_block(self, e, i, buf, (size_t)size, 1) : 0;
         PyMem_RawFree(buf);
         if (r < 0)
             return -1;
         counts[FALSE_POSITIVES]++;
         return 0;
     }
-    if (f > 0) {
-        /* a full cache takes a block a get read only if it was read not long
-         * ago (BlockCache.admit) */
-        if (self->cache != NULL && offer_block(self, item, i, buf, (size_t)size, 0) < 0) {
-            PyMem_RawFree(buf);
-            return -1;
-        }
-        *value = found_value(f, vp, vlen);
+    /* a full cache takes a block a get read only if it was read not long ago
+     * (BlockCache.admit) */
+    if (self->cache != NULL && offer_block(self, e, i, buf, (size_t)size, 0) < 0) {
         PyMem_RawFree(buf);
-        if (*value == NULL)
-            return -1;
-        counts[TRUE_POSITIVES]++;
-        return 1;
+        return -1;
     }
-    /* a block block_find refuses: the Python decode_read decodes the bytes
-     * read, and raises CorruptionError for a malformed block */
-    PyObject *raw = PyBytes_FromStringAndSize((const char *)buf, (Py_ssize_t)total);
+    *value = found_value(f, vp, vlen);
     PyMem_RawFree(buf);
-    if (raw == NULL)
+    if (*value == NULL)
         return -1;
-    PyObject *index = PyLong_FromSsize_t(i);
-    if (index == NULL) {
-        Py_DECREF(raw);
-        return -1;
-    }
-    PyObject *args[5] = {reader, index, raw, PyTuple_GET_ITEM(item, 3), key};
-    *value = PyObject_Vectorcall(self->decode_read, args, 5, NULL);
-    Py_DECREF(index);
-    Py_DECREF(raw);
-    return *value == NULL ? -1 : 1;
+    counts[TRUE_POSITIVES]++;
+    return 1;
 #endif
 }
 
@@ -400,14 +352,15 @@ disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
 
 /* key in the memtable or the frozen ones (newest first): 1 and *value
  * (borrowed; None for a tombstone), 0 when none has it, -1 on error.  With
- * have_h, h is the key's xxh3_64, and a memtable whose filter (fast[6]) says
- * "no" is passed without a dict lookup. */
+ * have_h, h is the key's xxh3_64, and a memtable whose filter (the FastPath's
+ * filters) says "no" is passed without a dict lookup. */
 int
 mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value)
 {
-    PyObject *imms = PyTuple_GET_ITEM(fast, 1), *filters = PyTuple_GET_ITEM(fast, 6);
+    PyObject *imms = PyTuple_GET_ITEM(fast, FAST_IMM_DATAS);
+    PyObject *filters = PyTuple_GET_ITEM(fast, FAST_FILTERS);
     for (Py_ssize_t j = -1; j < PyTuple_GET_SIZE(imms); j++) {
-        PyObject *d = j < 0 ? PyTuple_GET_ITEM(fast, 0) : PyTuple_GET_ITEM(imms, j);
+        PyObject *d = j < 0 ? PyTuple_GET_ITEM(fast, FAST_DATA) : PyTuple_GET_ITEM(imms, j);
         if (!PyDict_CheckExact(d)) {
             PyErr_SetString(PyExc_TypeError, "frozen memtable is not a dict");
             return -1;
@@ -448,7 +401,7 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
         return ok < 0 ? NULL : PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
     uint64_t *counts = (uint64_t *)self->counts.buf;
     counts[GETS]++;
-    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES);
     uint64_t h = 0;
     int have_h = getter_hash(probes, key, &h);
     /* The files' filter lines start loading before the memtables are asked:
@@ -466,24 +419,11 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
         result = Py_NewRef(value);
         goto done;
     }
-    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     Py_ssize_t f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
     while (f >= 0) {
-        if (f >= PyTuple_GET_SIZE(flat)) {
-            PyErr_SetString(PyExc_IndexError, "file index beyond the table's files");
-            goto done;
-        }
-        PyObject *item = PyTuple_GET_ITEM(flat, f);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
-            PyErr_SetString(PyExc_TypeError, "bad file entry");
-            goto done;
-        }
-        if (f >= probes->n) {
-            PyErr_SetString(PyExc_IndexError, "file index beyond the probes");
-            goto done;
-        }
+        Entry *e = &probes->e[f];  /* f < probes->n: probes_first returns its own files */
         Py_ssize_t block;
-        int c = cached_lookup(self, &probes->e[f], item, key, &value, &block);
+        int c = cached_lookup(self, e, key, &value, &block);
         if (c < 0)
             goto done;
         if (c == 0) {  /* a false positive, answered from the cache */
@@ -491,7 +431,7 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             continue;
         }
         if (c == 2 && block >= 0) {  /* not in the cache (or no cache): read it here */
-            c = disk_probe(self, &probes->e[f], item, key, block, &value);
+            c = disk_probe(self, e, key, block, &value);
             if (c < 0)
                 goto done;
             if (c == 0) {  /* a false positive, read and walked */
@@ -503,10 +443,8 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             PyObject *i = block >= 0 ? PyLong_FromSsize_t(block) : NULL;
             if (block >= 0 && i == NULL)
                 goto done;
-            PyObject *callargs[6] = {PyTuple_GET_ITEM(item, 0), PyTuple_GET_ITEM(item, 1),
-                                     PyTuple_GET_ITEM(item, 2), PyTuple_GET_ITEM(item, 3), key,
-                                     i};
-            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 6 : 5, NULL);
+            PyObject *callargs[3] = {e->reader, key, i};
+            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 3 : 2, NULL);
             Py_XDECREF(i);
             if (value == NULL)
                 goto done;
@@ -549,7 +487,7 @@ PyTypeObject GetterType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Getter_traverse,
     .tp_clear = (inquiry)Getter_clear,
-    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache, decode_read)\n"
+    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache)\n"
               "--\n\n"
               "get(key, default=None): a table's point read with the per-file steps in C;\n"
               "anything but a plain bytes key on an open database with C probes goes to\n"

@@ -73,8 +73,7 @@ entry_prefetch(PyObject *entry)
  * already loading, so that their misses overlap.  0, or -1 with an
  * exception set (every Cand's references released). */
 static int
-cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand *cs,
-             Py_ssize_t nc)
+cached_batch(Getter *self, Probes *probes, PyObject *keys, Cand *cs, Py_ssize_t nc)
 {
     for (Py_ssize_t c = 0; c < nc; c++) {
         cs[c].block = -1;
@@ -83,8 +82,8 @@ cached_batch(Getter *self, Probes *probes, PyObject *flat, PyObject *keys, Cand 
     }
     for (Py_ssize_t c = 0; c < nc; c++) {
         Cand *x = &cs[c];
-        int r = cached_block_for(self, &probes->e[x->f], PyTuple_GET_ITEM(flat, x->f),
-                                 PyList_GET_ITEM(keys, x->i), &x->cached, &x->block);
+        int r = cached_block_for(self, &probes->e[x->f], PyList_GET_ITEM(keys, x->i),
+                                 &x->cached, &x->block);
         if (r < 0)
             goto error;
         if (r > 0)
@@ -130,7 +129,7 @@ own_keys(ManyKeys *mk)
 }
 
 /* disk_probe for several keys (get_many): the keys keys[ms[c].i] for c in
- * [0, nk), every one a "maybe" of file entry e (of item) whose block i the
+ * [0, nk), every one a "maybe" of file e whose block i the
  * cache does not hold.  The block is read once (read_block_buf) and each key
  * walked for in it as disk_probe walks for one.  1: each answered, res[c] 0
  * for a false positive and 1 for a key found, vals[c] then its value (a new
@@ -144,12 +143,12 @@ own_keys(ManyKeys *mk)
  * of 50,000 present keys at 2,000,000 keys took 2.4x the time of a loop of
  * get. */
 static int
-disk_probe_many(Getter *self, Entry *e, PyObject *item, PyObject *keys, const Miss *ms,
-                Py_ssize_t nk, Py_ssize_t i, int *res, PyObject **vals)
+disk_probe_many(Getter *self, Entry *e, PyObject *keys, const Miss *ms, Py_ssize_t nk,
+                Py_ssize_t i, int *res, PyObject **vals)
 {
     unsigned char *buf;
     size_t size;
-    int r = read_block_buf(e, PyTuple_GET_ITEM(item, 0), i, &buf, &size);
+    int r = read_block_buf(e, e->reader, i, &buf, &size);
     if (r != 0)
         return r;
     Py_ssize_t c, found = 0;
@@ -172,7 +171,7 @@ disk_probe_many(Getter *self, Entry *e, PyObject *item, PyObject *keys, const Mi
             found++;
         }
     }
-    if (self->cache != NULL && offer_block(self, item, i, buf, size, found == 0) < 0) {
+    if (self->cache != NULL && offer_block(self, e, i, buf, size, found == 0) < 0) {
         r = -1;
         goto fail;
     }
@@ -220,7 +219,6 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
              PyObject *maybes, uint64_t *absent, PyObject *kf)
 {
     PyObject *keys = mk->keys;
-    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
     Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0, total = 0;
     int rc = -1;
     for (Py_ssize_t i = 0; i < n; i++)
@@ -304,16 +302,11 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
                 pending[keep++] = i;  /* not in this file: on to the next */
                 continue;
             }
-            PyObject *item = f < PyTuple_GET_SIZE(flat) ? PyTuple_GET_ITEM(flat, f) : NULL;
-            if (item == NULL || !PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 4) {
-                PyErr_SetString(PyExc_IndexError, "bad file entry");
-                goto done;
-            }
             cands[ncand].i = i;  /* a "maybe": looked up in the cache below */
             cands[ncand].f = f;
             ncand++;
         }
-        if (cached_batch(self, probes, flat, keys, cands, ncand) < 0)
+        if (cached_batch(self, probes, keys, cands, ncand) < 0)
             goto done;
         for (Py_ssize_t c = 0; c < ncand; c++) {
             Py_ssize_t i = cands[c].i;
@@ -347,12 +340,11 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             if (b == a + 1 && misses[a].block >= 0) {
                 Py_ssize_t f = misses[a].f, i = misses[a].i;
                 PyObject *value = NULL;
-                int d = disk_probe(self, &probes->e[f], PyTuple_GET_ITEM(flat, f),
-                                   PyList_GET_ITEM(keys, i), misses[a].block, &value);
+                int d = disk_probe(self, &probes->e[f], PyList_GET_ITEM(keys, i),
+                                   misses[a].block, &value);
                 if (d < 0)
                     goto done;
-                if (d == 0 || (d == 1 && value == self->missing)) {
-                    Py_XDECREF(value);  /* a false positive: on to the next file */
+                if (d == 0) {  /* a false positive: on to the next file */
                     pending[keep++] = i;
                     continue;
                 }
@@ -363,8 +355,8 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
                 }
             } else if (misses[a].block >= 0) {  /* several keys: one read for them all */
                 Py_ssize_t f = misses[a].f;
-                int d = disk_probe_many(self, &probes->e[f], PyTuple_GET_ITEM(flat, f), keys,
-                                        misses + a, b - a, misses[a].block, res, vals);
+                int d = disk_probe_many(self, &probes->e[f], keys, misses + a, b - a,
+                                        misses[a].block, res, vals);
                 if (d < 0)
                     goto done;
                 if (d == 1) {
@@ -480,8 +472,7 @@ Getter_many(Getter *self, PyObject *keys)
     int ok = getter_fast(self, &fast);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, 4);
-    PyObject *flat = PyTuple_GET_ITEM(fast, 5);
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES);
     PyObject *kf = NULL;  /* the keyed hash of every filter, if they all use one */
     int by_file = probes->native_hash && probes_one_hash(probes, &kf), all_short = 1;
     ManyKeys mk = {keys, Py_NewRef(keys), PyGC_Disable()};
@@ -534,15 +525,8 @@ Getter_many(Getter *self, PyObject *keys)
         Py_ssize_t f = probes_first(probes, key, 0);
         value = NULL;
         while (f >= 0) {  /* blocks the cache holds are read here; others wait */
-            if (f >= PyTuple_GET_SIZE(flat) || f >= probes->n
-                || !PyTuple_CheckExact(PyTuple_GET_ITEM(flat, f))
-                || PyTuple_GET_SIZE(PyTuple_GET_ITEM(flat, f)) != 4) {
-                PyErr_SetString(PyExc_IndexError, "bad file entry");
-                goto done;
-            }
             Py_ssize_t block;
-            int c = cached_lookup(self, &probes->e[f], PyTuple_GET_ITEM(flat, f), key, &value,
-                                  &block);
+            int c = cached_lookup(self, &probes->e[f], key, &value, &block);
             if (c < 0)
                 goto done;
             if (c == 1)

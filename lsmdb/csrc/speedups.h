@@ -33,20 +33,24 @@
 #include <unistd.h>
 #endif
 
-/* Slots of a file's counters (array('Q'), lsmdb/stats.py's FILE_COUNTERS;
- * lsmdb/sstable_reader.py names the same slots). */
+/* Slots of a file's counters (array('Q')), as lsmdb/stats.py's
+ * FILE_COUNTERS orders them: module.c exports their names in slot order
+ * (FILE_COUNTERS), which lsmdb checks against stats.py at import, and
+ * refuses the C read path on a mismatch. */
 #define RANGE_SKIPS 0
 #define FILTER_NEGATIVES 1
 #define TRUE_POSITIVES 2
 #define FALSE_POSITIVES 3
+#define FALSE_NEGATIVES 4
 #define BLOCK_READS 5
 #define BLOCK_CACHE_HITS 6
-#define MIN_COUNTERS 7
+#define FILE_COUNTER_SLOTS 7
 
 /* Slots of a table's read counters (state.counts, lsmdb/stats.py's
- * TABLE_COUNTERS). */
+ * TABLE_COUNTERS; exported and checked the same way). */
 #define GETS 0
 #define GETS_ABSENT 1
+#define TABLE_COUNTER_SLOTS 2
 
 /* A function whose only effect is PREFETCH has none the compiler counts: it
  * may drop every call of one it does not inline.  Such helpers are
@@ -67,11 +71,52 @@
 #pragma GCC visibility push(hidden)
 #endif
 
+/* ---- the structures Python hands over ---------------------------------- */
+
+/* The fields of the named tuples of lsmdb/fastpath.py, by index.  module.c
+ * exports their names in this order (FILE_PROBE_FIELDS, LEVEL_FIELDS,
+ * FAST_PATH_FIELDS), which lsmdb checks against the NamedTuples' _fields at
+ * import, and refuses the C read path on a mismatch. */
+
+/* FileProbe: what a point read needs of one SSTable (entry_init reads it). */
+#define FILE_READER 0
+#define FILE_MIN_KEY 1
+#define FILE_MAX_KEY 2
+#define FILE_COUNTS 3
+#define FILE_KEYED_FN 4
+#define FILE_BITS 5
+#define FILE_M 6
+#define FILE_K 7
+#define FILE_PART 8
+#define FILE_INDEX_KEYS 9
+#define FILE_INDEX_OFFSETS 10
+#define FILE_INDEX_SIZES 11
+#define FILE_CACHE_BASE 12
+#define FILE_FIELDS 13
+
+/* Level: one level below 0, its files' max keys and the files (Probes_init). */
+#define LEVEL_MAX_KEYS 0
+#define LEVEL_FILES 1
+#define LEVEL_FIELDS 2
+
+/* FastPath: a table's read state (state.fast, the item of state.fast_cell;
+ * getter_fast checks what the getter reads of it). */
+#define FAST_DATA 0
+#define FAST_IMM_DATAS 1
+#define FAST_L0 2
+#define FAST_DEEPER 3
+#define FAST_PROBES 4
+#define FAST_FILES 5
+#define FAST_FILTERS 6
+#define FAST_FIELDS 7
+
 /* ---- the structures the files share ------------------------------------ */
 
-/* One file of a table's Probes: its key range, its filter, its index
- * (bloom_probes.c's entry_init builds it from the file entry tuple). */
+/* One file of a table's Probes: its key range, its filter, its index, its
+ * reader and cache keys (bloom_probes.c's entry_init builds it from the
+ * file's FileProbe). */
 typedef struct {
+    PyObject *reader;    /* the SSTableReader (any object for Probes alone) */
     PyObject *lo;        /* bytes */
     PyObject *hi;        /* bytes */
     PyObject *kf;        /* NULL: the fast hash */
@@ -88,10 +133,19 @@ typedef struct {
     uint64_t m;
     uint64_t mod_M;      /* fastmod_M(m) */
     uint64_t part;       /* s = m / k of a partitioned (format 2) filter; 0: format 1 */
+    uint64_t cache_base; /* block i is cached under cache_base + i */
     Py_ssize_t k;
     int have_bits;
     int have_counts;
+    /* To 320 bytes, five cache lines: the address of entry f is then f * 5
+     * shifted (two instructions), where at 304 it took three, and an
+     * absent get over three files six instructions more. */
+    char pad[16];
 } Entry;
+
+#if defined(__x86_64__) || defined(__aarch64__)
+_Static_assert(sizeof(Entry) % 64 == 0, "Entry: adjust pad to a multiple of 64 bytes");
+#endif
 
 /* The files a point read consults, level-0 first (bloom_probes.c). */
 typedef struct {
@@ -189,9 +243,8 @@ typedef struct {
     Py_buffer counts;       /* state.counts: gets, gets_absent */
     int have_counts;
     PyObject *missing;      /* the MISSING sentinel */
-    PyObject *lookup_block; /* (reader, index_keys, base, counts, key[, block]) -> value/None/MISSING */
+    PyObject *lookup_block; /* (reader, key[, block]) -> value/None/MISSING: SSTableReader.lookup */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
-    PyObject *decode_read;  /* (reader, block, raw, counts, key) -> value/None/MISSING */
     Cache *cache;           /* the block cache (its entries: block_entry bytes), or NULL */
     Py_ssize_t max_key;
 } Getter;
@@ -234,13 +287,12 @@ int cache_put(Cache *c, uint64_t key, PyObject *block, Py_ssize_t size);
 /* readpath.c */
 Py_ssize_t bisect_index(const Entry *e, PyObject *key);
 int index_words_init(Entry *e);
-int cached_block_for(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **block,
+int cached_block_for(Getter *self, const Entry *e, PyObject *key, PyObject **block,
                      Py_ssize_t *block_index);
 int cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value);
-int offer_block(Getter *self, PyObject *item, Py_ssize_t i, const unsigned char *p, size_t size,
+int offer_block(Getter *self, const Entry *e, Py_ssize_t i, const unsigned char *p, size_t size,
                 int false_positive);
-int disk_probe(Getter *self, Entry *e, PyObject *item, PyObject *key, Py_ssize_t i,
-               PyObject **value);
+int disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
 
 /* readpath_many.c */
@@ -361,7 +413,7 @@ fastmod(uint64_t a, uint64_t d, uint64_t M)
 }
 
 /* The offset of g's probe inside a partition of s bits (format 2):
- * (g * s) >> 32.  A format-2 filter has s < 2^32 (larger ones are written in
+ * (g * s) >> 32, as lsmdb/bloom.py's probe_bit (the reference) has it.  A format-2 filter has s < 2^32 (larger ones are written in
  * format 1), so the product fits 64 bits: one multiply.  With a 128-bit
  * product the filter step of a table that fits the caches measured 8-10%
  * slower than format 1's; with this one, the same. */
@@ -494,7 +546,8 @@ check_raw(Entry *e, const char *k, Py_ssize_t klen, uint64_t h, const int picked
 }
 
 /* Start loading the lines of the first `lines` probes (at most k) of key
- * hash h in e's partitioned filter (e->part > 0). */
+ * hash h in e's partitioned filter (e->part > 0): the bits of bloom.py's
+ * probe_bit. */
 PREFETCH_HELPER
 prefetch_part_lines(const Entry *e, uint64_t h, Py_ssize_t lines)
 {
@@ -609,14 +662,13 @@ getter_fast(Getter *self, PyObject **fast)
     if (PyList_GET_SIZE(cell) != 1)
         return 0;
     PyObject *f = PyList_GET_ITEM(cell, 0);  /* borrowed: no other thread runs until the incref */
-    if (!PyTuple_CheckExact(f) || PyTuple_GET_SIZE(f) != 7
-        || !PyObject_TypeCheck(PyTuple_GET_ITEM(f, 4), &ProbesType)
-        || !PyDict_CheckExact(PyTuple_GET_ITEM(f, 0))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 1))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 5))
-        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, 6))
-        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 6))
-               != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, 1)) + 1)
+    if (!PyTuple_Check(f) || PyTuple_GET_SIZE(f) != FAST_FIELDS  /* a FastPath */
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(f, FAST_PROBES), &ProbesType)
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(f, FAST_DATA))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, FAST_IMM_DATAS))
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, FAST_FILTERS))
+        || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, FAST_FILTERS))
+               != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, FAST_IMM_DATAS)) + 1)
         return 0;
     *fast = Py_NewRef(f);
     return 1;
@@ -650,18 +702,18 @@ getter_hash(Probes *probes, PyObject *key, uint64_t *h)
     return 1;
 }
 
-/* After a "maybe" from file entry `item`: answer from the block cache when
- * it holds the block.  1: found, *value set (a new reference; None for a
+/* After a "maybe" from file e: answer from the block cache when it holds
+ * the block.  1: found, *value set (a new reference; None for a
  * tombstone); 0: a false positive (counted); 2: not answerable here (block
- * not cached, no cache, odd types): the caller asks the Python lookup_block,
- * passing it *block_index when that is >= 0 (the block that can hold key,
- * which the cache does not hold, or there is no cache); -1: error. */
+ * not cached, no cache, an odd cache entry): the caller asks the Python
+ * lookup_block, passing it *block_index when that is >= 0 (the block that
+ * can hold key, which the cache does not hold, or there is no cache); -1:
+ * error. */
 static inline int
-cached_lookup(Getter *self, Entry *e, PyObject *item, PyObject *key, PyObject **value,
-              Py_ssize_t *block_index)
+cached_lookup(Getter *self, Entry *e, PyObject *key, PyObject **value, Py_ssize_t *block_index)
 {
     PyObject *block;
-    int r = cached_block_for(self, e, item, key, &block, block_index);
+    int r = cached_block_for(self, e, key, &block, block_index);
     if (r <= 0)
         return r < 0 ? -1 : 2;
     int found = cached_answer(e, block, key, value);

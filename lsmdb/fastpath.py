@@ -1,0 +1,155 @@
+"""What a point read takes of a table in one step, and the C read path's view of it.
+
+``TableState.publish`` flattens a table's memtables and files into one
+:class:`FastPath` per change, so that a get takes its whole state with one
+attribute load and never sees half a change.  Each SSTable there is a
+:class:`FileProbe`: its key range, its filter (bits, m, k, partition size,
+hash), its index, its counters and its block cache keys.  The Python getter
+(lsmdb/readpath.py) walks the FileProbes; the C one (lsmdb/csrc/) reads the
+same named tuples -- NamedTuples are tuples -- by the index macros of
+speedups.h (``FILE_BITS``, ``FAST_PROBES``, ...), and counts into the slots
+of :mod:`lsmdb.stats`.
+
+The C module exports the field names of each structure and the counter
+names in the order its macros number them (``_speedups.FILE_PROBE_FIELDS``,
+``LEVEL_FIELDS``, ``FAST_PATH_FIELDS``, ``FILE_COUNTERS``,
+``TABLE_COUNTERS``).  At import they are compared with the definitions
+here and in stats.py: on a mismatch -- an extension built from other sources
+than this Python, which would read the wrong fields or count into the wrong
+slots -- the C read path is refused with a warning and reads take the
+Python path (same answers, slower); ``LAYOUT_ERRORS`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .bloom import key_hash
+from .stats import c_counter_errors
+
+if TYPE_CHECKING:
+    from .memtable import Memtable
+    from .sstable import SSTableReader
+
+_speedups: ModuleType | None
+try:
+    from . import _speedups
+except ImportError:  # pragma: no cover - built without a C compiler
+    _speedups = None
+
+log = logging.getLogger("lsmdb")
+
+
+class FileProbe(NamedTuple):
+    """What a point read needs of one SSTable (``probe_of``): the Python
+    getter reads its fields by name, the C Probes by the ``FILE_*`` macros."""
+
+    reader: SSTableReader          # reads the data block after a "maybe"
+    min_key: bytes                 # the file's key range
+    max_key: bytes
+    counts: array[int]             # the file's counters (stats.FILE_COUNTERS)
+    keyed_fn: Callable[[bytes], int] | None  # the filter's hash; None: bloom.key_hash
+    bits: bytearray | None         # the filter's bit array; None when m == 0
+    m: int                         # filter bits; 0: no filter, every probe "maybe"
+    k: int                         # probes
+    part: int                      # format 2's partition size s = m // k; 0: format 1
+    index_keys: list[bytes]        # the last key of each data block
+    index_offsets: list[int]       # where each data block starts in the file
+    index_sizes: list[int]         # and its payload's size
+    cache_base: int                # block i is cached under cache_base + i
+
+
+class Level(NamedTuple):
+    """One level below level 0: its files in key order, and their max keys
+    (a key's file is the first whose max key is at or above it)."""
+
+    max_keys: tuple[bytes, ...]
+    files: tuple[FileProbe, ...]
+
+
+class FastPath(NamedTuple):
+    """A table's read state, newest data first (``fast_path``)."""
+
+    data: dict[bytes, bytes | None]               # the memtable's dict
+    imm_datas: tuple[dict[bytes, bytes | None], ...]  # the frozen memtables' dicts
+    l0: tuple[FileProbe, ...]                     # level-0 files, newest first
+    deeper: tuple[Level, ...]                     # levels 1, 2, ...
+    probes: Any                                   # the C Probes of l0 and deeper, or None
+    files: tuple[FileProbe, ...]                  # l0, then deeper's files: the C probes' order
+    filters: tuple[Any, ...]                      # the memtables' key filters (C), or Nones
+
+
+def probe_of(reader: SSTableReader) -> FileProbe:
+    """``reader``'s FileProbe, as its filter and cache keys are now."""
+    bloom = reader.bloom
+    m = bloom.m
+    return FileProbe(reader, reader.min_key, reader.max_key, reader.counts, reader.keyed_fn,
+                     bloom.bits if m else None, m, bloom.k, bloom.part, reader.index_keys,
+                     reader.index_offsets, reader.index_sizes, reader.cache_base)
+
+
+def fast_path(mem: Memtable, imms: Sequence[Memtable], l0: Sequence[SSTableReader],
+              deeper: Sequence[tuple[Sequence[bytes], Sequence[SSTableReader]]],
+              with_c: bool) -> FastPath:
+    """The FastPath of these memtables (newest first) and files (level 0 newest
+    first, then each deeper level's max keys and files in key order); with the
+    C Probes of the files when ``with_c``."""
+    l0_probes = tuple(probe_of(r) for r in l0)
+    levels = tuple(Level(tuple(keys), tuple(probe_of(r) for r in readers))
+                   for keys, readers in deeper)
+    files = l0_probes + tuple(p for level in levels for p in level.files)
+    return FastPath(mem.data, tuple(m.data for m in imms), l0_probes, levels,
+                    _c_probes(l0_probes, levels) if with_c else None, files,
+                    (mem.filter, *(m.filter for m in imms)))
+
+
+def _c_probes(l0: tuple[FileProbe, ...], deeper: tuple[Level, ...]) -> Any:
+    """The C Probes of these files, or None (then the Python path serves)."""
+    assert Probes is not None
+    try:
+        return Probes(l0, deeper, key_hash)
+    except (TypeError, ValueError, OverflowError) as exc:  # should not happen: be slow, not wrong
+        log.warning("C read path unavailable for these files (%s); using the Python path", exc)
+        return None
+
+
+#: The structures the C read path reads, by the name of the tuple of their
+#: field names it exports.
+_EXPORTS: dict[str, type[Any]] = {"FILE_PROBE_FIELDS": FileProbe, "LEVEL_FIELDS": Level,
+                                  "FAST_PATH_FIELDS": FastPath}
+
+
+def layout_errors(module: ModuleType | None) -> list[str]:
+    """What the C read path of ``module`` (lsmdb._speedups, or None: not built)
+    reads or counts otherwise than the Python definitions; [] when nothing.
+
+    >>> layout_errors(None)
+    []
+    """
+    if module is None:
+        return []
+    errors = []
+    for export, structure in _EXPORTS.items():
+        fields = getattr(module, export, None)
+        if fields != structure._fields:
+            errors.append(f"{structure.__name__} fields {fields} are not {structure._fields}")
+    file_slots = getattr(module, "FILE_COUNTERS", None)
+    table_slots = getattr(module, "TABLE_COUNTERS", None)
+    if file_slots is None or table_slots is None:
+        return [*errors, "it exports no counter slots"]
+    return errors + c_counter_errors(file_slots, table_slots)
+
+
+#: Why the C read path is refused ([] when it is in use, or not built).
+LAYOUT_ERRORS = layout_errors(_speedups)
+#: Whether the C getter and probes may serve reads.
+C_READ_PATH = _speedups is not None and not LAYOUT_ERRORS
+if LAYOUT_ERRORS:
+    log.warning("lsmdb._speedups does not match this lsmdb (%s): reads take the Python "
+                "path; rebuild the extension (pip install .)", "; ".join(LAYOUT_ERRORS))
+#: The C Probes type, where the C read path serves.
+Probes: Any = _speedups.Probes if C_READ_PATH and _speedups is not None else None

@@ -91,6 +91,7 @@ class FaultFS:
         self._kept: set[int] = set()
         self._lock = threading.RLock()
         self._saved: dict[str, Callable[..., Any]] = {}
+        self._installed = False
 
     # ------------------------------------------------------------- install
     def install(self) -> FaultFS:
@@ -101,12 +102,15 @@ class FaultFS:
         os.fsync = self._fsync
         for name in ("unlink", "remove", "replace", "rename"):
             setattr(os, name, self._locked(self._saved[name]))
+        self._installed = True
         return self
 
     def uninstall(self) -> None:
+        # The originals stay in _saved: a background thread that fetched a
+        # wrapper before this ran still calls through to the real function.
+        self._installed = False
         for name, fn in self._saved.items():
             setattr(os, name, fn)
-        self._saved.clear()
         os.close(self._proc_fd)
 
     def __enter__(self) -> FaultFS:
@@ -129,6 +133,9 @@ class FaultFS:
     def _fsync(self, fd: Any) -> None:
         if not isinstance(fd, int):
             fd = fd.fileno()
+        if not self._installed:
+            self._saved["fsync"](fd)
+            return
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             mine = os.path.samestat(st, os.stat(self.directory))
@@ -273,9 +280,12 @@ class IOFaults:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        # The rules go and the originals come back, but stay in _saved: a
+        # background thread that fetched a wrapper before this ran still calls
+        # through to the real function, with no fault.
+        self._rules.clear()
         for (module, name), fn in self._saved.items():
             setattr(module, name, fn)
-        self._saved.clear()
 
     def _name_of(self, fd: int) -> str | None:
         """Name of ``fd`` inside the directory ("." for the directory), or None."""

@@ -326,6 +326,23 @@ def test_faultfs_crash_raises_and_stays_crashed(tmp_path):
         fs.cleanup()
 
 
+def test_fault_layers_pass_late_calls_through_after_they_are_removed(tmp_path):
+    """A background thread may hold a wrapper fetched while a layer was in place."""
+    d = tmp_path / "d"
+    d.mkdir()
+    for layer in (FaultFS(str(d)), IOFaults(str(d))):
+        with layer:
+            late_fsync, late_write = os.fsync, os.write
+            if isinstance(layer, IOFaults):
+                layer.fail_fsync(lambda name: True, errno.EIO, times=None)
+        assert os.fsync is not late_fsync
+        fd = os.open(d / "f", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        assert late_write(fd, b"abc") == 3
+        late_fsync(fd)                                   # no KeyError, no injected fault
+        os.close(fd)
+    assert (d / "f").read_bytes() == b"abcabc"
+
+
 # ------------------------------------------------------------ crash at every fsync
 @dataclass
 class Point:

@@ -3,8 +3,8 @@
  * without decoding), a key's value in it (block_find) -- and the block
  * cache's form of a block with a lookup in it (block_entry, entry_find,
  * entry_lists).  Python twins: lsmdb/block.py's decode_data_block and the
- * fallbacks of lsmdb/sstable_reader.py (block_may_hold, find_in_cached,
- * _decode_cached). */
+ * fallbacks of lsmdb/sstable_reader.py (block_may_hold, _find_in_entry,
+ * _decode_entry). */
 
 #include "speedups.h"
 

@@ -2,7 +2,7 @@
  * file mapped read-only (map_file, Mapping) with its SIGBUS guard, and a
  * block copied out of the mapping or read with one pread, its checksum
  * verified (read_block_buf).  Python twin: lsmdb/sstable_reader.py's
- * SSTableReader (map_file, _read_raw, _check_raw). */
+ * SSTableReader (map_file, _read_raw, _verify). */
 
 #include "speedups.h"
 

@@ -301,7 +301,7 @@ def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still
                  out: list[Any]) -> None:
     """Look the ``maybe`` keys up in ``reader`` (``lookup_many``: one read per
     distinct block): their values into ``out``, the keys it does not hold
-    onto ``still``."""
+    onto ``still`` in the order given, as the C getter hands them on."""
     for i, value in zip(maybe, reader.lookup_many([ks[i] for i in maybe]), strict=True):
         if value is MISSING:
             still.append(i)

@@ -1503,6 +1503,50 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
 
 
 @pytest.mark.parametrize("c_getter", [True, False])
+def test_get_many_hands_a_files_misses_on_in_the_order_given(tmp_path, monkeypatch, c_getter):
+    """The keys a file does not hold go on to the next file in the order they
+    were given, on both read paths, so that with a full cache both count the
+    same reads and hits.  File A (newer, no filter) holds x; y shares x's block
+    in A, z another; only file B holds y and z, in two blocks: R (z's) cached,
+    filling the cache, Q (y's) turned away once, so its next read is admitted
+    and evicts R.  In the order given (z, y): R is a hit, then Q is read."""
+    if not c_getter:
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
+    path = str(tmp_path / "db")
+    with lsmdb.open(path, auto_compaction=False) as db:
+        db.alter_table("default", block_size_bytes=256, bloom_filter_fp_chance=1.0)
+        for i in range(300):                                    # B
+            db.put(b"k%03d" % i, b"b" * 60)
+        db.flush()
+        for k in (b"k005", b"k010", b"k012", b"k190", b"k210"):  # A
+            db.put(k, b"a" * 60)
+        db.flush()
+    x, y, z = b"k010", b"k011", b"k200"
+    with lsmdb.open(path, auto_compaction=False) as probe:
+        _a, b = probe._default_state.readers_in_order()
+        sizes = []
+        for k in (y, z):
+            b.block_entries(b.block_for(k))
+            sizes.append(len(probe._versions.block_cache.lookup(b.cache_base + b.block_for(k))))
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=max(sizes) * 3 // 2)
+    try:
+        assert (type(db.get).__name__ == "Getter") == c_getter
+        a, b = db._default_state.readers_in_order()
+        assert a.block_for(x) == a.block_for(y) != a.block_for(z)
+        r, q = b.block_for(z), b.block_for(y)
+        assert r != q
+        b.block_entries(r)                                       # cached: the cache is full
+        b.block_entries(q)                                       # turned away, remembered
+        cache = db._versions.block_cache
+        assert cache.lookup(b.cache_base + r) is not None and cache.lookup(b.cache_base + q) is None
+        reads, hits = b.block_reads, b.block_cache_hits
+        assert db.get_many([x, z, y]) == [b"a" * 60, b"b" * 60, b"b" * 60]
+        assert (b.block_reads - reads, b.block_cache_hits - hits) == (1, 1)
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("c_getter", [True, False])
 def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, monkeypatch, c_getter):
     """The block cache keeps a block's checksum-verified payload, the bytes on
     disk, followed by its entries' offsets (block_entry), whichever path read

@@ -44,6 +44,11 @@ from .trace import trace_read
 from .versions import Versions
 from .writepath import WritePath
 
+try:
+    from ._speedups import Contains as _Contains
+except ImportError:
+    _Contains = None  # type: ignore[assignment,misc]
+
 log = logging.getLogger("lsmdb")
 
 #: Every DB open in this process, so that a fork() child can disown them.
@@ -501,6 +506,10 @@ class DB:
 
     def __repr__(self) -> str:
         return f"<lsmdb.DB {self.path!r}{' closed' if self.closed else ''}>"
+
+
+if _Contains is not None:  # `key in db` as the method above, without its Python frame
+    setattr(DB, "__contains__", _Contains("get"))
 
 
 def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: bool = False,

@@ -1503,6 +1503,46 @@ def test_a_checksum_valid_block_of_the_wrong_shape_is_never_cached(tmp_path, mon
 
 
 @pytest.mark.parametrize("c_getter", [True, False])
+def test_key_in_db_is_the_c_contains_and_answers_as_get(tmp_path, monkeypatch, c_getter):
+    """``key in db`` calls db.get through speedups.Contains (no Python frame),
+    over the C getter or the Python one: the same answers, the same errors."""
+    from lsmdb.db import DB
+    if not c_getter:
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
+    assert type(DB.__dict__["__contains__"]) is speedups.Contains
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    try:
+        assert (type(db.get).__name__ == "Getter") == c_getter
+        for i in range(300):
+            db.put(b"k%03d" % i, b"v")
+        db.flush()
+        db.delete(b"k007")
+        db.put(b"mem", b"")                      # an empty value is present
+        keys = [b"k%03d" % i for i in range(0, 320, 7)] + [b"mem", b"", b"zz"]
+        assert [k in db for k in keys] == [db.get(k) is not None for k in keys]
+        assert b"k007" not in db and b"mem" in db and b"k008" in db
+        assert db.__contains__(b"k008") is True and DB.__contains__(db, b"zz") is False
+        for bad in (1, "text", None):
+            with pytest.raises(TypeError):
+                bad in db  # noqa: B015
+        with pytest.raises(TypeError):
+            speedups.Contains("get")(db)
+        with pytest.raises(TypeError):
+            speedups.Contains("get")(db, b"k", b"extra")
+        with pytest.raises(AttributeError):
+            speedups.Contains("no_such_attribute")(db, b"k")
+        before = sys.getallocatedblocks()
+        for _ in range(3):
+            for k in keys * 200:
+                k in db  # noqa: B015
+        assert sys.getallocatedblocks() - before < 100
+    finally:
+        db.close()
+    with pytest.raises(DatabaseClosedError):
+        b"k001" in db  # noqa: B015
+
+
+@pytest.mark.parametrize("c_getter", [True, False])
 def test_get_many_hands_a_files_misses_on_in_the_order_given(tmp_path, monkeypatch, c_getter):
     """The keys a file does not hold go on to the next file in the order they
     were given, on both read paths, so that with a full cache both count the

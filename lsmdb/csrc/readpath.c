@@ -496,3 +496,82 @@ PyTypeObject GetterType = {
     .tp_methods = Getter_methods,
     .tp_new = PyType_GenericNew,
 };
+
+/* ---- Contains: `key in db` through the instance's compiled getter --------
+ *
+ * Contains(name) is a method for a class's __contains__: called with (self,
+ * key) it calls self's attribute `name` (DB's per-instance compiled getter,
+ * db.get) with the key and answers whether the value is not None.  It is a
+ * method descriptor, so `key in db` calls it without a Python frame or a
+ * bound method.  Python twin: the Python DB.__contains__ in lsmdb/db.py. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *name;
+    vectorcallfunc vectorcall;
+} Contains;
+
+static PyObject *
+Contains_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                    PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "__contains__ takes exactly one key");
+        return NULL;
+    }
+    PyObject *get = PyObject_GetAttr(args[0], ((Contains *)callable)->name);
+    if (get == NULL)
+        return NULL;
+    PyObject *value = PyObject_Vectorcall(get, args + 1, 1, NULL);
+    Py_DECREF(get);
+    if (value == NULL)
+        return NULL;
+    int found = value != Py_None;
+    Py_DECREF(value);
+    return PyBool_FromLong(found);
+}
+
+static PyObject *
+Contains_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PyObject *name;
+    static char *kwlist[] = {"name", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "U:Contains", kwlist, &name))
+        return NULL;
+    Contains *self = (Contains *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->name = Py_NewRef(name);
+    self->vectorcall = Contains_vectorcall;
+    return (PyObject *)self;
+}
+
+static void
+Contains_dealloc(Contains *self)
+{
+    Py_XDECREF(self->name);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Contains_get(PyObject *self, PyObject *obj, PyObject *type)
+{
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+PyTypeObject ContainsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Contains",
+    .tp_basicsize = sizeof(Contains),
+    .tp_dealloc = (destructor)Contains_dealloc,
+    .tp_vectorcall_offset = offsetof(Contains, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = Contains_get,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "Contains(name)\n--\n\n"
+              "A method for __contains__: (self, key) -> getattr(self, name)(key) is not None.",
+    .tp_new = Contains_new,
+};

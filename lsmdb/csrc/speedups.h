@@ -256,6 +256,7 @@ extern PyTypeObject AdmissionType;  /* cache.c */
 extern PyTypeObject CacheType;      /* cache.c */
 extern PyTypeObject MemFilterType;  /* memtable.c */
 extern PyTypeObject GetterType;     /* readpath.c */
+extern PyTypeObject ContainsType;   /* readpath.c */
 extern PyTypeObject MappingType;    /* sstable_reader.c */
 extern PyTypeObject MergeType;      /* merge.c */
 

@@ -174,20 +174,7 @@ class DB:
         Usually one fsync of the live WAL segment; after a WAL failure, a flush
         of every memtable.
         """
-        versions = self._versions
-        wal = versions.log
-        while True:
-            versions.check_writable()
-            if wal.failed is not None:
-                self._flusher.recover_log()
-            with versions.lock:
-                versions.check_writable()
-                if wal.failed is None:
-                    versions.sync_manifest()
-                    wal.sync()
-                    if wal.promoted:  # name the segments it fsynced synced
-                        versions.promote_segments()
-                    return
+        self._flusher.sync()
 
     def flush(self, table: str | None = None) -> None:
         """Write the memtable of ``table`` (None: every table) to an SSTable now.
@@ -341,29 +328,7 @@ class DB:
         filter pays only when it is a real share of the reads.
         """
         state = self._table_state(name)
-        infos = self.sstables(state.name)
-        fp = sum(i.false_positives for i in infos)
-        tn = sum(i.filter_negatives for i in infos)
-        tp = sum(i.true_positives for i in infos)
-        return {
-            "files": len(infos),
-            "entries": sum(i.entries for i in infos),
-            "size_bytes": sum(i.size_bytes for i in infos),
-            "filter_bytes_on_disk": sum(i.filter_bytes for i in infos),
-            "filter_bytes_in_memory": sum(r.bloom_memory_bytes() for r in state.files),
-            "range_skips": sum(i.range_skips for i in infos),
-            "reads_skipped": tn,
-            "filter_negatives": tn,
-            "true_positives": tp,
-            "false_positives": fp,
-            "false_negatives": sum(i.false_negatives for i in infos),
-            "block_reads": sum(i.block_reads for i in infos),
-            "measured_fpr": fp / (fp + tn) if fp + tn else None,
-            "false_ratio": fp / (tp + fp + tn) if tp + fp + tn else None,
-            "gets": state.gets,
-            "gets_absent": state.gets_absent,
-            "absent_share": state.gets_absent / state.gets if state.gets else None,
-        }
+        return _stats.table_totals(state, self.sstables(state.name))
 
     # ------------------------------------------------------------ compaction
     def compact(self, table: str | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Flushing memtables to SSTables, and making a failed WAL whole again.
+"""Flushing memtables to SSTables, making a failed WAL whole again, and ``db.sync()``.
 
 A flush **rotates** the WAL (so every record of the memtable sits in closed
 segments), **freezes** the table's memtable (it keeps serving reads; a new
@@ -73,6 +73,25 @@ class Flusher:
         state.mem = Memtable()
         state.imms = (mem,) + state.imms
         state.publish()
+
+    def sync(self) -> None:
+        """Make every write so far durable (``db.sync()``): one fsync of each
+        unsynced WAL segment and the live one, after a WAL failure the
+        recovery first (every memtable flushed)."""
+        versions = self.versions
+        wal = versions.log
+        while True:
+            versions.check_writable()
+            if wal.failed is not None:
+                self.recover_log()
+            with versions.lock:
+                versions.check_writable()
+                if wal.failed is None:
+                    versions.sync_manifest()
+                    wal.sync()
+                    if wal.promoted:  # name the segments it fsynced synced
+                        versions.promote_segments()
+                    return
 
     def recover_log(self) -> None:
         """Make every record of a failed WAL segment durable another way, then start a

@@ -151,3 +151,29 @@ def apply_file_counters(reader: Any, values: list[int]) -> None:
 
 def save_stats(directory: str, readers: Iterable[Any], tables: Iterable[Any]) -> None:
     write_file_durably(os.path.join(directory, STATS_NAME), encode_stats(readers, tables))
+
+
+def table_totals(state: Any, infos: list[Any]) -> dict[str, Any]:
+    """``db.table_stats``: a table's files (``SSTableInfo`` each) and gets, summed."""
+    fp = sum(i.false_positives for i in infos)
+    tn = sum(i.filter_negatives for i in infos)
+    tp = sum(i.true_positives for i in infos)
+    return {
+        "files": len(infos),
+        "entries": sum(i.entries for i in infos),
+        "size_bytes": sum(i.size_bytes for i in infos),
+        "filter_bytes_on_disk": sum(i.filter_bytes for i in infos),
+        "filter_bytes_in_memory": sum(r.bloom_memory_bytes() for r in state.files),
+        "range_skips": sum(i.range_skips for i in infos),
+        "reads_skipped": tn,
+        "filter_negatives": tn,
+        "true_positives": tp,
+        "false_positives": fp,
+        "false_negatives": sum(i.false_negatives for i in infos),
+        "block_reads": sum(i.block_reads for i in infos),
+        "measured_fpr": fp / (fp + tn) if fp + tn else None,
+        "false_ratio": fp / (tp + fp + tn) if tp + fp + tn else None,
+        "gets": state.gets,
+        "gets_absent": state.gets_absent,
+        "absent_share": state.gets_absent / state.gets if state.gets else None,
+    }

@@ -2,7 +2,7 @@
 
 The state a DB coordinates has one owner each: :mod:`lsmdb.versions` (the
 tables, their files and numbers, the manifest, the WAL's segments),
-:mod:`lsmdb.writepath` (writes), :mod:`lsmdb.flush` (flushes and making a
+:mod:`lsmdb.writepath` (writes), :mod:`lsmdb.flush` (flushes, sync, making a
 failed WAL whole again), :mod:`lsmdb.compactor` with :mod:`lsmdb.compaction`
 (compactions, on the thread of :mod:`lsmdb.background`), :mod:`lsmdb.readpath`
 (gets, get_many, scans), :mod:`lsmdb.recovery` (opening), :mod:`lsmdb.lockfile`

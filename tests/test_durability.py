@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import importlib.util
 import logging
 import os
 import shutil
@@ -65,26 +64,16 @@ from lsmdb.sstable import SSTableReader
 from lsmdb.verify import verify_database
 from lsmdb.wal import read_segment
 from tests.conftest import SMALL
-
-
-def _load(name: str) -> Any:
-    path = Path(__file__).with_name(f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"lsmdb_tests_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tools import load_test_layer
 
 if TYPE_CHECKING:
     from faultfs import FaultFS
     from faultinject import Faults
     from powerloss import PowerLoss
 else:
-    FaultFS = _load("faultfs").FaultFS
-    Faults = _load("faultinject").Faults
-    PowerLoss = _load("powerloss").PowerLoss
+    FaultFS = load_test_layer("faultfs").FaultFS
+    Faults = load_test_layer("faultinject").Faults
+    PowerLoss = load_test_layer("powerloss").PowerLoss
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="the fault layers read descriptors through /proc")

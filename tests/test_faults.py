@@ -17,11 +17,9 @@
 from __future__ import annotations
 
 import errno
-import importlib.util
 import logging
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
@@ -36,22 +34,12 @@ import lsmdb.stats
 from lsmdb.files import SwitchedButNotSynced
 from lsmdb.verify import verify_database
 from tests.conftest import SMALL
-
-
-def _load_faultfs() -> Any:
-    path = Path(__file__).with_name("faultfs.py")
-    spec = importlib.util.spec_from_file_location("lsmdb_tests_faultfs", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tools import load_test_layer
 
 if TYPE_CHECKING:
     from faultfs import Crash, FaultFS, IOFaults
 else:
-    faultfs = _load_faultfs()
+    faultfs = load_test_layer("faultfs")
     Crash, FaultFS, IOFaults = faultfs.Crash, faultfs.FaultFS, faultfs.IOFaults
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import logging
 import os
 import random
@@ -49,20 +48,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 import lsmdb  # noqa: E402
 import lsmdb.stats  # noqa: E402
 from lsmdb.verify import verify_database  # noqa: E402
-
-
-def _faults_module() -> Any:
-    path = Path(__file__).resolve().parent.parent / "tests" / "faultinject.py"
-    name = "lsmdb_tests_faultinject"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tools import load_test_layer  # noqa: E402
 
 Rows = dict[bytes, bytes]
 Write = list[tuple[str, bytes, "bytes | None"]]
@@ -133,7 +119,7 @@ class Run:
         self.model = Model()
         self.db: lsmdb.DB | None = None
         self.op = 0
-        self.faults = _faults_module().Faults(path)
+        self.faults = load_test_layer("faultinject").Faults(path)
         self.tables_made = 0
         self.last_open_error = ""
         self.tracing: list[str] | None = None

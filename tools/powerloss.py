@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import errno
 import functools
-import importlib.util
 import logging
 import os
 import random
@@ -48,7 +47,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if __name__ == "__main__":  # run as a script: use the lsmdb of this checkout
@@ -56,6 +54,7 @@ if __name__ == "__main__":  # run as a script: use the lsmdb of this checkout
 
 import lsmdb  # noqa: E402
 import lsmdb.stats  # noqa: E402
+from tools import load_test_layer  # noqa: E402
 from tools.powerloss_model import (  # noqa: E402
     Bounds,
     Found,
@@ -63,26 +62,12 @@ from tools.powerloss_model import (  # noqa: E402
     check_image,
 )
 
-
-def _load_layer(stem: str = "powerloss") -> Any:
-    """tests/<stem>.py, loaded once under one name (tests/ is not a package)."""
-    name = f"lsmdb_tests_{stem}"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "tests" / f"{stem}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 if TYPE_CHECKING:
     from tests import faultinject
     from tests import powerloss as layer
 else:
-    layer = _load_layer()
-    faultinject = _load_layer("faultinject")
+    layer = load_test_layer("powerloss")
+    faultinject = load_test_layer("faultinject")
 
 Crash = layer.Crash
 PowerLoss = layer.PowerLoss

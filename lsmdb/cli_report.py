@@ -260,7 +260,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_sstable(args: argparse.Namespace) -> int:
     """One SSTable file, offline: properties, filter header and derived statistics."""
     from .errors import LsmdbError
-    from .sstable import SSTableReader
+    from .sstable_reader import SSTableReader
     from .table import SSTableInfo
     try:
         reader = SSTableReader(args.file)

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 from .bloom import FAST_HASHER, Hasher
 from .files import FileWriter, unlink_quietly
 from .merge import Chunks, merge_newest
-from .sstable import SSTableBuilder, SSTableReader
-from .sstable_writer import WRITE_BUFFER_BYTES, take_chunk
+from .sstable_reader import SSTableReader
+from .sstable_writer import WRITE_BUFFER_BYTES, SSTableBuilder, take_chunk
 
 if TYPE_CHECKING:
     from .table import TableState

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from . import bloom as _bloom
 from . import compaction as _compaction
 from .files import SwitchedButNotSynced, unlink_quietly
-from .sstable import SSTableReader, rewrite_filter
+from .sstable_reader import SSTableReader
+from .sstable_writer import rewrite_filter
 from .table import TableState
 
 if TYPE_CHECKING:

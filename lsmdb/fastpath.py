@@ -33,7 +33,7 @@ from .stats import c_counter_errors
 
 if TYPE_CHECKING:
     from .memtable import Memtable
-    from .sstable import SSTableReader
+    from .sstable_reader import SSTableReader
 
 _speedups: ModuleType | None
 try:

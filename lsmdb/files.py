@@ -114,14 +114,6 @@ def exists(path: str) -> bool:
     return os.path.lexists(path)
 
 
-def is_directory(path: str) -> bool:
-    """Whether ``path`` is a directory itself, not a link to one."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
-        return False
-
-
 def unlink_quietly(path: str) -> None:
     """Remove a file no state needs any more, if it is there.
 

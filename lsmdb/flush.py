@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 from .files import SwitchedButNotSynced, unlink_quietly
 from .memtable import Memtable
-from .sstable import SSTableReader, write_sstable
+from .sstable_reader import SSTableReader
+from .sstable_writer import write_sstable
 from .table import TableState
 from .versions import Versions
 

@@ -23,7 +23,8 @@ from .bloom import may_contain, split_hash
 from .fastpath import C_READ_PATH, FileProbe
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
-from .sstable import MISSING, SSTableReader
+from .sstable_format import MISSING
+from .sstable_reader import SSTableReader
 from .stats import FILTER_NEGATIVES, RANGE_SKIPS
 from .table import TableState
 

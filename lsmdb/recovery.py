@@ -52,7 +52,7 @@ from .manifest import Manifest, TableMeta
 from .manifest import read_bytes as read_manifest_bytes
 from .options import DEFAULT_TABLE
 from .secret import load_secret
-from .sstable import SSTableReader
+from .sstable_reader import SSTableReader
 from .table import TableState
 from .wal import read_segment_file
 

@@ -61,7 +61,8 @@ from .manifest import FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .options import DEFAULT_TABLE, TableOptions
 from .secret import load_secret
-from .sstable import SSTableReader, write_sstable
+from .sstable_reader import SSTableReader
+from .sstable_writer import write_sstable
 from .wal import LEGACY_FORMAT, read_legacy_log, salvage_segment, segment_format
 
 

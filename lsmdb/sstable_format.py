@@ -1,9 +1,21 @@
-"""SSTable format constants shared by the writer and the reader (docs/FORMAT.md, "SSTable").
+"""The SSTable layout and the constants its writer and reader share (docs/FORMAT.md §4).
+
+Layout::
+
+    [data block 0][crc] ... [data block n-1][crc]
+    [index block][crc]
+    [filter block][crc]
+    [properties block][crc]
+    [footer: 64 bytes]
 
 Footer (the last 64 bytes): index (offset u64, size u64), filter (offset u64,
 size u64), properties (offset u64, size u64), format_version u32, crc32 u32 of
 the preceding 52 bytes, magic ``b"LSMDBSST"``.  Sizes exclude the 4-byte
 block trailer.
+
+The filter covers every key in the file, tombstones included: a tombstone the
+filter skipped would let an older value in an older file resurface.  The
+writer is :mod:`lsmdb.sstable_writer`, the reader :mod:`lsmdb.sstable_reader`.
 """
 
 from __future__ import annotations

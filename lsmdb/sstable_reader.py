@@ -2,7 +2,7 @@
 memory and reads a point lookup's data block with one ``os.pread``; scans and
 compactions (``chunks``) read runs of blocks ahead, one ``os.pread`` per run.
 
-See :mod:`lsmdb.sstable` for the layout.  A filter that cannot be decoded (or
+See :mod:`lsmdb.sstable_format` for the layout.  A filter that cannot be decoded (or
 a keyed filter without its secret) fails open: every probe answers "maybe".
 """
 

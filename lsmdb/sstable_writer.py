@@ -1,7 +1,7 @@
 """Writing SSTables: ``SSTableBuilder`` (into any binary file object), ``write_sstable``
 (a complete fsynced file) and ``rewrite_filter`` (a new filter over copied data blocks).
 
-See :mod:`lsmdb.sstable` for the layout.  The filter is built at the end from
+See :mod:`lsmdb.sstable_format` for the layout.  The filter is built at the end from
 the exact entry count, so a file whose length is not known in advance
 (compaction) is sized right too.
 """

@@ -17,7 +17,7 @@ from .options import TableOptions
 from .stats import TABLE_COUNTERS, ArrayCounter
 
 if TYPE_CHECKING:
-    from .sstable import SSTableReader
+    from .sstable_reader import SSTableReader
 
 
 log = logging.getLogger("lsmdb")

@@ -13,7 +13,7 @@ from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
 from .bloom import key_hash, split_hash
-from .sstable import MISSING
+from .sstable_format import MISSING
 
 if TYPE_CHECKING:
     from .table import TableState

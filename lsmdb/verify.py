@@ -37,7 +37,7 @@ from .files import (
 from .logset import read_unsynced_segment
 from .manifest import Manifest
 from .secret import load_secret
-from .sstable import SSTableReader
+from .sstable_reader import SSTableReader
 from .stats import decode_stats
 from .wal import SEGMENT_FORMAT, read_segment_file
 

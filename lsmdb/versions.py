@@ -25,7 +25,7 @@ from .logset import LogSet
 from .manifest import FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .secret import create_secret
-from .sstable import SSTableReader
+from .sstable_reader import SSTableReader
 from .table import TableState
 
 log = logging.getLogger("lsmdb")

@@ -131,11 +131,6 @@ class LogWriter:
     def sync(self) -> None:
         os.fsync(self._file.fd)
 
-    def datasync(self) -> None:
-        """Write the segment's data out without waiting for its metadata (a head start
-        that makes the next ``sync`` short)."""
-        os.fdatasync(self._file.fd)
-
     def close(self) -> None:
         self._file.close()
 

@@ -21,7 +21,8 @@ import pytest
 import lsmdb
 from lsmdb.coding import crc32
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_NAME
-from lsmdb.sstable import FOOTER_SIZE, SSTableReader
+from lsmdb.sstable_format import FOOTER_SIZE
+from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 
 MAX_KEY = lsmdb.MAX_KEY_SIZE_BYTES

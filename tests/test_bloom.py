@@ -29,7 +29,9 @@ from lsmdb.bloom import (
     predicted_fpr_for,
     split_hash,
 )
-from lsmdb.sstable import MISSING, SSTableBuilder, SSTableReader
+from lsmdb.sstable_format import MISSING
+from lsmdb.sstable_reader import SSTableReader
+from lsmdb.sstable_writer import SSTableBuilder
 
 LN2 = math.log(2)
 

@@ -26,7 +26,7 @@ import xxhash
 
 import lsmdb
 import lsmdb.cli
-from lsmdb.sstable import SSTableReader
+from lsmdb.sstable_reader import SSTableReader
 
 USERS = "users"
 

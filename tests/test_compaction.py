@@ -24,7 +24,8 @@ import pytest
 
 import lsmdb
 from lsmdb.options import TableOptions
-from lsmdb.sstable import MISSING, SSTableReader
+from lsmdb.sstable_format import MISSING
+from lsmdb.sstable_reader import SSTableReader
 
 # fsync dominates the run time on a real disk (every flush and compaction fsyncs the
 # SSTable, the manifest and the directory); a tmpfs makes those free when there is one.

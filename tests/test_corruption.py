@@ -37,7 +37,8 @@ import pytest
 import lsmdb
 from lsmdb.coding import BLOCK_TRAILER_SIZE
 from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_NAME, Manifest
-from lsmdb.sstable import FOOTER_SIZE, SSTableReader
+from lsmdb.sstable_format import FOOTER_SIZE
+from lsmdb.sstable_reader import SSTableReader
 from lsmdb.stats import STATS_NAME
 from lsmdb.verify import verify_database
 from lsmdb.wal import read_segment_file

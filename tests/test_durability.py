@@ -60,7 +60,7 @@ from lsmdb.files import SwitchedButNotSynced
 from lsmdb.logset import encode_record
 from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_MAGIC
 from lsmdb.repair import repair_database
-from lsmdb.sstable import SSTableReader
+from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 from lsmdb.wal import read_segment
 from tests.conftest import SMALL

@@ -36,7 +36,9 @@ from lsmdb import block as blk
 from lsmdb.bloom import FILTER_HEADER, BloomFilter, keyed_hasher
 from lsmdb.coding import WAL_HEADER, crc32
 from lsmdb.manifest import MANIFEST_HEADER, FileMeta, Manifest, TableMeta
-from lsmdb.sstable import FOOTER_SIZE, MISSING, SSTableBuilder, SSTableReader
+from lsmdb.sstable_format import FOOTER_SIZE, MISSING
+from lsmdb.sstable_reader import SSTableReader
+from lsmdb.sstable_writer import SSTableBuilder
 from lsmdb.stats import decode_stats, encode_stats
 from lsmdb.wal import FRAGMENT_HEADER, LogWriter, read_legacy_log, read_segment
 

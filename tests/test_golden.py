@@ -37,7 +37,8 @@ from lsmdb import wal as wal_mod
 from lsmdb.coding import BLOCK_TRAILER_SIZE, WAL_HEADER_SIZE
 from lsmdb.logset import WalState
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, FileMeta, Manifest, TableMeta
-from lsmdb.sstable import FOOTER_SIZE, MISSING, SSTABLE_FORMAT_VERSION, SSTABLE_MAGIC, SSTableReader
+from lsmdb.sstable_format import FOOTER_SIZE, MISSING, SSTABLE_FORMAT_VERSION, SSTABLE_MAGIC
+from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 from lsmdb.wal import LogWriter, read_legacy_log, read_segment
 
@@ -107,7 +108,7 @@ def test_sstable_builder_reproduces_golden_file(golden_bytes):
 
 
 def test_write_sstable_to_disk_reproduces_golden_file(tmp_path, golden_bytes):
-    from lsmdb.sstable import write_sstable
+    from lsmdb.sstable_writer import write_sstable
     path = str(tmp_path / "000001.sst")
     props = write_sstable(path, make_golden.golden_items(), fp_chance=0.01, block_size=64,
                           table="golden", min_seq=1000, max_seq=1019)

@@ -35,7 +35,7 @@ from lsmdb.bloom import (
     split_hash,
 )
 from lsmdb.secret import SECRET_NAME
-from lsmdb.sstable import SSTableReader
+from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 
 N_KEYS = 2000

@@ -103,7 +103,7 @@ def test_an_sstable_with_a_damaged_block_is_salvaged(tmp_path):
     path = tmp_path / "db"
     rows = make_db(path)
     victim = sorted(path.glob("*.sst"))[0]
-    reader = lsmdb.sstable.SSTableReader(str(victim))
+    reader = lsmdb.sstable_reader.SSTableReader(str(victim))
     table = reader.table
     damaged_keys = reader.read_block(1, count=False)[0]
     pos = reader.index_offsets[1] + 3

@@ -446,7 +446,7 @@ def downgrade_filters(path: str, every: int = 2) -> int:
     import glob
     import zlib
 
-    from lsmdb.sstable import SSTableReader
+    from lsmdb.sstable_reader import SSTableReader
     done = 0
     for i, name in enumerate(sorted(glob.glob(os.path.join(path, "*.sst")))):
         r = SSTableReader(name)

@@ -24,7 +24,9 @@ from hypothesis import strategies as st
 from lsmdb import cache as cache_module
 from lsmdb.cache import BlockCache, PyBlockCache
 from lsmdb.errors import CorruptionError
-from lsmdb.sstable import MISSING, SSTableReader, write_sstable
+from lsmdb.sstable_format import MISSING
+from lsmdb.sstable_reader import SSTableReader
+from lsmdb.sstable_writer import write_sstable
 
 
 @settings(max_examples=60, deadline=None)

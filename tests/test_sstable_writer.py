@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lsmdb.sstable import SSTableBuilder
+from lsmdb.sstable_writer import SSTableBuilder
 
 
 def entries_strategy():

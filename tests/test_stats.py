@@ -28,7 +28,7 @@ import xxhash
 
 import lsmdb
 import lsmdb.stats
-from lsmdb.sstable import SSTableReader
+from lsmdb.sstable_reader import SSTableReader
 
 TABLE = "t"
 N = 20_000                  # entries in the one SSTable (tombstones included)

@@ -29,7 +29,8 @@ import msgpack
 
 from lsmdb.bloom import FILTER_HEADER, FILTER_HEADER_SIZE
 from lsmdb.coding import BLOCK_TRAILER_SIZE
-from lsmdb.sstable import FOOTER, FOOTER_SIZE, SSTableBuilder
+from lsmdb.sstable_format import FOOTER, FOOTER_SIZE
+from lsmdb.sstable_writer import SSTableBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_PATH = os.path.join(ROOT, "tests", "data", "golden.sst")

@@ -28,6 +28,8 @@ import os
 import re
 import stat
 
+from .errors import NotADatabaseError
+
 log = logging.getLogger("lsmdb")
 
 LOCK_NAME = "LOCK"
@@ -100,6 +102,56 @@ def read_file(path: str) -> bytes:
             chunks.append(chunk)
     finally:
         os.close(fd)
+
+
+def is_regular(path: str) -> bool:
+    """Whether ``path`` names a regular file itself (not a link, a directory, a FIFO)."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def set_aside(directory: str, names: list[str], why: str) -> list[str]:
+    """Move entries of ``directory`` into its ``lost/`` (never deleted), logging
+    each; returns where each went.  A name already taken there gets a numeric
+    suffix; a name gone meanwhile is skipped.  Both directories are fsynced."""
+    if not names:
+        return []
+    lost = os.path.join(directory, LOST_NAME)
+    os.makedirs(lost, exist_ok=True)
+    if os.path.islink(lost) or not os.path.isdir(lost):
+        raise NotADatabaseError(f"{lost} is not a directory")
+    moved = []
+    for name in names:
+        target = os.path.join(lost, name)
+        n = 0
+        while os.path.lexists(target):
+            n += 1
+            target = os.path.join(lost, f"{name}.{n}")
+        try:
+            os.rename(os.path.join(directory, name), target)
+        except FileNotFoundError:
+            continue
+        log.warning("%s: %s; set aside in %s", os.path.join(directory, name), why, target)
+        moved.append(target)
+    fsync_dir(lost)
+    fsync_dir(directory)
+    return moved
+
+
+def clear_for_file(path: str) -> None:
+    """Make room for a regular file lsmdb creates or renames to ``path``:
+    anything else under that name -- a directory, a FIFO, a socket, a
+    symbolic link -- is set aside in ``lost/`` (a planted name must neither
+    block the database nor be written through); a regular file stays."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        set_aside(os.path.dirname(path) or ".", [os.path.basename(path)],
+                  "not a regular file where lsmdb keeps one of its own")
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -188,13 +240,17 @@ class FileWriter:
 def write_file_durably(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically: new temp file, fsync, rename, fsync dir.
 
-    A leftover temp file (or a link of that name) is removed first: the
-    temp file is always a new file.  Raises SwitchedButNotSynced when only
-    the last step failed.
+    A leftover temp file is removed first, and anything else under either
+    name (a directory, a FIFO, a link) set aside in ``lost/``
+    (:func:`clear_for_file`): the temp file is always a new file.  Raises
+    SwitchedButNotSynced when only the last step failed.
     """
     directory = os.path.dirname(path) or "."
     tmp = path + TMP_SUFFIX
+    clear_for_file(tmp)
     unlink_quietly(tmp)
+    if os.path.lexists(path) and os.path.isdir(path) and not os.path.islink(path):
+        clear_for_file(path)  # a rename over a directory fails; over a link replaces the link
     with FileWriter(tmp) as f:
         try:
             f.write(data)

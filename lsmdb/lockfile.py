@@ -22,7 +22,7 @@ import os
 import threading
 
 from .errors import DatabaseLockedError
-from .files import LOCK_NAME
+from .files import LOCK_NAME, clear_for_file
 
 _held: dict[tuple[int, int], str] = {}
 _guard = threading.Lock()
@@ -55,6 +55,10 @@ class DatabaseLock:
             else:
                 if (st.st_dev, st.st_ino) in _held:
                     raise DatabaseLockedError(f"{directory} is already open in this process")
+            # A directory, FIFO or link planted as LOCK is no lock of anyone's
+            # (lsmdb locks a regular file): it goes to lost/ rather than keep the
+            # database from opening.
+            clear_for_file(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
             st = os.fstat(fd)

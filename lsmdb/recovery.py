@@ -35,13 +35,12 @@ from . import stats as _stats
 from .errors import CorruptionError, NotADatabaseError
 from .files import (
     LOCK_NAME,
-    LOST_NAME,
     MANIFEST_NAME,
     SST_RE,
     TMP_SUFFIX,
     WAL_RE,
     exists,
-    fsync_dir,
+    set_aside,
     sst_name,
     unlink_quietly,
     wal_name,
@@ -303,23 +302,3 @@ def sweep(db: Versions, manifest: Manifest, replayed: ReplayedLog) -> list[str]:
         unlink_quietly(path)
         removed.append(name)
     return removed
-
-
-def set_aside(directory: str, names: list[str], why: str) -> None:
-    """Move files out of the database into ``lost/`` (never deleted), logging each."""
-    if not names:
-        return
-    lost = os.path.join(directory, LOST_NAME)
-    os.makedirs(lost, exist_ok=True)
-    if os.path.islink(lost) or not os.path.isdir(lost):
-        raise NotADatabaseError(f"{lost} is not a directory")
-    for name in names:
-        target = os.path.join(lost, name)
-        n = 0
-        while os.path.lexists(target):
-            n += 1
-            target = os.path.join(lost, f"{name}.{n}")
-        log.warning("%s: %s; set aside in %s", os.path.join(directory, name), why, target)
-        os.rename(os.path.join(directory, name), target)
-    fsync_dir(lost)
-    fsync_dir(directory)

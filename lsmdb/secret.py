@@ -3,8 +3,10 @@
 ``FILTER_KEY`` holds 32 random bytes, created with mode 0600 the first time
 a table asks for keyed hashing.  It is never written into an SSTable: filter
 headers record only the hash algorithm and a 4-byte key id derived from it.
-Losing or replacing the file makes keyed filters fail open ("maybe"), never
-answer wrongly.
+Losing, replacing or damaging the file -- or anything that keeps it from
+being read (it is unreadable, a directory, a FIFO, a link) -- makes keyed
+filters fail open ("maybe"), never answer wrongly, and never keeps the
+database from opening.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import os
 
 from .bloom import Hasher, keyed_hasher
-from .files import SECRET_NAME, create, fsync_dir, read_file, write_all
+from .files import SECRET_NAME, create, fsync_dir, read_file, set_aside, write_all
 
 log = logging.getLogger("lsmdb")
 
@@ -22,18 +24,18 @@ SECRET_SIZE_BYTES = 32
 
 
 def load_secret(directory: str) -> Hasher | None:
-    """The keyed hasher of the database at ``directory``, or None if it has no secret."""
+    """The keyed hasher of the database at ``directory``, or None if it has no
+    usable secret: missing, unreadable, not a regular file, or of the wrong
+    size (each but a missing one logged).  Keyed filters then fail open."""
     path = os.path.join(directory, SECRET_NAME)
     try:
         secret = read_file(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        if exc.errno != errno.ELOOP:
-            # Not "no secret": a transient error must not make the next keyed
-            # table replace a good secret.
-            raise
-        log.warning("%s is a symbolic link (never followed); keyed filters fail open", path)
+        why = ("is a symbolic link (never followed)" if exc.errno == errno.ELOOP
+               else f"cannot be read ({exc.strerror or exc})")
+        log.warning("%s %s; keyed filters fail open", path, why)
         return None
     if len(secret) != SECRET_SIZE_BYTES:
         log.warning("%s: filter secret has %d bytes, expected %d; keyed filters fail open",
@@ -46,13 +48,17 @@ def create_secret(directory: str) -> Hasher:
     """Create ``FILTER_KEY`` (mode 0600, fsynced) and return its hasher.
 
     An unusable one already there is moved aside to ``FILTER_KEY.damaged``
-    first: filters built with it fail open either way.
+    first (into ``lost/`` when that name cannot take it): filters built with it
+    fail open either way, and the old bytes are kept.
     """
     path = os.path.join(directory, SECRET_NAME)
     if os.path.lexists(path):
         log.warning("%s: replacing an unusable filter secret (kept as %s.damaged)", path,
                     SECRET_NAME)
-        os.replace(path, path + ".damaged")
+        try:
+            os.replace(path, path + ".damaged")
+        except OSError:  # FILTER_KEY.damaged is a directory, or the secret is one
+            set_aside(directory, [SECRET_NAME], "unusable filter secret")
     secret = os.urandom(SECRET_SIZE_BYTES)
     fd = create(path, 0o600)
     try:

@@ -25,6 +25,8 @@ import time
 import pytest
 
 import lsmdb
+import lsmdb.repair
+import lsmdb.secret
 from lsmdb.bloom import (
     FILTER_HEADER,
     HASH_BLAKE2B_KEYED,
@@ -322,6 +324,54 @@ def test_damaged_filter_key_fails_open_and_writes_go_on(path):
         assert all(keyed.get(b"user:5%05d" % j) == b"x" * 40 for j in range(200))
         for i in range(0, N_KEYS, 5):
             assert keyed.get(user_key(i)) == user_value(i)
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "unreadable"])
+def test_a_filter_key_that_cannot_be_read_fails_open_and_never_blocks_an_open(path, kind,
+                                                                              monkeypatch):
+    """FILTER_KEY a directory, a FIFO, or a file whose read fails: keyed filters
+    fail open, and read-write opens, read-only opens, verify and repair all go on."""
+    build(path)
+    secret_path = os.path.join(path, SECRET_NAME)
+    secret = read_secret(path)
+    os.unlink(secret_path)
+    if kind == "directory":
+        os.mkdir(secret_path)
+    elif kind == "fifo":
+        os.mkfifo(secret_path)
+    else:
+        with open(secret_path, "wb") as f:
+            f.write(secret)
+        real_read = lsmdb.secret.read_file
+
+        def failing_read(p: str) -> bytes:
+            if os.path.basename(p) == SECRET_NAME:
+                raise PermissionError(13, "Permission denied", p)
+            return real_read(p)
+        monkeypatch.setattr(lsmdb.secret, "read_file", failing_read)
+    with lsmdb.open(path, read_only=True) as db:
+        info, = db.sstables("keyed")
+        assert info.filter_error
+        assert all(db.table("keyed").get(user_key(i)) == user_value(i)
+                   for i in range(0, N_KEYS, 7))
+    problems = [p for p in verify_database(path) if p.severity == "error"]
+    assert [p.path for p in problems] == [info.path]  # the filter that fails open
+    assert lsmdb.repair.repair_database(path, dry_run=True) is not None
+    with lsmdb.open(path, auto_compaction=False) as db:
+        keyed = db.table("keyed")
+        assert db.sstables("keyed")[0].filter_error
+        assert all(keyed.get(user_key(i)) == user_value(i) for i in range(0, N_KEYS, 7))
+        keyed.put(b"user:999996", b"after")
+        db.flush("keyed")  # a new secret for the new file; the old one kept aside
+        newest, oldest = db.sstables("keyed")
+        assert newest.filter_error is None and oldest.filter_error
+    assert os.path.isfile(secret_path) and not os.path.islink(secret_path)
+    kept = [n for n in os.listdir(path) if n.startswith(SECRET_NAME + ".")]
+    kept += os.listdir(os.path.join(path, "lost")) if os.path.isdir(
+        os.path.join(path, "lost")) else []
+    assert any(n.startswith(SECRET_NAME) for n in kept)  # the old one is never deleted
+    with lsmdb.open(path) as db:
+        assert db.table("keyed").get(b"user:999996") == b"after"
 
 
 # --------------------------------------------------------------------------- cost

@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from lsmdb.bloom import BloomFilter, key_hash, predicted_fpr_for
+from lsmdb.filters.bloom import BloomFilter, predicted_fpr_for
+from lsmdb.filters.hashing import key_hash
 
 from .common import Progress, Timer, fmt_int, fmt_pct, print_section
 from .filter_db import GUARANTEE_FP_CHANCE

@@ -8,7 +8,6 @@
     >>> db.close()
 """
 
-from .bloom import BloomFilter
 from .db import DB, open
 from .errors import (
     CorruptionError,
@@ -22,6 +21,7 @@ from .errors import (
     TableExistsError,
     UnsupportedFormatError,
 )
+from .filters.bloom import BloomFilter
 from .handles import Table, WriteBatch
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import TableOptions

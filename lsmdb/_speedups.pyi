@@ -95,6 +95,7 @@ CRC32_CLMUL: int
 CRC32_VPCLMUL: int
 FILTER_PREFETCH_BYTES: int
 FILE_PROBE_FIELDS: tuple[str, ...]
+FILTER_FAMILIES: dict[int, str]
 LEVEL_FIELDS: tuple[str, ...]
 FAST_PATH_FIELDS: tuple[str, ...]
 FILE_COUNTERS: tuple[str, ...]

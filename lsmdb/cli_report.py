@@ -269,14 +269,10 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         return 1
     try:
         info = SSTableInfo.from_reader(str(reader.properties.get("table", "")), reader)
-        bloom = reader.bloom
         report = {
             "file": args.file,
             "properties": reader.properties,
-            "filter": {"version": getattr(bloom, "version", None),
-                       "hash_algorithm": getattr(bloom, "hash_algorithm", None),
-                       "m": bloom.m, "k": bloom.k, "n": bloom.n, "fp_chance": bloom.fp_chance,
-                       "key_id": getattr(bloom, "key_id", None), "error": reader.filter_error},
+            "filter": reader.filter.describe(),
             "stats": info.to_dict(),
             "handles": {"index": reader.index_handle, "filter": reader.filter_handle,
                         "properties": reader.props_handle},
@@ -298,8 +294,10 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         print(f"  {k:<16} {v!r}")
     f = report["filter"]
     error = f"  ERROR: {f['error']}" if f["error"] else ""
-    print(f"  filter: version {f['version']}, m={f['m']} bits, k={f['k']}, n={f['n']}, built with "
-          f"fp {f['fp_chance']:g}, hash algorithm {f['hash_algorithm']}{error}")
+    shape = f"m={f['m']} bits, k={f['k']}, " if "m" in f else ""
+    print(f"  filter: version {f['version']}, {shape}n={f['n']}, built with "
+          f"fp {f['fp_chance']:g}, hash algorithm {f['hash_algorithm']}, family {f['family']}"
+          f"{error}")
     st = report["stats"]
     print(f"  bits/key {st['bits_per_key']:.2f}  fill {st['fill_ratio']:.4f}  "
           f"predicted FPR {_fmt_rate(st['predicted_fpr'])}  "
@@ -357,7 +355,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     """The price list of Bloom filters for N keys."""
-    from .bloom import optimal_bits, optimal_hashes, predicted_fpr_for
+    from .filters.bloom import optimal_bits, optimal_hashes, predicted_fpr_for
     n = args.keys
     rows = []
     for p in args.fp or [0.1, 0.01, 0.001, 0.0001]:

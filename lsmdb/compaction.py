@@ -28,8 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .bloom import FAST_HASHER, Hasher
 from .files import FileWriter, unlink_quietly
+from .filters import DEFAULT_FAMILY, FilterSpec
+from .filters.hashing import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
 from .sstable_reader import SSTableReader
 from .sstable_writer import WRITE_BUFFER_BYTES, SSTableBuilder, take_chunk
@@ -72,6 +73,12 @@ def target_fp_chance(state: TableState, bottom: bool) -> float:
     if bottom and state.options.bloom_filter_skip_last_level:
         return 1.0
     return state.options.bloom_filter_fp_chance
+
+
+def target_spec(state: TableState, bottom: bool, hasher: Hasher) -> FilterSpec:
+    """The filter a file of ``state`` written now gets (in the last level when
+    ``bottom``), built with ``hasher``."""
+    return FilterSpec(DEFAULT_FAMILY, target_fp_chance(state, bottom), hasher)
 
 
 def reader_is_bottom(state: TableState, reader: SSTableReader) -> bool:
@@ -224,7 +231,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     """
     state = job.state
     opts = state.options
-    fp = target_fp_chance(state, _output_in_last_level(job))
+    spec = target_spec(state, _output_in_last_level(job), hasher)
     sources: list[Chunks] = [r.chunks(None, None) for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
@@ -245,8 +252,9 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             path = path_for(number)
             paths.append(path)
             f = FileWriter(path, WRITE_BUFFER_BYTES)
-            builder = SSTableBuilder(f, fp_chance=fp, block_size=opts.block_size_bytes,
-                                     table=state.name, hasher=hasher)
+            builder = SSTableBuilder(f, fp_chance=spec.fp_chance,
+                                     block_size=opts.block_size_bytes, table=state.name,
+                                     hasher=hasher, family=spec.family)
             builder.note_seq(min_seq, max_seq)
             while True:  # fill this output until it is full or the input ends
                 added = builder.add_chunk(keys, values, job.split_bytes)

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import bloom as _bloom
 from . import compaction as _compaction
 from .files import SwitchedButNotSynced, unlink_quietly
+from .filters import FilterSpec, is_stale
 from .sstable_reader import SSTableReader
 from .sstable_writer import rewrite_filter
 from .table import TableState
@@ -40,17 +40,15 @@ class Compactor:
     def pending(self) -> bool:
         return any(_compaction.pick(s) is not None for s in list(self._db.tables.values()))
 
+    def filter_spec(self, state: TableState, reader: SSTableReader) -> FilterSpec:
+        """The filter a file written now in ``reader``'s place gets."""
+        return _compaction.target_spec(state, _compaction.reader_is_bottom(state, reader),
+                                       self._db.hasher_for(state, create=False))
+
     def filter_stale(self, state: TableState, reader: SSTableReader) -> bool:
-        """Was ``reader``'s filter built otherwise than a file written now would be?"""
-        fp = _compaction.target_fp_chance(state, _compaction.reader_is_bottom(state, reader))
-        if reader.fp_chance != fp:
-            return True
-        want = _bloom.HASH_BLAKE2B_KEYED if state.options.bloom_filter_hash == "keyed" \
-            else _bloom.HASH_XXH3_64
-        if fp < 1.0 and reader.hash_algorithm != want:
-            return True
-        # A keyed filter whose secret is gone fails open: rebuilding it pays.
-        return reader.hash_algorithm == _bloom.HASH_BLAKE2B_KEYED and reader.keyed_fn is None
+        """Was ``reader``'s filter built otherwise than a file written now would be
+        (lsmdb.filters.is_stale)?"""
+        return is_stale(reader.filter, reader.fp_chance, self.filter_spec(state, reader))
 
     # -- running ----------------------------------------------------------
     def compact_all(self, state: TableState) -> None:
@@ -90,12 +88,12 @@ class Compactor:
                     break
                 if only_stale and not self.filter_stale(state, reader):
                     continue
-                fp = _compaction.target_fp_chance(
-                    state, _compaction.reader_is_bottom(state, reader))
+                spec = self.filter_spec(state, reader)
+                hasher = db.hasher_for(state)
                 number = db.alloc_file_number()
                 path = db.sst_path(number)
-                new = db.adopt(rewrite_filter(reader, path, number, fp, db.hasher_for(state)),
-                                reader.level)
+                new = db.adopt(rewrite_filter(reader, path, number, spec.fp_chance, hasher,
+                                              spec.family), reader.level)
                 self.install(_compaction.CompactionJob(state, [reader], reader.level, False, None,
                                                        "rebuild filter"), [new])
                 count += 1

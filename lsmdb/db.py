@@ -12,7 +12,6 @@ failed WAL whole again), :mod:`lsmdb.compactor` with :mod:`lsmdb.compaction`
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -307,11 +306,8 @@ class DB:
         for state in self._states(table):
             fp = state.options.bloom_filter_fp_chance
             for reader in state.readers_in_order():
-                info = SSTableInfo.from_reader(state.name, reader, fp)
-                stale = self._compactor.filter_stale(state, reader)
-                if info.filter_stale != stale:
-                    info = dataclasses.replace(info, filter_stale=stale)
-                out.append(info)
+                out.append(SSTableInfo.from_reader(
+                    state.name, reader, self._compactor.filter_spec(state, reader), fp))
         return out
 
     def trace(self, key: Any, table: str | None = None) -> dict[str, Any]:

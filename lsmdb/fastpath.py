@@ -3,12 +3,13 @@
 ``TableState.publish`` flattens a table's memtables and files into one
 :class:`FastPath` per change, so that a get takes its whole state with one
 attribute load and never sees half a change.  Each SSTable there is a
-:class:`FileProbe`: its key range, its filter (bits, m, k, partition size,
-hash), its index, its counters and its block cache keys.  The Python getter
-(lsmdb/readpath.py) walks the FileProbes; the C one (lsmdb/csrc/) reads the
-same named tuples -- NamedTuples are tuples -- by the index macros of
-speedups.h (``FILE_BITS``, ``FAST_PROBES``, ...), and counts into the slots
-of :mod:`lsmdb.stats`.
+:class:`FileProbe`: its key range, its filter (the object, and what the C
+probe reads of it: its family id, buffer and parameters, lsmdb.filters'
+ProbeSpec), the hash it probes with, its index, its counters and its block
+cache keys.  The Python read path (lsmdb/readpath.py) walks the FileProbes;
+the C one (lsmdb/csrc/) reads the same named tuples -- NamedTuples are
+tuples -- by the index macros of fastpath.h (``FILE_FILTER_DATA``,
+``FAST_PROBES``, ...), and counts into the slots of :mod:`lsmdb.stats`.
 
 The C module exports the field names of each structure and the counter
 names in the order its macros number them (``_speedups.FILE_PROBE_FIELDS``,
@@ -28,7 +29,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .bloom import key_hash
+from .filters import FAMILY_NONE, Filter
+from .filters.hashing import key_hash
 from .stats import c_counter_errors
 
 if TYPE_CHECKING:
@@ -52,11 +54,11 @@ class FileProbe(NamedTuple):
     min_key: bytes                 # the file's key range
     max_key: bytes
     counts: array[int]             # the file's counters (stats.FILE_COUNTERS)
-    keyed_fn: Callable[[bytes], int] | None  # the filter's hash; None: bloom.key_hash
-    bits: bytearray | None         # the filter's bit array; None when m == 0
-    m: int                         # filter bits; 0: no filter, every probe "maybe"
-    k: int                         # probes
-    part: int                      # format 2's partition size s = m // k; 0: format 1
+    hash_fn: Callable[[bytes], int] | None  # the filter's hash; None: hashing.key_hash
+    filter: Filter                 # the filter (lsmdb.filters; FailOpen: every key "maybe")
+    filter_family: int             # its ProbeSpec: FAMILY_NONE, nothing to probe ...
+    filter_data: Any               # ... the buffer the probe reads ...
+    filter_params: tuple[int, ...]  # ... and the family's integers
     index_keys: list[bytes]        # the last key of each data block
     index_offsets: list[int]       # where each data block starts in the file
     index_sizes: list[int]         # and its payload's size
@@ -85,11 +87,12 @@ class FastPath(NamedTuple):
 
 def probe_of(reader: SSTableReader) -> FileProbe:
     """``reader``'s FileProbe, as its filter and cache keys are now."""
-    bloom = reader.bloom
-    m = bloom.m
-    return FileProbe(reader, reader.min_key, reader.max_key, reader.counts, reader.keyed_fn,
-                     bloom.bits if m else None, m, bloom.k, bloom.part, reader.index_keys,
-                     reader.index_offsets, reader.index_sizes, reader.cache_base)
+    handle = reader.filter
+    active = handle.active
+    family, data, params = active.probe_spec()
+    return FileProbe(reader, reader.min_key, reader.max_key, reader.counts, handle.hash_fn,
+                     active, family, data, params, reader.index_keys, reader.index_offsets,
+                     reader.index_sizes, reader.cache_base)
 
 
 def fast_path(mem: Memtable, imms: Sequence[Memtable], l0: Sequence[SSTableReader],
@@ -108,8 +111,14 @@ def fast_path(mem: Memtable, imms: Sequence[Memtable], l0: Sequence[SSTableReade
 
 
 def _c_probes(l0: tuple[FileProbe, ...], deeper: tuple[Level, ...]) -> Any:
-    """The C Probes of these files, or None (then the Python path serves)."""
+    """The C Probes of these files, or None (then the Python path serves): also
+    when a file's filter is of a family the C read path does not probe, so that
+    both paths count the same."""
     assert Probes is not None
+    families = {p.filter_family for p in l0} | {p.filter_family for lv in deeper
+                                                for p in lv.files}
+    if not families <= C_FILTER_FAMILIES:
+        return None
     try:
         return Probes(l0, deeper, key_hash)
     except (TypeError, ValueError, OverflowError) as exc:  # should not happen: be slow, not wrong
@@ -137,6 +146,13 @@ def layout_errors(module: ModuleType | None) -> list[str]:
         fields = getattr(module, export, None)
         if fields != structure._fields:
             errors.append(f"{structure.__name__} fields {fields} are not {structure._fields}")
+    from .filters import FAMILIES
+    c_families = getattr(module, "FILTER_FAMILIES", {})
+    for family, name in sorted(c_families.items()):
+        known = FAMILIES.get(family)
+        if known is None or known.name != name:
+            errors.append(f"filter family {family} is {name!r} in C, "
+                          f"{known.name if known else 'unknown'!r} here")
     file_slots = getattr(module, "FILE_COUNTERS", None)
     table_slots = getattr(module, "TABLE_COUNTERS", None)
     if file_slots is None or table_slots is None:
@@ -153,3 +169,5 @@ if LAYOUT_ERRORS:
                 "path; rebuild the extension (pip install .)", "; ".join(LAYOUT_ERRORS))
 #: The C Probes type, where the C read path serves.
 Probes: Any = _speedups.Probes if C_READ_PATH and _speedups is not None else None
+#: The filter families the C read path probes (and FAMILY_NONE, nothing to probe).
+C_FILTER_FAMILIES = frozenset(getattr(_speedups, "FILTER_FAMILIES", {})) | {FAMILY_NONE}

@@ -18,9 +18,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import table
-from .bloom import key_hash as _key_hash
-from .bloom import may_contain, split_hash
 from .fastpath import C_READ_PATH, FileProbe
+from .filters.hashing import key_hash as _key_hash
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .merge import merge_newest
 from .sstable_format import MISSING
@@ -104,22 +103,16 @@ def make_getter(db: Versions, state: TableState) -> Any:
                 i = _bisect(level.max_keys, key)
                 if i < len(level.files):
                     files.append(level.files[i])
-        h1 = k1 = -1
-        h2 = k2 = 0
+        hashes: dict[Any, int] = {}  # one hash per hash function per get
         for p in files:
             if key < p.min_key or key > p.max_key:
                 p.counts[RANGE_SKIPS] += 1
                 continue
-            if p.m:
-                if p.keyed_fn is None:
-                    if h1 < 0:
-                        h1, h2 = split_hash(key_hash(key))
-                    maybe = may_contain(p.bits, p.m, p.k, p.part, h1, h2)
-                else:
-                    if k1 < 0:  # one keyed hash per get, reused for every keyed filter
-                        k1, k2 = split_hash(p.keyed_fn(key))
-                    maybe = may_contain(p.bits, p.m, p.k, p.part, k1, k2)
-                if not maybe:
+            if p.filter_family:
+                h = hashes.get(p.hash_fn)
+                if h is None:
+                    h = hashes[p.hash_fn] = (key_hash if p.hash_fn is None else p.hash_fn)(key)
+                if not p.filter.may_contain(h):
                     if state.shadow:
                         value = _shadow_check(p.reader, key)
                         if value is not missing:
@@ -201,36 +194,34 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
             if out[i] is MISSING:
                 out[i] = imm.get(ks[i], MISSING)
     pending = [i for i in range(n) if out[i] is MISSING]
-    hashes: dict[Any, list[tuple[int, int]]] = {}
+    hashes: dict[Any, list[int]] = {}
 
-    def halves(kf: Any) -> list[tuple[int, int]]:
-        """(h1, h2) of every key under one hash function, computed once per call."""
+    def hashes_of(kf: Any) -> list[int]:
+        """Every key's hash under one hash function, computed once per call."""
         hv = hashes.get(kf)
         if hv is None:
             fn = _key_hash if kf is None else kf
-            hv = hashes[kf] = [split_hash(fn(key)) for key in ks]
+            hv = hashes[kf] = [fn(key) for key in ks]
         return hv
 
     def visit(p: FileProbe, idx: list[int]) -> list[int]:
         """Answer what ``p``'s file can; returns the indexes still open."""
-        reader, lo, hi, bits, m, k, part = p.reader, p.min_key, p.max_key, p.bits, p.m, p.k, p.part
+        reader, lo, hi, flt = p.reader, p.min_key, p.max_key, p.filter
         maybe: list[int] = []
         still: list[int] = []
         skipped = 0
         negatives: list[int] = []
-        if m:
-            hv = halves(p.keyed_fn)
+        if p.filter_family:
+            hv = hashes_of(p.hash_fn)
         for i in idx:
             key = ks[i]
             if key < lo or key > hi:
                 skipped += 1
                 still.append(i)
                 continue
-            if m:
-                h1, h2 = hv[i]
-                if not may_contain(bits, m, k, part, h1, h2):
-                    negatives.append(i)
-                    continue
+            if p.filter_family and not flt.may_contain(hv[i]):
+                negatives.append(i)
+                continue
             maybe.append(i)
         reader.range_skips += skipped
         if negatives:

@@ -15,8 +15,8 @@ import errno
 import logging
 import os
 
-from .bloom import Hasher, keyed_hasher
 from .files import SECRET_NAME, create, fsync_dir, read_file, set_aside, write_all
+from .filters.hashing import Hasher, keyed_hasher
 
 log = logging.getLogger("lsmdb")
 

@@ -2,8 +2,9 @@
 memory and reads a point lookup's data block with one ``os.pread``; scans and
 compactions (``chunks``) read runs of blocks ahead, one ``os.pread`` per run.
 
-See :mod:`lsmdb.sstable_format` for the layout.  A filter that cannot be decoded (or
-a keyed filter without its secret) fails open: every probe answers "maybe".
+See :mod:`lsmdb.sstable_format` for the layout.  The filter is held as a
+:class:`lsmdb.filters.FilterHandle`: one that cannot be decoded (or a keyed
+filter without its secret) fails open, and every probe answers "maybe".
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from itertools import chain, pairwise
 from typing import Any
 
 from . import block as blk
-from .bloom import FAST_HASHER, BloomFilter, Hasher
 from .coding import BLOCK_TRAILER_SIZE, CRC32_RESIDUE, crc32
-from .errors import CorruptionError, DatabaseClosedError, LsmdbError, UnsupportedFormatError
+from .errors import CorruptionError, DatabaseClosedError, UnsupportedFormatError
 from .files import open_for_reading
+from .filters import FilterHandle
+from .filters.hashing import Hasher
 from .sstable_format import (
     FOOTER,
     FOOTER_CRC_SPAN,
@@ -56,22 +58,6 @@ log = logging.getLogger("lsmdb")
 Block = tuple[list[bytes], list[bytes | None]]
 
 
-class _FailOpenFilter:
-    """Stands in for a filter that cannot be decoded: always "maybe"."""
-
-    m = 0
-    k = 0
-    n = 0
-    part = 0  # no partitions (BloomFilter.part of a filter with no bits)
-    fp_chance = 1.0
-
-    def may_contain_hash(self, h1: int, h2: int) -> bool:
-        return True
-
-    def _check(self) -> None:
-        """A filter that fails open has no bits to check."""
-
-
 #: A scan or a compaction reads a file's data blocks ahead, in runs that start at
 #: one block and double up to this many blocks or this many bytes per read (a
 #: short scan reads no more than twice what it uses).
@@ -99,12 +85,9 @@ class SSTableReader:
         #: The first of this reader's range of keys in its cache (attach_cache):
         #: block i is cached under cache_base + i.
         self.cache_base = 0
-        self.filter_error: str | None = None
         self.level = 0
-        #: Hash function for this file's filter when it is keyed (set by the DB
-        #: once it knows the secret); None for the fast hash.
-        self.keyed_fn: Any = None
-        self._filter_stats: dict[str, float] | None = None
+        #: The file's filter (lsmdb.filters.FilterHandle), failing open until usable.
+        self.filter: FilterHandle
         # Counters: cumulative, never reset on read; named by the
         # ArrayCounter attributes below (lsmdb/stats.py).
         self.counts = array("Q", bytes(8 * len(FILE_COUNTERS)))
@@ -250,45 +233,17 @@ class SSTableReader:
         if not self.index_keys or self.index_keys[-1] != self.max_key:
             raise CorruptionError("index block does not match the key range", path, idx_off)
 
-        self.bloom: Any
-        self._keyed_bloom: BloomFilter | None = None
-        try:
-            raw = self._read_meta_block(read, flt_off, flt_size, "filter block")
-            self.bloom = BloomFilter.from_bytes(raw, path, flt_off)
-            if self.bloom.m and self.bloom.hash_algorithm != FAST_HASHER.algorithm:
-                # Probing with any other hash would give false negatives.
-                self._keyed_bloom = self.bloom
-                self.bloom = _FailOpenFilter()
-                self.filter_error = "keyed filter: no secret attached yet"
-        except LsmdbError as exc:
-            # A filter can only make reads slower, never wrong: fail open.
-            self.filter_error = str(exc)
-            self.bloom = _FailOpenFilter()
-            log.warning("%s: filter unusable, every read will check the data (%s)", path, exc)
-
-    @property
-    def hash_algorithm(self) -> int:
-        bloom = self._keyed_bloom or self.bloom
-        return getattr(bloom, "hash_algorithm", FAST_HASHER.algorithm)
+        self.filter = FilterHandle.load(
+            lambda: self._read_meta_block(read, flt_off, flt_size, "filter block"), path, flt_off)
+        if self.filter.stored is None:
+            log.warning("%s: filter unusable, every read will check the data (%s)", path,
+                        self.filter.error)
 
     def attach_hasher(self, keyed: Hasher | None) -> None:
-        """Give a keyed filter its hash function, or leave it failing open.
-
-        A keyed filter answers "maybe" until this is called with the secret
-        it was built with: forgetting to attach costs speed, never a key.
-        """
-        bloom = self._keyed_bloom
-        if bloom is None:
-            return
-        if keyed is not None and keyed.algorithm == bloom.hash_algorithm \
-                and keyed.key_id == bloom.key_id:
-            self.keyed_fn = keyed.fn
-            self.bloom = bloom
-            self.filter_error = None
-            return
-        self.filter_error = (f"keyed filter (key id {bloom.key_id}) built with a secret this "
-                             "database does not have; the filter fails open")
-        log.warning("%s: %s", self.path, self.filter_error)
+        """Give a keyed filter its secret's hash (``FilterHandle.attach_hasher``)."""
+        self.filter.attach_hasher(keyed)
+        if self.filter.error is not None and self.filter.stored is not None:
+            log.warning("%s: %s", self.path, self.filter.error)
 
     # -- data blocks ------------------------------------------------------
     # A data block is read whole, payload and trailer, and its checksum
@@ -587,10 +542,6 @@ class SSTableReader:
                 return
         cache.put(key, entry, len(entry))
 
-    def bloom_memory_bytes(self) -> int:
-        """Bytes the filter's bit array holds in memory."""
-        return getattr(self.bloom, "size_bytes", 0)
-
     def copy_prefix(self, length: int) -> bytes:
         """The file's first ``length`` bytes, verbatim."""
         if self._data is not None:
@@ -602,22 +553,6 @@ class SSTableReader:
                 raise CorruptionError("file shorter than its index says", self.path, len(out))
             out += chunk
         return bytes(out)
-
-    def filter_stats(self) -> dict[str, float]:
-        """fill ratio and what it implies; computed once (the bits never change)."""
-        if self._filter_stats is None:
-            bloom = self.bloom
-            if isinstance(bloom, BloomFilter) and bloom.m:
-                est = bloom.estimated_keys_from_fill()
-                self._filter_stats = {
-                    "fill_ratio": bloom.fill_ratio,
-                    "estimated_fpr_from_fill": bloom.estimated_fpr_from_fill(),
-                    "estimated_keys_from_fill": est,
-                }
-            else:
-                self._filter_stats = {"fill_ratio": 0.0, "estimated_fpr_from_fill": 1.0,
-                                      "estimated_keys_from_fill": 0.0}
-        return self._filter_stats
 
     def counters(self) -> dict[str, int]:
         """Every counter by name (see FILE_COUNTERS)."""
@@ -695,7 +630,7 @@ class SSTableReader:
             raise AssertionError(f"{self.path}: properties out of range")
         if len(self.counts) != len(FILE_COUNTERS) or self.cache_base < 0 or self.level < 0:
             raise AssertionError(f"{self.path}: counters or cache keys out of range")
-        self.bloom._check()
+        self.filter._check()
         if self.mapped is not None and self.mapped.size != self.size_bytes:
             raise AssertionError(f"{self.path}: mapping of {self.mapped.size} bytes")
 

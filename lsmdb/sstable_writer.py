@@ -15,9 +15,10 @@ from operator import add, itemgetter, lt
 from typing import Any, Protocol
 
 from . import block as blk
-from .bloom import FAST_HASHER, BloomFilter, Hasher
 from .coding import BLOCK_TRAILER_SIZE, crc32
 from .files import FileWriter
+from .filters import DEFAULT_FAMILY, Filter, FilterSpec, build
+from .filters.hashing import FAST_HASHER, Hasher
 from .sstable_format import SSTABLE_FORMAT_VERSION, pack_footer
 from .sstable_reader import SSTableReader
 
@@ -53,9 +54,10 @@ class SSTableBuilder:
 
     def __init__(self, out: Sink, *, fp_chance: float, block_size: int,
                  table: str = "", build_filter: bool = True,
-                 hasher: Hasher = FAST_HASHER) -> None:
+                 hasher: Hasher = FAST_HASHER, family: int | None = None) -> None:
         self._out = out
         self._hasher = hasher
+        self._family = DEFAULT_FAMILY if family is None else family
         self._hash = hasher.fn
         self._fp_chance = fp_chance if build_filter else 1.0
         self._block_size = block_size
@@ -183,26 +185,20 @@ class SSTableBuilder:
         self._values = []
         self._block_bytes = 0
 
-    def build_filter(self) -> BloomFilter:
-        n = self.entries
-        bloom = BloomFilter(n, self._fp_chance) if n else BloomFilter(0, 1.0)
-        bloom.hash_algorithm = self._hasher.algorithm
-        bloom.key_id = self._hasher.key_id
-        if self._fp_chance < 1.0:
-            bloom.add_hashes(self._hashes)
-        bloom.n = n
-        return bloom
+    def build_filter(self) -> Filter:
+        """The filter of every key added (lsmdb.filters.build), sized from their count."""
+        return build(FilterSpec(self._family, self._fp_chance, self._hasher), self.entries,
+                     self._hashes)
 
-    def finish(self, bloom: BloomFilter | None = None) -> dict[str, Any]:
+    def finish(self, flt_obj: Filter | None = None) -> dict[str, Any]:
         """Write index, filter, properties and footer; return the properties."""
         if self.entries == 0:
             raise ValueError("an SSTable needs at least one entry")
         self._flush_block()
         index = self._write(blk.encode_block(
             [self._index_keys, self._index_offsets, self._index_sizes]))
-        if bloom is None:
-            bloom = self.build_filter()
-        filter_payload = bloom.to_bytes()
+        built = flt_obj if flt_obj is not None else self.build_filter()
+        filter_payload = built.to_bytes()
         flt = self._write(filter_payload + crc32(filter_payload).to_bytes(4, "little"))
         props = {
             "format_version": SSTABLE_FORMAT_VERSION,
@@ -215,9 +211,7 @@ class SSTableBuilder:
             "max_key": self.max_key,
             "min_seq": self.min_seq if self.min_seq is not None else 0,
             "max_seq": self.max_seq,
-            "fp_chance": bloom.fp_chance if bloom.m else 1.0,
-            "filter_bits": bloom.m,
-            "filter_hashes": bloom.k,
+            **filter_properties(built),
         }
         prop = self._write(blk.encode_block(props))
         self._write_raw(pack_footer(index, flt, prop))
@@ -230,6 +224,14 @@ class SSTableBuilder:
     @property
     def file_size(self) -> int:
         return self._offset
+
+
+def filter_properties(flt: Filter) -> dict[str, Any]:
+    """What the properties block says of a file's filter (docs/FORMAT.md §4.5):
+    the fp chance it was built for (1.0 without bits), its bits and probes."""
+    stats = flt.statistics()
+    return {"fp_chance": flt.fp_chance if stats.bits else 1.0, "filter_bits": stats.bits,
+            "filter_hashes": stats.hashes}
 
 
 #: The write buffer of a new SSTable: one write call per MiB rather than one per
@@ -264,7 +266,7 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
 
 
 def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float,
-                   hasher: Hasher = FAST_HASHER) -> SSTableReader:
+                   hasher: Hasher = FAST_HASHER, family: int | None = None) -> SSTableReader:
     """A copy of ``reader``'s file with a new filter built at ``fp_chance``.
 
     Data blocks and index are copied byte for byte (they are only decoded to
@@ -274,19 +276,17 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     idx_off, idx_size = reader.index_handle
     prefix_len = idx_off + idx_size + BLOCK_TRAILER_SIZE
     prefix = reader.copy_prefix(prefix_len)
-    bloom = BloomFilter(reader.entries, fp_chance) if fp_chance < 1.0 else BloomFilter(0, 1.0)
-    bloom.hash_algorithm = hasher.algorithm
-    bloom.key_id = hasher.key_id
-    hash_fn = hasher.fn
-    for i in range(len(reader.index_keys)):
-        keys, _values = reader.read_block(i, count=False)
-        if bloom.m:
-            bloom.add_hashes(map(hash_fn, keys))
-    bloom.n = reader.entries
+    hashes: list[int] = []
+    if fp_chance < 1.0:
+        hash_fn = hasher.fn
+        for i in range(len(reader.index_keys)):
+            keys, _values = reader.read_block(i, count=False)
+            hashes.extend(map(hash_fn, keys))
+    new_filter = build(FilterSpec(DEFAULT_FAMILY if family is None else family, fp_chance,
+                                  hasher), reader.entries, hashes)
     props = dict(reader.properties)
-    props.update(fp_chance=bloom.fp_chance if bloom.m else 1.0, filter_bits=bloom.m,
-                 filter_hashes=bloom.k)
-    filter_payload = bloom.to_bytes()
+    props.update(filter_properties(new_filter))
+    filter_payload = new_filter.to_bytes()
     filter_block = filter_payload + crc32(filter_payload).to_bytes(4, "little")
     props_block = blk.encode_block(props)
     flt_off = prefix_len

@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from .bloom import predicted_fpr_for
 from .fastpath import Probes, fast_path
+from .filters import FailOpen, FilterSpec, is_stale
 from .memtable import Memtable
 from .options import TableOptions
 from .stats import TABLE_COUNTERS, ArrayCounter
@@ -152,7 +152,7 @@ class SSTableInfo:
     table_fp_chance: float = 0.0  # the table's current bloom_filter_fp_chance
     filter_stale: bool = False   # built with a different fp chance than the current one
     filter_error: str | None = None  # why the filter fails open, if it does
-    filter_version: int | None = None  # the filter block's format (FORMAT.md §5); None: fails open
+    filter_version: int | None = None  # the filter's family (FORMAT.md §5); None: fails open
     fill_ratio: float = 0.0
     predicted_fpr: float = 1.0            # (1 - e^(-k n / m))^k
     estimated_fpr_from_fill: float = 1.0  # fill^k
@@ -187,23 +187,28 @@ class SSTableInfo:
         return d
 
     @classmethod
-    def from_reader(cls, table: str, reader: SSTableReader,
+    def from_reader(cls, table: str, reader: SSTableReader, want: FilterSpec | None = None,
                     table_fp_chance: float | None = None) -> SSTableInfo:
-        bloom = reader.bloom
-        stats = reader.filter_stats()
-        current = reader.fp_chance if table_fp_chance is None else table_fp_chance
+        """The info of ``reader``'s file; ``want``: the filter a file of its table
+        written now gets (``filter_stale`` by lsmdb.filters.is_stale; None: the
+        table is not known, only a filter failing open is stale);
+        ``table_fp_chance``: the table's bloom_filter_fp_chance (None: the file's)."""
+        active = reader.filter.active
+        stats = active.statistics()
         return cls(
             table=table, file=os.path.basename(reader.path), path=reader.path,
             level=reader.level, entries=reader.entries, tombstones=reader.tombstones,
             size_bytes=reader.size_bytes, min_key=reader.min_key, max_key=reader.max_key,
-            filter_fp_chance=reader.fp_chance, filter_bits=bloom.m, filter_hashes=bloom.k,
-            filter_bytes=reader.filter_handle[1],
-            bits_per_key=bloom.m / reader.entries if reader.entries else 0.0,
-            table_fp_chance=current, filter_stale=reader.fp_chance != current,
-            filter_error=reader.filter_error, filter_version=getattr(bloom, "version", None),
-            fill_ratio=stats["fill_ratio"],
-            predicted_fpr=predicted_fpr_for(reader.entries, bloom.m, bloom.k),
-            estimated_fpr_from_fill=stats["estimated_fpr_from_fill"],
-            estimated_keys_from_fill=stats["estimated_keys_from_fill"],
+            filter_fp_chance=reader.fp_chance, filter_bits=stats.bits,
+            filter_hashes=stats.hashes, filter_bytes=reader.filter_handle[1],
+            bits_per_key=stats.bits / reader.entries if reader.entries else 0.0,
+            table_fp_chance=reader.fp_chance if table_fp_chance is None else table_fp_chance,
+            filter_stale=is_stale(reader.filter, reader.fp_chance, want),
+            filter_error=reader.filter.error,
+            filter_version=None if isinstance(active, FailOpen) else active.family,
+            fill_ratio=stats.fill_ratio,
+            predicted_fpr=active.predicted_fpr(reader.entries),
+            estimated_fpr_from_fill=stats.estimated_fpr_from_fill,
+            estimated_keys_from_fill=stats.estimated_keys_from_fill,
             **reader.counters(),
         )

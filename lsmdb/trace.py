@@ -12,36 +12,39 @@ import os
 from bisect import bisect_left
 from typing import TYPE_CHECKING, Any
 
-from .bloom import key_hash, split_hash
+from .filters.bloom import split_hash
+from .filters.hashing import key_hash
 from .sstable_format import MISSING
 
 if TYPE_CHECKING:
     from .table import TableState
 
 
-def _file_step(reader: Any, key: bytes, h1: int, h2: int) -> tuple[dict[str, Any], Any]:
+def _file_step(reader: Any, key: bytes, h: int) -> tuple[dict[str, Any], Any]:
     step: dict[str, Any] = {"file": os.path.basename(reader.path), "level": reader.level}
-    if reader.keyed_fn is not None:
-        h1, h2 = split_hash(reader.keyed_fn(key))
+    handle = reader.filter
+    if handle.hash_fn is not None:
+        h = handle.hash_fn(key)
         step["hash"] = "keyed"
     if key < reader.min_key or key > reader.max_key:
         step.update(outcome="range_skip", min_key=reader.min_key.hex(),
                     max_key=reader.max_key.hex())
         return step, MISSING
-    bloom = reader.bloom
-    step.update(filter_bits=bloom.m, filter_hashes=bloom.k)
-    if reader.filter_error:
-        step["filter_error"] = reader.filter_error
-    if bloom.m:
-        for i, pos, is_set in bloom.probes(h1, h2):
-            if not is_set:
-                step.update(outcome="filter_absent", probe=i, bit=pos)
-                return step, MISSING
+    flt = handle.active
+    has_filter = bool(flt.probe_spec().family)
+    step.update(flt.explain(h) if has_filter else {"filter_bits": 0, "filter_hashes": 0})
+    if handle.error:
+        step["filter_error"] = handle.error
+    if has_filter and not flt.may_contain(h):
+        step["outcome"] = "filter_absent"
+        return step, MISSING
+    for name in ("probe", "bit"):
+        step.pop(name, None)
     i = reader.block_for(key)
     if i >= len(reader.index_keys):
         step.update(outcome="filter_maybe", block=None, result="false_positive")
         return step, MISSING
-    step["outcome"] = "filter_maybe" if bloom.m else "no_filter"
+    step["outcome"] = "filter_maybe" if has_filter else "no_filter"
     step["block"] = {"index": i, "offset": reader.index_offsets[i], "size": reader.index_sizes[i]}
     keys, values = reader.read_block(i, count=False)
     j = bisect_left(keys, key)
@@ -49,7 +52,7 @@ def _file_step(reader: Any, key: bytes, h1: int, h2: int) -> tuple[dict[str, Any
         value = values[j]
         step["result"] = "tombstone" if value is None else "found"
         return step, value
-    step["result"] = "false_positive" if bloom.m else "not_in_block"
+    step["result"] = "false_positive" if has_filter else "not_in_block"
     return step, MISSING
 
 
@@ -75,7 +78,7 @@ def trace_read(state: TableState, key: bytes) -> dict[str, Any]:
         elif readers:
             steps.append({"level": level, "outcome": "range_skip", "files_in_level": len(readers)})
     for reader in files:
-        step, value = _file_step(reader, key, h1, h2)
+        step, value = _file_step(reader, key, h)
         steps.append(step)
         if value is not MISSING:
             return _finish(out, value)

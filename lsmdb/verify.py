@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import block as blk
-from .bloom import BloomFilter, Hasher, key_hash, split_hash
 from .errors import CorruptionError, LsmdbError
 from .files import (
     LOCK_NAME,
@@ -34,6 +33,7 @@ from .files import (
     sst_name,
     wal_name,
 )
+from .filters.hashing import Hasher, key_hash
 from .logset import read_unsynced_segment
 from .manifest import Manifest
 from .secret import load_secret
@@ -66,10 +66,11 @@ def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> I
         yield Problem(path, None, f"cannot open: {exc}")
         return
     try:
-        if reader.filter_error:
+        handle = reader.filter
+        if handle.error:
             yield Problem(path, reader.filter_handle[0],
-                          f"filter unusable, reads fail open to 'maybe': {reader.filter_error}")
-        bloom = reader.bloom if isinstance(reader.bloom, BloomFilter) else None
+                          f"filter unusable, reads fail open to 'maybe': {handle.error}")
+        flt = handle.active if handle.active.probe_spec().family else None
         entries = tombstones = 0
         prev = None
         for i, last in enumerate(reader.index_keys):
@@ -85,10 +86,10 @@ def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> I
             prev = keys[-1] if keys else prev
             entries += len(keys)
             tombstones += sum(1 for v in values if v is None)
-            if bloom is not None and bloom.m:
-                hash_fn = reader.keyed_fn or key_hash
+            if flt is not None:
+                hash_fn = handle.hash_fn or key_hash
                 for key in keys:
-                    if not bloom.may_contain_hash(*split_hash(hash_fn(key))):
+                    if not flt.may_contain(hash_fn(key)):
                         yield Problem(path, reader.filter_handle[0],
                                       f"filter false negative for key {key!r} (a lost key)")
         if entries != reader.entries or tombstones != reader.tombstones:

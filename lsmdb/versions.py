@@ -18,9 +18,9 @@ import os
 import threading
 from typing import Any
 
-from . import bloom as _bloom
 from .errors import DatabaseClosedError, DatabaseForkedError, ReadOnlyError
 from .files import MANIFEST_NAME, SwitchedButNotSynced, fsync_dir, sst_name, unlink_quietly
+from .filters import hashing as _hashing
 from .logset import LogSet
 from .manifest import FileMeta, Manifest, TableMeta
 from .memtable import Memtable
@@ -51,7 +51,7 @@ class Versions:
         self.next_table_id = 1
         self.last_seq = 0
         #: The keyed filters' hasher (FILTER_KEY), None when the database has none.
-        self.keyed: _bloom.Hasher | None = None
+        self.keyed: _hashing.Hasher | None = None
         #: A manifest switch is visible but its directory fsync failed: the next
         #: sync point fsyncs the directory again before it promises anything.
         self.manifest_unsynced = False
@@ -90,10 +90,14 @@ class Versions:
             reader.map_file()
         return reader
 
-    def hasher_for(self, state: TableState) -> _bloom.Hasher:
-        """The hash new filters of ``state`` are built with (creates the secret if needed)."""
+    def hasher_for(self, state: TableState, create: bool = True) -> _hashing.Hasher:
+        """The hash new filters of ``state`` are built with (creates the secret if
+        needed, unless ``create`` is False: then, with no secret yet, a keyed hasher
+        of no secret -- what a file written now would be built with, for its id)."""
         if state.options.bloom_filter_hash != "keyed":
-            return _bloom.FAST_HASHER
+            return _hashing.FAST_HASHER
+        if self.keyed is None and not create:
+            return _hashing.Hasher(_hashing.HASH_BLAKE2B_KEYED, 0, _hashing.key_hash)
         if self.keyed is None:
             with self.lock:
                 if self.keyed is None:

@@ -1,4 +1,4 @@
-"""lsmdb.bloom.BloomFilter: sizing, statistics, serialisation, and the filter inside an SSTable.
+"""lsmdb.filters.bloom.BloomFilter: sizing, statistics, serialisation, the filter in an SSTable.
 
 The statistical tests use keys from a fixed-seed RNG, but they do not rely on
 the seed being lucky: every bound is derived below so that a correct filter
@@ -20,15 +20,16 @@ from fractions import Fraction
 import pytest
 
 import lsmdb
-from lsmdb import bloom as bloom_mod
-from lsmdb.bloom import (
+from lsmdb.filters import bloom as bloom_mod
+from lsmdb.filters import hashing as hashing_mod
+from lsmdb.filters.bloom import (
     FILTER_HEADER,
     FILTER_HEADER_SIZE,
     BloomFilter,
-    key_hash,
     predicted_fpr_for,
     split_hash,
 )
+from lsmdb.filters.hashing import key_hash
 from lsmdb.sstable_format import MISSING
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.sstable_writer import SSTableBuilder
@@ -564,7 +565,7 @@ def test_round_trip_preserves_everything(present_keys, absent_keys):
     data = f.to_bytes()
     g = BloomFilter.from_bytes(data)
     assert (g.m, g.k, g.n, g.fp_chance) == (f.m, f.k, 2500, 0.02)
-    assert (g.hash_algorithm, g.key_id) == (bloom_mod.HASH_XXH3_64, 0)
+    assert (g.hash_algorithm, g.key_id) == (hashing_mod.HASH_XXH3_64, 0)
     assert g.to_bytes() == data
     assert g.bits_set == f.bits_set
     for key in present_keys[:2500] + absent_keys[:10_000]:
@@ -603,7 +604,7 @@ def test_unknown_version_is_unsupported(version):
 
 @pytest.mark.parametrize("algorithm", [0, 3, 200, 255])
 def test_unknown_hash_algorithm_is_unsupported(algorithm):
-    assert algorithm not in bloom_mod.KNOWN_HASH_ALGORITHMS
+    assert algorithm not in hashing_mod.KNOWN_HASH_ALGORITHMS
     data = BloomFilter(100, 0.01).to_bytes()
     with pytest.raises(lsmdb.UnsupportedFormatError, match="hash algorithm"):
         BloomFilter.from_bytes(_with_header_byte(data, 1, algorithm))
@@ -674,7 +675,7 @@ def _open(data: bytes) -> SSTableReader:
 def test_sstable_every_key_found_and_absent_keys_missing(sst):
     items, data, absent = sst
     reader = _open(data)
-    assert reader.filter_error is None
+    assert reader.filter.error is None
     assert len(reader.index_keys) > 10          # several data blocks
     for key, value in items:
         assert reader.find(key) == value        # None: a tombstone
@@ -687,7 +688,7 @@ def test_sstable_every_key_found_and_absent_keys_missing(sst):
 def test_sstable_filter_has_the_documented_sizing(sst):
     items, data, absent = sst
     reader = _open(data)
-    f = reader.bloom
+    f = reader.filter.active
     n, p = N_SST, 0.01
     m = math.ceil(-n * math.log(p) / LN2 ** 2)
     k = max(1, round(m / n * LN2))
@@ -712,9 +713,9 @@ def test_sstable_filter_has_the_documented_sizing(sst):
 def test_sstable_without_filter():
     items = [(b"a", b"1"), (b"b", None), (b"c", b"3")]
     reader = _open(_build_sst(items, fp_chance=1.0))
-    assert (reader.bloom.m, reader.bloom.k) == (0, 0)
+    assert (reader.filter.active.m, reader.filter.active.k) == (0, 0)
     assert reader.properties["fp_chance"] == 1.0
-    assert reader.bloom.may_contain_hash(1, 2)
+    assert reader.filter.active.may_contain(1 | 2 << 32)
     assert [reader.find(k) for k, _ in items] == [b"1", None, b"3"]
 
 
@@ -732,9 +733,9 @@ def test_corrupt_filter_block_fails_open(sst, where):
               "middle": flt_off + flt_size // 2, "last_byte": flt_off + flt_size - 1,
               "trailer": flt_off + flt_size + 2}[where]
     reader = _open(_flip(data, offset))
-    assert reader.filter_error and "checksum" in reader.filter_error
-    assert reader.bloom.may_contain_hash(0, 0)                       # always "maybe"
-    assert all(reader.bloom.may_contain_hash(*split_hash(key_hash(k))) for k in absent[:200])
+    assert reader.filter.error and "checksum" in reader.filter.error
+    assert reader.filter.active.may_contain(0)                       # always "maybe"
+    assert all(reader.filter.active.may_contain(key_hash(k)) for k in absent[:200])
     for key, value in items:
         assert reader.find(key) == value
     for key in absent[:500]:
@@ -754,8 +755,8 @@ def test_undecodable_filter_with_valid_checksum_fails_open(sst, offset, value, e
     patched = (data[:flt_off] + bytes(payload) + zlib.crc32(payload).to_bytes(4, "little")
                + data[flt_off + flt_size + 4:])
     reader = _open(patched)
-    assert reader.filter_error and error in reader.filter_error
-    assert reader.bloom.may_contain_hash(0, 0)
+    assert reader.filter.error and error in reader.filter.error
+    assert reader.filter.active.may_contain(0)
     for key, value in items[::7]:
         assert reader.find(key) == value
 
@@ -770,7 +771,7 @@ def test_corrupt_data_block_raises_with_its_offset(sst, which, part):
     off, size = clean.index_offsets[i], clean.index_sizes[i]
     target = off + size // 2 if part == "payload" else off + size + 1
     reader = _open(_flip(data, target))
-    assert reader.filter_error is None            # the filter and index are intact
+    assert reader.filter.error is None            # the filter and index are intact
     with pytest.raises(lsmdb.CorruptionError) as info:
         reader.read_block(i)
     assert info.value.offset == off

@@ -54,9 +54,11 @@ def test_layout_errors_name_what_does_not_match():
     [error] = layout_errors(_module(TABLE_COUNTERS=("gets_absent", "gets")))
     assert error.startswith("table counter slots")
     assert layout_errors(_module(FILE_COUNTERS=(*FILE_COUNTERS, "extra")))
-    bits_first = ("bits", *(f for f in FileProbe._fields if f != "bits"))
+    bits_first = ("filter_data", *(f for f in FileProbe._fields if f != "filter_data"))
     [error] = layout_errors(_module(FILE_PROBE_FIELDS=bits_first))
-    assert error.startswith("FileProbe fields ('bits', 'reader',")
+    assert error.startswith("FileProbe fields ('filter_data', 'reader',")
+    [error] = layout_errors(_module(FILTER_FAMILIES={2: "binary fuse"}))
+    assert error.startswith("filter family 2 is 'binary fuse' in C")
     [error] = layout_errors(_module(FAST_PATH_FIELDS=FastPath._fields[:-1]))
     assert error.startswith("FastPath fields")
     [error] = layout_errors(_module(LEVEL_FIELDS=("files", "max_keys")))
@@ -85,8 +87,10 @@ def test_the_fast_path_is_the_files_in_read_order(tmp_path):
             assert isinstance(p, FileProbe)
             assert (p.min_key, p.max_key, p.counts, p.index_keys, p.cache_base) == (
                 r.min_key, r.max_key, r.counts, r.index_keys, r.cache_base)
-            assert p.bits is r.bloom.bits and (p.m, p.k, p.part) == (r.bloom.m, r.bloom.k,
-                                                                     r.bloom.part)
+            flt = r.filter.active
+            assert p.filter is flt and p.hash_fn is r.filter.hash_fn
+            assert (p.filter_family, p.filter_params) == (flt.version, (flt.m, flt.k, flt.part))
+            assert p.filter_data is flt.bits
         assert len(fast.filters) == 1 + len(fast.imm_datas)
     finally:
         db.close()

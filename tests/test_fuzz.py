@@ -33,8 +33,9 @@ from hypothesis import strategies as st
 
 import lsmdb
 from lsmdb import block as blk
-from lsmdb.bloom import FILTER_HEADER, BloomFilter, keyed_hasher
 from lsmdb.coding import WAL_HEADER, crc32
+from lsmdb.filters.bloom import FILTER_HEADER, BloomFilter
+from lsmdb.filters.hashing import keyed_hasher
 from lsmdb.manifest import MANIFEST_HEADER, FileMeta, Manifest, TableMeta
 from lsmdb.sstable_format import FOOTER_SIZE, MISSING
 from lsmdb.sstable_reader import SSTableReader
@@ -276,7 +277,7 @@ def exercise_sstable(data: bytes, probe_keys=()) -> SSTableReader | None:
         except lsmdb.LsmdbError:
             pass
     for h1, h2 in ((0, 0), (2**32 - 1, 2**32 - 1), (12345, 678)):
-        r.bloom.may_contain_hash(h1, h2)
+        r.filter.active.may_contain(h1 | h2 << 32)
     return r
 
 
@@ -685,7 +686,7 @@ def test_valid_encodings_round_trip():
         r = SSTableReader("<base>", 0, data=data)
         assert [r.find(k) for k, _v in entries] == [v for _k, v in entries]
         assert list(r.iter_range(None, None)) == entries
-        assert r.filter_error is None or r.hash_algorithm == 2
+        assert r.filter.error is None or r.filter.hash_algorithm == 2
     for data in WALS:
         result = read_segment(data, 1, "<base>", len(data))
         assert not result.torn and result.records

@@ -32,9 +32,10 @@ import msgpack
 import pytest
 
 import lsmdb
-from lsmdb import bloom as bloom_mod
 from lsmdb import wal as wal_mod
 from lsmdb.coding import BLOCK_TRAILER_SIZE, WAL_HEADER_SIZE
+from lsmdb.filters import bloom as bloom_mod
+from lsmdb.filters import hashing as hashing_mod
 from lsmdb.logset import WalState
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, FileMeta, Manifest, TableMeta
 from lsmdb.sstable_format import FOOTER_SIZE, MISSING, SSTABLE_FORMAT_VERSION, SSTABLE_MAGIC
@@ -169,14 +170,14 @@ def test_golden_properties(golden_reader):
 
 def test_golden_filter_parameters(golden_reader):
     r = golden_reader
-    assert r.filter_error is None
-    f = r.bloom
+    assert r.filter.error is None
+    f = r.filter.active
     assert isinstance(f, lsmdb.BloomFilter)
     n, p = 20, 0.01
     m = math.ceil(-n * math.log(p) / math.log(2) ** 2)
     assert (f.m, f.k, f.n) == (m, max(1, round(m / n * math.log(2))), n) == (192, 7, 20)
     assert f.fp_chance == 0.01
-    assert f.hash_algorithm == bloom_mod.HASH_XXH3_64 == 1
+    assert f.hash_algorithm == hashing_mod.HASH_XXH3_64 == 1
     assert f.key_id == 0
     assert f.size_bytes == 24
     for key in EXPECTED_ITEMS:  # tombstones included
@@ -215,13 +216,13 @@ def test_golden_v1_differs_from_golden_only_in_the_filter_block(golden_bytes):
 
 def test_golden_v1_filter_reads_as_format_1(golden_v1_reader):
     r = golden_v1_reader
-    assert r.filter_error is None
-    f = r.bloom
+    assert r.filter.error is None
+    f = r.filter.active
     assert (f.version, f.part, f.m, f.k, f.n) == (1, 0, 192, 7, 20)
     assert bytes(f.bits).hex() == "98a99b05c318873541cd4d4d01fa73fef31aebcf7fd74636"
     # Format 1 probes: (h1 + i*h2) mod m, computed here from the formula.
     for key in EXPECTED_ITEMS:
-        h = bloom_mod.key_hash(key)
+        h = hashing_mod.key_hash(key)
         h1, h2 = h & 0xFFFFFFFF, h >> 32
         assert all(f.bits[(h1 + i * h2) % 192 >> 3] >> ((h1 + i * h2) % 192 & 7) & 1
                    for i in range(7))
@@ -295,17 +296,17 @@ def test_format_constants_are_pinned():
     assert bloom_mod.FILTER_FORMAT_VERSION == 2
     assert bloom_mod.FILTER_HEADER_SIZE == 36
     # Hash algorithm ids are on disk: an id may be added, never renumbered or reused.
-    assert bloom_mod.HASH_XXH3_64 == 1
-    assert bloom_mod.HASH_BLAKE2B_KEYED == 2
-    assert bloom_mod.KNOWN_HASH_ALGORITHMS[1] == "xxh3_64"
-    assert bloom_mod.KNOWN_HASH_ALGORITHMS[2] == "blake2b_keyed"
+    assert hashing_mod.HASH_XXH3_64 == 1
+    assert hashing_mod.HASH_BLAKE2B_KEYED == 2
+    assert hashing_mod.KNOWN_HASH_ALGORITHMS[1] == "xxh3_64"
+    assert hashing_mod.KNOWN_HASH_ALGORITHMS[2] == "blake2b_keyed"
 
 
 def test_hash_algorithm_1_is_xxh3_64_seed_0():
     # Filters on disk depend on these exact values (hash algorithm id 1).
-    assert bloom_mod.key_hash(b"") == 0x2D06800538D394C2
-    assert bloom_mod.key_hash(b"a") == 0xE6C632B61E964E1F
-    assert bloom_mod.key_hash(b"key000") == 0x981540A6F984FDCB
+    assert hashing_mod.key_hash(b"") == 0x2D06800538D394C2
+    assert hashing_mod.key_hash(b"a") == 0xE6C632B61E964E1F
+    assert hashing_mod.key_hash(b"key000") == 0x981540A6F984FDCB
     assert bloom_mod.split_hash(0x981540A6F984FDCB) == (0xF984FDCB, 0x981540A6)
 
 
@@ -313,7 +314,7 @@ def test_hash_algorithm_2_is_keyed_blake2b():
     # Algorithm 2: blake2b(key, digest_size=8, key=secret) read as a little-endian
     # u64; the header's key_id is blake2b(secret, digest_size=4, person=b"lsmdb-id")
     # read as a little-endian u32.
-    hasher = bloom_mod.keyed_hasher(bytes(range(32)))
+    hasher = hashing_mod.keyed_hasher(bytes(range(32)))
     assert hasher.algorithm == 2
     assert hasher.key_id == 0x8618331A
     assert hasher.fn(b"") == 0xDA23B69E45E0FBB6

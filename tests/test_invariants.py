@@ -11,7 +11,7 @@ import pytest
 
 import lsmdb
 import lsmdb.cache
-from lsmdb.bloom import BloomFilter
+from lsmdb.filters.bloom import BloomFilter
 
 
 @pytest.fixture

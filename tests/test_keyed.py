@@ -27,15 +27,8 @@ import pytest
 import lsmdb
 import lsmdb.repair
 import lsmdb.secret
-from lsmdb.bloom import (
-    FILTER_HEADER,
-    HASH_BLAKE2B_KEYED,
-    HASH_XXH3_64,
-    BloomFilter,
-    key_hash,
-    keyed_hasher,
-    split_hash,
-)
+from lsmdb.filters.bloom import FILTER_HEADER, BloomFilter, split_hash
+from lsmdb.filters.hashing import HASH_BLAKE2B_KEYED, HASH_XXH3_64, key_hash, keyed_hasher
 from lsmdb.secret import SECRET_NAME
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
@@ -140,9 +133,9 @@ def test_crafted_keys_defeat_the_fast_filter_but_not_the_keyed_one(path):
         keyed_sst = SSTableReader(keyed_info.path)
         keyed_sst.attach_hasher(keyed_hasher(read_secret(path)))
         try:
-            assert (fast_sst.bloom.m, fast_sst.bloom.k) == (offline.m, offline.k)
-            assert bytes(fast_sst.bloom.bits) == bytes(offline.bits)
-            assert bytes(keyed_sst.bloom.bits) != bytes(offline.bits)
+            assert (fast_sst.filter.active.m, fast_sst.filter.active.k) == (offline.m, offline.k)
+            assert bytes(fast_sst.filter.active.bits) == bytes(offline.bits)
+            assert bytes(keyed_sst.filter.active.bits) != bytes(offline.bits)
         finally:
             fast_sst.close()
             keyed_sst.close()

@@ -25,13 +25,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lsmdb
-import lsmdb.bloom as bloom_mod
 import lsmdb.fastpath
+import lsmdb.filters.bloom as bloom_mod
 import lsmdb.readpath
 import lsmdb.table
-from lsmdb.bloom import BloomFilter, key_hash, keyed_hasher
 from lsmdb.errors import DatabaseClosedError
 from lsmdb.fastpath import FileProbe
+from lsmdb.filters import hashing as hashing_mod
+from lsmdb.filters.bloom import BloomFilter
+from lsmdb.filters.hashing import key_hash, keyed_hasher
 from lsmdb.stats import FILE_COUNTERS
 
 speedups = pytest.importorskip("lsmdb._speedups", reason="built without a C compiler")
@@ -50,11 +52,11 @@ def probe(index: list[bytes], bloom: BloomFilter | None = None, kf=None, c=None,
     (Probes.first never reads them): ``index`` its index keys, ``bloom`` its
     filter (None: no filter)."""
     n = len(index)
+    flt = bloom if bloom is not None else BloomFilter(0, 1.0)
+    family, data, params = flt.probe_spec()
     return FileProbe(None, min(index) if lo is None else lo, max(index) if hi is None else hi,
-                     counts() if c is None else c, kf,
-                     bloom.bits if bloom is not None and bloom.m else None,
-                     bloom.m if bloom else 0, bloom.k if bloom else 0,
-                     bloom.part if bloom else 0, index, [0] * n, [0] * n, 0)
+                     counts() if c is None else c, kf, flt, family, data, params, index,
+                     [0] * n, [0] * n, 0)
 
 
 def entry(keys: list[bytes], fp: float, kf=None, c=None, version: int = 2):
@@ -74,9 +76,9 @@ def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]
         if key < e.min_key or key > e.max_key:
             deltas[i][0] += 1
             continue
-        if not e.m:
+        if not e.filter_family:
             return i, deltas
-        h = (e.keyed_fn or key_hash)(key)
+        h = (e.hash_fn or key_hash)(key)
         if bloom.may_contain_hash(h & 0xFFFFFFFF, h >> 32):
             return i, deltas
         deltas[i][1] += 1
@@ -295,7 +297,7 @@ def test_hash_computed_once_per_key_across_resumes():
     keys = [b"k%03d" % i for i in range(100)]
     files = [entry(keys, 0.5)[0] for _ in range(4)]
     for f in files:  # every bit set: every filter says "maybe"
-        f.bits[:] = b"\xff" * len(f.bits)
+        f.filter_data[:] = b"\xff" * len(f.filter_data)
     p = Probes(files, [], counting_hash)
     key = b"k050x"
     assert [p.first(key, s) for s in range(5)] == [0, 1, 2, 3, -1]
@@ -313,7 +315,7 @@ def test_hash_computed_once_per_key_across_resumes():
 
     kfiles = [entry(keys, 0.5, counting_kf)[0] for _ in range(3)]
     for f in kfiles:
-        f.bits[:] = b"\xff" * len(f.bits)
+        f.filter_data[:] = b"\xff" * len(f.filter_data)
     kcalls.clear()
     p = Probes(kfiles + [files[0]], [], counting_hash)
     calls.clear()
@@ -323,12 +325,17 @@ def test_hash_computed_once_per_key_across_resumes():
 
 @pytest.mark.parametrize("bad, error", [
     (lambda e: e._replace(min_key="lo"), TypeError),                      # str key range
-    (lambda e: e._replace(bits=b"\x00", m=10_000, k=7, part=0), ValueError),  # bits shorter than m
+    (lambda e: e._replace(filter_data=b"\x00", filter_params=(10_000, 7, 1428)),
+     ValueError),                                                          # bits shorter than m
     (lambda e: e._replace(counts=array("l", [0] * 7)), TypeError),        # wrong counter array
     (lambda e: e._replace(counts=array("Q", [0] * 3)), TypeError),        # too few counters
-    (lambda e: e._replace(k=-1), ValueError),                              # negative k
-    (lambda e: e._replace(part=e.m), ValueError),                          # partitions beyond m
-    (lambda e: e._replace(keyed_fn=42), TypeError),                        # keyed fn not callable
+    (lambda e: e._replace(filter_params=(e.filter_params[0], -1, 0)), ValueError),  # k < 0
+    (lambda e: e._replace(filter_params=(e.filter_params[0], e.filter_params[1],
+                                         e.filter_params[0])), ValueError),  # partitions beyond m
+    (lambda e: e._replace(filter_params=e.filter_params[:2]), TypeError),  # too few parameters
+    (lambda e: e._replace(filter_family=20), ValueError),                  # a family C lacks
+    (lambda e: e._replace(filter_family=1), ValueError),                   # s for family 1
+    (lambda e: e._replace(hash_fn=42), TypeError),                         # hash fn not callable
     (lambda e: e._replace(index_keys=["a"]), TypeError),                   # index keys not bytes
     (lambda e: e._replace(index_keys=(b"a",)), TypeError),                 # index keys not a list
     (lambda e: tuple(e)[:5], TypeError),                                   # wrong arity
@@ -451,8 +458,9 @@ def downgrade_filters(path: str, every: int = 2) -> int:
     for i, name in enumerate(sorted(glob.glob(os.path.join(path, "*.sst")))):
         r = SSTableReader(name)
         try:
-            old = r.bloom
-            if i % every or not old.m or old.hash_algorithm != bloom_mod.HASH_XXH3_64:
+            old = r.filter.stored
+            if i % every or old is None or not old.m \
+                    or old.hash_algorithm != hashing_mod.HASH_XXH3_64:
                 continue
             keys = [key for key, _value in r.iter_range(None, None)]  # tombstones too
             off, size = r.filter_handle
@@ -513,8 +521,8 @@ def test_c_and_python_paths_agree_answer_for_answer_and_count_for_count(tmp_path
         assert downgrade_filters(path) >= 5
         db = lsmdb.open(path, read_only=True)
         try:
-            layouts = {r.bloom.version for state in db._versions.tables.values()
-                       for r in state.files if r.bloom.m}
+            layouts = {r.filter.active.version for state in db._versions.tables.values()
+                       for r in state.files if r.filter.active.m}
             assert layouts == {1, 2}
             assert not [i for i in db.sstables() if i.filter_error]
         finally:
@@ -960,7 +968,8 @@ def test_bloom_add_refuses_bad_input():
     assert sum(map(int.bit_count, bits)) == 3
     with pytest.raises(ValueError, match="2\\^32"):  # partitions of 2^32 bits: format 1 only
         speedups.bloom_add(bytearray(20), 7 * 2**32, 7, [1], 2**32)
-    big = FileProbe(None, b"a", b"b", counts(), None, bytearray(1), 7 * 2**32, 7, 2**32,
+    flt = BloomFilter(0, 1.0)
+    big = FileProbe(None, b"a", b"b", counts(), None, flt, 2, bytearray(1), (7 * 2**32, 7, 2**32),
                     [b"b"], [0], [1], 0)
     with pytest.raises(ValueError, match="2\\^32"):
         Probes([big], [], key_hash)
@@ -1641,8 +1650,8 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
         bits = bytearray((m + 7) // 8)
         speedups.bloom_add(bits, m, k, [key_hash(key) for key in keys], s)
         n = len(keys)
-        e = FileProbe(None, keys[0], keys[-1], counts(), None, bits, m, k, s, keys, [0] * n,
-                      [0] * n, 0)
+        e = FileProbe(None, keys[0], keys[-1], counts(), None, BloomFilter(0, 1.0), version,
+                      bits, (m, k, s), keys, [0] * n, [0] * n, 0)
         files.append((e, set(keys), bits))
     small, small_bloom = entry([b"key-0400000", b"key-0600000"], 0.01)
     probes = Probes([small] + [f[0] for f in files], [], key_hash)

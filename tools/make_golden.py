@@ -27,8 +27,8 @@ import sys
 
 import msgpack
 
-from lsmdb.bloom import FILTER_HEADER, FILTER_HEADER_SIZE
 from lsmdb.coding import BLOCK_TRAILER_SIZE
+from lsmdb.filters.bloom import FILTER_HEADER, FILTER_HEADER_SIZE
 from lsmdb.sstable_format import FOOTER, FOOTER_SIZE
 from lsmdb.sstable_writer import SSTableBuilder
 

@@ -63,8 +63,8 @@ import lsmdb  # noqa: E402
 import lsmdb.table  # noqa: E402
 from bench.keys import key_of  # noqa: E402
 from bench.scale import counters, load  # noqa: E402
-from lsmdb.bloom import key_hash  # noqa: E402
 from lsmdb.fastpath import FileProbe, Level, probe_of  # noqa: E402
+from lsmdb.filters.hashing import key_hash  # noqa: E402
 from lsmdb.stats import FILE_COUNTERS  # noqa: E402
 
 HOT_KEYS = 500
@@ -84,7 +84,7 @@ def read_files(path: str) -> None:
 def entry(reader: Any, with_filter: bool = True) -> FileProbe:
     """The file's FileProbe with fresh counters (and, if asked, no filter)."""
     p = probe_of(reader)._replace(counts=array("Q", bytes(8 * len(FILE_COUNTERS))))
-    return p if with_filter else p._replace(bits=None, m=0, part=0)
+    return p if with_filter else p._replace(filter_family=0, filter_data=None, filter_params=())
 
 
 def parts(db: Any) -> tuple[list[tuple[str, Any]], str, int]:

@@ -6,7 +6,8 @@
  * fallbacks of lsmdb/sstable_reader.py (block_may_hold, _find_in_entry,
  * _decode_entry). */
 
-#include "speedups.h"
+#include "block.h"
+#include "keys.h"
 
 /* ---- block_may_hold: is a key among a data block's keys? ----------------- */
 
@@ -162,15 +163,6 @@ block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t kl
  * value_at[j] of its value's header (bin or nil).  Built by block_entry from
  * a payload block_find reads whole, so the keys are bins in the order the
  * payload has them. */
-
-static inline void
-put_le32(unsigned char *p, uint32_t v)
-{
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    v = __builtin_bswap32(v);
-#endif
-    memcpy(p, &v, 4);
-}
 
 /* Entry j's key in a cached block (bounds-checked): its length and *kp; -1
  * for an offset or header that does not hold. */

@@ -4,7 +4,7 @@
  * lsmdb/cache.py's PyAdmission and PyBlockCache (CBlockCache is PyBlockCache
  * with its books here). */
 
-#include "speedups.h"
+#include "cache.h"
 
 /* ---- the block cache's admission of blocks read from disk -------------- */
 

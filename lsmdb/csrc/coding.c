@@ -3,7 +3,7 @@
  * chosen by what the CPU has and set_crc32_wide.  Python twin: zlib.crc32,
  * which lsmdb/coding.py's crc32 is where PCLMULQDQ is missing. */
 
-#include "speedups.h"
+#include "coding.h"
 
 /* ---- crc32: zlib's CRC-32, folded with carry-less multiplies ------------- */
 

@@ -2,7 +2,7 @@
  * table, byte for byte what msgpack writes.  Python twin: lsmdb/logset.py's
  * encode_record (encode_table_record calls this where it is built). */
 
-#include "speedups.h"
+#include "logset.h"
 
 /* ---- encode_ops: a WAL record payload of one table's batch --------------- */
 

@@ -2,7 +2,8 @@
  * getter (lsmdb/memtable.py's Memtable holds one beside its dict).  It has
  * no Python twin: without the extension a get asks the dict. */
 
-#include "speedups.h"
+#include "memtable.h"
+#include "filters_hashing.h"
 
 /* ------------------------------------------------------------------ MemFilter
  * A Bloom filter over a memtable's keys, kept in memory only, so that a get

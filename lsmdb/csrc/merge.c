@@ -1,7 +1,8 @@
 /* merge.c: Merge, the k-way merge of scans and compactions.  Python twin:
  * lsmdb/merge.py's merge_newest (heapq.merge over tagged entries). */
 
-#include "speedups.h"
+#include "merge.h"
+#include "keys.h"
 
 /* ---- Merge: k-way merge of sorted sources -------------------------------- */
 

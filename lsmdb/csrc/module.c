@@ -7,9 +7,12 @@
  * compare answers and counters).  Each file is named after the Python
  * module whose step it does:
  *
- *   bloom.c           xxh3_64 (the filters' key hash, for keys up to 240
- *                     bytes), a key's probes in a filter, bloom_add
- *   bloom_probes.c    Probes: a get's range checks and filter probes, file
+ *   filters_hashing.c xxh3_64 (the filters' key hash, for keys up to 240
+ *                     bytes)
+ *   filters.c         a file's filter ready to probe, by its family (the
+ *                     probes are inline: filters.h, filters_bloom.h)
+ *   filters_bloom.c   the Bloom family's parameters, bloom_add
+ *   readpath_probes.c Probes: a get's range checks and filter probes, file
  *                     by file
  *   readpath.c        Getter: the whole db.get (block-cache hits, a block
  *                     read from disk and its key walk) and get_many's steps
@@ -27,9 +30,23 @@
  *   coding.c          crc32: zlib's CRC-32, folded with PCLMULQDQ where the
  *                     CPU has it
  *
- * speedups.h holds what they share. */
+ * Each has a header of its own (block.h for block.c, ...) declaring what the
+ * others use of it; base.h is what they all include first, fastpath.h the
+ * layout of what Python hands over. */
 
-#include "speedups.h"
+#include "block.h"
+#include "cache.h"
+#include "coding.h"
+#include "fastpath.h"
+#include "filters.h"
+#include "filters_hashing.h"
+#include "keys.h"
+#include "logset.h"
+#include "memtable.h"
+#include "merge.h"
+#include "readpath.h"
+#include "readpath_probes.h"
+#include "sstable_reader.h"
 
 static PyObject *
 speedups_cmp(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -97,11 +114,11 @@ static const char *const file_probe_fields[FILE_FIELDS] = {
     [FILE_MIN_KEY] = "min_key",
     [FILE_MAX_KEY] = "max_key",
     [FILE_COUNTS] = "counts",
-    [FILE_KEYED_FN] = "keyed_fn",
-    [FILE_BITS] = "bits",
-    [FILE_M] = "m",
-    [FILE_K] = "k",
-    [FILE_PART] = "part",
+    [FILE_HASH_FN] = "hash_fn",
+    [FILE_FILTER] = "filter",
+    [FILE_FILTER_FAMILY] = "filter_family",
+    [FILE_FILTER_DATA] = "filter_data",
+    [FILE_FILTER_PARAMS] = "filter_params",
     [FILE_INDEX_KEYS] = "index_keys",
     [FILE_INDEX_OFFSETS] = "index_offsets",
     [FILE_INDEX_SIZES] = "index_sizes",
@@ -173,6 +190,19 @@ add_names(PyObject *mod, const char *what, const char *const *names, Py_ssize_t 
     return 0;
 }
 
+/* Add obj (a new reference, or NULL with an exception set) to mod as `name`. */
+static int
+add_new(PyObject *mod, const char *name, PyObject *obj)
+{
+    if (obj == NULL)
+        return -1;
+    if (PyModule_AddObject(mod, name, obj) < 0) {
+        Py_DECREF(obj);
+        return -1;
+    }
+    return 0;
+}
+
 static struct PyModuleDef speedups_module = {
     PyModuleDef_HEAD_INIT, "lsmdb._speedups",
     "Optional C speedups for lsmdb's read path, merges and filter building "
@@ -201,9 +231,9 @@ PyInit__speedups(void)
     if (sstable_reader_init() < 0)
         return NULL;
     coding_init();
-    if (bloom_init() < 0)
+    if (hashing_init() < 0)
         return NULL;
-    bloom_probes_init();
+    readpath_probes_init();
     PyObject *mod = PyModule_Create(&speedups_module);
     if (mod == NULL)
         return NULL;
@@ -221,7 +251,8 @@ PyInit__speedups(void)
         || add_names(mod, "LEVEL_FIELDS", level_fields, LEVEL_FIELDS) < 0
         || add_names(mod, "FAST_PATH_FIELDS", fast_path_fields, FAST_FIELDS) < 0
         || add_names(mod, "FILE_COUNTERS", file_counter_names, FILE_COUNTER_SLOTS) < 0
-        || add_names(mod, "TABLE_COUNTERS", table_counter_names, TABLE_COUNTER_SLOTS) < 0) {
+        || add_names(mod, "TABLE_COUNTERS", table_counter_names, TABLE_COUNTER_SLOTS) < 0
+        || add_new(mod, "FILTER_FAMILIES", filter_families()) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -5,7 +5,8 @@
  * Python getter.  Getter.many, get_many's part, is readpath_many.c.  Python
  * twin: lsmdb/readpath.py's make_getter (its get). */
 
-#include "speedups.h"
+#include "readpath.h"
+#include "sstable_reader.h"
 
 /* Index words per group in bisect_index's two steps: 32 words, four cache
  * lines. */

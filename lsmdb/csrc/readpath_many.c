@@ -5,7 +5,8 @@
  * is left goes back to the Python side with the seeds of its probes.
  * Python twin: lsmdb/readpath.py's get_many. */
 
-#include "speedups.h"
+#include "readpath.h"
+#include "sstable_reader.h"
 
 #define PREFETCH_AHEAD 8
 /* get_many's first pass over its keys touches each key object first: loading
@@ -292,11 +293,10 @@ many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObjec
             Py_ssize_t f = j < probes->n0 ? j : picks[q];
             if (probes->prefetch_all && q + MANY_AHEAD < npend) {
                 Py_ssize_t fa = j < probes->n0 ? j : picks[q + MANY_AHEAD];
-                if (fa >= 0 && probes->e[fa].m && probes->e[fa].part)
-                    prefetch_part_lines(&probes->e[fa], fh[pending[q + MANY_AHEAD]],
-                                        probes->e[fa].k);
+                if (fa >= 0)
+                    filter_prefetch(&probes->e[fa].filter, fh[pending[q + MANY_AHEAD]], 1);
             }
-            if (whole != NULL ? whole->m && !filter_says_maybe(whole, fh[i])
+            if (whole != NULL ? !filter_says_maybe(whole, fh[i])
                               : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), fh[i],
                                                     j >= probes->n0)) {
                 pending[keep++] = i;  /* not in this file: on to the next */
@@ -423,7 +423,7 @@ probes_one_hash(const Probes *self, PyObject **kf)
     int fast = 0;
     for (Py_ssize_t i = 0; i < self->n; i++) {
         const Entry *e = &self->e[i];
-        if (!e->m)
+        if (!filter_present(&e->filter))
             continue;
         if (e->kf == NULL)
             fast = 1;

@@ -4,7 +4,8 @@
  * verified (read_block_buf).  Python twin: lsmdb/sstable_reader.py's
  * SSTableReader (map_file, _read_raw, _verify). */
 
-#include "speedups.h"
+#include "sstable_reader.h"
+#include "coding.h"
 
 static PyObject *str_fd, *str_mapped;
 

@@ -1,4 +1,4 @@
-"""Partitioned Bloom filter with double hashing, serialisable into an SSTable.
+"""The Bloom filter: the first filter family (ids 1 and 2; docs/FORMAT.md §5).
 
 Sizing (n keys, target false-positive chance p)::
 
@@ -9,12 +9,13 @@ Sizing (n keys, target false-positive chance p)::
 Each extra bit per key multiplies the rate by about 0.62.  ``p == 1.0`` means
 "no filter": ``m == k == 0`` and every probe answers "maybe".
 
-Probes: a key is hashed once to a 64-bit value ``h`` (algorithm 1:
-``xxh3_64(key, seed=0)``); ``h1 = h & 0xFFFFFFFF``, ``h2 = h >> 32`` and
-``g_i = (h1 + i*h2) mod 2**32``.  Filter format 2 (written now) splits the m
-bits into k partitions of ``s = m // k`` bits and probe ``i`` (0 <= i < k)
-tests bit ``i*s + (g_i * s >> 32)`` of partition i; format 1 (still read)
-tests bit ``(h1 + i*h2) mod m`` of the whole array.  Same false-positive rate,
+Probes: a key is hashed once to a 64-bit value ``h`` (:mod:`lsmdb.filters.hashing`);
+``h1 = h & 0xFFFFFFFF``, ``h2 = h >> 32`` and ``g_i = (h1 + i*h2) mod 2**32``.
+Family 2 (``FAMILY_BLOOM_PARTITIONED``, written now) splits the m bits into k
+partitions of ``s = m // k`` bits and probe ``i`` (0 <= i < k) tests bit
+``i*s + (g_i * s >> 32)`` of partition i; family 1 (``FAMILY_BLOOM_WHOLE``,
+still read) tests bit ``(h1 + i*h2) mod m`` of the whole array.  The family
+id is the filter's "version" byte; ``version`` below says which layout.  Same false-positive rate,
 same bits: partitions only change where the probes land.  Every absent key
 meets the first two partitions of each filter in its way, 2/k of the bits,
 which stay in the CPU's caches where the whole filters of a large table
@@ -36,34 +37,33 @@ Example:
     >>> (f.m, f.k)
     (9586, 7)
     >>> g = BloomFilter.from_bytes(f.to_bytes())
-    >>> b"apple" in g and g.m == f.m
+    >>> g.may_contain(key_hash(b"apple")) and g.m == f.m
     True
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-import xxhash
+from ..errors import CorruptionError, UnsupportedFormatError
+from . import NO_PROBE, Family, FilterStats, ProbeSpec, register
+from . import Filter as _Filter
+from .hashing import HASH_XXH3_64, KNOWN_HASH_ALGORITHMS, Hasher, key_hash
 
-from .errors import CorruptionError, UnsupportedFormatError
-
-# Filter format versions.  DO NOT CHANGE: on disk.
+# Layouts, which are this family's ids (the filter block's first byte).
+# DO NOT CHANGE: on disk.
 FILTER_VERSION_WHOLE = 1        # probe i at (h1 + i*h2) mod m
 FILTER_VERSION_PARTITIONED = 2  # probe i in partition i of m // k bits
+FAMILY_BLOOM_WHOLE = FILTER_VERSION_WHOLE
+FAMILY_BLOOM_PARTITIONED = FILTER_VERSION_PARTITIONED
 KNOWN_FILTER_VERSIONS = (FILTER_VERSION_WHOLE, FILTER_VERSION_PARTITIONED)
-#: What new filters are written as (format 1 is only read).
+#: What new filters are written as (layout 1 is only read).
 FILTER_FORMAT_VERSION = FILTER_VERSION_PARTITIONED
 #: Largest partition a format-2 filter may have (s * 2**32 fits 64 bits).
 MAX_PARTITION_BITS = 2**32 - 1
-
-# Hash algorithm ids.  DO NOT CHANGE: on disk.  Retired ids stay reserved.
-HASH_XXH3_64 = 1          # xxh3_64(key, seed=0): fast, computable by anyone
-HASH_BLAKE2B_KEYED = 2    # blake2b(key, digest_size=8, key=secret) as little-endian u64
-KNOWN_HASH_ALGORITHMS = {HASH_XXH3_64: "xxh3_64", HASH_BLAKE2B_KEYED: "blake2b_keyed"}
 
 FILTER_HEADER = struct.Struct("<BBHIQQdI")
 FILTER_HEADER_SIZE = FILTER_HEADER.size
@@ -75,58 +75,9 @@ MAX_HASHES = 64
 MASK32 = 0xFFFFFFFF
 
 try:  # optional C speedups (lsmdb/csrc/bloom.c)
-    from ._speedups import bloom_add as _bloom_add
-    from ._speedups import xxh3_64 as _c_xxh3_64
+    from .._speedups import bloom_add as _bloom_add
 except ImportError:  # pragma: no cover - built without a C compiler
     _bloom_add = None  # type: ignore[assignment]
-    _c_xxh3_64 = None  # type: ignore[assignment]
-
-#: The 64-bit key hash every filter of algorithm 1 probes with: xxhash's
-#: xxh3_64_intdigest, or the same function computed in lsmdb._speedups (equal
-#: bit for bit; the C probes then hash without a call).
-key_hash = _c_xxh3_64 if _c_xxh3_64 is not None else xxhash.xxh3_64_intdigest
-
-
-class Hasher:
-    """Which 64-bit hash a filter probes with: algorithm id, key id, function."""
-
-    __slots__ = ("algorithm", "key_id", "fn")
-
-    def __init__(self, algorithm: int, key_id: int, fn: Callable[[bytes], int]) -> None:
-        self.algorithm = algorithm
-        self.key_id = key_id
-        self.fn = fn
-
-    def __repr__(self) -> str:
-        return f"Hasher({KNOWN_HASH_ALGORITHMS.get(self.algorithm)!r}, key_id={self.key_id})"
-
-
-FAST_HASHER = Hasher(HASH_XXH3_64, 0, key_hash)
-
-
-def keyed_hasher(secret: bytes) -> Hasher:
-    """A blake2b hasher keyed with ``secret``: positions nobody without it can predict.
-
-    The key id stored in filter headers is the first 4 bytes (little-endian)
-    of blake2b(secret, digest_size=4, person=b"lsmdb-id"), so a filter built
-    under another secret is recognised (and fails open) instead of
-    answering wrongly.
-    """
-    if not 16 <= len(secret) <= 64:
-        raise ValueError("secret must be 16 to 64 bytes")
-    key_id = int.from_bytes(hashlib.blake2b(secret, digest_size=4, person=b"lsmdb-id").digest(),
-                            "little")
-    # Keying blake2b costs a compression of the key block: do it once and copy
-    # the keyed state per lookup (same digests, about half the time).
-    keyed = hashlib.blake2b(digest_size=8, key=secret)
-    copy = keyed.copy
-    from_bytes = int.from_bytes
-
-    def fn(key: bytes) -> int:
-        h = copy()
-        h.update(key)
-        return from_bytes(h.digest(), "little")
-    return Hasher(HASH_BLAKE2B_KEYED, key_id, fn)
 
 
 def split_hash(h: int) -> tuple[int, int]:
@@ -226,7 +177,7 @@ def predicted_fpr_for(n: int, m: int, k: int) -> float:
     return (1.0 - math.exp(-k * n / m)) ** k
 
 
-class BloomFilter:
+class BloomFilter(_Filter):
     """A Bloom filter, partitioned by probe.  It cannot delete: compaction rebuilds filters.
 
     ``BloomFilter(capacity, fp_chance)`` sizes the filter for ``capacity`` keys.
@@ -326,13 +277,42 @@ class BloomFilter:
             self.add_hash(key_hash(key))
 
     # -- probing ----------------------------------------------------------
+    @property
+    def family(self) -> int:  # type: ignore[override]
+        """Its family id on disk: the layout's version (1 or 2)."""
+        return self.version
+
     def __contains__(self, key: bytes) -> bool:
-        h = key_hash(key)
-        return self.may_contain_hash(h & MASK32, h >> 32)
+        return self.may_contain(key_hash(key))
+
+    def may_contain(self, h: int) -> bool:
+        """False only if no key of 64-bit hash ``h`` was added.  O(k), early exit."""
+        return may_contain(self._bits, self.m, self.k, self.part, h & MASK32, h >> 32)
 
     def may_contain_hash(self, h1: int, h2: int) -> bool:
-        """False only if the key was certainly never added.  O(k), early exit."""
+        """``may_contain`` from the hash halves (h1, h2) of :func:`split_hash`."""
         return may_contain(self._bits, self.m, self.k, self.part, h1, h2)
+
+    def probe_spec(self) -> ProbeSpec:
+        """(family, bit array, (m, k, s)); no probe without bits (m == 0): every key
+        "maybe".  The C probe (lsmdb/csrc/bloom.h) reads the same three integers."""
+        if not self.m:
+            return NO_PROBE
+        return ProbeSpec(self.version, self._bits, (self.m, self.k, self.part))
+
+    def explain(self, h: int) -> dict[str, Any]:
+        """The filter's size and, when it says "absent", the first probe whose bit is
+        0 (``probe``, ``bit``): what ``lsmdb trace`` prints."""
+        out: dict[str, Any] = {"filter_bits": self.m, "filter_hashes": self.k}
+        if self.m:
+            for i, pos, is_set in self.probes(h & MASK32, h >> 32):
+                if not is_set:
+                    out.update(probe=i, bit=pos)
+                    break
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"m": self.m, "k": self.k}
 
     def positions(self, h1: int, h2: int) -> list[int]:
         """The k bits a key of hash halves (h1, h2) probes, in probe order
@@ -357,6 +337,17 @@ class BloomFilter:
     def size_bytes(self) -> int:
         """Bytes of the bit array (ceil(m / 8))."""
         return len(self._bits)
+
+    @property
+    def memory_bytes(self) -> int:
+        return len(self._bits)
+
+    def statistics(self) -> FilterStats:
+        """m, k, the fill ratio and what it implies (the bits never change once built)."""
+        if not self.m:
+            return FilterStats(0, self.k, 0.0, 1.0, 0.0)
+        return FilterStats(self.m, self.k, self.fill_ratio, self.estimated_fpr_from_fill(),
+                           self.estimated_keys_from_fill())
 
     @property
     def bits_set(self) -> int:
@@ -410,9 +401,9 @@ class BloomFilter:
                    offset: int | None = None) -> BloomFilter:
         """Decode ``to_bytes`` output.
 
-        Raises UnsupportedFormatError for an unknown version or hash algorithm
+        Raises UnsupportedFormatError for an unknown layout or hash algorithm
         and CorruptionError for inconsistent sizes; an SSTable reader turns
-        either into a filter that always answers "maybe".
+        either into a filter that always answers "maybe" (lsmdb.filters.FailOpen).
         """
         if len(data) < FILTER_HEADER_SIZE:
             raise CorruptionError("filter block shorter than its header", path, offset)
@@ -453,3 +444,28 @@ class BloomFilter:
         if self.version == FILTER_VERSION_PARTITIONED and self.m and \
                 not partitionable(self.m, self.k):
             raise AssertionError(f"partitioned filter m={self.m} k={self.k}")
+
+
+def _builder(version: int) -> Any:
+    def build(n: int, fp_chance: float, hashes: list[int], hasher: Hasher) -> BloomFilter:
+        """A filter of layout ``version`` sized for ``n`` keys at ``fp_chance``
+        (none below 1.0 means no bits), holding ``hashes``, built with ``hasher``."""
+        bloom = BloomFilter(n, fp_chance, version) if n and fp_chance < 1.0 \
+            else BloomFilter(0, 1.0, version)
+        bloom.hash_algorithm = hasher.algorithm
+        bloom.key_id = hasher.key_id
+        if bloom.m:
+            bloom.add_hashes(hashes)
+        bloom.n = n
+        return bloom
+    return build
+
+
+def _decode(data: bytes, path: str | None, offset: int | None) -> BloomFilter:
+    return BloomFilter.from_bytes(data, path, offset)
+
+
+register(Family(FAMILY_BLOOM_WHOLE, "bloom", _decode,
+                _builder(FILTER_VERSION_WHOLE)))
+register(Family(FAMILY_BLOOM_PARTITIONED, "bloom", _decode,
+                _builder(FILTER_VERSION_PARTITIONED)))

@@ -1,4 +1,4 @@
-/* bloom_probes.c: Probes, the files a point read consults and each one's
+/* readpath_probes.c: Probes, the files a point read consults and each one's
  * range check and filter test, in the order of a get.  Python twin: the
  * per-file loop of the getter in lsmdb/readpath.py, over the same FileProbes
  * (lsmdb/fastpath.py).
@@ -7,8 +7,9 @@
  * in the same order:
  *
  *   key range check            -> counts[RANGE_SKIPS] += 1 when outside
- *   Bloom filter probe         -> counts[FILTER_NEGATIVES] += 1 on a "no"
- *                                 (filter_says_maybe, bloom.c)
+ *   filter probe               -> counts[FILTER_NEGATIVES] += 1 on a "no"
+ *                                 (filter_says_maybe: filters.h dispatches
+ *                                 on the filter's family)
  *   "maybe" (or no filter)     -> the one data block: from the cache, or
  *                                 read, checked and walked (readpath.c)
  *
@@ -20,12 +21,13 @@
  *   l0:     sequence of FileProbes, newest first
  *   deeper: sequence of Levels (max_keys, files) per level >= 1, sorted by key
  *   FileProbe (lsmdb/fastpath.py, its fields by the FILE_* macros of
- *           speedups.h): reader, min_key, max_key, counts, keyed_fn, bits,
- *           m, k, part, index_keys, index_offsets, index_sizes, cache_base
+ *           fastpath.h): reader, min_key, max_key, counts, hash_fn, filter,
+ *           filter_family, filter_data, filter_params, index_keys,
+ *           index_offsets, index_sizes, cache_base
  *           counts: array('Q') of the file's counters (stats.FILE_COUNTERS)
- *           bits:   the filter's bit array (any buffer), None when m == 0
- *           keyed_fn: None for xxh3_64, else the keyed hash function
- *           part:   s, the partition size of a format-2 filter; 0: format 1
+ *           hash_fn: None for xxh3_64, else the filter's (keyed) hash
+ *           filter_family, filter_data, filter_params: the filter's
+ *                   ProbeSpec (filters.c; filter, the object, is Python's)
  *           index_keys, index_offsets, index_sizes: the file's index
  *           reader, cache_base: what the getter reads a block through (any
  *                   object and 0 for Probes alone)
@@ -39,7 +41,8 @@
  *   whose range holds key and whose filter says "maybe"; -1 when none.
  */
 
-#include "speedups.h"
+#include "readpath_probes.h"
+#include "readpath.h"
 
 /* Filters larger than this in all (the L2 cache's size where the system
  * tells it, else 1 MiB) are taken to be mostly out of the L2 cache, so
@@ -50,7 +53,7 @@ uint64_t prefetch_all_bytes = 1 << 20;
 /* prefetch_all_bytes from the L2 cache's size, where the system tells it
  * (at import). */
 void
-bloom_probes_init(void)
+readpath_probes_init(void)
 {
 #if !defined(_WIN32) && defined(_SC_LEVEL2_CACHE_SIZE)
     long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
@@ -78,10 +81,7 @@ entry_clear(Entry *e)
     Py_CLEAR(e->lo);
     Py_CLEAR(e->hi);
     Py_CLEAR(e->kf);
-    if (e->have_bits) {
-        PyBuffer_Release(&e->bits);
-        e->have_bits = 0;
-    }
+    filter_probe_clear(&e->filter);
     if (e->have_counts) {
         PyBuffer_Release(&e->counts);
         e->have_counts = 0;
@@ -99,8 +99,7 @@ entry_init(Entry *e, PyObject *item)
     }
     PyObject *counts = PyTuple_GET_ITEM(item, FILE_COUNTS);
     PyObject *lo = PyTuple_GET_ITEM(item, FILE_MIN_KEY), *hi = PyTuple_GET_ITEM(item, FILE_MAX_KEY);
-    PyObject *bits = PyTuple_GET_ITEM(item, FILE_BITS), *m = PyTuple_GET_ITEM(item, FILE_M);
-    PyObject *k = PyTuple_GET_ITEM(item, FILE_K), *kf = PyTuple_GET_ITEM(item, FILE_KEYED_FN);
+    PyObject *kf = PyTuple_GET_ITEM(item, FILE_HASH_FN);
     PyObject *index_keys = PyTuple_GET_ITEM(item, FILE_INDEX_KEYS);
     if (!PyBytes_CheckExact(lo) || !PyBytes_CheckExact(hi)) {
         PyErr_SetString(PyExc_TypeError, "min_key and max_key must be bytes");
@@ -121,37 +120,13 @@ entry_init(Entry *e, PyObject *item)
         PyErr_SetString(PyExc_TypeError, "counts must be an array('Q') of the file counters");
         return -1;
     }
-    unsigned long long mv = PyLong_AsUnsignedLongLong(m);
-    if (mv == (unsigned long long)-1 && PyErr_Occurred())
+    if (filter_probe_init(&e->filter, PyTuple_GET_ITEM(item, FILE_FILTER_FAMILY),
+                          PyTuple_GET_ITEM(item, FILE_FILTER_DATA),
+                          PyTuple_GET_ITEM(item, FILE_FILTER_PARAMS)) < 0)
         return -1;
-    Py_ssize_t kv = PyLong_AsSsize_t(k);
-    if (kv == -1 && PyErr_Occurred())
-        return -1;
-    if (kv < 0 || kv > 1024) {
-        PyErr_SetString(PyExc_ValueError, "hash count out of range");
-        return -1;
-    }
-    e->m = mv;
-    e->mod_M = fastmod_M(mv);
-    e->k = kv;
-    unsigned long long sv = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, FILE_PART));
-    if (sv == (unsigned long long)-1 && PyErr_Occurred())
-        return -1;
-    if (check_part(sv, mv, kv) < 0)
-        return -1;
-    e->part = sv;
-    if (mv) {
-        if (PyObject_GetBuffer(bits, &e->bits, PyBUF_SIMPLE) < 0)
-            return -1;
-        e->have_bits = 1;
-        if ((uint64_t)e->bits.len < (mv + 7) / 8) {
-            PyErr_SetString(PyExc_ValueError, "filter bit array shorter than m bits");
-            return -1;
-        }
-    }
     if (kf != Py_None) {
         if (!PyCallable_Check(kf)) {
-            PyErr_SetString(PyExc_TypeError, "keyed_fn must be callable or None");
+            PyErr_SetString(PyExc_TypeError, "hash_fn must be callable or None");
             return -1;
         }
         e->kf = Py_NewRef(kf);
@@ -373,8 +348,7 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
     for (Py_ssize_t i = 0; i < n; i++) {
         if (self->e[i].kf != NULL)
             self->has_keyed = 1;
-        if (self->e[i].m)
-            self->filter_bytes += (self->e[i].m + 7) / 8;
+        self->filter_bytes += filter_bytes(&self->e[i].filter);
     }
     self->prefetch_all = self->filter_bytes > threshold;
     self->fast_hash = Py_NewRef(fast_hash);
@@ -446,7 +420,7 @@ check(Probes *self, Entry *e, PyObject *key, const int picked)
 {
     if (!in_range(e, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), picked))
         return 0;
-    if (!e->m)
+    if (!filter_present(&e->filter))
         return 1;
     uint64_t h;
     if (key_hash(self, key, e->kf, &h) < 0)
@@ -518,21 +492,8 @@ gather_start(Probes *self, PyObject *key, uint64_t h, Gather *g)
     for (Py_ssize_t j = 0; j < c; j++) {
         const Entry *e = &self->e[g->files[j]];
         g->holds[j] = (unsigned char)range_holds_as(e, k, klen, j >= self->n0);
-        if (g->holds[j] && e->m) {
-            if (e->part) {
-                prefetch_part_lines(e, h, self->prefetch_all ? e->k : e->k > 1 ? 2 : 1);
-                continue;
-            }
-            /* format 1: probes 0 and 1 of bloom.py's probe_bit */
-            const unsigned char *bits = (const unsigned char *)e->bits.buf;
-            uint64_t pos = fastmod(h & 0xFFFFFFFFu, e->m, e->mod_M);
-            uint64_t step = fastmod(h >> 32, e->m, e->mod_M);
-            PREFETCH(bits + (pos >> 3));
-            pos += step;
-            if (pos >= e->m)
-                pos -= e->m;
-            PREFETCH(bits + (pos >> 3));
-        }
+        if (g->holds[j])
+            filter_prefetch(&e->filter, h, self->prefetch_all);
     }
 }
 
@@ -548,7 +509,7 @@ gather_finish(Probes *self, const Gather *g)
             ((uint64_t *)e->counts.buf)[RANGE_SKIPS]++;
             continue;
         }
-        if (!e->m || filter_says_maybe(e, g->h))
+        if (filter_says_maybe(e, g->h))
             return g->files[j];
     }
     return -1;

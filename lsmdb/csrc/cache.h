@@ -1,0 +1,66 @@
+/* cache.h: the block cache's books (Cache: a table of slots and a clock's
+ * ring, under a byte budget) and its admission of blocks read from disk
+ * (Admission), which the C read path reads and fills without a call into
+ * Python (cache.c).  Python twins: lsmdb/cache.py's PyBlockCache and
+ * PyAdmission. */
+
+#ifndef LSMDB_CACHE_H
+#define LSMDB_CACHE_H
+
+#include "base.h"
+
+/* Which blocks a full block cache takes in (cache.c). */
+typedef struct {
+    PyObject_HEAD
+    uint64_t *bits;
+    uint64_t mask;        /* bit count - 1 (a power of two) */
+    Py_ssize_t window;    /* turned-away reads remembered at most */
+    Py_ssize_t count;     /* keys set since the last clear */
+    char full;
+} Admission;
+
+/* The block cache's books (cache.c): a table of slots and a clock's ring. */
+typedef struct {
+    uint64_t key;
+    PyObject *block;     /* a reference while live */
+    uint32_t size;       /* what the budget counts for it */
+    uint8_t state;
+    uint8_t marked;      /* hit since the clock last passed it */
+} CacheSlot;             /* 24 bytes */
+
+typedef uint64_t RingItem;  /* a cached block's key */
+
+typedef struct {
+    PyObject_HEAD
+    CacheSlot *slots;
+    size_t nslots;                  /* a power of two, or 0 before __init__ */
+    Py_ssize_t live, gone;          /* slots live, and gone (tombstones) */
+    RingItem *ring;                 /* circular: oldest at rhead */
+    size_t rcap, rhead, rlen;       /* rcap a power of two */
+    Py_ssize_t capacity, used;      /* bytes */
+    Py_ssize_t min_window, window_divisor;
+    uint64_t next_key;              /* the first key reserve has not handed out */
+    Admission *admission;
+} Cache;
+
+HIDDEN_BEGIN
+
+extern PyTypeObject AdmissionType;
+extern PyTypeObject CacheType;
+
+/* cache.c */
+int admission_admit_reread(Admission *self, uint64_t key);
+Py_ssize_t cache_find(const Cache *c, uint64_t key);
+int cache_put(Cache *c, uint64_t key, PyObject *block, Py_ssize_t size);
+
+HIDDEN_END
+
+/* Whether to cache the block with cache key `key` that a lookup found its
+ * key in (and the books kept): every one while the cache has room. */
+static inline int
+admission_admit(Admission *self, uint64_t key)
+{
+    return !self->full || admission_admit_reread(self, key);
+}
+
+#endif

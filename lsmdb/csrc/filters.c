@@ -1,0 +1,66 @@
+/* filters.c: a file's filter made ready to probe (FilterProbe) from what
+ * Python hands over -- its family id, the buffer it probes and the family's
+ * parameters (lsmdb/filters' ProbeSpec) -- and the families this module
+ * probes.  The probes themselves are inline (filters.h). */
+
+#include "filters.h"
+
+/* f from a filter's (family, data, params): 0, or -1 with an exception set
+ * (ValueError for a family this module does not probe or parameters that
+ * do not fit it).  On failure f holds nothing to release. */
+int
+filter_probe_init(FilterProbe *f, PyObject *family, PyObject *data, PyObject *params)
+{
+    memset(f, 0, sizeof *f);
+    long id = PyLong_AsLong(family);
+    if (id == -1 && PyErr_Occurred())
+        return -1;
+    if (id == FILTER_NONE)
+        return 0;
+    if (id != FILTER_BLOOM_WHOLE && id != FILTER_BLOOM_PARTITIONED) {
+        PyErr_Format(PyExc_ValueError, "filter family %ld has no C probe", id);
+        return -1;
+    }
+    if (PyObject_GetBuffer(data, &f->data, PyBUF_SIMPLE) < 0)
+        return -1;
+    f->have_data = 1;
+    if (bloom_params_init(&f->u.bloom, (int)id, params, f->data.len) < 0) {
+        filter_probe_clear(f);
+        return -1;
+    }
+    f->family = (int)id;
+    return 0;
+}
+
+void
+filter_probe_clear(FilterProbe *f)
+{
+    if (f->have_data) {
+        PyBuffer_Release(&f->data);
+        f->have_data = 0;
+    }
+    f->family = FILTER_NONE;
+}
+
+/* {id: name} of every family filter_probe_init takes (FILTER_FAMILIES). */
+PyObject *
+filter_families(void)
+{
+    static const char *const names[FILTER_FAMILY_SLOTS] = FILTER_FAMILY_NAMES;
+    PyObject *out = PyDict_New();
+    if (out == NULL)
+        return NULL;
+    for (int id = 0; id < FILTER_FAMILY_SLOTS; id++) {
+        if (names[id] == NULL)
+            continue;
+        PyObject *key = PyLong_FromLong(id), *name = PyUnicode_FromString(names[id]);
+        int r = key && name ? PyDict_SetItem(out, key, name) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(name);
+        if (r < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}

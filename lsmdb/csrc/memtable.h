@@ -1,0 +1,50 @@
+/* memtable.h: MemFilter, a filter over a memtable's keys, so that a get
+ * skips the memtable's dict for keys it does not hold (memtable.c).  No
+ * Python twin: without it a get asks the dict. */
+
+#ifndef LSMDB_MEMTABLE_H
+#define LSMDB_MEMTABLE_H
+
+#include "base.h"
+
+/* A Bloom filter over a memtable's keys (memtable.c): a key sets MF_K bits
+ * of one 512-bit line. */
+#define MF_K 6
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *data;      /* the memtable's dict */
+    uint64_t *lines;     /* nlines lines of 8 words, 64-byte aligned in raw */
+    void *raw;
+    uint64_t nlines;
+    Py_ssize_t capacity; /* keys it is sized for */
+    Py_ssize_t count;    /* keys added since it was sized */
+} MemFilter;
+
+HIDDEN_BEGIN
+
+extern PyTypeObject MemFilterType;
+
+HIDDEN_END
+
+static inline uint64_t *
+mf_line(uint64_t *lines, uint64_t nlines, uint64_t h)
+{
+    return lines + 8 * (((h >> 32) * nlines) >> 32);
+}
+
+/* 0: no key of the filter hashes to h; 1: maybe. */
+static inline int
+mf_test(const MemFilter *mf, uint64_t h)
+{
+    const uint64_t *line = mf_line(mf->lines, mf->nlines, h);
+    uint64_t g = h * UINT64_C(0x9E3779B97F4A7C15);
+    for (int i = 0; i < MF_K; i++) {
+        unsigned b = (unsigned)(g >> (9 * i)) & 511;
+        if (!(line[b >> 6] & (UINT64_C(1) << (b & 63))))
+            return 0;
+    }
+    return 1;
+}
+
+#endif

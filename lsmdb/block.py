@@ -1,12 +1,33 @@
-"""Checksummed blocks: the unit an SSTable is read in.
+"""Checksummed blocks, the unit an SSTable is read in, and the one rule a data block meets.
 
 On disk a block is ``payload | crc32(payload) u32``; its *handle* in the
-index or footer is (offset, payload size).  Payloads are msgpack:
+index or footer is (offset, payload size).  Payloads are msgpack
+(docs/FORMAT.md §4.2, §4.3):
 
 * data block: ``[[key, ...], [value|nil, ...]]`` -- keys strictly
   increasing bytewise; ``nil`` is a tombstone.
 * index block: ``[[last_key, ...], [offset, ...], [size, ...]]`` -- one
   entry per data block, the last key it holds.
+
+**The data block rule.**  A data block read from disk is believed only once
+its checksum holds and :func:`decode_data_block` accepts it: the payload is
+exactly what the writer writes -- the msgpack of two lists of equal length in
+their shortest encoding, keys bins strictly increasing, values bins or nil,
+no byte left over -- and its keys lie where the index says: above the
+previous block's last key, the last one the index key of this block.  Any
+other checksum-valid block is a ``CorruptionError`` naming the file and the
+block's offset, before any key in it answers a read.  The C twin
+(lsmdb/csrc/block.c) applies the same rule in one walk of the bytes.
+
+**The block cache's form of a data block** (an *entry*): the payload, then
+the offsets of its entries, so that a lookup bisects the keys in place::
+
+    payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32   (little-endian)
+
+``key_at[j]`` is the offset in the payload of entry j's key's bin header,
+``value_at[j]`` of its value's header (bin or nil).  Only a block the rule
+accepted becomes an entry; both read paths cache the same bytes, so the
+cache's budget counts them the same.
 
 Worked example: the data block holding ``b"a" -> b"1"`` and a tombstone for
 ``b"b"`` is the msgpack ``92 92 c4 01 61 c4 01 62 92 c4 01 31 c0`` (13 bytes)
@@ -15,16 +36,31 @@ followed by its CRC-32 ``90 83 be 5d``; see docs/FORMAT.md.
 
 from __future__ import annotations
 
+import struct
+from bisect import bisect_left
+from collections.abc import Iterable
+from itertools import accumulate, islice
+from operator import lt
 from typing import Any
 
 import msgpack
 
-from .coding import BLOCK_TRAILER, BLOCK_TRAILER_SIZE, crc32
+from .coding import crc32
 from .errors import CorruptionError
+from .sstable_format import BLOCK_TRAILER, BLOCK_TRAILER_SIZE, MISSING
 
 _packb = msgpack.packb
 _BYTES = {bytes}
 _VALUE_TYPES = {bytes, type(None)}
+
+#: A decoded data block: its keys in order, and their values (None: a tombstone).
+Block = tuple[list[bytes], list[bytes | None]]
+
+#: The tail of a cached block: its entry count and its payload's size.
+CACHE_ENTRY_TAIL = struct.Struct("<II")
+#: The bytes of one offset of a cached block.
+CACHE_ENTRY_OFFSET = struct.Struct("<I")
+_U32 = CACHE_ENTRY_OFFSET.unpack_from
 
 
 def encode_block(payload_obj: Any) -> bytes:
@@ -51,27 +87,112 @@ def unpack(payload: bytes | memoryview, path: str, offset: int, what: str) -> An
         raise CorruptionError(f"{what} undecodable ({type(exc).__name__})", path, offset) from None
 
 
-def decode_data_block(payload: bytes | memoryview, path: str,
-                      offset: int) -> tuple[list[bytes], list[bytes | None]]:
+def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
+                      after: bytes | None = None, last: bytes | None = None) -> Block:
+    """The (keys, values) of a checksum-verified data block payload, if it meets
+    the data block rule (see the module docstring); CorruptionError naming
+    ``path`` and ``offset`` if not.  ``after``: the previous block's last key
+    (None: the first block); ``last``: this block's index key (None: not
+    checked, for a block read outside its file).
+
+    >>> payload = bytes.fromhex("9292c40161c4016292c40131c0")
+    >>> decode_data_block(payload, "f.sst", 0, None, b"b")
+    ([b'a', b'b'], [b'1', None])
+    """
     obj = unpack(payload, path, offset, "data block")
     if (type(obj) is not list or len(obj) != 2 or type(obj[0]) is not list
             or type(obj[1]) is not list or len(obj[0]) != len(obj[1])):
         raise CorruptionError("data block has the wrong shape", path, offset)
     keys, values = obj
-    # A block that passed its checksum can still have been written wrongly;
-    # a non-bytes key or value must never reach a caller.
     # (set(map(type, ...)) runs in C: a few hundred ns per block.)
     if not set(map(type, keys)) <= _BYTES or not set(map(type, values)) <= _VALUE_TYPES:
         raise CorruptionError("data block entry of the wrong type", path, offset)
+    # msgpack writes the shortest header for every length: any other encoding
+    # of the same lists is longer, and no writer of lsmdb's made it.
+    if len(_packb(obj, use_bin_type=True)) != len(payload):
+        raise CorruptionError("data block not in the writer's encoding", path, offset)
+    if not keys:
+        raise CorruptionError("data block holds no entry", path, offset)
+    if not all(map(lt, keys, islice(keys, 1, None))):
+        raise CorruptionError("data block keys out of order", path, offset)
+    if (after is not None and keys[0] <= after) or (last is not None and keys[-1] != last):
+        raise CorruptionError("data block does not match its index entry", path, offset)
     return keys, values
 
 
-def validate_data_block(keys: list[Any], values: list[Any], path: str, offset: int) -> None:
-    """Full structural check (types and order) -- used by verify, not per read."""
-    prev = None
-    for key, value in zip(keys, values, strict=True):
-        if type(key) is not bytes or (value is not None and type(value) is not bytes):
-            raise CorruptionError("data block entry of the wrong type", path, offset)
-        if prev is not None and key <= prev:
-            raise CorruptionError("data block keys out of order", path, offset)
-        prev = key
+def _header_sizes(lengths: Iterable[int]) -> list[int]:
+    """The shortest msgpack bin header of each length (bin 8, 16 or 32)."""
+    return [2 if n < 256 else 3 if n < 65536 else 5 for n in lengths]
+
+
+def _array_header_size(count: int) -> int:
+    return 1 if count < 16 else 3 if count < 65536 else 5
+
+
+def cache_entry(payload: bytes | memoryview, block: Block) -> bytes:
+    """The cached form of a data block (see the module docstring) from its
+    payload and what :func:`decode_data_block` made of it: the offsets follow
+    from the lengths, every header being the shortest.  O(n)."""
+    keys, values = block
+    n = len(keys)
+    key_lens = list(map(len, keys))
+    value_lens = [0 if v is None else len(v) for v in values]
+    value_heads = [1 if v is None else h
+                   for v, h in zip(values, _header_sizes(value_lens), strict=True)]
+    start = 1 + _array_header_size(n)   # the outer fixarray of 2, the keys' array
+    key_at = list(accumulate((h + k for h, k in zip(_header_sizes(key_lens), key_lens,
+                                                     strict=True)), initial=start))
+    values_start = key_at[-1] + _array_header_size(n)
+    value_at = list(accumulate((h + (0 if v is None else k) for h, k, v in
+                                zip(value_heads, value_lens, values, strict=True)),
+                               initial=values_start))
+    return b"".join((bytes(payload), struct.pack(f"<{2 * n + 2}I", *key_at[:-1], *value_at[:-1],
+                                                  n, len(payload))))
+
+
+def _bin_at(entry: bytes, at: int) -> tuple[int, int]:
+    """(start, length) of the bin whose header is at ``at`` (bin 8, 16 or 32)."""
+    marker = entry[at]
+    if marker == 0xC4:
+        return at + 2, entry[at + 1]
+    if marker == 0xC5:
+        return at + 3, int.from_bytes(entry[at + 1:at + 3], "big")
+    return at + 5, int.from_bytes(entry[at + 1:at + 5], "big")
+
+
+def entry_find(entry: bytes, key: bytes) -> Any:
+    """``key``'s value in a cached block: the value, None for a tombstone, or
+    MISSING.  Bisects the keys through their offsets.  O(log n)."""
+    count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
+    lo, hi = 0, count
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start, length = _bin_at(entry, _U32(entry, plen + 4 * mid)[0])
+        if entry[start:start + length] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == count:
+        return MISSING
+    start, length = _bin_at(entry, _U32(entry, plen + 4 * lo)[0])
+    if entry[start:start + length] != key:
+        return MISSING
+    at = _U32(entry, plen + 4 * (count + lo))[0]
+    if entry[at] == 0xC0:
+        return None
+    start, length = _bin_at(entry, at)
+    return entry[start:start + length]
+
+
+def entry_lists(entry: bytes) -> Block:
+    """The (keys, values) of a cached block."""
+    _count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
+    keys, values = msgpack.unpackb(memoryview(entry)[:plen], raw=False, use_list=True)
+    return keys, values
+
+
+def find_in_block(block: Block, key: bytes) -> Any:
+    """``key``'s value in decoded (keys, values): the value, None, or MISSING.  O(log n)."""
+    keys, values = block
+    j = bisect_left(keys, key)
+    return values[j] if j < len(keys) and keys[j] == key else MISSING

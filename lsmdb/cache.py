@@ -90,8 +90,10 @@ MIN_GHOSTS = 1024
 #: and at most one per BYTES_PER_REMEMBERED bytes of the cache's budget.
 WINDOW_DIVISOR = 4
 BYTES_PER_REMEMBERED = 8192
-_BITS_PER_REMEMBERED = 64
-_MAX_ADMISSION_BITS = 1 << 26
+#: The admission's bitmap: bits per turned-away read it remembers, and at most
+#: (8 MiB of bits).  The C twin's are checked against these at import.
+BITS_PER_REMEMBERED = 64
+MAX_ADMISSION_BITS = 1 << 26
 _MASK64 = (1 << 64) - 1
 
 
@@ -112,8 +114,8 @@ class PyAdmission:
     def __init__(self, window: int) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
-        want, bits = window * _BITS_PER_REMEMBERED, 64
-        while bits < want and bits < _MAX_ADMISSION_BITS:
+        want, bits = window * BITS_PER_REMEMBERED, 64
+        while bits < want and bits < MAX_ADMISSION_BITS:
             bits <<= 1
         self.bits = bits
         self._map = bytearray(bits // 8)
@@ -127,7 +129,7 @@ class PyAdmission:
 
     @window.setter
     def window(self, value: int) -> None:
-        if not 1 <= value <= self.bits // _BITS_PER_REMEMBERED:
+        if not 1 <= value <= self.bits // BITS_PER_REMEMBERED:
             raise ValueError("window must be >= 1 and within the bits made at creation")
         self._window = value
         if self.count >= value:
@@ -184,6 +186,7 @@ class PyBlockCache:
                  "_next_key", "admission", "_max_window", "lookup", "touch", "admit",
                  "admit_reread")
 
+
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0
@@ -210,6 +213,16 @@ class PyBlockCache:
         #: filter) should cache it: only on the block's second read within
         #: the window, full or not.
         self.admit_reread = self.admission.admit_reread
+
+    def offer(self, key: int, block: bytes, found: bool) -> bool:
+        """A block a read just took from disk (its cached form, ``block``): cache it
+        if the admission takes it -- as a get's block (``admit``) when the read
+        found its key there, as a false positive's (``admit_reread``) when not.
+        Whether it was cached.  The read paths' one way into the cache."""
+        if not (self.admit(key) if found else self.admit_reread(key)):
+            return False
+        self.put(key, block, len(block))
+        return True
 
     def get(self, key: int) -> Any:
         """The cached block or None; a hit is marked as recently used."""

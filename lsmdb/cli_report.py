@@ -260,6 +260,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_sstable(args: argparse.Namespace) -> int:
     """One SSTable file, offline: properties, filter header and derived statistics."""
     from .errors import LsmdbError
+    from .scan import items as scan_items
     from .sstable_reader import SSTableReader
     from .table import SSTableInfo
     try:
@@ -279,7 +280,7 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         }
         keys = []
         if args.keys:
-            for key, value in reader.iter_range(None, None):
+            for key, value in scan_items(reader):
                 keys.append((key, value))
     finally:
         reader.close()

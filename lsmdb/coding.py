@@ -18,15 +18,6 @@ except ImportError:  # pragma: no cover - built without a C compiler
 #: ``crc32(data, value=0)``: zlib.crc32, or the C fold where it is faster.
 crc32 = _c_crc32 if _CRC32_CLMUL else zlib.crc32
 
-#: crc32(payload + crc32(payload) as 4 little-endian bytes) for every payload:
-#: checking a block's payload and trailer in one pass, without slicing them apart.
-CRC32_RESIDUE = 0x2144DF1C
-
-# Block trailer: crc32 (u32) of the block payload.  DO NOT CHANGE: on disk.
-BLOCK_TRAILER = struct.Struct("<I")
-BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size
-assert BLOCK_TRAILER_SIZE == 4
-
 # Record header of a WAL segment written before format 2 (read only):
 # crc32 (u32) of the payload, payload length (u32).  DO NOT CHANGE: on disk.
 WAL_HEADER = struct.Struct("<II")

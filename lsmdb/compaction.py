@@ -32,6 +32,7 @@ from .files import FileWriter, unlink_quietly
 from .filters import DEFAULT_FAMILY, FilterSpec
 from .filters.hashing import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
+from .scan import chunks
 from .sstable_reader import SSTableReader
 from .sstable_writer import WRITE_BUFFER_BYTES, SSTableBuilder, take_chunk
 
@@ -232,7 +233,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     spec = target_spec(state, _output_in_last_level(job), hasher)
-    sources: list[Chunks] = [r.chunks(None, None) for r in newest_first(job.inputs)]
+    sources: list[Chunks] = [chunks(r, None, None) for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
     max_seq = max(r.max_seq for r in job.inputs)

@@ -3,8 +3,10 @@
 :mod:`lsmdb.compaction` decides *what* to merge and writes the new files;
 the :class:`Compactor` serialises jobs (one at a time per database), hands
 the outputs to the database and switches the manifest from inputs to
-outputs.  Inputs are deleted only after the switch is durable; readers that
-still hold an input keep reading it through their open descriptor.
+outputs.  Inputs are retired only after the switch is durable, and leave the
+disk once no version names them (:mod:`lsmdb.version`: a scan still reading
+them keeps them); point reads that still hold an input keep reading it
+through its open descriptor.
 """
 
 from __future__ import annotations
@@ -148,7 +150,5 @@ class Compactor:
             state.publish()
             if job.pointer is not None:
                 state.compact_pointer[job.pointer[0]] = job.pointer[1]
-        for r in job.inputs:
-            unlink_quietly(r.path)  # readers still holding it keep their descriptor
-            r.drop_cached()
+        db.retire(job.inputs)
         self._installed()

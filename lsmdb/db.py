@@ -36,8 +36,9 @@ from .options import (
     validate_table_name,
     validate_table_options,
 )
-from .readpath import get_many, scan, state_getter
+from .readpath import get_many, state_getter
 from .recovery import open_database
+from .scan import scan
 from .table import SSTableInfo, TableState
 from .trace import trace_read
 from .versions import Versions

@@ -29,13 +29,14 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .filters import FAMILY_NONE, Filter
+from .filters import FAMILIES, FAMILY_NONE, Filter
 from .filters.hashing import key_hash
 from .stats import c_counter_errors
 
 if TYPE_CHECKING:
     from .memtable import Memtable
     from .sstable_reader import SSTableReader
+    from .version import Version
 
 _speedups: ModuleType | None
 try:
@@ -74,7 +75,8 @@ class Level(NamedTuple):
 
 
 class FastPath(NamedTuple):
-    """A table's read state, newest data first (``fast_path``)."""
+    """A table's read state, newest data first (``fast_path``): what
+    ``lsmdb.readpath.lookup`` reads (its view)."""
 
     data: dict[bytes, bytes | None]               # the memtable's dict
     imm_datas: tuple[dict[bytes, bytes | None], ...]  # the frozen memtables' dicts
@@ -83,6 +85,9 @@ class FastPath(NamedTuple):
     probes: Any                                   # the C Probes of l0 and deeper, or None
     files: tuple[FileProbe, ...]                  # l0, then deeper's files: the C probes' order
     filters: tuple[Any, ...]                      # the memtables' key filters (C), or Nones
+    cache: Any                                    # the block cache, or None
+    shadow: bool                                  # shadow mode: read what the filter rejects
+    version: Version                              # the files, as lsmdb.version has them
 
 
 def probe_of(reader: SSTableReader) -> FileProbe:
@@ -95,19 +100,18 @@ def probe_of(reader: SSTableReader) -> FileProbe:
                      reader.index_sizes, reader.cache_base)
 
 
-def fast_path(mem: Memtable, imms: Sequence[Memtable], l0: Sequence[SSTableReader],
-              deeper: Sequence[tuple[Sequence[bytes], Sequence[SSTableReader]]],
-              with_c: bool) -> FastPath:
-    """The FastPath of these memtables (newest first) and files (level 0 newest
-    first, then each deeper level's max keys and files in key order); with the
-    C Probes of the files when ``with_c``."""
-    l0_probes = tuple(probe_of(r) for r in l0)
-    levels = tuple(Level(tuple(keys), tuple(probe_of(r) for r in readers))
-                   for keys, readers in deeper)
+def fast_path(mem: Memtable, imms: Sequence[Memtable], version: Version, cache: Any,
+              shadow: bool, with_c: bool) -> FastPath:
+    """The FastPath of these memtables (newest first) and ``version``'s files
+    (level 0 newest first, then each deeper level's files in key order), read
+    through ``cache``; with the C Probes of the files when ``with_c``."""
+    l0_probes = tuple(probe_of(r) for r in version.l0)
+    levels = tuple(Level(keys, tuple(probe_of(r) for r in readers))
+                   for keys, readers in version.levels)
     files = l0_probes + tuple(p for level in levels for p in level.files)
     return FastPath(mem.data, tuple(m.data for m in imms), l0_probes, levels,
                     _c_probes(l0_probes, levels) if with_c else None, files,
-                    (mem.filter, *(m.filter for m in imms)))
+                    (mem.filter, *(m.filter for m in imms)), cache, shadow, version)
 
 
 def _c_probes(l0: tuple[FileProbe, ...], deeper: tuple[Level, ...]) -> Any:
@@ -124,6 +128,19 @@ def _c_probes(l0: tuple[FileProbe, ...], deeper: tuple[Level, ...]) -> Any:
     except (TypeError, ValueError, OverflowError) as exc:  # should not happen: be slow, not wrong
         log.warning("C read path unavailable for these files (%s); using the Python path", exc)
         return None
+
+
+def py_constants() -> dict[str, int]:
+    """The constants the C read path shares with Python, as Python defines them:
+    the SSTable's block trailer (lsmdb.sstable_format), the cached form of a
+    block (lsmdb.block) and the cache's admission bitmap (lsmdb.cache)."""
+    from . import block, cache, sstable_format
+    return {"BLOCK_TRAILER_SIZE": sstable_format.BLOCK_TRAILER_SIZE,
+            "CRC32_RESIDUE": sstable_format.CRC32_RESIDUE,
+            "CACHE_ENTRY_TAIL": block.CACHE_ENTRY_TAIL.size,
+            "CACHE_ENTRY_OFFSET": block.CACHE_ENTRY_OFFSET.size,
+            "ADMISSION_BITS_PER_KEY": cache.BITS_PER_REMEMBERED,
+            "ADMISSION_MAX_BITS": cache.MAX_ADMISSION_BITS}
 
 
 #: The structures the C read path reads, by the name of the tuple of their
@@ -146,7 +163,10 @@ def layout_errors(module: ModuleType | None) -> list[str]:
         fields = getattr(module, export, None)
         if fields != structure._fields:
             errors.append(f"{structure.__name__} fields {fields} are not {structure._fields}")
-    from .filters import FAMILIES
+    c_constants = getattr(module, "CONSTANTS", {})
+    for name, value in py_constants().items():
+        if c_constants.get(name) != value:
+            errors.append(f"{name} is {c_constants.get(name)} in C, {value} here")
     c_families = getattr(module, "FILTER_FAMILIES", {})
     for family, name in sorted(c_families.items()):
         known = FAMILIES.get(family)

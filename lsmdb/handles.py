@@ -8,7 +8,8 @@ from typing import Any
 from .errors import NoSuchTableError
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
 from .options import TableOptions
-from .readpath import get_many, scan, state_getter
+from .readpath import get_many, state_getter
+from .scan import scan
 from .table import TableState
 from .versions import Versions
 from .writepath import WritePath

@@ -1,42 +1,273 @@
-"""The read path: compiled per-table getters, ``get_many`` and scans.
+"""The point read, written once: :func:`lookup`, which ``get``, each file's step of
+``get_many`` and ``lsmdb trace`` all run; the C getter (lsmdb/csrc/readpath.c,
+readpath_many.c) is its one accelerator.
 
-A get consults the memtables, then every level-0 file newest first, then at
-most one file per deeper level (bisect on the level's key ranges).  Per file:
-the key range, then the Bloom filter (``bloom.may_contain``, from one hash per
-get reused for every file) and only on a "maybe" exactly one data block or a
-block-cache hit (``SSTableReader.lookup``).  Every step is counted on the file
-(SSTableInfo).  A scan
-merges the memtables and files whose range it meets, newest first
-(:mod:`lsmdb.merge`), over a snapshot taken when it starts.
+A read consults the memtables, then every level-0 file newest first, then at
+most one file per deeper level (:func:`files_for`: bisect on the level's max
+keys).  Per file (:func:`file_filter`, then :func:`file_blocks`):
+
+1. the key range: outside it, ``range_skips``, next file;
+2. the filter, probed with one hash per hash function per key, reused for
+   every file: a "no" is ``filter_negatives``, next file;
+3. on a "maybe" (or with no filter), the one data block that can hold the key:
+   the block cache's copy (``block_cache_hits``) or one read from disk
+   (``block_reads``), believed only once the data block rule accepts it
+   (:mod:`lsmdb.block`); found, ``true_positives``, else ``false_positives``,
+   next file.  A block read from disk is offered to the cache
+   (``BlockCache.offer``: as a get's block when it held the key, as a false
+   positive's when not).
+
+Every entry found goes to :func:`visible`, the one place that decides what
+it answers for a read bounded by a sequence number.  Counters are kept on
+the files (``FileProbe.counts``) -- unless an *observer* is given: then each
+step is told to it instead, and no counter, no mark of the block cache and no
+admission changes (``lsmdb trace``).
+
+The C getter does the same steps in the same order and counts the same; a
+block it cannot serve (a short read, a bad checksum, a block the rule
+refuses, a reader in memory) it hands to :func:`file_blocks` for that file,
+which reads it again and raises what it should.
 """
 
 from __future__ import annotations
 
 import logging
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
+from . import block as blk
 from . import table
-from .fastpath import C_READ_PATH, FileProbe
-from .filters.hashing import key_hash as _key_hash
+from .fastpath import C_READ_PATH, FastPath, FileProbe
+from .filters.hashing import key_hash
 from .keys import MAX_KEY_SIZE_BYTES, as_key
-from .merge import merge_newest
 from .sstable_format import MISSING
-from .sstable_reader import SSTableReader
-from .stats import FILTER_NEGATIVES, RANGE_SKIPS
+from .stats import (
+    BLOCK_CACHE_HITS,
+    BLOCK_READS,
+    FALSE_NEGATIVES,
+    FALSE_POSITIVES,
+    FILTER_NEGATIVES,
+    GETS,
+    GETS_ABSENT,
+    RANGE_SKIPS,
+    TRUE_POSITIVES,
+)
 from .table import TableState
 
+_c_entry_find: Callable[[bytes, bytes, object], Any] | None
 try:
     from ._speedups import Cache, Getter
+    from ._speedups import entry_find as _c_entry_find
     USE_C_GETTER = C_READ_PATH
 except ImportError:  # pragma: no cover - built without a C compiler
     USE_C_GETTER = False
+    _c_entry_find = None
 
 if TYPE_CHECKING:
     from .versions import Versions
 
 log = logging.getLogger("lsmdb")
+
+#: The read bound of a read that sees every write (the largest sequence number).
+LATEST = (1 << 64) - 1
+
+
+def visible(value: Any, bound: int) -> Any:
+    """What an entry found for a key answers a read bounded by sequence number
+    ``bound``: the value, None (a tombstone: the key is deleted), or MISSING
+    (no version visible here: the read goes on to older data).  Every entry a
+    read finds, in a memtable or a file, comes here.  Entries of SSTable
+    format 1 carry one version per key and no expiry: each answers as it is.
+    """
+    return value
+
+
+def entry_find(entry: bytes, key: bytes) -> Any:
+    """``key``'s value in a cached block (lsmdb.block.entry_find; in C where built)."""
+    if _c_entry_find is not None:
+        return _c_entry_find(entry, key, MISSING)
+    return blk.entry_find(entry, key)
+
+
+class ReadObserver(Protocol):
+    """What :func:`lookup` tells of each step when given an observer (and then
+    counts nothing): ``lsmdb trace`` records them."""
+
+    def memtable(self, age: int | None, value: Any) -> None:
+        """Memtable ``age`` (0 the live one, 1.. the frozen ones newest first)
+        held the key (``value``: None a tombstone); ``age`` None: none did."""
+
+    def level_miss(self, level: int, files: int) -> None:
+        """No file of ``level`` (of ``files`` files) can hold the key."""
+
+    def range_skip(self, p: FileProbe) -> None:
+        """The key is outside ``p``'s range."""
+
+    def filter_absent(self, p: FileProbe, h: int) -> None:
+        """``p``'s filter says "no" to the key of hash ``h``."""
+
+    def filter_maybe(self, p: FileProbe, h: int | None) -> None:
+        """``p``'s filter says "maybe" (``h`` None: it has no filter)."""
+
+    def block(self, p: FileProbe, i: int, cached: bool, value: Any) -> None:
+        """Block ``i`` of ``p`` (from the cache when ``cached``) was read for the
+        key and answers ``value`` (MISSING: a false positive)."""
+
+
+class KeyHashes:
+    """One key's hashes, each computed once, for every file of that hash."""
+
+    __slots__ = ("key", "by_fn")
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.by_fn: dict[Any, int] = {}
+
+    def __call__(self, fn: Callable[[bytes], int] | None) -> int:
+        h = self.by_fn.get(fn)
+        if h is None:
+            h = self.by_fn[fn] = (key_hash if fn is None else fn)(self.key)
+        return h
+
+
+#: What file_filter answers: the file cannot hold the key; it may (read the
+#: block); the filter said no but shadow mode reads the block anyway.
+NO, MAYBE, SHADOW = 0, 1, 2
+
+
+def lookup(view: FastPath, key: bytes, bound: int = LATEST,
+           observer: ReadObserver | None = None) -> Any:
+    """The point read of ``key`` in a table's ``view`` (see the module docstring):
+    its value, None (deleted) or MISSING (in no memtable and no file).  O(files)."""
+    for age, data in enumerate((view.data, *view.imm_datas)):
+        value = data.get(key, MISSING)
+        if value is not MISSING:
+            value = visible(value, bound)
+            if value is not MISSING:
+                if observer is not None:
+                    observer.memtable(age, value)
+                return value
+    if observer is not None:
+        observer.memtable(None, MISSING)
+    hashes = KeyHashes(key)
+    for p in files_for(view, key, observer):
+        kind = file_filter(view, p, key, hashes, observer)
+        if kind:
+            value = file_blocks(view, p, [key], bound, observer, kind == SHADOW)[0]
+            if value is not MISSING:
+                return value
+    return MISSING
+
+
+def files_for(view: FastPath, key: bytes,
+              observer: ReadObserver | None = None) -> Iterator[FileProbe]:
+    """The files a read of ``key`` consults, in order: every level-0 file, newest
+    first, then in each deeper level the first file whose max key is at or
+    above ``key`` (the only one that can hold it)."""
+    yield from view.l0
+    for level, lv in enumerate(view.deeper, 1):
+        i = bisect_left(lv.max_keys, key)
+        if i < len(lv.files):
+            yield lv.files[i]
+        elif observer is not None and lv.files:
+            observer.level_miss(level, len(lv.files))
+
+
+def file_filter(view: FastPath, p: FileProbe, key: bytes, hashes: Callable[[Any], int],
+                observer: ReadObserver | None = None) -> int:
+    """The range check and the filter of file ``p`` for ``key`` (``hashes(fn)``:
+    its hash under ``fn``): NO (counted), MAYBE, or -- in shadow mode, where a
+    block the filter rejected is read anyway to check it -- SHADOW."""
+    if key < p.min_key or key > p.max_key:
+        if observer is None:
+            p.counts[RANGE_SKIPS] += 1
+        else:
+            observer.range_skip(p)
+        return NO
+    if not p.filter_family:
+        if observer is not None:
+            observer.filter_maybe(p, None)
+        return MAYBE
+    h = hashes(p.hash_fn)
+    if p.filter.may_contain(h):
+        if observer is not None:
+            observer.filter_maybe(p, h)
+        return MAYBE
+    if observer is not None:
+        observer.filter_absent(p, h)
+        return NO
+    if view.shadow:
+        return SHADOW  # counted by file_blocks: a false negative if the block holds it
+    p.counts[FILTER_NEGATIVES] += 1
+    return NO
+
+
+def file_blocks(view: FastPath, p: FileProbe, keys: list[bytes], bound: int = LATEST,
+                observer: ReadObserver | None = None, said_no: bool = False) -> list[Any]:
+    """After file ``p``'s filter let ``keys`` through: each key's value there
+    (None: a tombstone) or MISSING, each distinct block taken from the cache
+    or read from disk once for all the keys it can hold -- every block looked
+    up in the cache first, then those it does not hold read in file order, so
+    that what the cache holds afterwards does not depend on the keys' order.
+    Counted per key as a true or a false positive (``said_no``: the filter had
+    said no, shadow mode: a false negative or a filter negative), a cache hit
+    per key a cached block answers, a block read per block read from disk; a
+    block read is offered to the cache once (``BlockCache.offer``), as a get's
+    block when it held one of its keys."""
+    out: list[Any] = [MISSING] * len(keys)
+    by_block: dict[int, list[int]] = {}
+    index_keys = p.index_keys
+    for n, key in enumerate(keys):
+        by_block.setdefault(bisect_left(index_keys, key), []).append(n)
+    counts = p.counts
+    cache = view.cache
+    hit, miss = (FALSE_NEGATIVES, FILTER_NEGATIVES) if said_no else (TRUE_POSITIVES,
+                                                                     FALSE_POSITIVES)
+
+    def answer(b: int, entry: bytes | None, members: list[int], cached: bool) -> bool:
+        """Look ``members`` up in block ``b`` (None: past the last block); whether
+        one was there."""
+        found = False
+        for n in members:
+            value = MISSING if entry is None else entry_find(entry, keys[n])
+            if value is not MISSING:
+                found = True
+                if said_no:
+                    log.error("%s: filter false negative for key %r -- the filter said "
+                              "absent but the key is in the file (answer still correct: "
+                              "shadow mode)", p.reader.path, keys[n])
+                out[n] = visible(value, bound)
+            if observer is None:
+                counts[hit if value is not MISSING else miss] += 1
+            else:
+                observer.block(p, b if entry is not None else -1, cached, value)
+        return found
+
+    from_disk = []
+    for b, members in by_block.items():
+        if b == len(index_keys):  # past the last key: no block can hold them
+            answer(b, None, members, False)
+            continue
+        entry = None
+        if cache is not None:
+            cache_key = p.cache_base + b
+            entry = cache.get(cache_key) if observer is None else cache.lookup(cache_key)
+        if entry is None:
+            from_disk.append(b)
+            continue
+        if observer is None:
+            counts[BLOCK_CACHE_HITS] += len(members)
+        answer(b, entry, members, True)
+    for b in sorted(from_disk):
+        raw = p.reader.read_raw(b, check=False)
+        if observer is None:
+            counts[BLOCK_READS] += 1  # a read, whatever it holds
+        entry = p.reader.entry_of(b, raw)  # CorruptionError unless it holds together
+        found = answer(b, entry, by_block[b], False)
+        if cache is not None and observer is None:
+            cache.offer(p.cache_base + b, entry, found)
+    return out
 
 
 def state_getter(db: Versions, state: TableState) -> Any:
@@ -48,316 +279,127 @@ def state_getter(db: Versions, state: TableState) -> Any:
 
 
 def make_getter(db: Versions, state: TableState) -> Any:
-    """Compile the point-read path of one table into a closure.
-
-    ``get(key, default=None)``: memtables, then level-0 files newest first,
-    then at most one file per deeper level (bisect on key ranges).  Per file:
-    key range check, then the filter (``bloom.may_contain``) from a hash
-    computed at most once per get (one fast and at most one keyed hash), then
-    on a "maybe" exactly one data block or a cache hit
-    (``SSTableReader.lookup``).  Every step is counted on the file (see
-    SSTableInfo).
-    """
-    missing = MISSING
-    key_hash = _key_hash
-    cache = db.block_cache
+    """``get(key, default=None)`` of one table: :func:`lookup` over the table's
+    current view, counted (``gets``, ``gets_absent``) -- or, where the C
+    speedups serve, the C getter doing the same."""
     max_key = MAX_KEY_SIZE_BYTES
-    _bisect = bisect_left
+    missing = MISSING
+    counts = state.counts
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
         if db.closed:
             db.check_open()
-        fast = state.fast
-        state.gets += 1
-        value = fast.data.get(key, missing)
-        if value is missing and fast.imm_datas:
-            for imm in fast.imm_datas:
-                value = imm.get(key, missing)
-                if value is not missing:
-                    break
-        if value is not missing:
-            if value is None:
-                state.gets_absent += 1
-                return default
-            return value
-        probes = fast.probes
-        if probes is not None and not state.shadow:
-            # C: range checks and filter probes (counted there) up to the
-            # first file that may hold the key; resumed after a false positive.
-            f = probes.first(key, 0)
-            while f >= 0:
-                value = fast.files[f].reader.lookup(key)
-                if value is not missing:
-                    if value is None:
-                        break
-                    return value
-                f = probes.first(key, f + 1)
-            state.gets_absent += 1
+        counts[GETS] += 1
+        value = lookup(state.fast, key)
+        if value is missing or value is None:
+            counts[GETS_ABSENT] += 1
             return default
-        files: Any = fast.l0
-        if fast.deeper:
-            files = list(files)
-            for level in fast.deeper:
-                i = _bisect(level.max_keys, key)
-                if i < len(level.files):
-                    files.append(level.files[i])
-        hashes: dict[Any, int] = {}  # one hash per hash function per get
-        for p in files:
-            if key < p.min_key or key > p.max_key:
-                p.counts[RANGE_SKIPS] += 1
-                continue
-            if p.filter_family:
-                h = hashes.get(p.hash_fn)
-                if h is None:
-                    h = hashes[p.hash_fn] = (key_hash if p.hash_fn is None else p.hash_fn)(key)
-                if not p.filter.may_contain(h):
-                    if state.shadow:
-                        value = _shadow_check(p.reader, key)
-                        if value is not missing:
-                            if value is None:
-                                state.gets_absent += 1
-                                return default
-                            return value
-                    p.counts[FILTER_NEGATIVES] += 1
-                    continue
-            value = p.reader.lookup(key)
-            if value is missing:
-                continue
-            if value is None:
-                break
-            return value
-        state.gets_absent += 1
-        return default
+        return value
 
+    cache = db.block_cache
     if USE_C_GETTER and table.USE_SPEEDUPS and (cache is None or isinstance(cache, Cache)):
-        # The same read with the per-file steps and the bookkeeping in C;
-        # unusual calls (non-bytes keys, keywords, closed database, shadow
-        # mode) go to ``get`` above.  It looks blocks up in the cache's C
-        # books, marks hits and puts the blocks it reads there itself, as
-        # ``lookup``/``touch``/``admit``/``put`` do; a block it cannot serve
-        # goes to SSTableReader.lookup.
-        return Getter(db, state, missing, SSTableReader.lookup, get, max_key, cache)
+        # The same read in C: unusual calls (non-bytes keys, keywords, a closed
+        # database, shadow mode, a filter family C does not probe) go to ``get``
+        # above; a block it cannot serve to file_blocks (_c_blocks).
+        return Getter(db, state, missing, _c_blocks, get, max_key, cache)
     return get
 
 
-def _shadow_check(reader: SSTableReader, key: bytes) -> Any:
-    """Shadow mode: read the block the filter would have skipped."""
-    value = reader.find(key)
-    if value is not MISSING:
-        reader.false_negatives += 1
-        log.error("%s: Bloom filter false negative for key %r -- the filter said absent "
-                  "but the key is in the file (answer still correct: shadow mode)",
-                  reader.path, key)
-    return value
+def _c_blocks(fast: Any, f: int, keys: list[bytes]) -> list[Any]:
+    """The C getter's hand-over: :func:`file_blocks` of file ``f`` (an index into
+    ``fast.files``) for ``keys``, whose block the C path did not serve."""
+    return file_blocks(fast, fast.files[f], keys)
 
 
 def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
     """Values of ``keys`` (None where absent), in the order given.
 
-    Each key is hashed once; files are visited once each, in read order, with
-    every still-unanswered key that falls in their range; keys the filter
-    lets through are grouped by data block so each distinct block is read
-    (or fetched from the cache) once per call.  Counters are kept exactly as
-    for ``get``.
+    Each key is hashed once per hash function; files are visited once each, in
+    read order, with every still-unanswered key that falls in their range
+    (:func:`file_filter`) -- level 0 newest first, then each deeper level's
+    files in key order; the keys a file's filter lets through go to
+    :func:`file_blocks` together, so each distinct block is read (or taken
+    from the cache) once per call.  Counters are kept as for ``get``, and the
+    C getter takes the same steps in the same order, so both count the same
+    whatever the keys' order.
     """
-    # The C getter takes a list as it is (it makes its own copy where it needs
-    # one, and returns the keys it answered as ks); anything else is listed here.
     given = keys if type(keys) is list else list(keys)
     many = getattr(state_getter(db, state), "many", None)
-    if many is not None:  # the C getter: memtables and filters for every key in one call
-        res = many(given)
-        if res is None:
-            # raises on a bad key; C declines only odd ones
-            res = many([as_key(k) for k in given])
-        if res is not None:
-            answers, maybes, fast, ks = res
-            if maybes:
-                _files_many_c(ks, maybes, answers, fast.probes, fast.files)
-                absent = 0
-                for _f, i, _seed in maybes:
-                    if answers[i] is MISSING or answers[i] is None:
-                        answers[i] = None
-                        absent += 1
-                state.gets_absent += absent
+    if many is not None:  # the C getter: the whole call in C
+        answers = many(given)
+        if answers is None:  # C declines odd keys: as_key raises on a bad one
+            answers = many([as_key(k) for k in given])
+        if answers is not None:
             return answers
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db.closed:
         db.check_open()
-    fast = state.fast
+    return many_python(state, state.fast, ks)
+
+
+def many_python(state: TableState, view: FastPath, ks: list[bytes]) -> list[Any]:
+    """get_many's reference in Python: the memtables for every key, then each
+    file in read order for the keys still open (see :func:`get_many`)."""
     n = len(ks)
-    state.gets += n
-    out: list[Any] = [fast.data.get(key, MISSING) for key in ks]
-    for imm in fast.imm_datas:
+    state.counts[GETS] += n
+    out: list[Any] = [MISSING] * n
+    for data in (view.data, *view.imm_datas):
         for i in range(n):
             if out[i] is MISSING:
-                out[i] = imm.get(ks[i], MISSING)
+                out[i] = visible(data.get(ks[i], MISSING), LATEST)
     pending = [i for i in range(n) if out[i] is MISSING]
     hashes: dict[Any, list[int]] = {}
 
-    def hashes_of(kf: Any) -> list[int]:
-        """Every key's hash under one hash function, computed once per call."""
-        hv = hashes.get(kf)
-        if hv is None:
-            fn = _key_hash if kf is None else kf
-            hv = hashes[kf] = [fn(key) for key in ks]
-        return hv
+    def hash_of(i: int) -> Callable[[Any], int]:
+        def of(fn: Any) -> int:
+            hv = hashes.get(fn)
+            if hv is None:  # every key's hash under fn, once per call
+                h = key_hash if fn is None else fn
+                hv = hashes[fn] = [h(k) for k in ks]
+            return hv[i]
+        return of
 
     def visit(p: FileProbe, idx: list[int]) -> list[int]:
-        """Answer what ``p``'s file can; returns the indexes still open."""
-        reader, lo, hi, flt = p.reader, p.min_key, p.max_key, p.filter
-        maybe: list[int] = []
-        still: list[int] = []
-        skipped = 0
-        negatives: list[int] = []
-        if p.filter_family:
-            hv = hashes_of(p.hash_fn)
+        """Answer what ``p``'s file can of ``idx``; returns the indexes still open."""
+        groups: tuple[list[int], list[int], list[int]] = ([], [], [])  # NO, MAYBE, SHADOW
         for i in idx:
-            key = ks[i]
-            if key < lo or key > hi:
-                skipped += 1
-                still.append(i)
-                continue
-            if p.filter_family and not flt.may_contain(hv[i]):
-                negatives.append(i)
-                continue
-            maybe.append(i)
-        reader.range_skips += skipped
-        if negatives:
-            if state.shadow:
-                return _shadow_many(reader, ks, negatives, maybe, still, out)
-            reader.filter_negatives += len(negatives)
-            still += negatives
-        if maybe:
-            _read_blocks(reader, ks, maybe, still, out)
+            groups[file_filter(view, p, ks[i], hash_of(i))].append(i)
+        still = groups[NO]
+        for kind in (MAYBE, SHADOW):
+            if groups[kind]:
+                values = file_blocks(view, p, [ks[i] for i in groups[kind]], LATEST, None,
+                                     kind == SHADOW)
+                for i, value in zip(groups[kind], values, strict=True):
+                    if value is MISSING:
+                        still.append(i)
+                    else:
+                        out[i] = value
         return still
 
-    for p in fast.l0:
+    for p in view.l0:
         if not pending:
             break
         pending = visit(p, pending)
-    for level in fast.deeper:
+    for lv in view.deeper:
         if not pending:
             break
-        groups: dict[int, list[int]] = {}
+        by_file: dict[int, list[int]] = {}
         rest: list[int] = []
         for i in pending:
-            f = bisect_left(level.max_keys, ks[i])
-            if f < len(level.files):
-                groups.setdefault(f, []).append(i)
+            f = bisect_left(lv.max_keys, ks[i])
+            if f < len(lv.files):
+                by_file.setdefault(f, []).append(i)
             else:
                 rest.append(i)
-        for f, idx in groups.items():
-            rest += visit(level.files[f], idx)
+        for f in sorted(by_file):  # the level's files in key order
+            rest += visit(lv.files[f], by_file[f])
         pending = rest
     absent = 0
     for i in range(n):
         if out[i] is MISSING or out[i] is None:
             out[i] = None
             absent += 1
-    state.gets_absent += absent
+    state.counts[GETS_ABSENT] += absent
     return out
-
-
-def _files_many_c(ks: list[bytes], maybes: list[tuple[int, int, Any]], out: list[Any],
-                  probes: Any, files: tuple[FileProbe, ...]) -> None:
-    """get_many's block reads after the C probes: ``maybes`` holds (file, key
-    index, hash seed) per key some filter let through.  File by file in read
-    order, each distinct block is read once for all the keys that need it;
-    the keys it did not hold resume at the following files with their hashes
-    carried over (seeds), so no key is hashed twice.  Answers go to ``out``
-    (MISSING stays where no file holds the key)."""
-    waiting: dict[int, list[int]] = {}   # file -> keys (indexes into ks) it must answer
-    seed_of: dict[int, Any] = {}
-    for f, i, seed in maybes:
-        waiting.setdefault(f, []).append(i)
-        seed_of[i] = seed
-    for f in range(len(files)):  # resumes only go forward: one pass in read order
-        idx = waiting.pop(f, None)
-        if not idx:
-            continue
-        idx.sort()
-        still: list[int] = []
-        _read_blocks(files[f].reader, ks, idx, still, out)
-        if still:
-            rseeds = [seed_of[i] for i in still]
-            nexts = probes.first_many([ks[i] for i in still], [f + 1] * len(still), rseeds)
-            for g, i, seed in zip(nexts, still, rseeds, strict=True):
-                if g >= 0:
-                    waiting.setdefault(g, []).append(i)
-                    seed_of[i] = seed
-
-
-def _read_blocks(reader: SSTableReader, ks: list[bytes], maybe: list[int], still: list[int],
-                 out: list[Any]) -> None:
-    """Look the ``maybe`` keys up in ``reader`` (``lookup_many``: one read per
-    distinct block): their values into ``out``, the keys it does not hold
-    onto ``still`` in the order given, as the C getter hands them on."""
-    for i, value in zip(maybe, reader.lookup_many([ks[i] for i in maybe]), strict=True):
-        if value is MISSING:
-            still.append(i)
-        else:
-            out[i] = value
-
-
-def _shadow_many(reader: SSTableReader, ks: list[bytes], negatives: list[int], maybe: list[int],
-                 still: list[int], out: list[Any]) -> list[int]:
-    """Shadow mode: read what the filter rejected too, and count its mistakes."""
-    if maybe:
-        _read_blocks(reader, ks, maybe, still, out)
-    for i in negatives:
-        value = _shadow_check(reader, ks[i])
-        if value is MISSING:
-            reader.filter_negatives += 1
-            still.append(i)
-        else:
-            out[i] = value
-    return still
-
-
-def prefix_end(prefix: bytes) -> bytes | None:
-    """Smallest key greater than every key starting with ``prefix`` (None: no bound)."""
-    p = bytearray(prefix)
-    while p and p[-1] == 0xFF:
-        p.pop()
-    if not p:
-        return None
-    p[-1] += 1
-    return bytes(p)
-
-
-def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
-         reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-    """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
-    order (``reverse``: descending), over a snapshot taken now: later writes,
-    flushes and compactions do not change what it returns.  One data block per
-    SSTable is in memory at a time."""
-    versions.check_open()
-    lo = None if start is None else as_key(start)
-    hi = None if end is None else as_key(end)
-    if prefix is not None:
-        p = as_key(prefix)
-        if lo is None or lo < p:
-            lo = p
-        pe = prefix_end(p)
-        if pe is not None and (hi is None or hi > pe):
-            hi = pe
-    if lo is not None and hi is not None and lo >= hi:
-        return iter(())
-    with versions.lock:  # a consistent snapshot of the active memtable (age 0)
-        mem, imms, l0, deeper = state.view
-        snapshot = mem.chunk_range(lo, hi, reverse)
-    sources: list[Any] = [snapshot] if snapshot else []
-    for imm in imms:  # frozen: they never change
-        if len(imm):
-            sources.append(imm.chunk_range(lo, hi, reverse))
-    files = list(l0)
-    for _keys, readers in deeper:
-        files.extend(readers)
-    for r in files:  # newest first, as the merge wants them
-        if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
-            sources.append(r.chunks(lo, hi, reverse))
-    if not sources:
-        return iter(())
-    return merge_newest(sources, reverse)  # type: ignore[return-value]

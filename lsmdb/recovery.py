@@ -2,9 +2,10 @@
 
 ``open_database(versions, flusher, create_if_missing)`` brings a fresh
 :class:`~lsmdb.versions.Versions` to the state its directory's files
-describe, and returns what it recovered (:class:`Recovered`: the lock it
-took, the WAL records replayed, the torn tails dropped, the files removed or
-set aside):
+describe -- :func:`read_state` reads it, changing nothing, and
+``Versions.install`` takes it -- and returns what it recovered
+(:class:`Recovered`: the lock it took, the WAL records replayed, the torn
+tails dropped, the files removed or set aside):
 
 1. refuse a directory that is not a database before creating anything in it;
 2. take the ``LOCK`` (not for ``read_only``);
@@ -149,8 +150,33 @@ def wal_numbers_on_disk(path: str) -> list[int]:
     return sorted(int(m.group(1)) for n in os.listdir(path) if (m := WAL_RE.match(n)))
 
 
+@dataclass
+class DirectoryState:
+    """What a directory's MANIFEST and WAL describe, read by :func:`read_state`
+    and made a database's by ``Versions.install``: the tables (SSTables opened,
+    memtables filled by the WAL replay), the numbers handed out, the WAL's
+    segments."""
+
+    tables: dict[str, TableState]
+    next_file: int
+    next_table_id: int
+    last_seq: int
+    log: LogSet
+
+    def close(self) -> None:
+        """Let go of an attempt that did not become a database's: its readers, their
+        versions and its log."""
+        self.log.close()
+        for state in self.tables.values():
+            for reader in state.files:
+                reader.close()
+            state.files = ()
+            state.publish()
+
+
 def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
-    """Read the manifest, open its files and replay the WAL.
+    """Read the manifest, open its files and replay the WAL (:func:`read_state`),
+    then install what was read into ``db``.
 
     A read-only open races with the writer, whose flushes and compactions
     may delete a file or WAL segment between our reading the manifest and
@@ -165,14 +191,13 @@ def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, Replaye
         racing = db.read_only and data != previous
         previous = data
         try:
-            load(db, manifest, vanished_ok=racing)
-            return manifest, recover_wal(db, manifest, vanished_ok=racing)
+            state, replayed = read_state(db, manifest, vanished_ok=racing)
         except _Vanished:
-            db.close_readers()
-            db.tables.clear()
-            db.by_id.clear()
-            db.log = LogSet(db.path)
             time.sleep(0.005)
+            continue
+        db.install(state.tables, state.next_file, state.next_table_id, state.last_seq,
+                   state.log)
+        return manifest, replayed
 
 
 def load_counters(db: Versions) -> None:
@@ -185,64 +210,80 @@ def load_counters(db: Versions) -> None:
                 _stats.apply_file_counters(reader, files[reader.number])
 
 
-def load(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> None:
-    db.last_seq = manifest.last_seq
-    db.next_file = manifest.next_file_number
-    db.next_table_id = manifest.next_table_id
+def read_state(db: Versions, manifest: Manifest,
+               vanished_ok: bool = False) -> tuple[DirectoryState, ReplayedLog]:
+    """The state ``manifest`` and the WAL segments it names describe: every
+    table with its SSTables opened (adopted by ``db``: hash, cache, mapping)
+    and its memtable filled by the replay.  Changes nothing in ``db``; on any
+    error what it opened is let go.  _Vanished (``vanished_ok``, a read-only
+    open) when a file it names is gone: a writer moved on."""
+    state = DirectoryState({}, manifest.next_file_number, manifest.next_table_id,
+                           manifest.last_seq, LogSet(db.path))
+    try:
+        _open_tables(db, manifest, state, vanished_ok)
+        replayed = _replay_wal(db, manifest, state, vanished_ok)
+    except BaseException:
+        state.close()
+        raise
+    return state, replayed
+
+
+def _open_tables(db: Versions, manifest: Manifest, state: DirectoryState,
+                 vanished_ok: bool) -> None:
     if DEFAULT_TABLE not in manifest.tables:
         raise CorruptionError("manifest has no default table",
                               os.path.join(db.path, MANIFEST_NAME))
     for name, meta in manifest.tables.items():
         try:
-            state = TableState(name, meta.id, meta.options)
+            table = db.new_table(name, meta.id, meta.options)
         except (TypeError, ValueError) as exc:
             raise CorruptionError(f"manifest options of table {name!r} invalid: {exc}",
                                   os.path.join(db.path, MANIFEST_NAME)) from None
-        state.flushed_seq = meta.flushed_seq
+        table.flushed_seq = meta.flushed_seq
+        state.tables[name] = table
         readers = []
-        for fm in meta.files:
-            file_path = os.path.join(db.path, sst_name(fm.number))
-            try:
-                reader = SSTableReader(file_path, fm.number)
-            except FileNotFoundError:
-                if db.read_only and vanished_ok:
-                    raise _Vanished(file_path) from None
-                raise CorruptionError("SSTable listed in the manifest is missing",
-                                      file_path) from None
-            except OSError as exc:
-                if exc.errno != errno.ELOOP:
-                    raise
-                raise CorruptionError("SSTable listed in the manifest is a symbolic link "
-                                      "(never followed)", file_path) from None
-            db.adopt(reader, fm.level)
-            readers.append(reader)
-            db.next_file = max(db.next_file, fm.number + 1)
-        state.files = tuple(readers)
-        state.publish()
-        db.add(state)
+        try:
+            for fm in meta.files:
+                file_path = os.path.join(db.path, sst_name(fm.number))
+                try:
+                    reader = SSTableReader(file_path, fm.number)
+                except FileNotFoundError:
+                    if db.read_only and vanished_ok:
+                        raise _Vanished(file_path) from None
+                    raise CorruptionError("SSTable listed in the manifest is missing",
+                                          file_path) from None
+                except OSError as exc:
+                    if exc.errno != errno.ELOOP:
+                        raise
+                    raise CorruptionError("SSTable listed in the manifest is a symbolic "
+                                          "link (never followed)", file_path) from None
+                readers.append(db.adopt(reader, fm.level))
+                state.next_file = max(state.next_file, fm.number + 1)
+        finally:
+            table.files = tuple(readers)
+        table.publish()
 
 
-def recover_wal(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> ReplayedLog:
-    """Replay the manifest's WAL segments into the memtables."""
-    by_id = db.by_id
-
+def _replay_wal(db: Versions, manifest: Manifest, state: DirectoryState,
+                vanished_ok: bool) -> ReplayedLog:
+    """Replay the manifest's WAL segments into the state's memtables."""
+    by_id = {t.id: t for t in state.tables.values()}
     top_tid = 0
-
     records = 0
 
     def apply(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> None:
         nonlocal top_tid, records
         records += 1
         for tid, key, value in ops:
-            state = by_id.get(tid)  # records of dropped tables are ignored
-            if state is not None and seq > state.flushed_seq:
-                state.mem.apply(seq, key, value)
+            table = by_id.get(tid)  # records of dropped tables are ignored
+            if table is not None and seq > table.flushed_seq:
+                table.mem.apply(seq, key, value)
             elif tid > top_tid:
                 top_tid = tid
 
     on_disk = wal_numbers_on_disk(db.path)
     try:
-        replayed = db.log.replay(manifest.wal, on_disk, apply)
+        replayed = state.log.replay(manifest.wal, on_disk, apply)
     except FileNotFoundError as exc:
         if db.read_only and vanished_ok:
             raise _Vanished(exc.filename) from None
@@ -253,13 +294,13 @@ def recover_wal(db: Versions, manifest: Manifest, vanished_ok: bool = False) -> 
             raise
         raise CorruptionError("WAL segment named by the manifest is a symbolic link "
                               "(never followed)", exc.filename) from None
-    db.last_seq = max(db.last_seq, replayed.top_seq)
+    state.last_seq = max(state.last_seq, replayed.top_seq)
     # A table id the WAL names but the manifest does not (a table whose creation
     # never became durable) is never handed out again: its records stay its own.
-    db.next_table_id = max(db.next_table_id, top_tid + 1)
-    db.next_file = max([db.next_file, *(n + 1 for n in on_disk)])
-    for state in db.tables.values():
-        state.publish()
+    state.next_table_id = max(state.next_table_id, top_tid + 1)
+    state.next_file = max([state.next_file, *(n + 1 for n in on_disk)])
+    for table in state.tables.values():
+        table.publish()
     replayed.records = records
     return replayed
 

@@ -25,6 +25,15 @@ import struct
 from .coding import crc32
 
 SSTABLE_FORMAT_VERSION = 1  # DO NOT CHANGE: on disk.
+
+# Block trailer: crc32 (u32) of the block payload.  DO NOT CHANGE: on disk.
+BLOCK_TRAILER = struct.Struct("<I")
+BLOCK_TRAILER_SIZE = BLOCK_TRAILER.size
+assert BLOCK_TRAILER_SIZE == 4
+#: crc32(payload + crc32(payload) as 4 little-endian bytes) for every payload:
+#: checking a block's payload and trailer in one pass, without slicing them apart.
+CRC32_RESIDUE = 0x2144DF1C
+assert crc32(b"x" + BLOCK_TRAILER.pack(crc32(b"x"))) == CRC32_RESIDUE
 SSTABLE_MAGIC = b"LSMDBSST"  # DO NOT CHANGE: on disk.
 FOOTER = struct.Struct("<QQQQQQII8s")
 FOOTER_SIZE = FOOTER.size

@@ -15,11 +15,11 @@ from operator import add, itemgetter, lt
 from typing import Any, Protocol
 
 from . import block as blk
-from .coding import BLOCK_TRAILER_SIZE, crc32
+from .coding import crc32
 from .files import FileWriter
 from .filters import DEFAULT_FAMILY, Filter, FilterSpec, build
 from .filters.hashing import FAST_HASHER, Hasher
-from .sstable_format import SSTABLE_FORMAT_VERSION, pack_footer
+from .sstable_format import BLOCK_TRAILER_SIZE, SSTABLE_FORMAT_VERSION, pack_footer
 from .sstable_reader import SSTableReader
 
 
@@ -280,7 +280,7 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     if fp_chance < 1.0:
         hash_fn = hasher.fn
         for i in range(len(reader.index_keys)):
-            keys, _values = reader.read_block(i, count=False)
+            keys, _values = reader.read_block(i)
             hashes.extend(map(hash_fn, keys))
     new_filter = build(FilterSpec(DEFAULT_FAMILY if family is None else family, fp_chance,
                                   hasher), reader.entries, hashes)

@@ -1,4 +1,5 @@
-"""Per-table state, the ``Table`` handle, write batches and ``SSTableInfo``."""
+"""Per-table state (``TableState``: memtables, files, the published version and fast
+path) and ``SSTableInfo``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from .filters import FailOpen, FilterSpec, is_stale
 from .memtable import Memtable
 from .options import TableOptions
 from .stats import TABLE_COUNTERS, ArrayCounter
+from .version import Version, VersionSet
 
 if TYPE_CHECKING:
     from .sstable_reader import SSTableReader
@@ -30,27 +32,33 @@ USE_SPEEDUPS = Probes is not None
 class TableState:
     """Everything the DB keeps for one table.
 
-    ``files`` holds every SSTable reader of the table.  ``view`` is the
-    tuple (memtable, frozen memtables newest first, level-0 readers newest
-    first, deeper levels) that readers take in one step, where each deeper
-    level is (list of max keys, list of readers) sorted by key range.
-    Writers replace it whole under the DB lock, so a reader never sees half a
-    change.
+    ``files`` holds every SSTable reader of the table, as the manifest names
+    them; ``publish()`` makes them, with the memtables, what reads see:
+    ``version`` (an immutable :class:`~lsmdb.version.Version` of the files,
+    level 0 newest first, then each deeper level in key order) and ``fast``
+    (the same flattened for a get, :mod:`lsmdb.fastpath`).  Writers change
+    and publish under the DB lock; readers take ``fast``, or ``version`` with a
+    reference, in one step, so a reader never sees half a change.
     """
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
-                 "view", "dropped", "counts", "shadow", "compact_pointer", "fast",
-                 "fast_cell", "getter", "__weakref__")
+                 "version", "dropped", "counts", "shadow", "compact_pointer", "fast",
+                 "fast_cell", "getter", "cache", "_versions", "__weakref__")
 
     gets = ArrayCounter(TABLE_COUNTERS)
     gets_absent = ArrayCounter(TABLE_COUNTERS)
 
-    def __init__(self, name: str, table_id: int, explicit: dict[str, Any]) -> None:
+    def __init__(self, name: str, table_id: int, explicit: dict[str, Any],
+                 versions: VersionSet | None = None, cache: Any = None) -> None:
         self.name = name
         self.id = table_id
         self.mem = Memtable()
         self.imms: tuple[Memtable, ...] = ()
         self.files: tuple[SSTableReader, ...] = ()
+        self._versions = versions
+        #: The block cache its reads go through (the database's), or None.
+        self.cache = cache
+        self.version = versions.new(()) if versions is not None else Version(())
         self.flushed_seq = 0
         self.dropped = False
         self.counts = array("Q", bytes(8 * len(TABLE_COUNTERS)))
@@ -70,57 +78,57 @@ class TableState:
         self.publish()  # shadow mode decides the read path
 
     def publish(self) -> None:
-        l0 = sorted((r for r in self.files if r.level == 0),
-                    key=lambda r: (r.max_seq, r.number), reverse=True)
-        depth = max((r.level for r in self.files), default=0)
-        deeper = []
-        for level in range(1, depth + 1):
-            readers = sorted((r for r in self.files if r.level == level), key=lambda r: r.min_key)
-            deeper.append(([r.max_key for r in readers], readers))
-        self.view = (self.mem, self.imms, tuple(l0), tuple(deeper))
-        # The same, flattened for the get fast path (lsmdb/fastpath.py), with
-        # the files' range and filter steps in one C Probes object where the
-        # C speedups serve (not in shadow mode: there the Python path reads
-        # what the filter rejected too).
-        self.fast = self.fast_cell[0] = fast_path(self.mem, self.imms, l0, deeper,
-                                                  USE_SPEEDUPS and not self.shadow)
+        """Make ``files`` and the memtables what reads see: a new version when the
+        files changed (the one before released), and a new fast path."""
+        old = self.version
+        if set(old.files) != set(self.files):  # a reader's level never changes
+            self.version = (self._versions.new(self.files) if self._versions is not None
+                            else Version(self.files))
+        version = self.version
+        # The fast path: the files' range and filter steps in one C Probes
+        # object where the C speedups serve (not in shadow mode: there the
+        # Python path reads what the filter rejected too).
+        self.fast = self.fast_cell[0] = fast_path(self.mem, self.imms, version, self.cache,
+                                                  self.shadow, USE_SPEEDUPS and not self.shadow)
+        if version is not old:
+            old.release()
 
     def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
-        _mem, _imms, l0, deeper = self.view
-        out = list(l0)
-        for _keys, readers in deeper:
-            out.extend(readers)
-        return out
+        return self.version.in_read_order()
 
     def _check(self) -> None:
-        """Invariants: the published view is the table's memtables and files --
-        level 0 newest first, each deeper level in key order without overlaps --
-        and the fast path's tuples are the same files in the same order; every
+        """Invariants: the published version is the table's files -- level 0 newest
+        first, each deeper level in key order without overlaps -- and the fast
+        path is its memtables and the same files in the same order; every
         memtable and reader keeps its own invariants."""
-        mem, imms, l0, deeper = self.view
-        if mem is not self.mem or imms != self.imms or mem.frozen \
-                or not all(m.frozen for m in imms):
-            raise AssertionError(f"table {self.name!r}: view of other memtables")
+        mem, imms, version = self.mem, self.imms, self.version
+        if mem.frozen or not all(m.frozen for m in imms):
+            raise AssertionError(f"table {self.name!r}: memtables frozen otherwise")
         numbers = [r.number for r in self.files]
-        flat = [*l0, *(r for _keys, readers in deeper for r in readers)]
+        flat = version.in_read_order()
         if len(set(numbers)) != len(numbers) or sorted(numbers) != sorted(r.number for r in flat):
-            raise AssertionError(f"table {self.name!r}: view of other files")
+            raise AssertionError(f"table {self.name!r}: version of other files")
+        l0 = version.l0
         if any(r.level != 0 for r in l0) or \
                 [(r.max_seq, r.number) for r in l0] != sorted(
                     ((r.max_seq, r.number) for r in l0), reverse=True):
             raise AssertionError(f"table {self.name!r}: level 0 not newest first")
-        for level, (keys, readers) in enumerate(deeper, 1):
-            if any(r.level != level for r in readers) or keys != [r.max_key for r in readers]:
+        for level, (keys, readers) in enumerate(version.levels, 1):
+            if any(r.level != level for r in readers) or keys != tuple(r.max_key
+                                                                       for r in readers):
                 raise AssertionError(f"table {self.name!r}: level {level} misfiled")
             if any(a.max_key >= b.min_key for a, b in pairwise(readers)):
                 raise AssertionError(f"table {self.name!r}: level {level} overlaps")
         fast = self.fast
-        if fast.data is not mem.data or [p.reader for p in fast.l0] != list(l0) or \
-                [p.reader for level in fast.deeper for p in level.files] != flat[len(l0):] or \
+        if fast.data is not mem.data or fast.imm_datas != tuple(m.data for m in imms) or \
+                fast.version is not version or [p.reader for p in fast.l0] != list(l0) or \
+                [p.reader for lv in fast.deeper for p in lv.files] != flat[len(l0):] or \
                 [p.reader for p in fast.files] != flat or \
-                [level.max_keys for level in fast.deeper] != [tuple(k) for k, _r in deeper]:
+                [lv.max_keys for lv in fast.deeper] != [k for k, _r in version.levels]:
             raise AssertionError(f"table {self.name!r}: fast path out of date")
+        if version.refs < 1:
+            raise AssertionError(f"table {self.name!r}: its version was released")
         for m in (mem, *imms):
             m._check()
         for r in self.files:

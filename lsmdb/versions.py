@@ -2,12 +2,15 @@
 
 A :class:`Versions` holds each table's state (:class:`lsmdb.table.TableState`:
 memtables, SSTable readers, options), the file and table numbers handed out,
-the last sequence number, and the WAL's :class:`lsmdb.logset.LogSet`.  It is
-the only code that writes the MANIFEST (docs/FORMAT.md §6) and names the
-files (:mod:`lsmdb.files`).  Every change to it is made holding its
-``lock`` -- the database's lock, also taken by the write path for each WAL
-append -- and readers take whole per-table views (``TableState.view``) that
-it replaces in one step.
+the last sequence number, the WAL's :class:`lsmdb.logset.LogSet` and the
+:class:`lsmdb.version.VersionSet` that keeps a file on disk while a version
+names it.  It is the only code that writes the MANIFEST (docs/FORMAT.md §6)
+and names the files (:mod:`lsmdb.files`).  Every change to it is made holding
+its ``lock`` -- the database's lock, also taken by the write path for each WAL
+append -- and readers take whole per-table views (``TableState.fast``,
+``TableState.version``) that it replaces in one step.  Opening reads a
+directory's state (:mod:`lsmdb.recovery`) and ``install`` makes it this
+object's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import threading
 from typing import Any
 
 from .errors import DatabaseClosedError, DatabaseForkedError, ReadOnlyError
-from .files import MANIFEST_NAME, SwitchedButNotSynced, fsync_dir, sst_name, unlink_quietly
+from .files import MANIFEST_NAME, SwitchedButNotSynced, fsync_dir, sst_name
 from .filters import hashing as _hashing
 from .logset import LogSet
 from .manifest import FileMeta, Manifest, TableMeta
@@ -27,6 +30,7 @@ from .memtable import Memtable
 from .secret import create_secret
 from .sstable_reader import SSTableReader
 from .table import TableState
+from .version import VersionSet
 
 log = logging.getLogger("lsmdb")
 
@@ -57,6 +61,27 @@ class Versions:
         self.manifest_unsynced = False
         self.block_cache = block_cache
         self.mmap_reads = mmap_reads
+        #: The live versions of every table, and the files retired from them.
+        self.version_set = VersionSet(remove=not read_only)
+
+    def new_table(self, name: str, table_id: int, explicit: dict[str, Any]) -> TableState:
+        """A table's state, its versions counted here, its reads through the cache."""
+        return TableState(name, table_id, explicit, self.version_set, self.block_cache)
+
+    def install(self, tables: dict[str, TableState], next_file: int, next_table_id: int,
+                last_seq: int, log: LogSet) -> None:
+        """Take what an open read from the directory (recovery.open_database)."""
+        self.tables = dict(tables)
+        self.by_id = {s.id: s for s in tables.values()}
+        self.next_file = next_file
+        self.next_table_id = next_table_id
+        self.last_seq = last_seq
+        self.log = log
+
+    def retire(self, readers: list[SSTableReader]) -> None:
+        """These files left their table through a durable manifest switch: each
+        leaves the disk once no version names it (lsmdb.version)."""
+        self.version_set.retire(readers)
 
     def check_open(self) -> None:
         if self.closed:
@@ -111,13 +136,15 @@ class Versions:
         """Close every reader and drop the tables' references to them, so each
         is freed (its descriptor number released) once no read holds it; and
         empty the tables' fast cells, which sends the C getters to the Python
-        ones (and so to DatabaseClosedError)."""
+        ones (and so to DatabaseClosedError).  Retired files a scan still held
+        leave the disk now."""
         for state in self.tables.values():
             for reader in state.files:
                 reader.close()
             state.files = ()
             state.publish()
             state.fast_cell[0] = None
+        self.version_set.close()
 
     # -- the manifest -------------------------------------------------------------
     def low_seq(self) -> int | None:
@@ -190,7 +217,7 @@ class Versions:
     def create_table(self, name: str, explicit: dict[str, Any]) -> TableState:
         """A new table, named by a manifest switch (the lock held).  On
         SwitchedButNotSynced the table exists (the visible manifest names it)."""
-        state = TableState(name, self.next_table_id, explicit)
+        state = self.new_table(name, self.next_table_id, explicit)
         self.next_table_id += 1
         self.tables[name] = state
         try:
@@ -232,16 +259,18 @@ class Versions:
             raise
         state.dropped = True
         self.by_id.pop(state.id, None)
-        for reader in state.files:
-            reader.drop_cached()  # no read of this database reaches them again
-        for reader in state.files if synced else ():
-            # Not closed here: a concurrent get may still hold it; the
-            # descriptor is released when the last reference goes.
-            unlink_quietly(reader.path)
+        files = list(state.files)
         state.mem = Memtable()
         state.imms = ()
         state.files = ()
         state.publish()
+        if synced:
+            # Not closed here: a concurrent get may still hold one; its
+            # descriptor is released when the last reference goes.
+            self.retire(files)
+        else:
+            for reader in files:
+                reader.drop_cached()  # no read of this database reaches them again
         if not synced:
             raise SwitchedButNotSynced(errno.EIO, f"table {state.name!r} dropped, but the "
                                                   "manifest switch may not be durable")
@@ -266,6 +295,7 @@ class Versions:
             raise AssertionError(f"file numbers {sorted(numbers)} (next {self.next_file})")
         for state in self.tables.values():
             state._check()
+        self.version_set._check(s.version for s in self.tables.values())
         self.log._check()
         if self.block_cache is not None:
             self.block_cache._check()

@@ -180,7 +180,7 @@ class WritePath:
         bg = self.stall
         for state in states:
             announced = False
-            while (len(state.view[2]) >= _compaction.L0_STALL_FILES and not state.dropped
+            while (len(state.version.l0) >= _compaction.L0_STALL_FILES and not state.dropped
                    and _compaction.pick(state) is not None):
                 self.versions.check_writable()
                 if bg.error is not None:
@@ -188,7 +188,7 @@ class WritePath:
                                      f"compaction is failing: {bg.error}")
                 if not announced:
                     log.warning("write stall: table %r has %d files in level 0; waiting for "
-                                "compaction", state.name, len(state.view[2]))
+                                "compaction", state.name, len(state.version.l0))
                     announced = True
                 bg.wait_round(0.05)
 

@@ -1,9 +1,12 @@
-"""What the tests share: small table options, a database fixture, the suite's options.
+"""What the tests share: small table options, database fixtures, the implementation a
+concept test runs over, the suite's options.
 
 ``SMALL`` makes a table flush every few dozen writes into SSTables of several
 blocks, so a test of a few hundred keys meets many files, blocks and
 compactions.  ``small`` hands a copy to a test; modules that build options at
-import time take ``SMALL`` itself.
+import time take ``SMALL`` itself.  ``impl`` runs a test once per
+implementation of the hot steps (tests/support/impls.py).  The fault and
+power-loss layers live in tests/support/ too.
 """
 
 from __future__ import annotations
@@ -25,6 +28,18 @@ def pytest_addoption(parser: Any) -> None:
 def pytest_report_header(config: Any) -> str:
     import lsmdb
     return f"lsmdb C speedups: {'on' if lsmdb.SPEEDUPS else 'off'}"
+
+
+@pytest.fixture(params=["python", "c"])
+def impl(request: Any, monkeypatch: Any) -> str:
+    """"python" or "c": the implementation of the read path this run of the test
+    takes (tests/support/impls.py); the C run is skipped where C is not built."""
+    from tests.support.impls import IMPLEMENTATIONS, use_python
+    if request.param not in IMPLEMENTATIONS:
+        pytest.skip("built without a C compiler")
+    if request.param == "python":
+        use_python(monkeypatch)
+    return str(request.param)
 
 
 @pytest.fixture

@@ -1,43 +1,191 @@
-"""Checksummed blocks: encoding, the trailer check, decoding and validation, C and Python."""
+"""Checksummed blocks and the data block rule, in Python and in C: the same payloads
+through both implementations, the same blocks accepted and refused, the same
+cached form byte for byte, the same answers from it."""
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import lsmdb.sstable_reader as reader_mod
-from lsmdb.block import check_block, decode_data_block, encode_block, validate_data_block
-from lsmdb.coding import BLOCK_TRAILER_SIZE
+from lsmdb import block as blk
+from lsmdb.block import check_block, encode_block
 from lsmdb.errors import CorruptionError
+from lsmdb.sstable_format import MISSING
+
+try:
+    from lsmdb import _speedups as C
+except ImportError:  # pragma: no cover - built without a C compiler
+    C = None
+
+
+class Impl(NamedTuple):
+    """One implementation of the rule and the cached form."""
+
+    name: str
+    decode: Any   # (payload, after, last) -> (keys, values); CorruptionError if refused
+    entry: Any    # (payload, after, last) -> the cached form; CorruptionError if refused
+    find: Any     # (entry, key) -> value, None or MISSING
+    lists: Any    # entry -> (keys, values)
+
+
+def _py_decode(payload: bytes, after: bytes | None, last: bytes | None) -> Any:
+    return blk.decode_data_block(payload, "f.sst", 77, after, last)
+
+
+PY = Impl("python", _py_decode,
+          lambda payload, after, last: blk.cache_entry(payload, _py_decode(payload, after, last)),
+          blk.entry_find, blk.entry_lists)
+
+
+def _c_refusal(fn: Any) -> Any:
+    def call(payload: bytes, after: bytes | None, last: bytes | None) -> Any:
+        try:
+            return fn(payload, after, last)
+        except ValueError:
+            raise CorruptionError("refused", "f.sst", 77) from None
+    return call
+
+
+IMPLS = [PY]
+if C is not None:
+    IMPLS.append(Impl("c", _c_refusal(C.block_lists), _c_refusal(C.block_entry),
+                      lambda entry, key: C.entry_find(entry, key, MISSING), C.entry_lists))
+
+
+@pytest.fixture(params=IMPLS, ids=lambda i: i.name, scope="module")
+def impl(request):
+    return request.param
+
 
 entries = st.dictionaries(st.binary(max_size=12), st.one_of(st.none(), st.binary(max_size=30)),
-                          max_size=40)
+                          min_size=1, max_size=40)
 
 
-def data_block(d: dict[bytes, bytes | None]) -> bytes:
+def payload_of(d: dict[bytes, bytes | None]) -> bytes:
     keys = sorted(d)
-    return encode_block([keys, [d[k] for k in keys]])
+    return msgpack.packb([keys, [d[k] for k in keys]], use_bin_type=True)
 
 
-def test_the_worked_example_of_the_module_docstring():
+def test_the_worked_example_of_the_module_docstring(impl):
     raw = encode_block([[b"a", b"b"], [b"1", None]])
     assert raw.hex(" ") == "92 92 c4 01 61 c4 01 62 92 c4 01 31 c0 90 83 be 5d"
+    payload = check_block(raw, "f.sst", 0, "data block")
+    assert impl.decode(payload, None, b"b") == ([b"a", b"b"], [b"1", None])
+    entry = impl.entry(payload, None, b"b")
+    assert (impl.find(entry, b"a"), impl.find(entry, b"b"), impl.find(entry, b"c")) == (
+        b"1", None, MISSING)
+    # the payload, key_at (2, 5), value_at (9, 12), the count 2, the payload's 13 bytes
+    assert entry == payload + b"".join(n.to_bytes(4, "little") for n in (2, 5, 9, 12, 2, 13))
 
 
 @settings(max_examples=200, deadline=None)
+@given(d=entries, absent=st.lists(st.binary(max_size=12), max_size=10),
+       big=st.sampled_from([0, 300, 70_000]))
+def test_a_data_block_reads_back_as_written(impl, d, absent, big):
+    if big:  # values and keys past the bin 8 and bin 16 headers
+        d = {**d, b"\xff" * 13: b"v" * big}
+    keys = sorted(d)
+    payload = payload_of(d)
+    assert impl.decode(payload, None, keys[-1]) == (keys, [d[k] for k in keys])
+    entry = impl.entry(payload, None, keys[-1])
+    assert impl.lists(entry) == (keys, [d[k] for k in keys])
+    for k in keys:
+        assert impl.find(entry, k) == d[k]
+    for k in absent:
+        if k not in d:
+            assert impl.find(entry, k) is MISSING
+
+
+@pytest.mark.skipif(C is None, reason="built without a C compiler")
+@settings(max_examples=300, deadline=None)
 @given(d=entries)
-def test_a_data_block_reads_back_as_written(d):
-    raw = data_block(d)
-    payload = check_block(raw, "f.sst", 0, "data block")
-    keys, values = decode_data_block(payload, "f.sst", 0)
-    assert dict(zip(keys, values, strict=True)) == d and keys == sorted(d)
-    validate_data_block(keys, values, "f.sst", 0)
+def test_both_make_the_same_cached_form_byte_for_byte(d):
+    payload, last = payload_of(d), max(d)
+    assert PY.entry(payload, None, last) == IMPLS[1].entry(payload, None, last)
+
+
+def _bin(data: bytes, width: int) -> bytes:
+    head = {8: b"\xc4", 16: b"\xc5", 32: b"\xc6"}[width]
+    return head + len(data).to_bytes(width // 8, "big") + data
+
+
+REFUSED = {
+    "not msgpack": b"\xc1\xc1\xc1",
+    "a bare byte string": msgpack.packb(b"just bytes", use_bin_type=True),
+    "a map": msgpack.packb({"a": 1}),
+    "one list": msgpack.packb([[b"a"]], use_bin_type=True),
+    "unequal lists": msgpack.packb([[b"a"], [b"1", b"2"]], use_bin_type=True),
+    "an int key": msgpack.packb([[1], [b"1"]], use_bin_type=True),
+    "an int value": msgpack.packb([[b"a"], [1]], use_bin_type=True),
+    "a str key": msgpack.packb([["a"], [b"1"]], use_bin_type=True),
+    "no entry": msgpack.packb([[], []], use_bin_type=True),
+    "keys out of order": msgpack.packb([[b"b", b"a"], [b"1", b"2"]], use_bin_type=True),
+    "a key twice": msgpack.packb([[b"a", b"a"], [b"1", b"2"]], use_bin_type=True),
+    "keys and values swapped": msgpack.packb([[b"v9", b"v1"], [b"a", b"b"]],
+                                              use_bin_type=True),
+    "a byte left over": msgpack.packb([[b"a"], [b"1"]], use_bin_type=True) + b"\x00",
+    "a longer bin header": b"\x92\x91" + _bin(b"a", 16) + b"\x91" + _bin(b"1", 8),
+    "a longer value header": b"\x92\x91" + _bin(b"a", 8) + b"\x91" + _bin(b"1", 32),
+    "a longer array header": b"\x92\xdc\x00\x01" + _bin(b"a", 8) + b"\x91" + _bin(b"1", 8),
+    "a longer outer header": b"\xdc\x00\x02\x91" + _bin(b"a", 8) + b"\x91" + _bin(b"1", 8),
+}
+
+
+@pytest.mark.parametrize("why", list(REFUSED))
+def test_a_checksum_valid_payload_the_writer_never_writes_is_corruption(impl, why):
+    with pytest.raises(CorruptionError) as info:
+        impl.decode(REFUSED[why], None, None)
+    assert (info.value.path, info.value.offset) == ("f.sst", 77)
+    with pytest.raises(CorruptionError):
+        impl.entry(REFUSED[why], None, None)
+
+
+def test_the_bounds_are_the_index_s(impl):
+    payload = payload_of({b"b": b"1", b"c": b"2"})
+    assert impl.decode(payload, b"a", b"c")[0] == [b"b", b"c"]
+    assert impl.decode(payload, None, None)[0] == [b"b", b"c"]
+    for after, last in [(b"b", b"c"), (b"bb", b"c"), (b"a", b"d"), (b"a", b"b"), (None, b"cc")]:
+        with pytest.raises(CorruptionError):
+            impl.decode(payload, after, last)
+        with pytest.raises(CorruptionError):
+            impl.entry(payload, after, last)
+
+
+@pytest.mark.skipif(C is None, reason="built without a C compiler")
+@settings(max_examples=1500, deadline=None)
+@given(d=entries, pos=st.integers(min_value=0), byte=st.integers(0, 255),
+       cut=st.integers(min_value=0), how=st.sampled_from(["flip", "cut", "insert", "bounds"]),
+       after=st.one_of(st.none(), st.binary(max_size=4)),
+       last=st.one_of(st.none(), st.binary(max_size=4)))
+def test_both_accept_and_refuse_the_same_payloads(d, pos, byte, cut, how, after, last):
+    """Damaged, cut, grown and mis-bounded payloads: the C rule accepts exactly what
+    the Python rule accepts, and both read it the same."""
+    payload = bytearray(payload_of(d))
+    if how == "flip":
+        payload[pos % len(payload)] = byte
+    elif how == "cut":
+        del payload[cut % len(payload):]
+    elif how == "insert":
+        payload.insert(pos % (len(payload) + 1), byte)
+    else:
+        after, last = None if after is None else min(d) + after, max(d) if last is None else last
+    outcomes = []
+    for im in IMPLS:
+        try:
+            outcomes.append((im.decode(bytes(payload), after, last),
+                             im.entry(bytes(payload), after, last)))
+        except CorruptionError:
+            outcomes.append(None)
+    assert outcomes[0] == outcomes[1]
 
 
 def test_every_single_bit_flip_and_truncation_fails_the_checksum():
-    raw = data_block({b"k%02d" % i: b"value" * (i % 3) or None for i in range(20)})
+    raw = encode_block([[b"k%02d" % i for i in range(20)],
+                        [b"value" * (i % 3) or None for i in range(20)]])
     for pos in range(len(raw)):
         for bit in range(8):
             bent = bytearray(raw)
@@ -50,39 +198,18 @@ def test_every_single_bit_flip_and_truncation_fails_the_checksum():
             check_block(raw[:n], "f.sst", 0, "data block")
 
 
-@pytest.mark.parametrize("obj", [
-    {"a": 1}, [[b"a"]], [[b"a"], [b"1", b"2"]], [[1], [b"1"]], [[b"a"], [1]], [b"a", b"b"],
-])
-def test_a_checksummed_payload_of_the_wrong_shape_is_corruption(obj):
-    payload = msgpack.packb(obj, use_bin_type=True)
-    with pytest.raises(CorruptionError, match="data block") as info:
-        decode_data_block(payload, "f.sst", 77)
-    assert info.value.offset == 77
-
-
-def test_an_undecodable_payload_is_corruption_not_a_msgpack_error():
-    with pytest.raises(CorruptionError, match="undecodable"):
-        decode_data_block(b"\xc1\xc1\xc1", "f.sst", 0)
-
-
-def test_validation_catches_keys_out_of_order_or_repeated():
-    with pytest.raises(CorruptionError, match="out of order"):
-        validate_data_block([b"b", b"a"], [b"1", b"2"], "f.sst", 0)
-    with pytest.raises(CorruptionError, match="out of order"):
-        validate_data_block([b"a", b"a"], [b"1", b"2"], "f.sst", 0)
-
-
+@pytest.mark.skipif(C is None, reason="built without a C compiler")
 @settings(max_examples=300, deadline=None)
-@given(d=entries, key=st.binary(max_size=12))
-def test_block_may_hold_never_says_no_for_a_key_the_block_holds(d, key):
-    raw = data_block(d)
-    for k in d:
-        assert reader_mod.block_may_hold(raw, k)
-    if key in d:
-        assert reader_mod.block_may_hold(raw, key)
-
-
-def test_block_may_hold_rules_out_keys_whose_bytes_are_nowhere_in_the_block():
-    raw = data_block({b"apple": b"red", b"banana": b"yellow"})
-    assert not reader_mod.block_may_hold(raw, b"cherry")
-    assert len(raw) > BLOCK_TRAILER_SIZE
+@given(d=entries, at=st.integers(min_value=0), byte=st.integers(0, 255),
+       key=st.binary(max_size=12))
+def test_a_damaged_cached_form_never_reads_past_itself(d, at, byte, key):
+    """An object in the cache that is not a block the rule made (it cannot be, but
+    if it were): the C lookups refuse it or answer from inside it, never past."""
+    entry = bytearray(PY.entry(payload_of(d), None, max(d)))
+    entry[at % len(entry)] = byte
+    for call in (lambda: C.entry_find(bytes(entry), key, MISSING),
+                 lambda: C.entry_lists(bytes(entry))):
+        try:
+            call()
+        except ValueError:
+            pass

@@ -18,9 +18,14 @@ import zlib
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lsmdb
-from lsmdb.filters import bloom as bloom_mod
+import lsmdb.fastpath
+import lsmdb.filters.bloom as bloom_mod
+import lsmdb.readpath
+import lsmdb.table
 from lsmdb.filters import hashing as hashing_mod
 from lsmdb.filters.bloom import (
     FILTER_HEADER,
@@ -33,6 +38,7 @@ from lsmdb.filters.hashing import key_hash
 from lsmdb.sstable_format import MISSING
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.sstable_writer import SSTableBuilder
+from tests.support.reading import find
 
 LN2 = math.log(2)
 
@@ -678,9 +684,9 @@ def test_sstable_every_key_found_and_absent_keys_missing(sst):
     assert reader.filter.error is None
     assert len(reader.index_keys) > 10          # several data blocks
     for key, value in items:
-        assert reader.find(key) == value        # None: a tombstone
+        assert find(reader, key) == value        # None: a tombstone
     for key in absent:
-        assert reader.find(key) is MISSING
+        assert find(reader, key) is MISSING
     assert reader.entries == N_SST
     assert reader.tombstones == sum(1 for _, v in items if v is None)
 
@@ -716,7 +722,7 @@ def test_sstable_without_filter():
     assert (reader.filter.active.m, reader.filter.active.k) == (0, 0)
     assert reader.properties["fp_chance"] == 1.0
     assert reader.filter.active.may_contain(1 | 2 << 32)
-    assert [reader.find(k) for k, _ in items] == [b"1", None, b"3"]
+    assert [find(reader, k) for k, _ in items] == [b"1", None, b"3"]
 
 
 def _flip(data: bytes, offset: int) -> bytes:
@@ -737,9 +743,9 @@ def test_corrupt_filter_block_fails_open(sst, where):
     assert reader.filter.active.may_contain(0)                       # always "maybe"
     assert all(reader.filter.active.may_contain(key_hash(k)) for k in absent[:200])
     for key, value in items:
-        assert reader.find(key) == value
+        assert find(reader, key) == value
     for key in absent[:500]:
-        assert reader.find(key) is MISSING
+        assert find(reader, key) is MISSING
 
 
 @pytest.mark.parametrize(("offset", "value", "error"), [
@@ -758,7 +764,7 @@ def test_undecodable_filter_with_valid_checksum_fails_open(sst, offset, value, e
     assert reader.filter.error and error in reader.filter.error
     assert reader.filter.active.may_contain(0)
     for key, value in items[::7]:
-        assert reader.find(key) == value
+        assert find(reader, key) == value
 
 
 @pytest.mark.parametrize("which", ["first", "middle", "last"])
@@ -779,12 +785,12 @@ def test_corrupt_data_block_raises_with_its_offset(sst, which, part):
     # Every key of that block hits the corruption; keys of other blocks do not.
     for key in clean.read_block(i)[0]:
         with pytest.raises(lsmdb.CorruptionError) as info:
-            reader.find(key)
+            find(reader, key)
         assert info.value.offset == off
     values = dict(items)
     other = (i + 1) % nblocks
     for key in clean.read_block(other)[0]:
-        assert reader.find(key) == values[key]
+        assert find(reader, key) == values[key]
 
 
 def test_corrupt_data_block_on_disk(sst, tmp_path):
@@ -797,9 +803,9 @@ def test_corrupt_data_block_on_disk(sst, tmp_path):
     reader = SSTableReader(str(path), 1)          # the os.pread path
     try:
         with pytest.raises(lsmdb.CorruptionError) as info:
-            reader.find(clean.index_keys[i])
+            find(reader, clean.index_keys[i])
         assert info.value.offset == off and info.value.path == str(path)
-        assert reader.find(items[0][0]) == items[0][1]
+        assert find(reader, items[0][0]) == items[0][1]
     finally:
         reader.close()
 
@@ -837,3 +843,77 @@ def test_may_contain_and_positions_are_the_filters_probes():
         assert all(key in f for key in keys[:200])
     assert bloom_mod.may_contain(None, 0, 0, 0, 1, 2)
     assert BloomFilter(10, 1.0).may_contain_hash(1, 2)
+
+
+try:
+    from lsmdb import _speedups as speedups
+except ImportError:  # pragma: no cover - built without a C compiler
+    speedups = None  # type: ignore[assignment]
+needs_c = pytest.mark.skipif(speedups is None, reason="built without a C compiler")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=200), st.integers(1, 5000),
+       st.integers(1, 20), st.sampled_from([1, 2]))
+@needs_c
+def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
+    if version == 2 and m < k:
+        version = 1  # too few bits for k partitions: only format 1 takes them
+    ref = BloomFilter.with_size(m, k, version)
+    c_bits = bytearray((m + 7) // 8)
+    speedups.bloom_add(c_bits, m, k, hashes, ref.part)
+    if not ref.part:
+        four = bytearray((m + 7) // 8)
+        speedups.bloom_add(four, m, k, hashes)  # 4 arguments: format 1
+        assert four == c_bits
+    for h in hashes:
+        ref.add_hash(h)
+    assert c_bits == ref.bits
+    py = BloomFilter.with_size(m, k, version)
+    monkey = bloom_mod._bloom_add
+    try:  # the pure-Python add_hashes sets the same bits
+        bloom_mod._bloom_add = None
+        py.add_hashes(hashes)
+    finally:
+        bloom_mod._bloom_add = monkey
+    assert py.bits == ref.bits
+
+
+@needs_c
+def test_bloom_add_refuses_bad_input():
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(1), 100, 3, [1])     # too few bytes for m
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(1), 0, 3, [1])
+    with pytest.raises(BufferError):
+        speedups.bloom_add(b"\x00" * 20, 100, 3, [1])     # read-only
+    with pytest.raises(OverflowError):
+        speedups.bloom_add(bytearray(20), 100, 3, [-1])
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(20), 100, -1, [1])
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(20), 100, 3, [1], 34)  # 3 partitions of 34 > 100 bits
+    bits = bytearray(20)
+    speedups.bloom_add(bits, 100, 3, [1], 33)
+    assert sum(map(int.bit_count, bits)) == 3
+    with pytest.raises(ValueError, match="2\\^32"):  # partitions of 2^32 bits: format 1 only
+        speedups.bloom_add(bytearray(20), 7 * 2**32, 7, [1], 2**32)
+
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.integers(0, 2**32 - 1) | st.sampled_from([0, 1, 2**31, 2**32 - 1]),
+       st.integers(1, 2**32 - 1) | st.sampled_from([1, 2, 3, 2**31 - 1, 2**31, 2**32 - 1]))
+@needs_c
+def test_the_division_free_modulo_is_exact(a, d):
+    assert speedups._fastmod(a, d) == a % d
+
+
+@needs_c
+def test_the_modulo_beyond_32_bits_divides():
+    for a, d in [(2**40 + 7, 3), (2**63 + 5, 2**33 + 1), (5, 2**40)]:
+        assert speedups._fastmod(a, d) == a % d
+
+
+# -- crc32, xxh3_64 and block_may_hold: drop-ins for what the format names ----
+

@@ -26,6 +26,7 @@ import lsmdb
 from lsmdb.options import TableOptions
 from lsmdb.sstable_format import MISSING
 from lsmdb.sstable_reader import SSTableReader
+from tests.support.reading import find
 
 # fsync dominates the run time on a real disk (every flush and compaction fsyncs the
 # SSTable, the manifest and the directory); a tmpfs makes those free when there is one.
@@ -104,7 +105,7 @@ def versions(db, table: str, key: bytes) -> list[tuple[str, bytes | None]]:
         if info.min_key <= key <= info.max_key:
             reader = SSTableReader(info.path)
             try:
-                value = reader.find(key)
+                value = find(reader, key)
             finally:
                 reader.close()
             if value is not MISSING:

@@ -521,7 +521,7 @@ def test_a_read_racing_close_never_reads_a_reused_descriptor(path, tmp_path):
     db.close()
     db = lsmdb.open(path, auto_compaction=False)
     reader = db._default_state.files[0]  # held, as an in-flight get holds it
-    number = reader._fd
+    number = reader.fd
     db.close()
     other = tmp_path / "other"
     other.write_bytes(b"x" * 8192)

@@ -35,9 +35,8 @@ import tempfile
 import pytest
 
 import lsmdb
-from lsmdb.coding import BLOCK_TRAILER_SIZE
 from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_NAME, Manifest
-from lsmdb.sstable_format import FOOTER_SIZE
+from lsmdb.sstable_format import BLOCK_TRAILER_SIZE, FOOTER_SIZE
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.stats import STATS_NAME
 from lsmdb.verify import verify_database
@@ -180,7 +179,7 @@ class Layout:
         for name in (self.newest, self.oldest):
             r = SSTableReader(os.path.join(self.path, name))
             try:
-                self.block_keys[name] = [r.read_block(i, count=False)[0]
+                self.block_keys[name] = [r.read_block(i)[0]
                                          for i in range(len(r.index_keys))]
             finally:
                 r.close()

@@ -15,6 +15,7 @@ from itertools import pairwise
 import pytest
 
 import lsmdb
+from lsmdb.block import entry_lists
 from tests.conftest import SMALL
 
 
@@ -1122,7 +1123,7 @@ def _cache_books_match_the_files(d: lsmdb.DB, gone: list[tuple[int, int]] = ()) 
         assert not any(lo <= key < hi for lo, hi in gone)
         [reader] = [r for r in readers if 0 <= key - r.cache_base < len(r.index_keys)]
         i = key - reader.cache_base
-        assert reader._decode_entry(i, cache.lookup(key)) == reader.read_block(i, False)
+        assert entry_lists(cache.lookup(key)) == reader.read_block(i)
 
 
 @pytest.mark.parametrize("c_getter", [True, False])

@@ -67,9 +67,9 @@ from tests.conftest import SMALL
 from tools import load_test_layer
 
 if TYPE_CHECKING:
-    from faultfs import FaultFS
-    from faultinject import Faults
-    from powerloss import PowerLoss
+    from tests.support.faultfs import FaultFS
+    from tests.support.faultinject import Faults
+    from tests.support.powerloss import PowerLoss
 else:
     FaultFS = load_test_layer("faultfs").FaultFS
     Faults = load_test_layer("faultinject").Faults

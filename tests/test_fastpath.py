@@ -12,7 +12,7 @@ import pytest
 
 import lsmdb
 import lsmdb.fastpath
-from lsmdb.fastpath import FastPath, FileProbe, Level, layout_errors
+from lsmdb.fastpath import FastPath, FileProbe, Level, layout_errors, py_constants
 from lsmdb.stats import FILE_COUNTERS, TABLE_COUNTERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(lsmdb.__file__)))
@@ -37,7 +37,7 @@ def _module(**names: object) -> types.ModuleType:
     mod = types.ModuleType("fake_speedups")
     defaults = {"FILE_PROBE_FIELDS": FileProbe._fields, "LEVEL_FIELDS": Level._fields,
                 "FAST_PATH_FIELDS": FastPath._fields, "FILE_COUNTERS": FILE_COUNTERS,
-                "TABLE_COUNTERS": TABLE_COUNTERS}
+                "TABLE_COUNTERS": TABLE_COUNTERS, "CONSTANTS": py_constants()}
     for name, value in {**defaults, **names}.items():
         setattr(mod, name, value)
     return mod
@@ -63,8 +63,11 @@ def test_layout_errors_name_what_does_not_match():
     assert error.startswith("FastPath fields")
     [error] = layout_errors(_module(LEVEL_FIELDS=("files", "max_keys")))
     assert error.startswith("Level fields")
+    [error] = layout_errors(_module(CONSTANTS={**py_constants(), "CRC32_RESIDUE": 1}))
+    assert error.startswith("CRC32_RESIDUE is 1 in C")
     old = types.ModuleType("old_speedups")  # built before it exported its layout
-    assert len(layout_errors(old)) == 4 and layout_errors(old)[-1] == "it exports no counter slots"
+    assert len(layout_errors(old)) == 4 + len(py_constants())
+    assert layout_errors(old)[-1] == "it exports no counter slots"
 
 
 def test_the_fast_path_is_the_files_in_read_order(tmp_path):

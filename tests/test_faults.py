@@ -37,7 +37,7 @@ from tests.conftest import SMALL
 from tools import load_test_layer
 
 if TYPE_CHECKING:
-    from faultfs import Crash, FaultFS, IOFaults
+    from tests.support.faultfs import Crash, FaultFS, IOFaults
 else:
     faultfs = load_test_layer("faultfs")
     Crash, FaultFS, IOFaults = faultfs.Crash, faultfs.FaultFS, faultfs.IOFaults

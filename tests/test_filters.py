@@ -4,14 +4,20 @@ but its own module."""
 
 from __future__ import annotations
 
+import random
 import struct
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lsmdb
 import lsmdb.compaction
+import lsmdb.fastpath
+import lsmdb.readpath
 import lsmdb.sstable_writer
+import lsmdb.table
 from lsmdb import filters
 from lsmdb.errors import CorruptionError, UnsupportedFormatError
 from lsmdb.filters import (
@@ -184,3 +190,37 @@ def test_a_new_family_is_a_module_of_its_own(tmp_path, exact_family):
         assert db.get(b"k0010") == b"v10" and db.get(b"k0011") is None
     [problem] = [p for p in verify_database(path) if p.severity == "error"]
     assert "unknown filter family 250" in problem.message
+
+
+try:
+    from lsmdb import _speedups as speedups
+except ImportError:  # pragma: no cover - built without a C compiler
+    speedups = None  # type: ignore[assignment]
+needs_c = pytest.mark.skipif(speedups is None, reason="built without a C compiler")
+
+
+@needs_c
+def test_xxh3_64_equals_the_xxhash_package_on_every_length():
+    import xxhash
+    rng = random.Random(11)
+    for n in range(0, 301):  # native up to 240 bytes, the package beyond
+        for _ in range(40):
+            data = bytes(rng.getrandbits(8) for _ in range(n))
+            assert speedups.xxh3_64(data) == xxhash.xxh3_64_intdigest(data), n
+        for fill in (b"\x00", b"\xff"):
+            assert speedups.xxh3_64(fill * n) == xxhash.xxh3_64_intdigest(fill * n), n
+    # Other buffers go to the package.
+    assert speedups.xxh3_64(bytearray(b"abc")) == xxhash.xxh3_64_intdigest(b"abc")
+    assert speedups.xxh3_64(memoryview(b"abcd")) == xxhash.xxh3_64_intdigest(b"abcd")
+    with pytest.raises(TypeError):
+        speedups.xxh3_64("text")
+
+
+@needs_c
+@settings(max_examples=1000, deadline=None)
+@given(st.binary(max_size=300))
+def test_xxh3_64_equals_the_xxhash_package_on_any_input(data):
+    import xxhash
+    assert speedups.xxh3_64(data) == xxhash.xxh3_64_intdigest(data)
+
+

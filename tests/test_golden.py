@@ -33,15 +33,22 @@ import pytest
 
 import lsmdb
 from lsmdb import wal as wal_mod
-from lsmdb.coding import BLOCK_TRAILER_SIZE, WAL_HEADER_SIZE
+from lsmdb.coding import WAL_HEADER_SIZE
 from lsmdb.filters import bloom as bloom_mod
 from lsmdb.filters import hashing as hashing_mod
 from lsmdb.logset import WalState
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, FileMeta, Manifest, TableMeta
-from lsmdb.sstable_format import FOOTER_SIZE, MISSING, SSTABLE_FORMAT_VERSION, SSTABLE_MAGIC
+from lsmdb.sstable_format import (
+    BLOCK_TRAILER_SIZE,
+    FOOTER_SIZE,
+    MISSING,
+    SSTABLE_FORMAT_VERSION,
+    SSTABLE_MAGIC,
+)
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 from lsmdb.wal import LogWriter, read_legacy_log, read_segment
+from tests.support.reading import find, items
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_SST = os.path.join(ROOT, "tests", "data", "golden.sst")
@@ -228,20 +235,20 @@ def test_golden_v1_filter_reads_as_format_1(golden_v1_reader):
                    for i in range(7))
         assert key in f
     for key, value in EXPECTED_ITEMS.items():
-        assert r.find(key) == value, key
+        assert find(r, key) == value, key
     for absent in (b"", b"key", b"key0000", b"key020", b"kez", b"\xff"):
-        assert r.find(absent) is MISSING
+        assert find(r, absent) is MISSING
 
 
 
 def test_golden_every_key_and_value(golden_reader):
     r = golden_reader
     for key, value in EXPECTED_ITEMS.items():
-        assert r.find(key) == value, key  # None: a tombstone
-    assert list(r.iter_range(None, None)) == list(EXPECTED_ITEMS.items())
-    assert list(r.iter_range(None, None, reverse=True)) == list(reversed(EXPECTED_ITEMS.items()))
+        assert find(r, key) == value, key  # None: a tombstone
+    assert items(r, None, None) == list(EXPECTED_ITEMS.items())
+    assert items(r, None, None, reverse=True) == list(reversed(EXPECTED_ITEMS.items()))
     for absent in (b"", b"key", b"key0000", b"key020", b"kez", b"\xff"):
-        assert r.find(absent) is MISSING
+        assert find(r, absent) is MISSING
     blocks = [r.read_block(i) for i in range(len(r.index_keys))]
     assert [len(keys) for keys, _ in blocks] == [4, 4, 4, 4, 4]
     assert [keys[-1] for keys, _ in blocks] == [last for last, _, _ in EXPECTED_INDEX]

@@ -42,18 +42,33 @@ def test_a_working_database_keeps_every_invariant(loaded):
 
 def test_level_zero_out_of_order_is_caught(loaded):
     state = loaded._versions.tables["default"]
-    mem, imms, l0, deeper = state.view
-    state.view = (mem, imms, tuple(reversed(l0)), deeper)
+    state.version.l0 = tuple(reversed(state.version.l0))
     with pytest.raises(AssertionError, match="level 0 not newest first"):
         loaded._check()
 
 
 def test_a_file_missing_from_the_view_is_caught(loaded):
     state = loaded._versions.tables["default"]
-    mem, imms, l0, deeper = state.view
-    state.view = (mem, imms, l0[1:], deeper)
-    with pytest.raises(AssertionError, match="view of other files"):
+    state.version.l0 = state.version.l0[1:]
+    with pytest.raises(AssertionError, match="version of other files"):
         loaded._check()
+
+
+def test_a_released_current_version_is_caught(loaded):
+    state = loaded._versions.tables["default"]
+    state.version._refs = 0  # as if released while current
+    with pytest.raises(AssertionError, match="released|not live"):
+        loaded._check()
+    state.version._refs = 1
+
+
+def test_a_retired_file_still_current_is_caught(loaded):
+    versions = loaded._versions
+    reader = versions.tables["default"].files[0]
+    versions.version_set._retired.add(reader)
+    with pytest.raises(AssertionError, match="retired but current"):
+        loaded._check()
+    versions.version_set._retired.discard(reader)
 
 
 def test_a_stale_fast_path_is_caught(loaded):
@@ -65,13 +80,13 @@ def test_a_stale_fast_path_is_caught(loaded):
 
 def test_overlapping_levels_are_caught(loaded):
     state = loaded._versions.tables["leveled"]
-    mem, imms, l0, deeper = state.view
+    deeper = state.version.levels
     level = next(i for i, (_k, readers) in enumerate(deeper) if len(readers) > 1)
     keys, readers = deeper[level]
-    readers = [readers[0], readers[0], *readers[2:]]
+    readers = (readers[0], readers[0], *readers[2:])
     bent = list(deeper)
-    bent[level] = ([r.max_key for r in readers], readers)
-    state.view = (mem, imms, l0, tuple(bent))
+    bent[level] = (tuple(r.max_key for r in readers), readers)
+    state.version.levels = tuple(bent)
     with pytest.raises(AssertionError):
         loaded._check()
 

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -123,3 +123,55 @@ class LogSetMachine(RuleBasedStateMachine):
 LogSetMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=30,
                                            deadline=None)
 TestLogSet = LogSetMachine.TestCase
+
+
+try:
+    from lsmdb import _speedups as speedups
+except ImportError:  # pragma: no cover - built without a C compiler
+    speedups = None  # type: ignore[assignment]
+needs_c = pytest.mark.skipif(speedups is None, reason="built without a C compiler")
+
+
+_UINTS = st.sampled_from([0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**64 - 1]) \
+    | st.integers(0, 2**64 - 1)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_UINTS, _UINTS,
+       st.lists(st.tuples(st.binary(max_size=300), st.none() | st.binary(max_size=300)),
+                max_size=40))
+@needs_c
+def test_encode_ops_writes_what_msgpack_writes(seq, table_id, ops):
+    import msgpack
+
+    from lsmdb.logset import encode_record, encode_table_record
+    keys, values = [k for k, _ in ops], [v for _, v in ops]
+    want = msgpack.packb([seq, [[table_id, k, v] for k, v in ops]], use_bin_type=True)
+    assert speedups.encode_ops(seq, table_id, keys, values) == want
+    assert encode_table_record(seq, table_id, keys, values) == want
+    assert encode_record(seq, [(table_id, k, v) for k, v in ops]) == want
+
+
+@needs_c
+def test_encode_ops_on_long_batches_and_long_values_and_bad_input():
+    import msgpack
+    for n in (15, 16, 65535, 65536):  # fixarray, array16 and array32 headers
+        keys = [b"k%d" % i for i in range(n)]
+        values = [None if i % 3 == 0 else b"v" for i in range(n)]
+        want = msgpack.packb([7, [[2, k, v] for k, v in zip(keys, values, strict=True)]],
+                             use_bin_type=True)
+        assert speedups.encode_ops(7, 2, keys, values) == want
+    for size in (255, 256, 65535, 65536, 70000):  # bin8, bin16 and bin32
+        value = b"x" * size
+        assert speedups.encode_ops(1, 1, [value], [value]) == msgpack.packb(
+            [1, [[1, value, value]]], use_bin_type=True)
+    with pytest.raises(TypeError):
+        speedups.encode_ops(1, 1, [b"k"], ["str"])
+    with pytest.raises(TypeError):
+        speedups.encode_ops(1, 1, (b"k",), [b"v"])
+    with pytest.raises(ValueError):
+        speedups.encode_ops(1, 1, [b"k"], [])
+    with pytest.raises(OverflowError):
+        speedups.encode_ops(-1, 1, [], [])
+
+

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import lsmdb
+import lsmdb.fastpath
 import lsmdb.memtable as memtable_mod
+import lsmdb.readpath
+import lsmdb.table
 from lsmdb.memtable import ENTRY_OVERHEAD_BYTES, Memtable
 
 keys = st.binary(max_size=6)
@@ -95,3 +101,105 @@ def test_a_sorted_view_is_corruption_caught_by_check():
     mem._keys.add(b"zz")
     with pytest.raises(AssertionError, match="disagree"):
         mem._check()
+
+
+try:
+    from lsmdb import _speedups as speedups
+except ImportError:  # pragma: no cover - built without a C compiler
+    speedups = None  # type: ignore[assignment]
+needs_c = pytest.mark.skipif(speedups is None, reason="built without a C compiler")
+
+
+# ------------------------------------------------------------------ MemFilter
+MemFilter = speedups.MemFilter
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.binary(max_size=260), max_size=300), max_size=12),
+       st.lists(st.binary(max_size=260), max_size=50))
+@needs_c
+def test_memfilter_never_denies_a_key_of_its_dict(batches, start):
+    """Built from a dict, then fed batches (add_many before the dict update, as
+    Memtable does, growing past its capacity on the way): every key of the
+    dict, long keys included, is always a maybe."""
+    data = dict.fromkeys(start)
+    mf = MemFilter(data)
+    for batch in batches:
+        new = [k for k in dict.fromkeys(batch) if k not in data]
+        if len(new) == 1:
+            mf.add(new[0])
+        else:
+            mf.add_many(new)
+        data.update(dict.fromkeys(batch))
+        assert all(mf.may_hold(k) for k in data)
+    assert mf.capacity >= len(data)
+
+
+@needs_c
+def test_memfilter_false_positive_rate_at_full_design_load():
+    """Filled to its capacity (10 bits per key, 6 bits in one 512-bit line per
+    key) it should answer maybe for about 0.96 % of absent keys; the bound,
+    2 %, is 33 standard deviations above that, so only a broken layout (all
+    keys in a few lines, bits not set or not tested) fails it."""
+    rng = random.Random(5)
+    first = {rng.randbytes(16): None for _ in range(20_000)}
+    mf = MemFilter(first)
+    assert mf.capacity == 40_000
+    more = [rng.randbytes(16) for _ in range(20_000)]
+    mf.add_many(more)
+    assert mf.capacity == 40_000  # exactly full: no resize
+    assert all(mf.may_hold(k) for k in [*first, *more])
+    probes = 100_000
+    fp = sum(mf.may_hold(rng.randbytes(17)) for _ in range(probes))
+    assert fp / probes < 0.02
+    assert mf.nbytes == 64 * -(-40_000 * 10 // 512)
+
+
+@needs_c
+def test_memfilter_bad_input_changes_nothing():
+    mf = MemFilter({})
+    with pytest.raises(TypeError):
+        MemFilter([b"a"])
+    with pytest.raises(TypeError):
+        mf.add_many((b"a",))
+    with pytest.raises(TypeError):
+        mf.add_many([b"a", "b"])
+    with pytest.raises(TypeError):
+        mf.add("a")
+    with pytest.raises(TypeError):
+        mf.may_hold("a")
+    assert not mf.may_hold(b"a")  # the rejected batch left no bit behind
+    assert mf.may_hold(b"x" * 241)  # too long to hash inline: always a maybe
+    uninitialised = MemFilter.__new__(MemFilter)
+    with pytest.raises(TypeError):
+        uninitialised.may_hold(b"a")
+    with pytest.raises(TypeError):
+        uninitialised.add_many([b"a"])
+
+
+@needs_c
+def test_memtables_keep_their_keys_in_their_filters(tmp_path):
+    """Every write path (put, delete, batches, recovery from the log, frozen
+    memtables) leaves each key of each memtable in that memtable's filter, and
+    the getter's state pairs each dict with its own filter."""
+    db = lsmdb.open(str(tmp_path), auto_compaction=False)
+    db.put(b"one", b"1")
+    db.delete(b"two")
+    with db.batch() as b:
+        for i in range(3000):
+            b.put(b"k%06d" % i, b"v")
+    state = db._default_state
+    assert state.mem.filter is not None
+    db.close()
+    db = lsmdb.open(str(tmp_path), auto_compaction=False)  # the memtable from the log
+    db.put(b"three", b"3")
+    state = db._default_state
+    data, imms, filters = state.fast.data, state.fast.imm_datas, state.fast.filters
+    assert filters[0].may_hold(b"three")
+    for d, f in zip((data, *imms), filters, strict=True):
+        assert len(d) >= 3002
+        assert all(f.may_hold(k) for k in d)
+    assert db.get(b"k001234") == b"v" and db.get(b"two") is None
+    db.close()
+
+

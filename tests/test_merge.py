@@ -7,7 +7,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import lsmdb
+import lsmdb.fastpath
 import lsmdb.merge as merge_mod
+import lsmdb.readpath
+import lsmdb.table
 from lsmdb.merge import merge_newest
 
 source = st.dictionaries(st.binary(max_size=4), st.one_of(st.none(), st.binary(max_size=4)),
@@ -80,3 +83,61 @@ def test_c_and_python_agree_on_a_database_scan(tmp_path, monkeypatch, small):
             scans[c] = (list(db.scan()), list(db.scan(reverse=True)),
                         list(db.scan(b"k00500", b"k01500")))
         assert scans[True] == scans[False] and len(scans[True][0]) > 100
+
+
+try:
+    from lsmdb import _speedups as speedups
+except ImportError:  # pragma: no cover - built without a C compiler
+    speedups = None  # type: ignore[assignment]
+needs_c = pytest.mark.skipif(speedups is None, reason="built without a C compiler")
+
+
+# ------------------------------------------------------------------- merge
+def chunked_by(entries: dict[bytes, bytes | None], reverse: bool, size: int) -> list[tuple]:
+    keys = sorted(entries, reverse=reverse)
+    return [(keys[i:i + size], [entries[k] for k in keys[i:i + size]])
+            for i in range(0, len(keys), size)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.dictionaries(st.binary(max_size=3), st.one_of(st.none(), st.binary(max_size=3)),
+                                max_size=30), max_size=6),
+       st.booleans(), st.booleans(), st.integers(1, 7))
+@needs_c
+def test_c_merge_matches_the_python_merge(sources, reverse, keep, size):
+    import lsmdb.merge
+    chunks = [chunked_by(src, reverse, size) for src in sources]
+    want = list(lsmdb.merge._merge(
+        __import__("heapq").merge(*[lsmdb.merge._tagged(c, lsmdb.merge.tag_for(age, reverse))
+                                   for age, c in enumerate(chunks)], reverse=reverse), keep))
+    got = list(speedups.Merge([iter(c) for c in chunks], reverse, keep))
+    assert got == want
+    # and what that is: the newest version of every key, in order
+    newest: dict[bytes, bytes | None] = {}
+    for src in reversed(sources):
+        newest.update(src)
+    expect = [(k, v) for k, v in sorted(newest.items(), reverse=reverse) if keep or v is not None]
+    assert got == expect
+
+
+@needs_c
+def test_c_merge_errors_end_the_iteration():
+    def broken():
+        yield [b"a"], [b"1"]
+        raise OSError("disk gone")
+
+    m = speedups.Merge([broken(), iter([([b"b", b"c"], [b"2", b"3"])])])
+    assert next(m) == (b"a", b"1")
+    with pytest.raises(OSError):
+        next(m)
+    assert list(m) == []  # finished, never a partial answer after the error
+    with pytest.raises(TypeError):
+        list(speedups.Merge([iter([(["a"], [b"1"])])]))          # str key
+    with pytest.raises(TypeError):
+        list(speedups.Merge([iter([([b"a"], [b"1", b"2"])])]))   # lengths differ
+    with pytest.raises(TypeError):
+        list(speedups.Merge([iter([[b"a"]])]))                   # not a (keys, values) pair
+    assert list(speedups.Merge([])) == []
+    assert list(speedups.Merge([iter([([], [])]), iter([([b"x"], [None])])], False, True)) \
+        == [(b"x", None)]
+

@@ -1,4 +1,5 @@
-"""The power-loss layer (tests/powerloss.py) and a randomized power-loss test of the database.
+"""The power-loss layer (tests/support/powerloss.py) and a randomized power-loss test of the
+database.
 
 * The layer, by exact enumeration where it is small: every image the model
   allows is listed and compared with the expected set, so a model that

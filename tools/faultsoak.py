@@ -3,7 +3,7 @@
 A seeded workload -- puts, deletes, batches across tables, sync and non-sync
 writes, ``sync()``, flushes, compactions (explicit and in the background),
 alter/create/drop table, close and reopen -- runs while
-``tests/faultinject.py`` makes random calls on the database's files fail:
+``tests/support/faultinject.py`` makes random calls on the database's files fail:
 ``open`` (EMFILE, EIO), ``write`` (ENOSPC, EIO, often after writing part of
 the data), ``fsync``/``fdatasync``, ``replace`` and ``unlink``.  Faults come
 in bursts with quiet stretches between them.  Checked throughout:

@@ -27,9 +27,8 @@ import sys
 
 import msgpack
 
-from lsmdb.coding import BLOCK_TRAILER_SIZE
 from lsmdb.filters.bloom import FILTER_HEADER, FILTER_HEADER_SIZE
-from lsmdb.sstable_format import FOOTER, FOOTER_SIZE
+from lsmdb.sstable_format import BLOCK_TRAILER_SIZE, FOOTER, FOOTER_SIZE
 from lsmdb.sstable_writer import SSTableBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

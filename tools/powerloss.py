@@ -1,5 +1,5 @@
 """Power-loss torture: a seeded random workload under the simulated power loss of
-tests/powerloss.py, and every crash image it leaves checked against a model.
+tests/support/powerloss.py, and every crash image it leaves checked against a model.
 
 A seed drives a random workload on the public API: puts and deletes (values
 of ~1 KB among small ones, so 4 KiB memtables flush on their own), batches
@@ -63,8 +63,8 @@ from tools.powerloss_model import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from tests import faultinject
-    from tests import powerloss as layer
+    from tests.support import faultinject
+    from tests.support import powerloss as layer
 else:
     layer = load_test_layer("powerloss")
     faultinject = load_test_layer("faultinject")

@@ -91,7 +91,8 @@ def parts(db: Any) -> tuple[list[tuple[str, Any]], str, int]:
     """(name, Probes) for each part of the table's files; its files per level; its filter
     bytes."""
     probes_type = lsmdb.table.Probes
-    _mem, _imms, l0, deeper = db._default_state.view
+    version = db._default_state.version
+    l0, deeper = version.l0, version.levels
 
     def probes(l0s: Sequence[Any], levels: Sequence[tuple[Any, Sequence[Any]]],
                with_filter: bool = True) -> Any:

@@ -1,6 +1,8 @@
-/* block.h: a data block's keys walked in place, without decoding the block,
- * and the block cache's form of a block (block.c).  Python twin:
- * lsmdb/block.py. */
+/* block.h: the data block rule applied to a block's bytes in one walk, a
+ * key's value found through a parsed block's offsets, and the block cache's
+ * form of a block (block.c).  Python twin: lsmdb/block.py (decode_data_block,
+ * cache_entry, entry_find, entry_lists), whose docstring states the rule and
+ * draws the cached form. */
 
 #ifndef LSMDB_BLOCK_H
 #define LSMDB_BLOCK_H
@@ -8,38 +10,51 @@
 #include "base.h"
 #include "coding.h"
 
+/* The cached form's tail (entry count and payload size, u32 each) and the
+ * size of one of its offsets: block.py's CACHE_ENTRY_TAIL and
+ * CACHE_ENTRY_OFFSET (module.c exports them; lsmdb checks them at import). */
+#define ENTRY_TAIL 8
+#define ENTRY_OFFSET 4
+
+/* A data block payload's bounds from its index: its keys must lie above
+ * `after` (the previous block's last key; NULL for the first block) and end
+ * at `last` (this block's index key; NULL: not checked). */
+typedef struct {
+    const char *after;
+    Py_ssize_t after_len;
+    const char *last;
+    Py_ssize_t last_len;
+} BlockBounds;
+
+/* A data block the rule accepted: its payload and its entries' offsets, as
+ * the cached form lays them out (key_at[count] then value_at[count], u32
+ * little-endian), in offs. */
+typedef struct {
+    const unsigned char *payload;
+    size_t plen;
+    const unsigned char *offs;  /* 2 * count offsets */
+    uint64_t count;
+} ParsedBlock;
+
+/* The largest block whose offsets parse_with_stack keeps on the stack. */
+#define STACK_ENTRIES 512
+
 HIDDEN_BEGIN
 
 /* block.c */
-int block_may_hold(const unsigned char *p, size_t n, const unsigned char *key, size_t klen);
-int block_find(const unsigned char *p, size_t n, const unsigned char *key, size_t klen,
-               const unsigned char **value, size_t *vlen);
-PyObject *block_entry(const unsigned char *p, size_t n);
-int entry_find(const unsigned char *e, size_t n, const unsigned char *key, size_t klen,
-               const unsigned char **value, size_t *vlen);
-PyObject *speedups_block_may_hold(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *speedups_block_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
-PyObject *speedups_block_entry(PyObject *module, PyObject *payload);
+int64_t block_entry_count(const unsigned char *p, size_t n);
+int block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, unsigned char *offs,
+                uint64_t count);
+int parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
+                const unsigned char **value, size_t *vlen);
+PyObject *parsed_entry(const ParsedBlock *b);
+int entry_parsed(const unsigned char *e, size_t n, ParsedBlock *b);
+PyObject *speedups_block_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *speedups_block_lists(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_lists(PyObject *module, PyObject *entry);
 
 HIDDEN_END
-
-/* The size of a cached block's tail: its entry count and payload size
- * (block.c draws the layout). */
-#define ENTRY_TAIL 8
-
-/* The count and payload size of a cached block e[0:n] whose tail and size
- * agree: 0; else -1. */
-static inline int
-entry_shape(const unsigned char *e, size_t n, uint64_t *count, uint64_t *plen)
-{
-    if (n < ENTRY_TAIL)
-        return -1;
-    *count = rd32(e + n - 8);
-    *plen = rd32(e + n - 4);
-    return *plen + 8 * *count + ENTRY_TAIL == n ? 0 : -1;
-}
 
 /* The value a lookup found: for f 1 the bytes vp[0:vlen], for f 2 (a
  * tombstone) None.  A new reference, or NULL with an exception set. */
@@ -50,18 +65,36 @@ found_value(int f, const unsigned char *vp, size_t vlen)
                   : PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
 }
 
-/* block_find for key in the checksum-verified payload buf[0:size] of a block
- * read from disk: 0 without it when block_may_hold's walk of the keys does
- * not meet key (a false positive, recognised without decoding the block);
- * else what block_find says (1 or 2, *vp and *vlen; 0; -1, it refuses the
- * block). */
+/* A payload p[0:n] parsed into b under the rule, its offsets in *offs:
+ * stack[0 : 2 * ENTRY_OFFSET * STACK_ENTRIES] when they fit, else a buffer
+ * PyMem_Malloc'd into *heap (the caller frees it).  0; -1 for a block the
+ * rule refuses (nothing set); -2 out of memory (MemoryError set). */
 static inline int
-disk_block_find(const unsigned char *buf, size_t size, PyObject *key, const unsigned char **vp,
-                size_t *vlen)
+parse_with_stack(const unsigned char *p, size_t n, const BlockBounds *bounds, ParsedBlock *b,
+                 unsigned char *stack, unsigned char **heap)
 {
-    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
-    size_t klen = (size_t)PyBytes_GET_SIZE(key);
-    return block_may_hold(buf, size, k, klen) ? block_find(buf, size, k, klen, vp, vlen) : 0;
+    *heap = NULL;
+    int64_t count = block_entry_count(p, n);
+    if (count < 0)
+        return -1;
+    unsigned char *offs = stack;
+    if (count > STACK_ENTRIES) {
+        offs = *heap = PyMem_Malloc((size_t)count * 2 * ENTRY_OFFSET);
+        if (offs == NULL) {
+            PyErr_NoMemory();
+            return -2;
+        }
+    }
+    if (block_parse(p, n, bounds, offs, (uint64_t)count) < 0) {
+        PyMem_Free(*heap);
+        *heap = NULL;
+        return -1;
+    }
+    b->payload = p;
+    b->plen = n;
+    b->offs = offs;
+    b->count = (uint64_t)count;
+    return 0;
 }
 
 #endif

@@ -24,8 +24,6 @@
  * runs under the GIL without releasing it, so threads need no lock.  The
  * struct is in speedups.h: the getter's block reads ask it too. */
 
-#define ADMISSION_BITS_PER_KEY 64
-#define ADMISSION_MAX_BITS ((uint64_t)1 << 26)   /* 8 MiB of bits */
 
 /* splitmix64's finaliser: cache keys are runs of consecutive ints (a
  * reader's base + block index, lsmdb/cache.py), whose low bits alone would
@@ -771,7 +769,33 @@ Cache_get_admission(Cache *self, void *Py_UNUSED(closure))
     return Py_NewRef((PyObject *)self->admission);
 }
 
+static PyObject *
+Cache_offer(Cache *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* offer(key, block, found) -> whether block (bytes) was cached: as
+     * PyBlockCache.offer, through cache_admits. */
+    uint64_t k;
+    if (nargs != 3 || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "offer(key, block: bytes, found)");
+        return NULL;
+    }
+    if (!cache_ready(self) || cache_key_arg(args[0], &k) < 0)
+        return NULL;
+    int found = PyObject_IsTrue(args[2]);
+    if (found < 0)
+        return NULL;
+    if (!cache_admits(self, k, found))
+        Py_RETURN_FALSE;
+    if (cache_put(self, k, args[1], PyBytes_GET_SIZE(args[1])) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef Cache_methods[] = {
+    {"offer", (PyCFunction)(void (*)(void))Cache_offer, METH_FASTCALL,
+     "offer($self, key, block, found, /)\n--\n\n"
+     "Cache a block a read took from disk if the admission takes it (as a get's block when "
+     "found, a false positive's when not); whether it did."},
     {"lookup", (PyCFunction)Cache_lookup, METH_O,
      "lookup($self, key, /)\n--\n\nThe cached block or None."},
     {"get", (PyCFunction)Cache_get, METH_O,

@@ -9,6 +9,12 @@
 
 #include "base.h"
 
+/* The admission's bitmap: bits per turned-away read remembered, and at most
+ * (8 MiB).  cache.py's twins: BITS_PER_REMEMBERED, MAX_ADMISSION_BITS
+ * (module.c exports these; lsmdb checks them at import). */
+#define ADMISSION_BITS_PER_KEY 64
+#define ADMISSION_MAX_BITS ((uint64_t)1 << 26)
+
 /* Which blocks a full block cache takes in (cache.c). */
 typedef struct {
     PyObject_HEAD
@@ -61,6 +67,17 @@ static inline int
 admission_admit(Admission *self, uint64_t key)
 {
     return !self->full || admission_admit_reread(self, key);
+}
+
+/* Whether the cache takes the block with cache key `key` that a read just
+ * took from disk: as a get's block when the read found its key there
+ * (admission_admit), as a false positive's when not (admission_admit_reread,
+ * its second read only).  PyBlockCache.offer's twin; the caller builds and
+ * puts the block only when this says yes. */
+static inline int
+cache_admits(Cache *c, uint64_t key, int found)
+{
+    return found ? admission_admit(c->admission, key) : admission_admit_reread(c->admission, key);
 }
 
 #endif

@@ -58,6 +58,9 @@
 #define FAST_PROBES 4
 #define FAST_FILES 5
 #define FAST_FILTERS 6
-#define FAST_FIELDS 7
+#define FAST_CACHE 7
+#define FAST_SHADOW 8
+#define FAST_VERSION 9
+#define FAST_FIELDS 10
 
 #endif

@@ -22,8 +22,8 @@
  *   cache.c           Admission (which blocks read from disk a full block
  *                     cache takes in) and Cache (the block cache's books)
  *   sstable_reader.c  map_file, Mapping and a data block read for the getter
- *   block.c           block_may_hold, block_find, block_entry, entry_find,
- *                     entry_lists: a data block's keys walked in place, the
+ *   block.c           block_entry, block_lists, entry_find, entry_lists: the
+ *                     data block rule in one walk of a block's bytes, the
  *                     block cache's form of a block and a lookup in it
  *   merge.c           Merge: the k-way merge of scans and compactions
  *   logset.c          encode_ops: a one-table WAL record
@@ -46,6 +46,7 @@
 #include "merge.h"
 #include "readpath.h"
 #include "readpath_probes.h"
+#include "sstable_format.h"
 #include "sstable_reader.h"
 
 static PyObject *
@@ -78,20 +79,18 @@ static PyMethodDef speedups_functions[] = {
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
-    {"block_find", (PyCFunction)(void (*)(void))speedups_block_find, METH_FASTCALL,
-     "block_find($module, payload, key, missing, /)\n--\n\n"
-     "Key's value in a data block payload, None for a tombstone, or missing."},
-    {"block_entry", (PyCFunction)speedups_block_entry, METH_O,
-     "block_entry($module, payload, /)\n--\n\n"
-     "The block cache's form of a data block: the payload, then its entries' offsets."},
+    {"block_entry", (PyCFunction)(void (*)(void))speedups_block_entry, METH_FASTCALL,
+     "block_entry($module, payload, after, last, /)\n--\n\n"
+     "The block cache's form of a data block the rule accepts within those bounds: the "
+     "payload, then its entries' offsets."},
+    {"block_lists", (PyCFunction)(void (*)(void))speedups_block_lists, METH_FASTCALL,
+     "block_lists($module, payload, after, last, /)\n--\n\n"
+     "(keys, values) of a data block the rule accepts within those bounds."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
      "entry_find($module, entry, key, missing, /)\n--\n\n"
      "Key's value in a cached block (block_entry), None for a tombstone, or missing."},
-    {"block_may_hold", (PyCFunction)(void (*)(void))speedups_block_may_hold, METH_FASTCALL,
-     "block_may_hold($module, raw, key, /)\n--\n\n"
-     "False when the data block certainly does not hold key."},
     {"map_file", (PyCFunction)(void (*)(void))speedups_map_file, METH_FASTCALL,
      "map_file($module, fd, size, /)\n--\n\n"
      "Mapping: the file mapped read-only for the C getter's block reads."},
@@ -138,6 +137,9 @@ static const char *const fast_path_fields[FAST_FIELDS] = {
     [FAST_PROBES] = "probes",
     [FAST_FILES] = "files",
     [FAST_FILTERS] = "filters",
+    [FAST_CACHE] = "cache",
+    [FAST_SHADOW] = "shadow",
+    [FAST_VERSION] = "version",
 };
 
 static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {
@@ -252,7 +254,13 @@ PyInit__speedups(void)
         || add_names(mod, "FAST_PATH_FIELDS", fast_path_fields, FAST_FIELDS) < 0
         || add_names(mod, "FILE_COUNTERS", file_counter_names, FILE_COUNTER_SLOTS) < 0
         || add_names(mod, "TABLE_COUNTERS", table_counter_names, TABLE_COUNTER_SLOTS) < 0
-        || add_new(mod, "FILTER_FAMILIES", filter_families()) < 0) {
+        || add_new(mod, "FILTER_FAMILIES", filter_families()) < 0
+        || add_new(mod, "CONSTANTS", Py_BuildValue(
+               "{sisKsisisKsK}", "BLOCK_TRAILER_SIZE", BLOCK_TRAILER_SIZE,
+               "CRC32_RESIDUE", (unsigned long long)CRC32_RESIDUE,
+               "CACHE_ENTRY_TAIL", ENTRY_TAIL, "CACHE_ENTRY_OFFSET", ENTRY_OFFSET,
+               "ADMISSION_BITS_PER_KEY", (unsigned long long)ADMISSION_BITS_PER_KEY,
+               "ADMISSION_MAX_BITS", (unsigned long long)ADMISSION_MAX_BITS)) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -1,12 +1,14 @@
 /* readpath.c: Getter, a table's whole point read in C -- the memtables and
- * their filters, the files' probes (bloom_probes.c), the block that can hold
- * the key found in the index, then answered from the block cache or read from
- * disk (sstable_reader.c) and walked (block.c).  Anything unusual goes to the
- * Python getter.  Getter.many, get_many's part, is readpath_many.c.  Python
- * twin: lsmdb/readpath.py's make_getter (its get). */
+ * their filters, the files' probes (readpath_probes.c), the block that can
+ * hold the key found in the index, then answered from the block cache or
+ * read from disk (sstable_reader.c) and checked (block.c) -- and the steps
+ * after a "maybe" that get_many (readpath_many.c) shares (readpath.h draws
+ * them).  Anything unusual goes to the Python getter.  Python twin:
+ * lsmdb/readpath.py's lookup and file_blocks, and make_getter's get. */
 
 #include "readpath.h"
 #include "sstable_reader.h"
+#include "sstable_format.h"
 
 /* Index words per group in bisect_index's two steps: 32 words, four cache
  * lines. */
@@ -20,7 +22,7 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->db);
     Py_VISIT(self->cell);
     Py_VISIT(self->missing);
-    Py_VISIT(self->lookup_block);
+    Py_VISIT(self->file_blocks);
     Py_VISIT(self->slow_get);
     Py_VISIT(self->cache);
     if (self->have_counts)
@@ -38,7 +40,7 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->db);  /* a cleared Getter refuses calls: db is NULL */
     Py_CLEAR(self->cell);
     Py_CLEAR(self->missing);
-    Py_CLEAR(self->lookup_block);
+    Py_CLEAR(self->file_blocks);
     Py_CLEAR(self->slow_get);
     Py_CLEAR(self->cache);
     return 0;
@@ -58,12 +60,12 @@ static PyObject *Getter_vectorcall(PyObject *callable, PyObject *const *args, si
 static int
 Getter_init(Getter *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *db, *state, *missing, *lookup_block, *slow_get, *cache;
+    PyObject *db, *state, *missing, *file_blocks, *slow_get, *cache;
     Py_ssize_t max_key;
-    static char *kwlist[] = {"db", "state", "missing", "lookup_block", "slow_get", "max_key",
+    static char *kwlist[] = {"db", "state", "missing", "file_blocks", "slow_get", "max_key",
                              "cache", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnO:Getter", kwlist, &db, &state,
-                                     &missing, &lookup_block, &slow_get, &max_key, &cache))
+                                     &missing, &file_blocks, &slow_get, &max_key, &cache))
         return -1;
     if (cache != Py_None && (!PyObject_TypeCheck(cache, &CacheType)
                              || ((Cache *)cache)->slots == NULL)) {
@@ -74,8 +76,8 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "Getter cannot be initialised twice");
         return -1;
     }
-    if (!PyCallable_Check(lookup_block) || !PyCallable_Check(slow_get)) {
-        PyErr_SetString(PyExc_TypeError, "lookup_block and slow_get must be callable");
+    if (!PyCallable_Check(file_blocks) || !PyCallable_Check(slow_get)) {
+        PyErr_SetString(PyExc_TypeError, "file_blocks and slow_get must be callable");
         return -1;
     }
     PyObject *counts = PyObject_GetAttrString(state, "counts");
@@ -103,7 +105,7 @@ Getter_init(Getter *self, PyObject *args, PyObject *kwds)
     self->cell = cell;
     self->db = Py_NewRef(db);
     self->missing = Py_NewRef(missing);
-    self->lookup_block = Py_NewRef(lookup_block);
+    self->file_blocks = Py_NewRef(file_blocks);
     self->slow_get = Py_NewRef(slow_get);
     if (cache != Py_None)
         self->cache = (Cache *)Py_NewRef(cache);
@@ -202,151 +204,211 @@ index_words_init(Entry *e)
     return 0;
 }
 
-/* ---- that block, from the cache or read from disk ----------------------- */
+/* ---- after a "maybe": the block, from the cache or read from disk -------- */
 
-/* The cached block of file e that can hold key: 1 and *block (a new
- * reference to its cached bytes, as block_entry made them; marked as used);
- * 0 when the cache cannot answer (an odd entry, key past the last block, no
- * cache, or the block is not cached: for the last two *block_index is that
- * block, else -1).  Block i of a file is cached under its cache_base + i (the
- * first of the range Cache.reserve gave the file's reader, one key per
- * block). */
+/* Block i of file e as the block cache holds it: 1 and *entry (a new
+ * reference, the hit marked), or 0 (no cache, not cached, or an object that
+ * is not a cached block: read from disk).  Block i of a file is cached under
+ * its cache_base + i (the first of the range Cache.reserve gave the file's
+ * reader, one key per block). */
 int
-cached_block_for(Getter *self, const Entry *e, PyObject *key, PyObject **block,
-                 Py_ssize_t *block_index)
+cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry)
 {
-    *block_index = -1;
-    Py_ssize_t i = bisect_index(e, key);
-    if (i == e->nidx)
-        return 0; /* past the last block: let the Python side count it */
-    if (self->cache == NULL) {  /* no cache: the caller reads block i */
-        *block_index = i;
+    if (self->cache == NULL)
         return 0;
-    }
     Py_ssize_t s = cache_find(self->cache, e->cache_base + (uint64_t)i);
-    if (s < 0) {
-        *block_index = i;
+    if (s < 0)
         return 0;
-    }
     PyObject *bl = self->cache->slots[s].block;
     if (!PyBytes_CheckExact(bl))
         return 0;
     self->cache->slots[s].marked = 1;
-    PREFETCH(PyBytes_AS_STRING(bl));
-    *block = Py_NewRef(bl);
+    PREFETCH(PyBytes_AS_STRING(bl) + PyBytes_GET_SIZE(bl) - 1);  /* the tail, read first */
+    *entry = Py_NewRef(bl);
     return 1;
 }
 
-/* The answer for key from a cached block (entry_find), counted: 1, found
- * (*value: a new reference, None for a tombstone); 0, a false positive; 2,
- * an entry that does not hold together (not counted: the Python lookup
- * decodes its payload, and refuses it); -1, error. */
+/* key looked up in parsed block b of file e, a true or a false positive
+ * counted (*present: whether the block holds the key, visible or not): 1,
+ * found, *value its visible value (a new reference; None for a tombstone);
+ * 0, not there (or no version visible); 2, an offset or header that does not
+ * hold (nothing counted: the caller hands over); -1, error. */
 int
-cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value)
+parsed_answer(Getter *self, Entry *e, const ParsedBlock *b, PyObject *key, uint64_t bound,
+              PyObject **value, int *present)
 {
     const unsigned char *vp = NULL;
     size_t vlen = 0;
-    int f = entry_find((const unsigned char *)PyBytes_AS_STRING(entry),
-                       (size_t)PyBytes_GET_SIZE(entry),
-                       (const unsigned char *)PyBytes_AS_STRING(key),
-                       (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    int f = parsed_find(b, (const unsigned char *)PyBytes_AS_STRING(key),
+                        (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+    *present = f > 0;
     if (f < 0)
         return 2;
     uint64_t *counts = (uint64_t *)e->counts.buf;
-    counts[BLOCK_CACHE_HITS]++;
     if (f == 0) {
         counts[FALSE_POSITIVES]++;
         return 0;
     }
-    *value = found_value(f, vp, vlen);
-    if (*value == NULL)
-        return -1;
     counts[TRUE_POSITIVES]++;
+    PyObject *v = found_value(f, vp, vlen);
+    if (v == NULL)
+        return -1;
+    v = visible(self, v, bound);
+    if (v == self->missing) {
+        Py_DECREF(v);
+        return 0;
+    }
+    *value = v;
     return 1;
 }
 
-/* Offer block i of file e, whose checksum-verified payload is p[0:size], to
- * the cache: if its admission takes the block's key (admission_admit for a
- * block that held the key looked up; admission_admit_reread for a false
- * positive's), cache its block_entry there, counting that entry's size.  0,
- * or -1 on error. */
+/* key looked up in a cached block of file e, as parsed_answer, the hit
+ * counted; 2 (nothing counted) for an entry that does not hold together. */
 int
-offer_block(Getter *self, const Entry *e, Py_ssize_t i, const unsigned char *p, size_t size,
-            int false_positive)
+entry_answer(Getter *self, Entry *e, PyObject *entry, PyObject *key, uint64_t bound,
+             PyObject **value)
+{
+    ParsedBlock b;
+    int present;
+    if (entry_parsed((const unsigned char *)PyBytes_AS_STRING(entry),
+                     (size_t)PyBytes_GET_SIZE(entry), &b) < 0)
+        return 2;
+    int r = parsed_answer(self, e, &b, key, bound, value, &present);
+    if (r == 0 || r == 1)
+        ((uint64_t *)e->counts.buf)[BLOCK_CACHE_HITS]++;
+    return r;
+}
+
+/* Data block i of file e read from disk -- one copy out of the reader's
+ * mapping, or where it has none one pread, the GIL released either way --
+ * its checksum verified and the data block rule applied (block.c): 0, d
+ * filled (free it with disk_block_free); 2, for the Python side to read
+ * (the reader closed or in memory, a mapping that ends short or faulted, a
+ * short read, a bad checksum, a block the rule refuses); -1, error (d holds
+ * nothing).  Nothing is counted. */
+int
+disk_block(Entry *e, Py_ssize_t i, DiskBlock *d)
+{
+    size_t size;
+    d->buf = d->heap = NULL;
+    int r = read_block_buf(e, e->reader, i, &d->buf, &size);
+    if (r != 0)
+        return r;
+    BlockBounds bounds;
+    block_bounds(e, i, &bounds);
+    r = parse_with_stack(d->buf, size, &bounds, &d->b, d->stack, &d->heap);
+    if (r < 0) {
+        PyMem_RawFree(d->buf);
+        d->buf = NULL;
+        return r == -1 ? 2 : -1;
+    }
+    return 0;
+}
+
+void
+disk_block_free(DiskBlock *d)
+{
+    PyMem_RawFree(d->buf);
+    PyMem_Free(d->heap);
+    d->buf = d->heap = NULL;
+}
+
+/* Offer block i of file e, read from disk and parsed into b, to the cache:
+ * cached in its cached form if the cache takes it (cache_admits: as a get's
+ * block when `found`, as a false positive's when not).  0, or -1 on error. */
+int
+offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, int found)
 {
     uint64_t key = e->cache_base + (uint64_t)i;
-    Admission *a = self->cache->admission;
-    if (!(false_positive ? admission_admit_reread(a, key) : admission_admit(a, key)))
+    if (self->cache == NULL || !cache_admits(self->cache, key, found))
         return 0;
-    PyObject *entry = block_entry(p, size);
-    if (entry == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_ValueError))
-            return -1;
-        PyErr_Clear();  /* a block over 1 GiB, or one block_find cannot read: not cached */
-        return 0;
-    }
+    PyObject *entry = parsed_entry(b);
+    if (entry == NULL)
+        return -1;
     int r = cache_put(self->cache, key, entry, PyBytes_GET_SIZE(entry));
     Py_DECREF(entry);
     return r;
 }
 
-/* After a "maybe" for key in data block i of file e, a block the cache does
- * not hold: read it with
- * one copy out of the reader's mapping, or where it has none one pread (the
- * GIL released either way, as os.pread does), verify its checksum and
- * walk its keys (block_may_hold).  0: a false positive, counted (one block
- * read, one false positive), its block cached if the cache admits it on its
- * second read (admission_admit_reread); 1: found, *value the value
- * block_find took from the bytes read (a new reference; None for a
- * tombstone), one true positive counted, and the payload cached if the
- * cache admits it; 2: nothing counted, let the Python lookup_block serve
- * (SSTableReader.lookup: the reader is closed or in memory, a short read, a
- * checksum mismatch, a block block_find refuses: it reads again and raises
- * what it should, CorruptionError for a malformed block); -1: error. */
-int
-disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value)
+/* The Python side's file_blocks(fast, f, keys) for the keys (a list) whose
+ * block of file f the C path did not serve: the list of their values
+ * (MISSING where not there), or NULL with the error it raised. */
+PyObject *
+hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys)
 {
-#ifdef _WIN32
-    (void)self; (void)e; (void)key; (void)i; (void)value;
-    return 2;
-#else
-    unsigned char *buf;
-    size_t size;
-    int r = read_block_buf(e, e->reader, i, &buf, &size);
-    if (r != 0)
-        return r;
-    const unsigned char *vp = NULL;
-    size_t vlen = 0;
-    int f = disk_block_find(buf, size, key, &vp, &vlen);
-    if (f < 0) {  /* a block block_find refuses: the Python side reads it again */
-        PyMem_RawFree(buf);
-        return 2;
+    PyObject *fi = PyLong_FromSsize_t(f);
+    if (fi == NULL)
+        return NULL;
+    PyObject *args[3] = {fast, fi, keys};
+    PyObject *out = PyObject_Vectorcall(self->file_blocks, args, 3, NULL);
+    Py_DECREF(fi);
+    if (out != NULL && (!PyList_CheckExact(out) || PyList_GET_SIZE(out) != PyList_GET_SIZE(keys))) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_TypeError, "file_blocks must return a value per key");
+        return NULL;
     }
+    return out;
+}
+
+/* After a "maybe" from file f (entry e) for key: its value there.  1, found,
+ * *value (a new reference; None for a tombstone); 0, not there; -1, error.
+ * Counted as readpath.py's file_blocks counts a key. */
+static int
+file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, uint64_t bound,
+         PyObject **value)
+{
+    Py_ssize_t i = bisect_index(e, key);
     uint64_t *counts = (uint64_t *)e->counts.buf;
-    counts[BLOCK_READS]++;
-    if (f == 0) {
-        /* a false positive: its block is cached only on its second read
-         * within the admission's window (BlockCache.admit_reread) */
-        r = self->cache != NULL ? offer_block(self, e, i, buf, (size_t)size, 1) : 0;
-        PyMem_RawFree(buf);
-        if (r < 0)
-            return -1;
+    if (i == e->nidx) {  /* past the last block: no block can hold it */
         counts[FALSE_POSITIVES]++;
         return 0;
     }
-    /* a full cache takes a block a get read only if it was read not long ago
-     * (BlockCache.admit) */
-    if (self->cache != NULL && offer_block(self, e, i, buf, (size_t)size, 0) < 0) {
-        PyMem_RawFree(buf);
-        return -1;
+    PyObject *entry;
+    int r = 2;
+    if (cached_entry(self, e, i, &entry)) {
+        r = entry_answer(self, e, entry, key, bound, value);
+        Py_DECREF(entry);
+        if (r != 2)
+            return r;
+    } else {
+        DiskBlock d;
+        r = disk_block(e, i, &d);
+        if (r < 0)
+            return -1;
+        if (r == 0) {
+            int present;
+            r = parsed_answer(self, e, &d.b, key, bound, value, &present);
+            if (r == 0 || r == 1) {
+                counts[BLOCK_READS]++;
+                if (offer_parsed(self, e, i, &d.b, present) < 0) {
+                    disk_block_free(&d);
+                    if (r == 1)
+                        Py_CLEAR(*value);
+                    return -1;
+                }
+            }
+            disk_block_free(&d);
+            if (r != 2)
+                return r;
+        }
     }
-    *value = found_value(f, vp, vlen);
-    PyMem_RawFree(buf);
-    if (*value == NULL)
+    /* the Python side reads the block (and raises what it should) */
+    PyObject *keys = PyList_New(1);
+    if (keys == NULL)
         return -1;
-    counts[TRUE_POSITIVES]++;
+    PyList_SET_ITEM(keys, 0, Py_NewRef(key));
+    PyObject *out = hand_over(self, fast, f, keys);
+    Py_DECREF(keys);
+    if (out == NULL)
+        return -1;
+    PyObject *v = Py_NewRef(PyList_GET_ITEM(out, 0));
+    Py_DECREF(out);
+    if (v == self->missing) {
+        Py_DECREF(v);
+        return 0;
+    }
+    *value = v;
     return 1;
-#endif
 }
 
 /* ---- get ------------------------------------------------------------------ */
@@ -415,50 +477,32 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     if (m < 0)
         goto done;
     if (value != NULL) {
-        if (value == Py_None)
-            goto absent;
-        result = Py_NewRef(value);
-        goto done;
-    }
-    Py_ssize_t f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
-    while (f >= 0) {
-        Entry *e = &probes->e[f];  /* f < probes->n: probes_first returns its own files */
-        Py_ssize_t block;
-        int c = cached_lookup(self, e, key, &value, &block);
-        if (c < 0)
-            goto done;
-        if (c == 0) {  /* a false positive, answered from the cache */
-            f = probes_first(probes, key, f + 1);
-            continue;
-        }
-        if (c == 2 && block >= 0) {  /* not in the cache (or no cache): read it here */
-            c = disk_probe(self, e, key, block, &value);
-            if (c < 0)
-                goto done;
-            if (c == 0) {  /* a false positive, read and walked */
-                f = probes_first(probes, key, f + 1);
-                continue;
-            }
-        }
-        if (c == 2) {  /* the Python side reads the block */
-            PyObject *i = block >= 0 ? PyLong_FromSsize_t(block) : NULL;
-            if (block >= 0 && i == NULL)
-                goto done;
-            PyObject *callargs[3] = {e->reader, key, i};
-            value = PyObject_Vectorcall(self->lookup_block, callargs, i ? 3 : 2, NULL);
-            Py_XDECREF(i);
-            if (value == NULL)
-                goto done;
-        }
-        if (value == Py_None) {  /* a tombstone: newest version says deleted */
+        value = visible(self, Py_NewRef(value), LATEST);
+        if (value == self->missing) {
             Py_DECREF(value);
-            goto absent;
-        }
-        if (value != self->missing) {
+            value = NULL;
+        } else {
+            if (value == Py_None) {
+                Py_DECREF(value);
+                goto absent;
+            }
             result = value;
             goto done;
         }
-        Py_DECREF(value);
+    }
+    Py_ssize_t f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
+    while (f >= 0) {
+        int r = file_get(self, fast, f, &probes->e[f], key, LATEST, &value);
+        if (r < 0)
+            goto done;
+        if (r == 1) {
+            if (value == Py_None) {  /* a tombstone: the newest version says deleted */
+                Py_DECREF(value);
+                goto absent;
+            }
+            result = value;
+            goto done;
+        }
         f = probes_first(probes, key, f + 1);
     }
     if (f == -2)  /* error in a probe */
@@ -474,7 +518,8 @@ done:
 static PyMethodDef Getter_methods[] = {
     {"many", (PyCFunction)Getter_many, METH_O,
      "many($self, keys, /)\n--\n\n"
-     "None or (out, maybes, fast, ks): the memtable and filter steps of get_many."},
+     "The values of keys (None where absent), as get_many: None when the Python path "
+     "must serve."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -488,11 +533,11 @@ PyTypeObject GetterType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_traverse = (traverseproc)Getter_traverse,
     .tp_clear = (inquiry)Getter_clear,
-    .tp_doc = "Getter(db, state, missing, lookup_block, slow_get, max_key, cache)\n"
+    .tp_doc = "Getter(db, state, missing, file_blocks, slow_get, max_key, cache)\n"
               "--\n\n"
               "get(key, default=None): a table's point read with the per-file steps in C;\n"
               "anything but a plain bytes key on an open database with C probes goes to\n"
-              "the Python getter (slow_get).",
+              "the Python getter (slow_get), a block it cannot serve to file_blocks.",
     .tp_init = (initproc)Getter_init,
     .tp_methods = Getter_methods,
     .tp_new = PyType_GenericNew,

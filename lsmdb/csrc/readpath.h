@@ -1,6 +1,23 @@
-/* readpath.h: Getter, a table's point read in C (readpath.c), get_many's
- * (readpath_many.c), and the steps the two share.  Python twin:
- * lsmdb/readpath.py. */
+/* readpath.h: Getter, a table's point read in C (readpath.c) and get_many's
+ * (readpath_many.c), and the per-file steps the two share -- the C twin of
+ * lsmdb/readpath.py, whose lookup, file_filter and file_blocks it follows step
+ * by step, counting the same.
+ *
+ * After a file's filter says "maybe", the block that can hold the key:
+ *
+ *   bisect_index          the block (past the last: a false positive)
+ *   cached_entry          the block cache's copy, marked as used: a hit
+ *   entry_answer          the key looked up in it (TRUE/FALSE_POSITIVES)
+ *   disk_block            or the block read from disk (sstable_reader.c),
+ *                         checked: its checksum, then the data block rule
+ *                         (block.c); BLOCK_READS, the keys looked up, the
+ *                         block offered to the cache (cache_admits)
+ *
+ * and every value found goes through visible(), the one place that decides
+ * what it answers.  A block the C path cannot serve (the reader closed or in
+ * memory, a short read, a bad checksum, a block the rule refuses) goes to the
+ * Python file_blocks of that file (hand_over), which reads it again and
+ * raises what it should; nothing of it was counted here. */
 
 #ifndef LSMDB_READPATH_H
 #define LSMDB_READPATH_H
@@ -21,11 +38,23 @@ typedef struct {
     Py_buffer counts;       /* state.counts: gets, gets_absent */
     int have_counts;
     PyObject *missing;      /* the MISSING sentinel */
-    PyObject *lookup_block; /* (reader, key[, block]) -> value/None/MISSING: SSTableReader.lookup */
+    PyObject *file_blocks;  /* (fast, f, keys) -> values: readpath's file_blocks of file f */
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
-    Cache *cache;           /* the block cache (its entries: block_entry bytes), or NULL */
+    Cache *cache;           /* the block cache (its entries: the cached form, bytes), or NULL */
     Py_ssize_t max_key;
 } Getter;
+
+/* The read bound of a read that sees every write. */
+#define LATEST UINT64_MAX
+
+/* A data block read from disk and parsed (disk_block): its bytes, and their
+ * offsets on the stack when they fit (STACK_ENTRIES), else in heap. */
+typedef struct {
+    unsigned char *buf;   /* payload and trailer, PyMem_RawMalloc'd */
+    ParsedBlock b;
+    unsigned char *heap;  /* the offsets when they did not fit in stack */
+    unsigned char stack[2 * ENTRY_OFFSET * STACK_ENTRIES];
+} DiskBlock;
 
 HIDDEN_BEGIN
 
@@ -35,12 +64,15 @@ extern PyTypeObject ContainsType;
 /* readpath.c */
 Py_ssize_t bisect_index(const Entry *e, PyObject *key);
 int index_words_init(Entry *e);
-int cached_block_for(Getter *self, const Entry *e, PyObject *key, PyObject **block,
-                     Py_ssize_t *block_index);
-int cached_answer(Entry *e, PyObject *entry, PyObject *key, PyObject **value);
-int offer_block(Getter *self, const Entry *e, Py_ssize_t i, const unsigned char *p, size_t size,
-                int false_positive);
-int disk_probe(Getter *self, Entry *e, PyObject *key, Py_ssize_t i, PyObject **value);
+int cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry);
+int entry_answer(Getter *self, Entry *e, PyObject *entry, PyObject *key, uint64_t bound,
+                 PyObject **value);
+int disk_block(Entry *e, Py_ssize_t i, DiskBlock *d);
+void disk_block_free(DiskBlock *d);
+int parsed_answer(Getter *self, Entry *e, const ParsedBlock *b, PyObject *key, uint64_t bound,
+                  PyObject **value, int *present);
+int offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, int found);
+PyObject *hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
 
 /* readpath_many.c */
@@ -48,12 +80,36 @@ PyObject *Getter_many(Getter *self, PyObject *keys);
 
 HIDDEN_END
 
+/* What an entry found for a key answers a read bounded by `bound`: value
+ * itself (a new reference, given and returned), or the missing sentinel (no
+ * version visible: the read goes on), value released.  readpath.py's
+ * visible(); entries of SSTable format 1 answer as they are. */
+static inline PyObject *
+visible(Getter *self, PyObject *value, uint64_t bound)
+{
+    (void)self;
+    (void)bound;
+    return value;
+}
+
+/* The bounds the index gives block i of e (lsmdb.block's rule): above index
+ * key i - 1, ending at index key i. */
+static inline void
+block_bounds(const Entry *e, Py_ssize_t i, BlockBounds *b)
+{
+    b->after = i > 0 ? e->ikeys + e->ioff[i - 1] : NULL;
+    b->after_len = i > 0 ? e->ioff[i] - e->ioff[i - 1] : 0;
+    b->last = e->ikeys + e->ioff[i];
+    b->last_len = e->ioff[i + 1] - e->ioff[i];
+}
+
 /* The state's fast tuple when the C path can serve: 1 and *fast (a new
  * reference); 0 when the Python getter must (closed database: its close
- * puts None in the cell; no C probes: shadow mode).  The tuple is taken out
- * of the state's cell, a list that TableState.publish and DB.close write:
- * the attribute lookups of db._closed and state.fast it replaced took
- * 13-20% of an absent get (paired, 2,000,000 and 200,000 keys). */
+ * puts None in the cell; no C probes: shadow mode, or a filter family the C
+ * path does not probe).  The tuple is taken out of the state's cell, a list
+ * that TableState.publish and DB.close write: the attribute lookups of
+ * db._closed and state.fast it replaced took 13-20% of an absent get
+ * (paired, 2,000,000 and 200,000 keys). */
 static inline int
 getter_fast(Getter *self, PyObject **fast)
 {
@@ -99,25 +155,6 @@ getter_hash(Probes *probes, PyObject *key, uint64_t *h)
     if (probes->native_hash)
         probes_hold(probes, key, *h);
     return 1;
-}
-
-/* After a "maybe" from file e: answer from the block cache when it holds
- * the block.  1: found, *value set (a new reference; None for a
- * tombstone); 0: a false positive (counted); 2: not answerable here (block
- * not cached, no cache, an odd cache entry): the caller asks the Python
- * lookup_block, passing it *block_index when that is >= 0 (the block that
- * can hold key, which the cache does not hold, or there is no cache); -1:
- * error. */
-static inline int
-cached_lookup(Getter *self, Entry *e, PyObject *key, PyObject **value, Py_ssize_t *block_index)
-{
-    PyObject *block;
-    int r = cached_block_for(self, e, key, &block, block_index);
-    if (r <= 0)
-        return r < 0 ? -1 : 2;
-    int found = cached_answer(e, block, key, value);
-    Py_DECREF(block);
-    return found;
 }
 
 #endif

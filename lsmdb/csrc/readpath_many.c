@@ -1,17 +1,46 @@
-/* readpath_many.c: get_many's C part, Getter.many -- the memtables and the
- * files' filters for all the keys of a call, a file at a time where the
- * filters allow it (many_by_file), else key by key, the blocks the cache
- * holds looked in and those it does not read once for all their keys; what
- * is left goes back to the Python side with the seeds of its probes.
- * Python twin: lsmdb/readpath.py's get_many. */
+/* readpath_many.c: Getter.many, the whole of get_many in C -- the memtables
+ * and their filters for every key, then each file in read order for the keys
+ * still open, the same per-file steps as a get (readpath.h) taken a file at a
+ * time for all of them.  Python twin: lsmdb/readpath.py's get_many
+ * (many_python), which takes the same steps in the same order and counts the
+ * same:
+ *
+ *   - files in read order: the level-0 files newest first, then each deeper
+ *     level's files in key order, each with the keys picked for it;
+ *   - in a file: the range check and the filter for every key still open,
+ *     then every block those keys need looked up in the cache, then the
+ *     blocks it does not hold read from disk, in file order, each once for
+ *     all its keys and offered to the cache once;
+ *
+ * so that what the cache holds, and so every counter, does not depend on the
+ * order of the keys.  A block the C path cannot serve goes to the Python
+ * file_blocks of that file for the keys that need it (hand_over). */
 
 #include "readpath.h"
 #include "sstable_reader.h"
 
-#define PREFETCH_AHEAD 8
 /* get_many's first pass over its keys touches each key object first: loading
  * this many keys ahead made a call 16-17% faster on shuffled keys. */
 #define MANY_PREFETCH_AHEAD 16
+
+/* get_many's pass over one file tests the keys' filters one key after
+ * another, each test's early exit a branch the CPU cannot guess, so the lines
+ * of one key were fetched only after the last key's test.  Where the table's
+ * filters outgrow the L2 cache (prefetch_all), each step first starts loading
+ * all the probe lines of the key MANY_AHEAD places on.  Paired against that,
+ * chunks of 1,000 absent keys at 2,000,000 keys took 0.78-0.88x the time
+ * (size-tiered, three files), 0.86-0.92x (five files), 0.83-0.87x
+ * (leveled); 4 to 32 places ahead measured alike.  Below the threshold, where
+ * the lines stay in the L2 cache, it cost time (1.04-1.17x at 200,000 keys):
+ * not done there. */
+#define MANY_AHEAD 8
+
+/* Cached blocks whose offsets and keys are prefetched ahead of the one looked in. */
+#define CAND_AHEAD 4
+
+/* The distinct hash functions a table's filters may use at once (the fast
+ * one aside): more sends the call to the Python path. */
+#define MAX_KEYED 4
 
 /* The keys of a get_many call: the caller's list, used as it is while
  * nothing can change it (see Getter_many), and a private copy from the first
@@ -22,94 +51,36 @@ typedef struct {
     int gc_paused;    /* the collector was running and is paused until own_keys */
 } ManyKeys;
 
+/* A key some file's filter let through: its block in that file, and while
+ * it is looked up in the cache, the cached block. */
 typedef struct {
-    Py_ssize_t f;      /* file (flat index) */
-    Py_ssize_t block;  /* its block that can hold the key; -1: not known */
-    Py_ssize_t i;      /* the key */
-} Miss;
-
-static int
-miss_order(const void *x, const void *y)
-{
-    const Miss *a = x, *b = y;
-    if (a->f != b->f)
-        return a->f < b->f ? -1 : 1;
-    if (a->block != b->block)
-        return a->block < b->block ? -1 : 1;
-    return (a->i > b->i) - (a->i < b->i);
-}
-
-/* A key some file's filter let through in get_many, to be looked up in the
- * cached block that can hold it (cached_batch). */
-typedef struct {
-    Py_ssize_t i, f;     /* the key, the file (flat index) */
-    Py_ssize_t block;    /* out: for res 2, the block to read (-1: unknown) */
-    PyObject *cached;    /* the cached block (a new reference) while looked up */
-    PyObject *value;     /* out: for res 1, the value (a new reference) */
-    int res;             /* out: as cached_lookup: 0 false positive, 1 found, 2 not here */
+    Py_ssize_t i;        /* the key */
+    Py_ssize_t block;    /* its block (the file's block count: past the last) */
+    PyObject *cached;    /* the cached block, a new reference, or NULL */
 } Cand;
 
-/* Start loading what entry_find reads of a cached block: its offsets and the
- * keys (the payload's first part), once its tail (the count) is in. */
-PREFETCH_HELPER
-entry_prefetch(PyObject *entry)
-{
-    const unsigned char *e = (const unsigned char *)PyBytes_AS_STRING(entry);
-    uint64_t count, plen;
-    if (entry_shape(e, (size_t)PyBytes_GET_SIZE(entry), &count, &plen) < 0)
-        return;
-    for (uint64_t off = 0; off < 4 * count; off += 64)  /* key_at */
-        PREFETCH(e + plen + off);
-    uint64_t keys = plen / 4 < 1024 ? plen / 4 : 1024;  /* where the keys usually are */
-    for (uint64_t off = 64; off < keys; off += 64)
-        PREFETCH(e + off);
-}
+/* One call's state. */
+typedef struct {
+    Getter *self;
+    PyObject *fast;
+    Probes *probes;
+    ManyKeys mk;
+    PyObject *out;          /* the answers, set once each */
+    Py_ssize_t *koff;       /* key i's copy: kbuf[koff[i]:koff[i + 1]] */
+    char *kbuf;
+    uint64_t *hashes;       /* each key's xxh3_64 */
+    PyObject *kfs[MAX_KEYED];  /* the keyed hash functions of the filters (borrowed) */
+    uint64_t *kh[MAX_KEYED];   /* each key's hash under each */
+    int nkf;
+    Py_ssize_t *pending, npend;  /* the keys still open */
+    Py_ssize_t *next;            /* scratch: the keys open after a level-0 file */
+    Py_ssize_t *spare;           /* scratch: the keys a file hands over */
+    Py_ssize_t *picks;           /* scratch: each open key's file of a level */
+    Cand *cands;
+    uint64_t absent;
+} Many;
 
-/* Cands whose cached blocks cached_batch prefetches ahead of the one it looks in. */
-#define CAND_AHEAD 4
-
-/* cached_lookup for many keys at once, counted the same: first every key's
- * cached block is found (its first and last lines prefetched), then each is
- * looked in with the offsets and keys of the blocks CAND_AHEAD further on
- * already loading, so that their misses overlap.  0, or -1 with an
- * exception set (every Cand's references released). */
-static int
-cached_batch(Getter *self, Probes *probes, PyObject *keys, Cand *cs, Py_ssize_t nc)
-{
-    for (Py_ssize_t c = 0; c < nc; c++) {
-        cs[c].block = -1;
-        cs[c].cached = cs[c].value = NULL;
-        cs[c].res = 2;
-    }
-    for (Py_ssize_t c = 0; c < nc; c++) {
-        Cand *x = &cs[c];
-        int r = cached_block_for(self, &probes->e[x->f], PyList_GET_ITEM(keys, x->i),
-                                 &x->cached, &x->block);
-        if (r < 0)
-            goto error;
-        if (r > 0)
-            PREFETCH(PyBytes_AS_STRING(x->cached) + PyBytes_GET_SIZE(x->cached) - 1);
-    }
-    for (Py_ssize_t c = 0; c < nc; c++) {
-        Cand *x = &cs[c];
-        if (c + CAND_AHEAD < nc && cs[c + CAND_AHEAD].cached != NULL)
-            entry_prefetch(cs[c + CAND_AHEAD].cached);
-        if (x->cached == NULL)
-            continue;
-        x->res = cached_answer(&probes->e[x->f], x->cached, PyList_GET_ITEM(keys, x->i),
-                               &x->value);
-        Py_CLEAR(x->cached);
-        if (x->res < 0)
-            goto error;
-    }
-    return 0;
-error:
-    for (Py_ssize_t c = 0; c < nc; c++) {
-        Py_CLEAR(cs[c].cached);
-        Py_CLEAR(cs[c].value);
-    }
-    return -1;
-}
+#define KEY_AT(m, i) (m)->kbuf + (m)->koff[i], (m)->koff[(i) + 1] - (m)->koff[i]
 
 /* Make mk->keys a copy of the caller's list (the same objects in the same
  * order, now held by the copy) and let the collector run again.  0, or -1. */
@@ -129,337 +100,339 @@ own_keys(ManyKeys *mk)
     return 0;
 }
 
-/* disk_probe for several keys (get_many): the keys keys[ms[c].i] for c in
- * [0, nk), every one a "maybe" of file e whose block i the
- * cache does not hold.  The block is read once (read_block_buf) and each key
- * walked for in it as disk_probe walks for one.  1: each answered, res[c] 0
- * for a false positive and 1 for a key found, vals[c] then its value (a new
- * reference; None for a tombstone); one block read counted, a true or a
- * false positive per key, and the block offered to the cache once (admitted
- * as a get's block when it held one of the keys, as a false positive's when
- * it held none).  2: nothing answered or counted (a block Python must read,
- * or one block_find refuses: the Python side reads it for these keys, and
- * raises CorruptionError for a malformed block).  -1: error.  Before it,
- * such a block went to the Python side, which decoded it whole: get_many
- * of 50,000 present keys at 2,000,000 keys took 2.4x the time of a loop of
- * get. */
-static int
-disk_probe_many(Getter *self, Entry *e, PyObject *keys, const Miss *ms, Py_ssize_t nk,
-                Py_ssize_t i, int *res, PyObject **vals)
+/* Start loading what entry_answer reads of a cached block: its offsets and
+ * the keys (the payload's first part), once its tail (the count) is in. */
+PREFETCH_HELPER
+entry_prefetch(PyObject *entry)
 {
-    unsigned char *buf;
-    size_t size;
-    int r = read_block_buf(e, e->reader, i, &buf, &size);
-    if (r != 0)
-        return r;
-    Py_ssize_t c, found = 0;
-    for (c = 0; c < nk; c++) {
-        const unsigned char *vp = NULL;
-        size_t vlen = 0;
-        int f = disk_block_find(buf, size, PyList_GET_ITEM(keys, ms[c].i), &vp, &vlen);
-        vals[c] = NULL;
-        res[c] = f > 0;
-        if (f < 0) {
-            r = 2;
-            goto fail;
-        }
-        if (f > 0) {
-            vals[c] = found_value(f, vp, vlen);
-            if (vals[c] == NULL) {
-                r = -1;
-                goto fail;
-            }
-            found++;
-        }
-    }
-    if (self->cache != NULL && offer_block(self, e, i, buf, size, found == 0) < 0) {
-        r = -1;
-        goto fail;
-    }
-    PyMem_RawFree(buf);
-    uint64_t *counts = (uint64_t *)e->counts.buf;
-    counts[BLOCK_READS]++;
-    counts[TRUE_POSITIVES] += (uint64_t)found;
-    counts[FALSE_POSITIVES] += (uint64_t)(nk - found);
-    return 1;
-fail:  /* vals[0:c] hold values or NULL; vals[c], where the walk stopped, NULL */
-    for (Py_ssize_t d = 0; d < c; d++)
-        Py_CLEAR(vals[d]);
-    PyMem_RawFree(buf);
-    return r;
+    ParsedBlock b;
+    if (entry_parsed((const unsigned char *)PyBytes_AS_STRING(entry),
+                     (size_t)PyBytes_GET_SIZE(entry), &b) < 0)
+        return;
+    for (uint64_t off = 0; off < ENTRY_OFFSET * b.count; off += 64)  /* key_at */
+        PREFETCH(b.offs + off);
+    size_t keys = b.plen / 4 < 1024 ? b.plen / 4 : 1024;  /* where the keys usually are */
+    for (size_t off = 64; off < keys; off += 64)
+        PREFETCH(b.payload + off);
 }
 
-/* get_many's pass over one file (or one level) tests the keys' filters one
- * key after another, each test's early exit a branch the CPU cannot guess,
- * so the lines of one key were fetched only after the last key's test.
- * Where the table's filters outgrow the L2 cache (prefetch_all), each step
- * first starts loading all k probe lines of the key MANY_AHEAD places on.
- * Paired against that, chunks of 1,000 absent keys at 2,000,000 keys took
- * 0.78-0.88x the time (size-tiered, three files), 0.86-0.92x (five files),
- * 0.83-0.87x (leveled); 4 to 32 places ahead measured alike, and only the
- * first 4 lines 0.90x.  Below the threshold, where the lines stay in the L2
- * cache, it cost time (1.04-1.17x at 200,000 keys): not done there. */
-#define MANY_AHEAD 8
-
-/* get_many's memtable and filter steps, file by file: first every key's
- * memtable lookup, hash and a copy of its bytes (keys are objects scattered
- * over the heap: each is visited once, in a loop whose loads overlap), then
- * each file in read order (the level-0 files, then each level's pick) for
- * all the keys still unanswered, on the copies, so that one filter at a time
- * is in the CPU's caches rather than all of them in turn for every key.
- * Each key meets the files in the same order as a get and is counted the
- * same.  A block not cached is read here once for all the keys that need it
- * (disk_probe, disk_probe_many); only a block those cannot serve sends its
- * keys to maybes as (file, i, seed) and no further, and the Python side
- * reads it once.  Only for tables whose filters all use the inline fast
- * hash, or all one keyed hash (kf: each key hashed once, up front, by a
- * Python call, the keys then held by a copy).  0, or -1 with an exception
- * set. */
-static int
-many_by_file(Getter *self, Probes *probes, PyObject *fast, ManyKeys *mk, PyObject *out,
-             PyObject *maybes, uint64_t *absent, PyObject *kf)
+/* The hashes file e's filter tests: the keys' xxh3_64, or their hash under
+ * e's keyed function. */
+static const uint64_t *
+hashes_for(const Many *m, const Entry *e)
 {
-    PyObject *keys = mk->keys;
-    Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0, total = 0;
-    int rc = -1;
-    for (Py_ssize_t i = 0; i < n; i++)
-        total += PyBytes_GET_SIZE(PyList_GET_ITEM(keys, i));
-    Py_ssize_t *pending = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
-    Py_ssize_t *koff = PyMem_Malloc((n + 1) * sizeof(Py_ssize_t));
-    uint64_t *hashes = PyMem_Malloc((n ? n : 1) * sizeof(uint64_t));
-    char *kbuf = PyMem_Malloc(total ? (size_t)total : 1);
-    Miss *misses = PyMem_Malloc((n ? n : 1) * sizeof(Miss));
-    Cand *cands = PyMem_Malloc((n ? n : 1) * sizeof(Cand));
-    int *res = PyMem_Malloc((n ? n : 1) * sizeof(int));
-    PyObject **vals = PyMem_Malloc((n ? n : 1) * sizeof(PyObject *));
-    Py_ssize_t *picks = PyMem_Malloc((n ? n : 1) * sizeof(Py_ssize_t));
-    /* the hashes the files' filters test: the fast ones, or those of kf */
-    uint64_t *fh = kf != NULL ? PyMem_Malloc((n ? n : 1) * sizeof(uint64_t)) : hashes;
-    Py_XINCREF(kf);
-    if (pending == NULL || koff == NULL || hashes == NULL || kbuf == NULL || misses == NULL
-        || cands == NULL || res == NULL || vals == NULL || picks == NULL || fh == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    for (int j = 0; j < m->nkf; j++)
+        if (m->kfs[j] == e->kf)
+            return m->kh[j];
+    return m->hashes;
+}
+
+/* Key i answered: value (a new reference, stolen) into out. */
+static inline void
+answer(Many *m, Py_ssize_t i, PyObject *value)
+{
+    m->absent += value == Py_None;
+    PyList_SET_ITEM(m->out, i, value);
+}
+
+/* The Python file_blocks of file f for the keys idx[0:n] (a block the C path
+ * did not serve): each answered or left open (onto keep).  0, or -1. */
+static int
+hand_over_keys(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, Py_ssize_t *keep,
+               Py_ssize_t *nkeep)
+{
+    if (own_keys(&m->mk) < 0)
+        return -1;
+    PyObject *keys = PyList_New(n);
+    if (keys == NULL)
+        return -1;
+    for (Py_ssize_t c = 0; c < n; c++)
+        PyList_SET_ITEM(keys, c, Py_NewRef(PyList_GET_ITEM(m->mk.keys, idx[c])));
+    PyObject *values = hand_over(m->self, m->fast, f, keys);
+    Py_DECREF(keys);
+    if (values == NULL)
+        return -1;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        PyObject *v = PyList_GET_ITEM(values, c);
+        if (v == m->self->missing)
+            keep[(*nkeep)++] = idx[c];
+        else
+            answer(m, idx[c], Py_NewRef(v));
     }
-    koff[0] = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
-        Py_ssize_t klen = PyBytes_GET_SIZE(key);
-        koff[i + 1] = koff[i] + klen;
-        if (xxh3_64_bytes(key, &hashes[i]) < 0)
-            goto done;
-        if (mem_lookup(fast, key, hashes[i], klen <= XXH3_NATIVE_MAX, &value) < 0)
-            goto done;
-        if (value != NULL) {
-            *absent += value == Py_None;
-            PyList_SET_ITEM(out, i, Py_NewRef(value));
+    Py_DECREF(values);
+    return 0;
+}
+
+static int
+cand_order(const void *x, const void *y)
+{
+    const Cand *a = x, *b = y;
+    if (a->block != b->block)
+        return a->block < b->block ? -1 : 1;
+    return (a->i > b->i) - (a->i < b->i);
+}
+
+/* File f's step for the open keys idx[0:n]: the range check and the filter
+ * for each (every key of a level-0 file whose range holds them all when
+ * `whole`), then the cache for the blocks those that may be here need, then
+ * the rest read from disk in file order.  The keys the file does not answer
+ * go onto keep.  0, or -1 with an exception set. */
+static int
+file_step(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, int whole,
+          Py_ssize_t *keep, Py_ssize_t *nkeep)
+{
+    Probes *probes = m->probes;
+    Entry *e = &probes->e[f];
+    const uint64_t *fh = hashes_for(m, e);
+    const int picked = f >= probes->n0;
+    int ahead = probes->prefetch_all && filter_present(&e->filter);
+    Py_ssize_t nc = 0;
+    for (Py_ssize_t q = 0; q < n; q++) {
+        Py_ssize_t i = idx[q];
+        if (ahead && q + MANY_AHEAD < n)
+            filter_prefetch(&e->filter, fh[idx[q + MANY_AHEAD]], 1);
+        if (whole ? !filter_says_maybe(e, fh[i]) : !check_raw(e, KEY_AT(m, i), fh[i], picked)) {
+            keep[(*nkeep)++] = i;  /* not in this file: on to the next */
             continue;
         }
-        if (kf != NULL) {  /* Python code: the caller made keys a copy (own_keys) */
-            PyObject *r = PyObject_CallOneArg(kf, key);
-            if (r == NULL)
-                goto done;
-            unsigned long long v = PyLong_AsUnsignedLongLong(r);
-            Py_DECREF(r);
-            if (v == (unsigned long long)-1 && PyErr_Occurred())
-                goto done;
-            fh[i] = (uint64_t)v;
-        }
-        memcpy(kbuf + koff[i], PyBytes_AS_STRING(key), (size_t)klen);
-        pending[npend++] = i;
+        m->cands[nc].i = i;  /* a "maybe" */
+        m->cands[nc].block = bisect_index(e, PyList_GET_ITEM(m->mk.keys, i));
+        m->cands[nc].cached = NULL;
+        nc++;
     }
-    /* The smallest and largest key still to answer: a level-0 file whose range
-     * holds both holds every one, and its range check per key is skipped (a
-     * key in range is not counted, so the counters are the same). */
-#define KEY_AT(i) kbuf + koff[i], koff[(i) + 1] - koff[i]  /* key i's copy: bytes, length */
-    Py_ssize_t kmin = npend ? pending[0] : 0, kmax = kmin;
-    for (Py_ssize_t q = 1; q < npend; q++) {
-        Py_ssize_t i = pending[q];
-        if (mem_order(KEY_AT(i), KEY_AT(kmin)) < 0)
-            kmin = i;
-        else if (mem_order(KEY_AT(i), KEY_AT(kmax)) > 0)
-            kmax = i;
+    if (nc == 0)
+        return 0;
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    /* The cache, for every key's block: first each cached block found (its
+     * tail prefetched), then each looked in with the offsets and keys of the
+     * blocks CAND_AHEAD further on already loading. */
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        Cand *x = &m->cands[c];
+        if (x->block < e->nidx && cached_entry(m->self, e, x->block, &x->cached))
+            continue;
+        x->cached = NULL;
     }
-    for (Py_ssize_t j = 0; j < probes->n0 + probes->nlevels && npend > 0; j++) {
-        Py_ssize_t keep = 0, nmiss = 0, ncand = 0;
-        Entry *whole = j < probes->n0 && range_holds(&probes->e[j], KEY_AT(kmin))
-                       && range_holds(&probes->e[j], KEY_AT(kmax)) ? &probes->e[j] : NULL;
-        if (j >= probes->n0) {  /* each key's file of this level, picked up front */
-            for (Py_ssize_t q = 0; q < npend; q++)
-                picks[q] = level_pick(probes, j - probes->n0, PyList_GET_ITEM(keys, pending[q]));
+    Py_ssize_t nmiss = 0, nrefused = 0;
+    int rc = -1;
+    for (Py_ssize_t c = 0; c < nc; c++) {
+        Cand *x = &m->cands[c];
+        if (c + CAND_AHEAD < nc && m->cands[c + CAND_AHEAD].cached != NULL)
+            entry_prefetch(m->cands[c + CAND_AHEAD].cached);
+        if (x->block == e->nidx) {  /* past the last block: no block can hold it */
+            counts[FALSE_POSITIVES]++;
+            keep[(*nkeep)++] = x->i;
+            continue;
         }
-        for (Py_ssize_t q = 0; q < npend; q++) {
-            Py_ssize_t i = pending[q];
-            Py_ssize_t f = j < probes->n0 ? j : picks[q];
-            if (probes->prefetch_all && q + MANY_AHEAD < npend) {
-                Py_ssize_t fa = j < probes->n0 ? j : picks[q + MANY_AHEAD];
-                if (fa >= 0)
-                    filter_prefetch(&probes->e[fa].filter, fh[pending[q + MANY_AHEAD]], 1);
-            }
-            if (whole != NULL ? !filter_says_maybe(whole, fh[i])
-                              : f < 0 || !check_raw(&probes->e[f], KEY_AT(i), fh[i],
-                                                    j >= probes->n0)) {
-                pending[keep++] = i;  /* not in this file: on to the next */
-                continue;
-            }
-            cands[ncand].i = i;  /* a "maybe": looked up in the cache below */
-            cands[ncand].f = f;
-            ncand++;
+        if (x->cached == NULL) {
+            m->cands[nmiss++] = *x;  /* read below (nmiss <= c: in place) */
+            continue;
         }
-        if (cached_batch(self, probes, keys, cands, ncand) < 0)
-            goto done;
-        for (Py_ssize_t c = 0; c < ncand; c++) {
-            Py_ssize_t i = cands[c].i;
-            if (cands[c].res == 0) {  /* a false positive, answered from the cache */
-                pending[keep++] = i;
-            } else if (cands[c].res == 1) {
-                *absent += cands[c].value == Py_None;
-                PyList_SET_ITEM(out, i, cands[c].value);
-            } else {
-                misses[nmiss].f = cands[c].f;  /* the block is not cached: read below */
-                misses[nmiss].block = cands[c].block;
-                misses[nmiss].i = i;
-                nmiss++;
-            }
+        PyObject *value = NULL;
+        int r = entry_answer(m->self, e, x->cached, PyList_GET_ITEM(m->mk.keys, x->i), LATEST,
+                             &value);
+        Py_CLEAR(x->cached);
+        if (r < 0)
+            goto fail;
+        if (r == 1)
+            answer(m, x->i, value);
+        else if (r == 0)
+            keep[(*nkeep)++] = x->i;
+        else  /* an entry that does not hold together: the Python side */
+            m->spare[nrefused++] = x->i;
+    }
+    if (nrefused && hand_over_keys(m, f, m->spare, nrefused, keep, nkeep) < 0)
+        goto fail_all;
+    if (nmiss == 0)
+        return 0;
+    /* The blocks not cached, in file order, each read once for its keys.  A
+     * read lets the GIL go, and a hand-over runs Python code: the keys are
+     * held by a copy from here. */
+    if (own_keys(&m->mk) < 0)
+        goto fail_all;
+    qsort(m->cands, (size_t)nmiss, sizeof(Cand), cand_order);
+    for (Py_ssize_t a = 0, b; a < nmiss; a = b) {
+        Py_ssize_t block = m->cands[a].block;
+        for (b = a + 1; b < nmiss && m->cands[b].block == block; b++)
+            ;
+        DiskBlock d;
+        int r = disk_block(e, block, &d);
+        if (r < 0)
+            goto fail_all;
+        if (r == 2) {  /* the Python side reads it, for these keys */
+            for (Py_ssize_t c = a; c < b; c++)
+                m->spare[c - a] = m->cands[c].i;
+            if (hand_over_keys(m, f, m->spare, b - a, keep, nkeep) < 0)
+                goto fail_all;
+            continue;
         }
-        /* Blocks to read, grouped: a block only one key needs is read here as
-         * a get reads it, one that several keys need once for all of them; a
-         * block neither can serve goes to the Python side.  A read lets the
-         * GIL go and decoding runs Python code: the keys are held by a copy
-         * from here. */
-        if (nmiss > 0) {
-            if (own_keys(mk) < 0)
-                goto done;
-            keys = mk->keys;
-        }
-        qsort(misses, (size_t)nmiss, sizeof(Miss), miss_order);
-        for (Py_ssize_t a = 0, b; a < nmiss; a = b) {
-            for (b = a + 1; b < nmiss && misses[b].f == misses[a].f
-                            && misses[b].block == misses[a].block; b++)
-                ;
-            if (b == a + 1 && misses[a].block >= 0) {
-                Py_ssize_t f = misses[a].f, i = misses[a].i;
-                PyObject *value = NULL;
-                int d = disk_probe(self, &probes->e[f], PyList_GET_ITEM(keys, i),
-                                   misses[a].block, &value);
-                if (d < 0)
-                    goto done;
-                if (d == 0) {  /* a false positive: on to the next file */
-                    pending[keep++] = i;
-                    continue;
-                }
-                if (d == 1) {
-                    *absent += value == Py_None;
-                    PyList_SET_ITEM(out, i, value);
-                    continue;
-                }
-            } else if (misses[a].block >= 0) {  /* several keys: one read for them all */
-                Py_ssize_t f = misses[a].f;
-                int d = disk_probe_many(self, &probes->e[f], keys, misses + a, b - a,
-                                        misses[a].block, res, vals);
-                if (d < 0)
-                    goto done;
-                if (d == 1) {
-                    for (Py_ssize_t c = a; c < b; c++) {
-                        Py_ssize_t i = misses[c].i;
-                        if (!res[c - a]) {  /* a false positive: on to the next file */
-                            pending[keep++] = i;
-                            continue;
-                        }
-                        *absent += vals[c - a] == Py_None;
-                        PyList_SET_ITEM(out, i, vals[c - a]);
-                    }
-                    continue;
-                }
-            }
-            for (Py_ssize_t c = a; c < b; c++) {
-                Py_ssize_t i = misses[c].i;
-                PyObject *entry = Py_BuildValue("(nn(LLO))", misses[c].f, i,
-                                                (long long)hashes[i],
-                                                kf != NULL ? (long long)fh[i] : -1LL,
-                                                kf != NULL ? kf : Py_None);
-                if (entry == NULL)
-                    goto done;
-                int r = PyList_Append(maybes, entry);
-                Py_DECREF(entry);
-                if (r < 0)
-                    goto done;
-                PyList_SET_ITEM(out, i, Py_NewRef(self->missing));
+        counts[BLOCK_READS]++;
+        int found = 0;
+        for (Py_ssize_t c = a; c < b; c++) {
+            PyObject *value = NULL;
+            int present;
+            r = parsed_answer(m->self, e, &d.b, PyList_GET_ITEM(m->mk.keys, m->cands[c].i),
+                              LATEST, &value, &present);
+            found |= present;
+            if (r == 1) {
+                answer(m, m->cands[c].i, value);
+            } else if (r == 0) {
+                keep[(*nkeep)++] = m->cands[c].i;
+            } else {  /* a block the rule accepted holds together: this is a bug */
+                if (r == 2)
+                    PyErr_SetString(PyExc_SystemError, "a parsed block does not hold together");
+                disk_block_free(&d);
+                goto fail_all;
             }
         }
-        npend = keep;
+        r = offer_parsed(m->self, e, block, &d.b, found);
+        disk_block_free(&d);
+        if (r < 0)
+            goto fail_all;
     }
-    for (Py_ssize_t q = 0; q < npend; q++) {
-        PyList_SET_ITEM(out, pending[q], Py_NewRef(Py_None));
-        (*absent)++;
-    }
-    rc = 0;
-#undef KEY_AT
-done:
-    PyMem_Free(pending);
-    PyMem_Free(koff);
-    PyMem_Free(hashes);
-    PyMem_Free(kbuf);
-    PyMem_Free(misses);
-    PyMem_Free(cands);
-    PyMem_Free(res);
-    PyMem_Free(vals);
-    PyMem_Free(picks);
-    if (kf != NULL) {
-        PyMem_Free(fh);
-        Py_DECREF(kf);
-    }
+    return 0;
+fail:
+    for (Py_ssize_t c = 0; c < nc; c++)
+        Py_CLEAR(m->cands[c].cached);
+fail_all:
     return rc;
 }
 
-/* The one keyed hash function every filter of probes tests with: 1 and
- * *kf (borrowed), or *kf NULL when no filter is keyed; 0 when the filters
- * use different hashes (the fast one and a keyed one, or two keyed ones, as
- * while rebuild_filters or compactions move a table to another hash). */
-static int
-probes_one_hash(const Probes *self, PyObject **kf)
+/* The file of level L (flat index) each open key belongs to, or -1. */
+static void
+level_picks(Many *m, Py_ssize_t L)
 {
-    PyObject *one = NULL;
-    int fast = 0;
-    for (Py_ssize_t i = 0; i < self->n; i++) {
-        const Entry *e = &self->e[i];
-        if (!filter_present(&e->filter))
-            continue;
-        if (e->kf == NULL)
-            fast = 1;
-        else if (one == NULL)
-            one = e->kf;
-        else if (e->kf != one)
-            return 0;
+    for (Py_ssize_t q = 0; q < m->npend; q++)
+        m->picks[q] = level_pick(m->probes, L, PyList_GET_ITEM(m->mk.keys, m->pending[q]));
+}
+
+/* Every open key through the files in read order; those no file answers are
+ * absent.  0, or -1. */
+static int
+many_files(Many *m)
+{
+    Probes *probes = m->probes;
+    /* The smallest and largest key still open: a level-0 file whose range
+     * holds both holds every one, and its range check per key is skipped (a
+     * key in range is not counted, so the counters are the same). */
+    Py_ssize_t kmin = m->npend ? m->pending[0] : 0, kmax = kmin;
+    for (Py_ssize_t q = 1; q < m->npend; q++) {
+        Py_ssize_t i = m->pending[q];
+        if (mem_order(KEY_AT(m, i), KEY_AT(m, kmin)) < 0)
+            kmin = i;
+        else if (mem_order(KEY_AT(m, i), KEY_AT(m, kmax)) > 0)
+            kmax = i;
     }
-    if (fast && one != NULL)
-        return 0;
-    *kf = one;
-    return 1;
+    for (Py_ssize_t f = 0; f < probes->n0 && m->npend > 0; f++) {
+        Entry *e = &probes->e[f];
+        int whole = range_holds(e, KEY_AT(m, kmin)) && range_holds(e, KEY_AT(m, kmax));
+        Py_ssize_t nkeep = 0;
+        if (file_step(m, f, m->pending, m->npend, whole, m->next, &nkeep) < 0)
+            return -1;
+        memcpy(m->pending, m->next, (size_t)nkeep * sizeof(Py_ssize_t));
+        m->npend = nkeep;
+    }
+    for (Py_ssize_t L = 0; L < probes->nlevels && m->npend > 0; L++) {
+        level_picks(m, L);
+        /* the level's files in key order, each with its keys in their order;
+         * keys no file of the level can hold stay open */
+        Py_ssize_t nkeep = 0, npend = m->npend;
+        Py_ssize_t *keys_of = PyMem_Malloc((size_t)(npend ? npend : 1) * sizeof(Py_ssize_t));
+        Py_ssize_t *keep = PyMem_Malloc((size_t)(npend ? npend : 1) * sizeof(Py_ssize_t));
+        if (keys_of == NULL || keep == NULL) {
+            PyMem_Free(keys_of);
+            PyMem_Free(keep);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t q = 0; q < npend; q++)
+            if (m->picks[q] < 0)
+                keep[nkeep++] = m->pending[q];
+        for (Py_ssize_t f = probes->off[L]; f < probes->off[L + 1]; f++) {
+            Py_ssize_t nk = 0;
+            for (Py_ssize_t q = 0; q < npend; q++)
+                if (m->picks[q] == f)
+                    keys_of[nk++] = m->pending[q];
+            if (nk && file_step(m, f, keys_of, nk, 0, keep, &nkeep) < 0) {
+                PyMem_Free(keys_of);
+                PyMem_Free(keep);
+                return -1;
+            }
+        }
+        memcpy(m->pending, keep, (size_t)nkeep * sizeof(Py_ssize_t));
+        m->npend = nkeep;
+        PyMem_Free(keys_of);
+        PyMem_Free(keep);
+    }
+    for (Py_ssize_t q = 0; q < m->npend; q++)
+        answer(m, m->pending[q], Py_NewRef(Py_None));
+    m->npend = 0;
+    return 0;
+}
+
+/* The keyed hash functions of probes' filters into m (the fast one aside):
+ * 0, or -1 when there are more than MAX_KEYED. */
+static int
+collect_keyed(Many *m)
+{
+    m->nkf = 0;
+    for (Py_ssize_t f = 0; f < m->probes->n; f++) {
+        const Entry *e = &m->probes->e[f];
+        if (e->kf == NULL || !filter_present(&e->filter))
+            continue;
+        int seen = 0;
+        for (int j = 0; j < m->nkf; j++)
+            seen |= m->kfs[j] == e->kf;
+        if (seen)
+            continue;
+        if (m->nkf == MAX_KEYED)
+            return -1;
+        m->kfs[m->nkf++] = e->kf;
+    }
+    return 0;
+}
+
+/* Each open key's hash under each keyed function (Python calls: the keys are
+ * held by a copy first).  0, or -1. */
+static int
+keyed_hashes(Many *m, Py_ssize_t n)
+{
+    for (int j = 0; j < m->nkf; j++) {
+        m->kh[j] = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+        if (m->kh[j] == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t q = 0; q < m->npend; q++) {
+            Py_ssize_t i = m->pending[q];
+            PyObject *r = PyObject_CallOneArg(m->kfs[j], PyList_GET_ITEM(m->mk.keys, i));
+            if (r == NULL)
+                return -1;
+            unsigned long long v = PyLong_AsUnsignedLongLong(r);
+            Py_DECREF(r);
+            if (v == (unsigned long long)-1 && PyErr_Occurred())
+                return -1;
+            m->kh[j][i] = (uint64_t)v;
+        }
+    }
+    return 0;
 }
 
 PyObject *
 Getter_many(Getter *self, PyObject *keys)
 {
-    /* many(keys) -> None, or (out, maybes, fast, ks): the first steps of
-     * get_many.  keys: a list of bytes.  out[i] is the answer where the
-     * memtables or the filters settle it (None: absent), else MISSING;
-     * maybes lists (file, i, seed) for those, to be read by the Python side
-     * (which counts their absences); fast is the state.fast tuple this answer
-     * used (its files are what the indexes in maybes refer to); ks is a list
-     * of the keys as they were answered, for the Python side to read the
-     * maybes with (a private copy whenever maybes is not empty).  None when the
-     * Python path must serve (keys not all plain bytes within the size
-     * limit, closed database, no C probes for this state).
+    /* many(keys) -> the list of values of keys (None where absent), as
+     * get_many; None when the Python path must serve (keys not all plain
+     * bytes within the size limit, a closed database, no C probes for this
+     * state, more keyed hashes than MAX_KEYED, a fast hash not computed here).
      *
      * The caller's list is not copied up front (that cost 5-7% of a call):
-     * on the native-hash path with keys short enough to hash here, nothing
-     * after getter_fast runs Python code or lets the GIL go until a block has
-     * to be read, and the cyclic collector -- whose finalisers could run from
-     * any allocation here -- is paused, so the list and its items stay as they
-     * are.  Before a block read (it lets the GIL go, and decoding is Python
-     * code), and from the start on the other paths (a keyed hash is Python
-     * code; xxhash may let the GIL go), a copy holds them (own_keys). */
+     * with keys short enough to hash here and no keyed hash, nothing after
+     * getter_fast runs Python code or lets the GIL go until a block has to be
+     * read, and the cyclic collector -- whose finalisers could run from any
+     * allocation here -- is paused, so the list and its items stay as they
+     * are.  Before a block read or a hand-over, and from the start on the
+     * other paths (a keyed hash is Python code; xxhash may let the GIL go), a
+     * copy holds them (own_keys). */
     if (self->db == NULL) {
         PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
         return NULL;
@@ -468,16 +441,20 @@ Getter_many(Getter *self, PyObject *keys)
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return NULL;
     }
-    PyObject *fast = NULL;
-    int ok = getter_fast(self, &fast);
+    Many m;
+    memset(&m, 0, sizeof m);
+    m.self = self;
+    int ok = getter_fast(self, &m.fast);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES);
-    PyObject *kf = NULL;  /* the keyed hash of every filter, if they all use one */
-    int by_file = probes->native_hash && probes_one_hash(probes, &kf), all_short = 1;
-    ManyKeys mk = {keys, Py_NewRef(keys), PyGC_Disable()};
-    PyObject *out = NULL, *maybes = NULL, *result = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
+    m.probes = (Probes *)PyTuple_GET_ITEM(m.fast, FAST_PROBES);
+    PyObject *result = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys), total = 0;
+    int all_short = 1;
+    if (!m.probes->native_hash || collect_keyed(&m) < 0) {
+        Py_DECREF(m.fast);
+        return Py_NewRef(Py_None);
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
         if (i + MANY_PREFETCH_AHEAD < n) {  /* key objects spread over the heap: fetch ahead */
@@ -486,86 +463,80 @@ Getter_many(Getter *self, PyObject *keys)
             PREFETCH(ahead + 63);  /* bytes, when the object straddles two lines */
         }
         if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key) {
-            result = Py_NewRef(Py_None);
-            goto done;
+            Py_DECREF(m.fast);
+            return Py_NewRef(Py_None);
         }
         all_short &= PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;  /* hashed here, not by xxhash */
+        total += PyBytes_GET_SIZE(key);
     }
-    if (!(by_file && all_short && kf == NULL) && own_keys(&mk) < 0)
+    m.mk.given = keys;
+    m.mk.keys = Py_NewRef(keys);
+    m.mk.gc_paused = PyGC_Disable();
+    if (!(all_short && m.nkf == 0) && own_keys(&m.mk) < 0)
         goto done;
-    out = PyList_New(n);
-    maybes = PyList_New(0);
-    if (out == NULL || maybes == NULL)
+    size_t np = (size_t)(n ? n : 1);
+    m.out = PyList_New(n);
+    m.koff = PyMem_Malloc((np + 1) * sizeof(Py_ssize_t));
+    m.kbuf = PyMem_Malloc(total ? (size_t)total : 1);
+    m.hashes = PyMem_Malloc(np * sizeof(uint64_t));
+    m.pending = PyMem_Malloc(np * sizeof(Py_ssize_t));
+    m.next = PyMem_Malloc(np * sizeof(Py_ssize_t));
+    m.spare = PyMem_Malloc(np * sizeof(Py_ssize_t));
+    m.picks = PyMem_Malloc(np * sizeof(Py_ssize_t));
+    m.cands = PyMem_Malloc(np * sizeof(Cand));
+    if (m.out == NULL || m.koff == NULL || m.kbuf == NULL || m.hashes == NULL
+        || m.pending == NULL || m.next == NULL || m.spare == NULL || m.picks == NULL
+        || m.cands == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto done;
-    uint64_t *counts = (uint64_t *)self->counts.buf;
-    uint64_t absent = 0;
-    if (by_file) {
-        if (many_by_file(self, probes, fast, &mk, out, maybes, &absent, kf) < 0)
-            goto done;
-        n = 0;  /* every key answered or in maybes (which only a block read adds: mk owns) */
     }
-    PyObject *ks = mk.keys;
+    /* Every key's memtable lookup, hash and a copy of its bytes (keys are
+     * objects scattered over the heap: each is visited once, in a loop whose
+     * loads overlap); the files then test the copies. */
+    m.koff[0] = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(ks, i);
-        if (i + PREFETCH_AHEAD < n) {  /* keys scattered in memory: fetch ahead */
-            const char *ahead = (const char *)PyList_GET_ITEM(ks, i + PREFETCH_AHEAD);
-            PREFETCH(ahead);
-            PREFETCH(ahead + 63);
-        }
-        PyObject *value = NULL;
-        uint64_t h = 0;
-        int have_h = getter_hash(probes, key, &h);
-        if (mem_lookup(fast, key, h, have_h, &value) < 0)
+        PyObject *key = PyList_GET_ITEM(m.mk.keys, i), *value = NULL;
+        Py_ssize_t klen = PyBytes_GET_SIZE(key);
+        m.koff[i + 1] = m.koff[i] + klen;
+        if (xxh3_64_bytes(key, &m.hashes[i]) < 0)
+            goto done;
+        if (mem_lookup(m.fast, key, m.hashes[i], klen <= XXH3_NATIVE_MAX, &value) < 0)
             goto done;
         if (value != NULL) {
-            absent += value == Py_None;
-            PyList_SET_ITEM(out, i, Py_NewRef(value));
-            continue;
-        }
-        Py_ssize_t f = probes_first(probes, key, 0);
-        value = NULL;
-        while (f >= 0) {  /* blocks the cache holds are read here; others wait */
-            Py_ssize_t block;
-            int c = cached_lookup(self, &probes->e[f], key, &value, &block);
-            if (c < 0)
-                goto done;
-            if (c == 1)
-                break;
-            if (c == 2) {  /* the Python side reads this block, once for all keys */
-                PyObject *seed = probes->last_key == key ? hash_seed(probes)
-                                                         : Py_NewRef(Py_None);
-                if (seed == NULL)
-                    goto done;
-                PyObject *item = Py_BuildValue("(nnN)", f, i, seed);
-                if (item == NULL)
-                    goto done;
-                int r = PyList_Append(maybes, item);
-                Py_DECREF(item);
-                if (r < 0)
-                    goto done;
-                value = Py_NewRef(self->missing);
-                break;
+            value = visible(self, Py_NewRef(value), LATEST);
+            if (value != self->missing) {
+                answer(&m, i, value);
+                continue;
             }
-            f = probes_first(probes, key, f + 1);  /* a false positive: resume */
+            Py_DECREF(value);
         }
-        if (f == -2)
-            goto done;
-        if (value == NULL || value == Py_None) {
-            absent++;
-            Py_XDECREF(value);
-            value = Py_NewRef(Py_None);
-        }
-        PyList_SET_ITEM(out, i, value);
+        memcpy(m.kbuf + m.koff[i], PyBytes_AS_STRING(key), (size_t)klen);
+        m.pending[m.npend++] = i;
     }
-    counts[GETS] += (uint64_t)PyList_GET_SIZE(ks);
-    counts[GETS_ABSENT] += absent;
-    result = PyTuple_Pack(4, out, maybes, fast, ks);
+    if (m.nkf && keyed_hashes(&m, n) < 0)
+        goto done;
+    if (many_files(&m) < 0)
+        goto done;
+    uint64_t *counts = (uint64_t *)self->counts.buf;
+    counts[GETS] += (uint64_t)n;
+    counts[GETS_ABSENT] += m.absent;
+    result = Py_NewRef(m.out);
 done:
-    if (mk.gc_paused)
+    if (m.mk.gc_paused)
         PyGC_Enable();
-    Py_DECREF(mk.keys);
-    Py_XDECREF(out);
-    Py_XDECREF(maybes);
-    Py_DECREF(fast);
+    Py_XDECREF(m.mk.keys);
+    Py_XDECREF(m.out);
+    PyMem_Free(m.koff);
+    PyMem_Free(m.kbuf);
+    PyMem_Free(m.hashes);
+    PyMem_Free(m.pending);
+    PyMem_Free(m.next);
+    PyMem_Free(m.spare);
+    PyMem_Free(m.picks);
+    PyMem_Free(m.cands);
+    for (int j = 0; j < m.nkf; j++)
+        PyMem_Free(m.kh[j]);
+    Py_DECREF(m.fast);
     return result;
 }

@@ -576,96 +576,6 @@ Probes_first(Probes *self, PyObject *const *args, Py_ssize_t nargs)
     return f == -2 ? NULL : PyLong_FromSsize_t(f);
 }
 
-/* Make `key` the held key with the hashes of `seed` (from hash_seed). */
-static int
-use_seed(Probes *self, PyObject *key, PyObject *seed)
-{
-    long long fast, keyed;
-    PyObject *kf;
-    if (!PyTuple_CheckExact(seed) || !PyArg_ParseTuple(seed, "LLO", &fast, &keyed, &kf)) {
-        PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "a hash seed is what first_many wrote");
-        return -1;
-    }
-    Py_INCREF(key);
-    Py_XSETREF(self->last_key, key);
-    self->have_fast = fast != -1;
-    self->last_fast = (uint64_t)fast;
-    self->have_keyed = 0;
-    for (Py_ssize_t i = 0; keyed != -1 && i < self->n; i++) {
-        if (self->e[i].kf == kf) {  /* only a function these files hold */
-            self->have_keyed = 1;
-            self->last_keyed = (uint64_t)keyed;
-            self->last_kf = kf;
-            break;
-        }
-    }
-    return 0;
-}
-
-static PyObject *
-Probes_first_many(Probes *self, PyObject *const *args, Py_ssize_t nargs)
-{
-    /* first_many(keys, starts=None, seeds=None): [first(key, start) ...] in one
-     * call.  seeds, a list as long as keys, carries each key's hashes from
-     * one call to the next: where a key may be in a file, its seed is
-     * written; where a seed is given, the key is not hashed again. */
-    if (nargs < 1 || nargs > 3) {
-        PyErr_SetString(PyExc_TypeError, "first_many(keys, starts=None, seeds=None)");
-        return NULL;
-    }
-    PyObject *keys = args[0];
-    PyObject *starts = nargs > 1 && args[1] != Py_None ? args[1] : NULL;
-    PyObject *seeds = nargs > 2 && args[2] != Py_None ? args[2] : NULL;
-    if (!PyList_CheckExact(keys) || (starts && !PyList_CheckExact(starts))
-        || (seeds && !PyList_CheckExact(seeds))) {
-        PyErr_SetString(PyExc_TypeError, "keys, starts and seeds must be lists");
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    if ((starts && PyList_GET_SIZE(starts) != n) || (seeds && PyList_GET_SIZE(seeds) != n)) {
-        PyErr_SetString(PyExc_ValueError, "keys, starts and seeds must be as long");
-        return NULL;
-    }
-    PyObject *out = PyList_New(n);
-    if (out == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_CheckExact(key)) {
-            PyErr_SetString(PyExc_TypeError, "key must be bytes");
-            goto fail;
-        }
-        Py_ssize_t start = 0;
-        if (starts) {
-            start = PyLong_AsSsize_t(PyList_GET_ITEM(starts, i));
-            if (start == -1 && PyErr_Occurred())
-                goto fail;
-        }
-        if (seeds && PyList_GET_ITEM(seeds, i) != Py_None
-            && use_seed(self, key, PyList_GET_ITEM(seeds, i)) < 0)
-            goto fail;
-        Py_ssize_t f = probes_first(self, key, start);
-        if (f == -2)
-            goto fail;
-        PyObject *r = PyLong_FromSsize_t(f);
-        if (r == NULL)
-            goto fail;
-        PyList_SET_ITEM(out, i, r);
-        if (seeds && f >= 0 && self->last_key == key) {
-            PyObject *seed = hash_seed(self);
-            if (seed == NULL)
-                goto fail;
-            if (PyList_SetItem(seeds, i, seed) < 0)  /* steals seed */
-                goto fail;
-        }
-    }
-    return out;
-fail:
-    Py_DECREF(out);
-    return NULL;
-}
-
 /* index_block(f, key): the block of file f (flat index) that a get of key
  * reads, as the getter finds it (tests compare it with bisect_left). */
 static PyObject *
@@ -689,10 +599,6 @@ static PyMethodDef Probes_methods[] = {
     {"first", (PyCFunction)(void (*)(void))Probes_first, METH_FASTCALL,
      "first($self, key, start, /)\n--\n\n"
      "The index of the first file from start that may hold key, or -1."},
-    {"first_many", (PyCFunction)(void (*)(void))Probes_first_many, METH_FASTCALL,
-     "first_many($self, keys, starts=None, seeds=None, /)\n--\n\n"
-     "[first(key, start) for each key]; seeds, a list as long as keys, carries each key's "
-     "hashes from one call to the next."},
     {"index_block", (PyCFunction)(void (*)(void))Probes_index_block, METH_FASTCALL,
      "index_block($self, f, key, /)\n--\n\n"
      "bisect_left of key over file f's index keys: the block that can hold it (the index's "

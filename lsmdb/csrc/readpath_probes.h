@@ -159,14 +159,4 @@ can_gather(const Probes *self, PyObject *key)
            && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;
 }
 
-/* The hashes held for the last key, as an opaque seed: (fast, keyed, keyed_fn),
- * -1 for a hash not computed. */
-static inline PyObject *
-hash_seed(Probes *self)
-{
-    return Py_BuildValue("(LLO)", self->have_fast ? (long long)self->last_fast : -1LL,
-                         self->have_keyed ? (long long)self->last_keyed : -1LL,
-                         self->have_keyed ? self->last_kf : Py_None);
-}
-
 #endif

@@ -6,6 +6,7 @@
 
 #include "sstable_reader.h"
 #include "coding.h"
+#include "sstable_format.h"
 
 static PyObject *str_fd, *str_mapped;
 
@@ -14,7 +15,7 @@ static PyObject *str_fd, *str_mapped;
 int
 sstable_reader_init(void)
 {
-    str_fd = PyUnicode_InternFromString("_fd");
+    str_fd = PyUnicode_InternFromString("fd");
     str_mapped = PyUnicode_InternFromString("mapped");
     return str_fd == NULL || str_mapped == NULL ? -1 : 0;
 }
@@ -241,8 +242,6 @@ reader_fd(PyObject *reader, int *fd)
     return 0;
 }
 
-#define CRC32_RESIDUE 0x2144DF1Cu  /* crc32(payload + its crc32, little-endian) */
-
 /* Data block i of file entry e (of reader) read with one copy out of the
  * reader's mapping, or where it has none one pread (the GIL released either
  * way, as os.pread does), its checksum verified: 0 and *buf (payload and
@@ -265,9 +264,9 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
     if (r != 0)
         return r < 0 ? -1 : 2;
     uint64_t offset = e->boff[i], size = e->bsize[i];
-    if (size > (uint64_t)PY_SSIZE_T_MAX - 4 || offset > (uint64_t)INT64_MAX)
+    if (size > (uint64_t)PY_SSIZE_T_MAX - BLOCK_TRAILER_SIZE || offset > (uint64_t)INT64_MAX)
         return 2;
-    size_t total = (size_t)size + 4;
+    size_t total = (size_t)size + BLOCK_TRAILER_SIZE;
     unsigned char *buf = PyMem_RawMalloc(total);
     if (buf == NULL) {
         PyErr_NoMemory();

@@ -1,0 +1,16 @@
+/* sstable_format.h: the SSTable byte constants the C read path uses.  Python
+ * twin: lsmdb/sstable_format.py, where each is defined; module.c exports
+ * these (CONSTANTS) and lsmdb compares them with its own at import, refusing
+ * the C read path on a mismatch. */
+
+#ifndef LSMDB_SSTABLE_FORMAT_H
+#define LSMDB_SSTABLE_FORMAT_H
+
+/* Every block ends in crc32(payload), u32 little-endian.  DO NOT CHANGE: on disk. */
+#define BLOCK_TRAILER_SIZE 4
+
+/* crc32(payload + its crc32, little-endian) for every payload: a block's
+ * payload and trailer checked in one pass. */
+#define CRC32_RESIDUE 0x2144DF1Cu
+
+#endif

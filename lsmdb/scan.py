@@ -1,0 +1,175 @@
+"""Scans: a table's entries in key order over a pinned view, and a file's blocks read ahead.
+
+A scan (:func:`scan`) takes the table's memtables and its current
+:class:`~lsmdb.version.Version` -- a reference that keeps the version's files on
+disk until the scan ends -- and merges, newest first (:mod:`lsmdb.merge`), each
+memtable's range and each file whose key range meets it.  A file is walked
+by :func:`chunks`: its data blocks in runs read ahead (one ``os.pread`` a run,
+doubling from one block up to ``READAHEAD_BLOCKS`` or ``READAHEAD_BYTES``),
+each checked and decoded only as it is used; the blocks the block cache holds
+are used as they are (counted as ``block_cache_hits``), the others read and
+counted as ``block_reads`` but not cached, so a long scan does not push out
+the blocks point reads keep hot.  Compactions read their inputs the same way.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from .block import Block
+from .block import entry_lists as _py_entry_lists
+from .keys import as_key
+from .merge import merge_newest
+from .sstable_reader import READAHEAD_BLOCKS, SSTableReader
+from .stats import BLOCK_CACHE_HITS, BLOCK_READS
+
+_c_entry_lists: Callable[[bytes], Block] | None
+try:  # optional C speedups (lsmdb/csrc/block.c)
+    from ._speedups import entry_lists as _c_entry_lists
+except ImportError:  # pragma: no cover - built without a C compiler
+    _c_entry_lists = None
+
+if TYPE_CHECKING:
+    from .table import TableState
+    from .version import Version
+    from .versions import Versions
+
+
+def entry_lists(entry: bytes) -> Block:
+    """The (keys, values) of a cached block (lsmdb.block.entry_lists; C where built)."""
+    if _c_entry_lists is not None:
+        return _c_entry_lists(entry)
+    return _py_entry_lists(entry)
+
+
+def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
+           reverse: bool = False) -> Iterator[Block]:
+    """The entries of ``reader``'s file with start <= key < end as (keys, values)
+    lists, a data block at a time, in key order (descending when ``reverse``):
+    what :func:`lsmdb.merge.merge_newest` takes.  See the module docstring."""
+    index_keys = reader.index_keys
+    nblocks = len(index_keys)
+    i = 0 if start is None else bisect_left(index_keys, start)
+    last = nblocks - 1 if end is None else min(bisect_left(index_keys, end), nblocks - 1)
+    order = range(i, last + 1) if not reverse else range(last, i - 1, -1)
+    cache = reader.cache
+    lookup = cache.lookup if cache is not None else None
+    base = reader.cache_base
+    counts = reader.counts
+    ahead: dict[int, Any] = {}   # blocks read ahead, not yet yielded
+    span = 1                      # blocks the next read ahead takes
+    for n, b in enumerate(order):
+        entry = lookup(base + b) if lookup is not None else None
+        if entry is None:
+            raw = ahead.pop(b, None)
+            if raw is None:
+                ahead = reader.read_run(order[n:n + span])
+                counts[BLOCK_READS] += len(ahead)
+                span = min(2 * span, READAHEAD_BLOCKS)
+                raw = ahead.pop(b)
+            reader.check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
+            keys, values = reader.decode_raw(b, raw)
+        else:
+            keys, values = entry_lists(entry)
+            counts[BLOCK_CACHE_HITS] += 1
+        lo = 0 if start is None else bisect_left(keys, start)
+        hi = len(keys) if end is None else bisect_left(keys, end)
+        if lo >= hi:
+            continue
+        if lo or hi < len(keys):
+            keys, values = keys[lo:hi], values[lo:hi]
+        if reverse:
+            keys, values = keys[::-1], values[::-1]
+        yield keys, values
+
+
+def items(reader: SSTableReader, start: bytes | None = None, end: bytes | None = None,
+          reverse: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
+    """(key, value|None) of ``reader``'s file with start <= key < end, tombstones
+    included, one block in memory at a time (``chunks``, walked in C by zip)."""
+    return chain.from_iterable(zip(k, v, strict=True) for k, v in chunks(reader, start, end,
+                                                                           reverse))
+
+
+def prefix_end(prefix: bytes) -> bytes | None:
+    """Smallest key greater than every key starting with ``prefix`` (None: no bound)."""
+    p = bytearray(prefix)
+    while p and p[-1] == 0xFF:
+        p.pop()
+    if not p:
+        return None
+    p[-1] += 1
+    return bytes(p)
+
+
+def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
+         reverse: bool) -> Iterator[tuple[bytes, bytes]]:
+    """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
+    order (``reverse``: descending), over a view taken now: later writes,
+    flushes and compactions do not change what it returns.  One data block per
+    SSTable is in memory at a time; the view's files stay on disk until the
+    iterator is exhausted, closed or freed."""
+    versions.check_open()
+    lo = None if start is None else as_key(start)
+    hi = None if end is None else as_key(end)
+    if prefix is not None:
+        p = as_key(prefix)
+        if lo is None or lo < p:
+            lo = p
+        pe = prefix_end(p)
+        if pe is not None and (hi is None or hi > pe):
+            hi = pe
+    if lo is not None and hi is not None and lo >= hi:
+        return iter(())
+    with versions.lock:  # a consistent view of the active memtable (age 0)
+        mem, imms, version = state.mem, state.imms, state.version.acquire()
+        snapshot = mem.chunk_range(lo, hi, reverse)
+    sources: list[Any] = [snapshot] if snapshot else []
+    for imm in imms:  # frozen: they never change
+        if len(imm):
+            sources.append(imm.chunk_range(lo, hi, reverse))
+    for r in version.in_read_order():  # newest first, as the merge wants them
+        if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
+            sources.append(chunks(r, lo, hi, reverse))
+    if not sources:
+        version.release()
+        return iter(())
+    return Pinned(merge_newest(sources, reverse), version)  # type: ignore[arg-type]
+
+
+class Pinned:
+    """An iterator of a scan's entries that holds its version (a reference: the
+    version's files stay on disk) until it is exhausted, closed, or freed --
+    started or not."""
+
+    __slots__ = ("_entries", "_version")
+
+    def __init__(self, entries: Iterator[tuple[bytes, bytes]], version: Version) -> None:
+        self._entries: Iterator[tuple[bytes, bytes]] | None = entries
+        self._version: Version | None = version
+
+    def __iter__(self) -> Pinned:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        entries = self._entries
+        if entries is None:
+            raise StopIteration
+        try:
+            return next(entries)
+        except BaseException:  # the end, or an error that ends the scan
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """End the scan: let go of its blocks and its version."""
+        self._entries = None
+        version, self._version = self._version, None
+        if version is not None:
+            version.release()
+
+    def __del__(self) -> None:
+        self.close()

@@ -31,6 +31,14 @@
 #define PREFETCH_HELPER static inline void
 #endif
 
+/* A function the hot loop calls rarely (after a filter's "maybe"): kept out of
+ * line, so that the loop stays small. */
+#if defined(__GNUC__) || defined(__clang__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
 /* Declarations between HIDDEN_BEGIN and HIDDEN_END are internal to the
  * extension: hidden from the dynamic linker, so that a call from one file
  * into another is a direct call, as a call within one file is.  The

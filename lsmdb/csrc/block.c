@@ -55,9 +55,27 @@ mp_array(const unsigned char **pp, const unsigned char *end)
 }
 
 /* The shortest msgpack bin header at *pp: its length, *pp moved past it, the
- * bytes within end; -1 otherwise. */
-static int64_t
+ * bytes within end; -1 otherwise.  A bin 8, what keys and most values are,
+ * is read inline: the walk of a block read from disk is a false positive's
+ * whole cost beside its read. */
+static int64_t mp_bin_long(const unsigned char **pp, const unsigned char *end);
+
+static inline int64_t
 mp_bin(const unsigned char **pp, const unsigned char *end)
+{
+    const unsigned char *p = *pp;
+    if (end - p >= 2 && *p == 0xC4) {
+        size_t len = p[1];
+        if ((size_t)(end - p - 2) < len)
+            return -1;
+        *pp = p + 2;
+        return (int64_t)len;
+    }
+    return mp_bin_long(pp, end);
+}
+
+static int64_t
+mp_bin_long(const unsigned char **pp, const unsigned char *end)
 {
     const unsigned char *p = *pp;
     size_t len;

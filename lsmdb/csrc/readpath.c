@@ -223,7 +223,7 @@ cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry)
     if (!PyBytes_CheckExact(bl))
         return 0;
     self->cache->slots[s].marked = 1;
-    PREFETCH(PyBytes_AS_STRING(bl) + PyBytes_GET_SIZE(bl) - 1);  /* the tail, read first */
+    PREFETCH(PyBytes_AS_STRING(bl));
     *entry = Py_NewRef(bl);
     return 1;
 }
@@ -353,7 +353,7 @@ hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys)
 /* After a "maybe" from file f (entry e) for key: its value there.  1, found,
  * *value (a new reference; None for a tombstone); 0, not there; -1, error.
  * Counted as readpath.py's file_blocks counts a key. */
-static int
+NOINLINE static int
 file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, uint64_t bound,
          PyObject **value)
 {

@@ -8,6 +8,11 @@ entry is tagged with its source's age (0 = newest, or minus the age when
 way) and merged by ``heapq.merge`` plus one comparison per entry.
 Complexity O(N log S) for N entries over S sources, one block per source in
 memory.
+
+A merge can hold a *pin* (a scan's :class:`~lsmdb.version.Version`): its
+``release()`` runs exactly once, when the merge ends -- exhausted, failed,
+closed (``close()``) or freed, started or not -- so the files a scan reads
+stay on disk while it runs and go when it ends.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Iterator
 from itertools import chain, repeat
-from typing import Any
+from typing import Any, Protocol
 
 try:  # the same merge with the heap in C (lsmdb/csrc/merge.c)
     from ._speedups import Merge as _CMerge
@@ -36,21 +41,62 @@ def tag_for(age: int, reverse: bool) -> int:
 Chunks = Iterable[tuple[list[bytes], list[Any]]]
 
 
-def merge_newest(sources: list[Chunks], reverse: bool = False,
-                 keep_tombstones: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
+class Pin(Protocol):
+    """What a merge holds for its readers until it ends (a Version)."""
+
+    def release(self) -> None: ...
+
+
+def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: bool = False,
+                 pin: Pin | None = None) -> Iterator[tuple[bytes, bytes | None]]:
     """Merge ``sources`` -- newest first, each yielding (keys, values) chunks in
     key order (descending when ``reverse``) -- into one stream of (key, value)
     pairs: the newest version of each key, tombstones hidden unless
-    ``keep_tombstones``."""
+    ``keep_tombstones``; ``pin.release()`` once when it ends (module docstring).
+    With a pin, the stream has ``close()``."""
     if USE_SPEEDUPS:
-        return _CMerge(sources, reverse, keep_tombstones)
+        return _CMerge(sources, reverse, keep_tombstones, pin)
+    merged: Iterator[tuple[bytes, bytes | None]]
     if len(sources) == 1:
         pairs = chain.from_iterable(zip(k, v, strict=True) for k, v in sources[0])
-        if keep_tombstones:
-            return pairs
-        return ((k, v) for k, v in pairs if v is not None)
-    tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
-    return _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
+        merged = pairs if keep_tombstones else ((k, v) for k, v in pairs if v is not None)
+    else:
+        tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
+        merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
+    return merged if pin is None else Pinned(merged, pin)
+
+
+class Pinned:
+    """The Python merge's stream with its pin (the C Merge holds its own)."""
+
+    __slots__ = ("_entries", "_pin")
+
+    def __init__(self, entries: Iterator[tuple[bytes, bytes | None]], pin: Pin) -> None:
+        self._entries: Iterator[tuple[bytes, bytes | None]] | None = entries
+        self._pin: Pin | None = pin
+
+    def __iter__(self) -> Pinned:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes | None]:
+        entries = self._entries
+        if entries is None:
+            raise StopIteration
+        try:
+            return next(entries)
+        except BaseException:  # the end, or an error that ends the merge
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """End the merge: let go of its sources and release its pin."""
+        self._entries = None
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.release()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _tagged(chunks: Chunks, tag: int) -> Iterator[tuple[bytes, int, Any]]:

@@ -34,7 +34,6 @@ except ImportError:  # pragma: no cover - built without a C compiler
 
 if TYPE_CHECKING:
     from .table import TableState
-    from .version import Version
     from .versions import Versions
 
 
@@ -137,39 +136,4 @@ def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: An
     if not sources:
         version.release()
         return iter(())
-    return Pinned(merge_newest(sources, reverse), version)  # type: ignore[arg-type]
-
-
-class Pinned:
-    """An iterator of a scan's entries that holds its version (a reference: the
-    version's files stay on disk) until it is exhausted, closed, or freed --
-    started or not."""
-
-    __slots__ = ("_entries", "_version")
-
-    def __init__(self, entries: Iterator[tuple[bytes, bytes]], version: Version) -> None:
-        self._entries: Iterator[tuple[bytes, bytes]] | None = entries
-        self._version: Version | None = version
-
-    def __iter__(self) -> Pinned:
-        return self
-
-    def __next__(self) -> tuple[bytes, bytes]:
-        entries = self._entries
-        if entries is None:
-            raise StopIteration
-        try:
-            return next(entries)
-        except BaseException:  # the end, or an error that ends the scan
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """End the scan: let go of its blocks and its version."""
-        self._entries = None
-        version, self._version = self._version, None
-        if version is not None:
-            version.release()
-
-    def __del__(self) -> None:
-        self.close()
+    return merge_newest(sources, reverse, pin=version)  # type: ignore[return-value]

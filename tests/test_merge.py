@@ -68,6 +68,71 @@ def test_chunks_of_unequal_length_are_refused(use_c):
         list(merge_newest([[([b"a", b"b"], [b"1"])], [([b"c"], [b"2"])]]))
 
 
+class Pin:
+    """A stand-in for a scan's Version: counts its releases."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.released = 0
+        self.fail = fail
+
+    def release(self) -> None:
+        self.released += 1
+        if self.fail:
+            raise RuntimeError("release failed")
+
+
+def two_sources():
+    return [[([b"a", b"c"], [b"1", b"3"])], [([b"b"], [b"2"])]]
+
+
+def test_a_pin_is_released_once_when_the_merge_is_exhausted(use_c):
+    pin = Pin()
+    merged = merge_newest(two_sources(), pin=pin)
+    assert next(merged) == (b"a", b"1") and pin.released == 0
+    assert list(merged) == [(b"b", b"2"), (b"c", b"3")]
+    assert pin.released == 1
+    assert list(merged) == [] and pin.released == 1
+    merged.close()
+    assert pin.released == 1
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_a_pin_is_released_once_when_the_merge_is_closed_or_freed(use_c, started):
+    pin = Pin()
+    merged = merge_newest(two_sources(), pin=pin)
+    if started:
+        next(merged)
+    merged.close()
+    assert pin.released == 1 and list(merged) == []
+    merged.close()
+    assert pin.released == 1
+    pin = Pin()
+    merged = merge_newest(two_sources(), pin=pin)
+    if started:
+        next(merged)
+    del merged
+    assert pin.released == 1
+
+
+def test_a_pin_is_released_when_a_source_fails_and_the_error_is_raised(use_c):
+    def broken():
+        yield [b"a"], [b"1"]
+        raise OSError("disk gone")
+
+    pin = Pin()
+    merged = merge_newest([broken()], pin=pin)
+    assert next(merged) == (b"a", b"1")
+    with pytest.raises(OSError, match="disk gone"):
+        next(merged)
+    assert pin.released == 1 and list(merged) == []
+
+
+def test_an_error_from_release_at_the_end_is_raised(use_c):
+    merged = merge_newest(two_sources(), pin=Pin(fail=True))
+    with pytest.raises(RuntimeError, match="release failed"):
+        list(merged)
+
+
 def test_c_and_python_agree_on_a_database_scan(tmp_path, monkeypatch, small):
     if merge_mod._CMerge is None:
         pytest.skip("built without the C speedups")

@@ -14,7 +14,12 @@
  * hidden unless keep_tombstones.  The entries are walked in place (no
  * per-entry tuple besides the pair returned).  A source is advanced only at
  * the next call after its entry went out, as a generator would; after an
- * error the iteration is over. */
+ * error the iteration is over.
+ *
+ * pin, when given, is an object the merge holds for its readers (a scan's
+ * Version): its release() is called exactly once, when the merge ends --
+ * exhausted, failed, closed (close()) or freed, started or not -- and the
+ * sources are let go at the same moment. */
 
 typedef struct {
     PyObject *chunk;   /* the source's current (keys, values), owned */
@@ -39,6 +44,7 @@ typedef struct {
     int started;
     int failed;
     PyObject *last_key;
+    PyObject *pin;      /* released (pin.release()) once, when the merge ends */
 } Merge;
 
 static inline int
@@ -138,6 +144,39 @@ head_advance(Merge *self, Head *h)
     return next_chunk(self, h);
 }
 
+/* Let go of the pin: pin.release(), once.  -1 with an exception set if it raised. */
+static int
+merge_unpin(Merge *self)
+{
+    PyObject *pin = self->pin;
+    if (pin == NULL)
+        return 0;
+    self->pin = NULL;
+    PyObject *r = PyObject_CallMethod(pin, "release", NULL);
+    Py_DECREF(pin);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The end (exhausted, failed or closed): the sources and their chunks go, then the pin. */
+static int
+merge_end(Merge *self)
+{
+    for (Py_ssize_t i = 0; i < self->nheap; i++)
+        Py_CLEAR(self->heap[i].chunk);
+    self->nheap = 0;
+    Py_CLEAR(self->pending.chunk);
+    Py_CLEAR(self->sources);
+    if (self->iters) {
+        for (Py_ssize_t i = 0; i < self->nsrc; i++)
+            Py_CLEAR(self->iters[i]);
+    }
+    self->failed = 1;
+    return merge_unpin(self);
+}
+
 static void
 merge_fail(Merge *self)
 {
@@ -146,6 +185,13 @@ merge_fail(Merge *self)
     self->nheap = 0;
     Py_CLEAR(self->pending.chunk);
     self->failed = 1;
+    if (self->pin != NULL) {  /* the error that ends the merge is the one raised */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (merge_end(self) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        PyErr_Restore(type, value, tb);
+    }
 }
 
 static int
@@ -212,8 +258,10 @@ Merge_next(Merge *self)
                 sift_up(self, self->nheap - 1);
             }
         }
-        if (self->nheap == 0)
+        if (self->nheap == 0) {
+            merge_end(self);  /* an error from pin.release() is raised here */
             return NULL;
+        }
         Head top = self->heap[0];
         self->heap[0] = self->heap[--self->nheap];
         if (self->nheap)
@@ -231,9 +279,24 @@ Merge_next(Merge *self)
     }
 }
 
+static PyObject *
+Merge_close(Merge *self, PyObject *Py_UNUSED(ignored))
+{
+    if (merge_end(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static void
 Merge_dealloc(Merge *self)
 {
+    if (self->pin != NULL) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (merge_unpin(self) < 0)
+            PyErr_WriteUnraisable((PyObject *)self);
+        PyErr_Restore(type, value, tb);
+    }
     Py_XDECREF(self->sources);
     for (Py_ssize_t i = 0; i < self->nheap; i++)
         Py_XDECREF(self->heap[i].chunk);
@@ -251,10 +314,11 @@ Merge_dealloc(Merge *self)
 static int
 Merge_init(Merge *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *sources;
+    PyObject *sources, *pin = Py_None;
     int reverse = 0, keep = 0;
-    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|pp:Merge", kwlist, &sources, &reverse, &keep))
+    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", "pin", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppO:Merge", kwlist, &sources, &reverse,
+                                     &keep, &pin))
         return -1;
     if (self->sources != NULL || self->started) {
         PyErr_SetString(PyExc_TypeError, "Merge cannot be initialised twice");
@@ -265,8 +329,18 @@ Merge_init(Merge *self, PyObject *args, PyObject *kwds)
         return -1;
     self->reverse = reverse;
     self->keep_tombstones = keep;
+    if (pin != Py_None) {
+        Py_INCREF(pin);
+        self->pin = pin;
+    }
     return 0;
 }
+
+static PyMethodDef Merge_methods[] = {
+    {"close", (PyCFunction)Merge_close, METH_NOARGS,
+     "close()\n--\n\nEnd the merge: let go of its sources and release its pin."},
+    {NULL, NULL, 0, NULL},
+};
 
 PyTypeObject MergeType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -274,9 +348,11 @@ PyTypeObject MergeType = {
     .tp_basicsize = sizeof(Merge),
     .tp_dealloc = (destructor)Merge_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False)\n--\n\n"
+    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None)\n--\n\n"
               "The newest version of each key from sorted sources of (keys, values) chunks,\n"
-              "newest source first, tombstones hidden (see lsmdb.merge).",
+              "newest source first, tombstones hidden (see lsmdb.merge); pin.release() is\n"
+              "called once when the merge ends (exhausted, failed, closed or freed).",
+    .tp_methods = Merge_methods,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)Merge_next,
     .tp_init = (initproc)Merge_init,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import struct
+from array import array
 from typing import Any
 
 import pytest
@@ -35,7 +36,9 @@ from lsmdb.filters import (
 )
 from lsmdb.filters.bloom import BloomFilter
 from lsmdb.filters.hashing import FAST_HASHER, HASH_BLAKE2B_KEYED, key_hash, keyed_hasher
+from lsmdb.stats import FILE_COUNTERS
 from lsmdb.verify import verify_database
+from tests.support.binomial import binom_lower, binom_upper
 
 EXACT = 250  # a family id no lsmdb uses: the tests' own
 
@@ -224,3 +227,52 @@ def test_xxh3_64_equals_the_xxhash_package_on_any_input(data):
     assert speedups.xxh3_64(data) == xxhash.xxh3_64_intdigest(data)
 
 
+
+
+# ------------------------------------------- the contract every family keeps
+CONTRACT_KEYS = 4000
+CONTRACT_ABSENT = 40_000
+
+
+@pytest.mark.parametrize("family_id", sorted(FAMILIES))
+@pytest.mark.parametrize("fp_chance", [0.1, 0.01])
+def test_every_family_keeps_the_filter_contract(family_id, fp_chance):
+    """Built from hashes: no false negatives; its false-positive rate on absent
+    hashes within exact binomial bounds (1e-7 each side) of what it predicts; the
+    same answers after a round trip through its bytes; damaged bytes fail open
+    through a handle; and, where the C read path probes the family, C answers
+    as Python does for every hash."""
+    rng = random.Random(family_id * 1000 + int(1 / fp_chance))
+    present = [rng.getrandbits(64) for _ in range(CONTRACT_KEYS)]
+    absent = [rng.getrandbits(64) for _ in range(CONTRACT_ABSENT)]
+    built = FAMILIES[family_id].build(len(present), fp_chance, present, FAST_HASHER)
+    assert built.family == family_id and built.n == len(present)
+    assert all(built.may_contain(h) for h in present)
+    predicted = built.predicted_fpr()
+    fps = sum(built.may_contain(h) for h in absent)
+    assert binom_lower(CONTRACT_ABSENT, predicted, 1e-7) <= fps \
+        <= binom_upper(CONTRACT_ABSENT, predicted, 1e-7), (fps, predicted)
+    assert 0.5 * fp_chance < predicted < 1.5 * fp_chance
+
+    data = built.to_bytes()
+    assert data[0] == family_id
+    again = filters.decode(data)
+    assert type(again) is type(built) and again.predicted_fpr() == predicted
+    assert [again.may_contain(h) for h in absent[:5000]] == \
+        [built.may_contain(h) for h in absent[:5000]]
+    handle = FilterHandle.load(lambda: data[:len(data) // 2])
+    assert isinstance(handle.active, FailOpen) and handle.active.may_contain(absent[0])
+
+    speedups = pytest.importorskip("lsmdb._speedups", reason="built without a C compiler")
+    if family_id not in speedups.FILTER_FAMILIES:
+        return
+    words = [b"w%07d" % i for i in range(3000)]  # C hashes keys itself: a filter over keys
+    over_keys = FAMILIES[family_id].build(1000, fp_chance, [key_hash(w) for w in words[:1000]],
+                                          FAST_HASHER)
+    spec = over_keys.probe_spec()
+    counters = array("Q", bytes(8 * len(FILE_COUNTERS)))
+    probe = lsmdb.fastpath.FileProbe(None, b"", b"\xff" * 8, counters, None, over_keys,
+                                     spec.family, spec.data, spec.params, [b"x"], [0], [0], 0)
+    c_probes = speedups.Probes([probe], [], key_hash)
+    for w in words:
+        assert (c_probes.first(w, 0) == 0) == over_keys.may_contain(key_hash(w)), w

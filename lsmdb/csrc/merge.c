@@ -338,7 +338,7 @@ Merge_init(Merge *self, PyObject *args, PyObject *kwds)
 
 static PyMethodDef Merge_methods[] = {
     {"close", (PyCFunction)Merge_close, METH_NOARGS,
-     "close()\n--\n\nEnd the merge: let go of its sources and release its pin."},
+     "close($self, /)\n--\n\nEnd the merge: let go of its sources and release its pin."},
     {NULL, NULL, 0, NULL},
 };
 

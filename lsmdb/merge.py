@@ -18,7 +18,7 @@ stay on disk while it runs and go when it ends.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from itertools import chain, repeat
 from typing import Any, Protocol
 
@@ -63,40 +63,26 @@ def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: 
     else:
         tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
         merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
-    return merged if pin is None else Pinned(merged, pin)
+    return merged if pin is None else pinned(merged, pin)
 
 
-class Pinned:
-    """The Python merge's stream with its pin (the C Merge holds its own)."""
+def pinned(entries: Iterator[tuple[bytes, bytes | None]],
+           pin: Pin) -> Generator[tuple[bytes, bytes | None], None, None]:
+    """``entries`` holding ``pin`` (the Python merge's; the C Merge holds its own):
+    a generator already started, so that ``pin.release()`` runs once whichever
+    way it ends -- exhausted, failed, ``close()``, or freed before its first item."""
+    gen = _pinned(entries, pin)
+    next(gen)
+    return gen
 
-    __slots__ = ("_entries", "_pin")
 
-    def __init__(self, entries: Iterator[tuple[bytes, bytes | None]], pin: Pin) -> None:
-        self._entries: Iterator[tuple[bytes, bytes | None]] | None = entries
-        self._pin: Pin | None = pin
-
-    def __iter__(self) -> Pinned:
-        return self
-
-    def __next__(self) -> tuple[bytes, bytes | None]:
-        entries = self._entries
-        if entries is None:
-            raise StopIteration
-        try:
-            return next(entries)
-        except BaseException:  # the end, or an error that ends the merge
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """End the merge: let go of its sources and release its pin."""
-        self._entries = None
-        pin, self._pin = self._pin, None
-        if pin is not None:
-            pin.release()
-
-    def __del__(self) -> None:
-        self.close()
+def _pinned(entries: Iterator[tuple[bytes, bytes | None]],
+            pin: Pin) -> Generator[Any, None, None]:
+    try:
+        yield None  # the start: from here on, any end runs the finally
+        yield from entries
+    finally:
+        pin.release()
 
 
 def _tagged(chunks: Chunks, tag: int) -> Iterator[tuple[bytes, int, Any]]:

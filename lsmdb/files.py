@@ -112,6 +112,17 @@ def is_regular(path: str) -> bool:
         return False
 
 
+def free_name(directory: str, name: str) -> str:
+    """``directory``/``name``, or with the first numeric suffix (``name.1``, ...)
+    that names nothing there yet."""
+    target = os.path.join(directory, name)
+    n = 0
+    while os.path.lexists(target):
+        n += 1
+        target = os.path.join(directory, f"{name}.{n}")
+    return target
+
+
 def set_aside(directory: str, names: list[str], why: str) -> list[str]:
     """Move entries of ``directory`` into its ``lost/`` (never deleted), logging
     each; returns where each went.  A name already taken there gets a numeric
@@ -124,11 +135,7 @@ def set_aside(directory: str, names: list[str], why: str) -> list[str]:
         raise NotADatabaseError(f"{lost} is not a directory")
     moved = []
     for name in names:
-        target = os.path.join(lost, name)
-        n = 0
-        while os.path.lexists(target):
-            n += 1
-            target = os.path.join(lost, f"{name}.{n}")
+        target = free_name(lost, name)
         try:
             os.rename(os.path.join(directory, name), target)
         except FileNotFoundError:

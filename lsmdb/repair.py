@@ -48,6 +48,7 @@ from .files import (
     SST_RE,
     WAL_RE,
     FileWriter,
+    free_name,
     fsync_dir,
     read_file,
     sst_name,
@@ -381,11 +382,7 @@ class _Repair:
                 raise NotADatabaseError(f"{lost} exists and is not a directory")
             os.makedirs(lost, exist_ok=True)
             for name, _why in self.report.set_aside:
-                target = os.path.join(lost, name)
-                n = 0
-                while os.path.lexists(target):
-                    n += 1
-                    target = os.path.join(lost, f"{name}.{n}")
+                target = free_name(lost, name)
                 # A second name in lost/ (a hard link, else a copy) before the new
                 # manifest is switched in; the old name goes only after that.  A
                 # crash in between leaves the old manifest and every file it names

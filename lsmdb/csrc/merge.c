@@ -177,21 +177,15 @@ merge_end(Merge *self)
     return merge_unpin(self);
 }
 
+/* The end by an error: as merge_end, the error that ends the merge the one raised. */
 static void
 merge_fail(Merge *self)
 {
-    for (Py_ssize_t i = 0; i < self->nheap; i++)
-        Py_CLEAR(self->heap[i].chunk);
-    self->nheap = 0;
-    Py_CLEAR(self->pending.chunk);
-    self->failed = 1;
-    if (self->pin != NULL) {  /* the error that ends the merge is the one raised */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (merge_end(self) < 0)
-            PyErr_WriteUnraisable((PyObject *)self);
-        PyErr_Restore(type, value, tb);
-    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (merge_end(self) < 0)
+        PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_Restore(type, value, tb);
 }
 
 static int

@@ -12,7 +12,9 @@ memory.
 A merge can hold a *pin* (a scan's :class:`~lsmdb.version.Version`): its
 ``release()`` runs exactly once, when the merge ends -- exhausted, failed,
 closed (``close()``) or freed, started or not -- so the files a scan reads
-stay on disk while it runs and go when it ends.
+stay on disk while it runs and go when it ends.  Like a generator, a merge
+refuses a ``next()`` or ``close()`` while one of its calls runs (ValueError):
+one iterator is read by one thread at a time.
 """
 
 from __future__ import annotations

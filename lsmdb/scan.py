@@ -121,19 +121,28 @@ def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: An
         pe = prefix_end(p)
         if pe is not None and (hi is None or hi > pe):
             hi = pe
+    reverse = bool(reverse)
     if lo is not None and hi is not None and lo >= hi:
         return iter(())
     with versions.lock:  # a consistent view of the active memtable (age 0)
         mem, imms, version = state.mem, state.imms, state.version.acquire()
-        snapshot = mem.chunk_range(lo, hi, reverse)
-    sources: list[Any] = [snapshot] if snapshot else []
-    for imm in imms:  # frozen: they never change
-        if len(imm):
-            sources.append(imm.chunk_range(lo, hi, reverse))
-    for r in version.in_read_order():  # newest first, as the merge wants them
-        if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
-            sources.append(chunks(r, lo, hi, reverse))
-    if not sources:
+        try:
+            snapshot = mem.chunk_range(lo, hi, reverse)
+        except BaseException:
+            version.release()
+            raise
+    try:
+        sources: list[Any] = [snapshot] if snapshot else []
+        for imm in imms:  # frozen: they never change
+            if len(imm):
+                sources.append(imm.chunk_range(lo, hi, reverse))
+        for r in version.in_read_order():  # newest first, as the merge wants them
+            if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
+                sources.append(chunks(r, lo, hi, reverse))
+        if sources:
+            return merge_newest(sources, reverse, pin=version)  # type: ignore[return-value]
+    except BaseException:  # no merge holds the version: let it go here
         version.release()
-        return iter(())
-    return merge_newest(sources, reverse, pin=version)  # type: ignore[return-value]
+        raise
+    version.release()
+    return iter(())

@@ -102,6 +102,7 @@ class VersionSet:
         self._retired: set[SSTableReader] = set()
         #: Whether retired files are unlinked (False for a read-only handle).
         self.remove = remove
+        self.closed = False
 
     def new(self, files: Iterable[SSTableReader]) -> Version:
         """A new version of these files, with one reference."""
@@ -130,11 +131,14 @@ class VersionSet:
         with self.lock:
             gone = []
             for r in readers:
-                if r in self._named:
+                if r in self._named and not self.closed:
                     self._retired.add(r)
                 else:
                     gone.append(r)
             self._remove(gone)
+            if self.closed:  # a switch that landed as the database closed
+                for r in gone:
+                    r.close()
 
     def _remove(self, readers: list[SSTableReader]) -> None:
         for r in readers:
@@ -149,10 +153,15 @@ class VersionSet:
             return sorted(self._retired, key=lambda r: r.number)
 
     def close(self) -> None:
-        """The database closed: every retired file goes, whatever still holds it
-        (a reader of a closed database reads nothing)."""
+        """The database closed: every retired file goes, whatever still holds it,
+        and is closed (a scan of a closed database reads nothing more: it raises
+        DatabaseClosedError, as one of its current files does)."""
         with self.lock:
-            self._remove(sorted(self._retired, key=lambda r: r.number))
+            self.closed = True
+            gone = sorted(self._retired, key=lambda r: r.number)
+            self._remove(gone)
+            for r in gone:
+                r.close()
 
     def _check(self, current: Iterable[Version]) -> None:
         """Invariants: the tables' current versions are live and counted; every

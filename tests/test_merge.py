@@ -133,6 +133,64 @@ def test_an_error_from_release_at_the_end_is_raised(use_c):
         list(merged)
 
 
+def test_a_merge_refuses_a_next_or_close_while_it_runs(use_c):
+    merged = None
+
+    def reentrant(action):
+        yield [b"a"], [b"1"]
+        action(merged)
+        yield [b"b"], [b"2"]
+
+    for action in (next, lambda m: m.close()):
+        pin = Pin()
+        merged = merge_newest([reentrant(action), iter([([b"c"], [b"3"])])], pin=pin)
+        assert next(merged) == (b"a", b"1")
+        with pytest.raises(ValueError, match="already executing"):
+            next(merged)
+        assert pin.released == 1 and list(merged) == []
+
+
+def test_a_merge_in_a_reference_cycle_is_collected_and_releases_its_pin(use_c):
+    import gc
+    released = []
+
+    class CyclicPin:
+        def release(self) -> None:
+            released.append(1)
+
+    for started in (False, True):
+        pin = CyclicPin()
+        merged = merge_newest(two_sources(), pin=pin)
+        if started:
+            next(merged)
+        pin.merged = merged  # type: ignore[attr-defined]  # merge -> pin -> merge
+        del merged, pin
+        gc.collect()
+    assert released == [1, 1]
+
+
+@pytest.mark.skipif(merge_mod._CMerge is None, reason="built without a C compiler")
+def test_a_release_that_raises_as_a_c_merge_is_freed_is_reported_not_a_crash():
+    """Run where a double free shows (-X dev: debug allocator hooks)."""
+    import subprocess
+    import sys
+    script = ("from lsmdb._speedups import Merge\n"
+              "class Pin:\n"
+              "    def release(self):\n"
+              "        raise KeyboardInterrupt('release failed')\n"
+              "for started in (False, True):\n"
+              "    m = Merge([iter([([b'a', b'b'], [b'1', b'2'])])], pin=Pin())\n"
+              "    if started:\n"
+              "        next(m)\n"
+              "    del m\n"
+              "print('survived')\n")
+    done = subprocess.run([sys.executable, "-X", "dev", "-c", script], capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "survived"
+    assert done.stderr.count("release failed") == 2
+
+
 def test_c_and_python_agree_on_a_database_scan(tmp_path, monkeypatch, small):
     if merge_mod._CMerge is None:
         pytest.skip("built without the C speedups")

@@ -114,7 +114,12 @@ def test_two_scans_and_a_compaction_each_file_goes_with_its_last_reader(tmp_path
 
 def test_close_removes_the_retired_files_a_live_scan_held(tmp_path):
     path = str(tmp_path / "db")
-    db = _loaded(path)
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", block_size_bytes=512)  # many blocks: the scan must read more
+    for f in range(3):
+        for i in range(f, 600, 3):
+            db.put(b"k%04d" % i, b"v%d" % i)
+        db.flush()
     inputs = _files(db)
     scan = db.scan()
     next(scan)
@@ -122,7 +127,35 @@ def test_close_removes_the_retired_files_a_live_scan_held(tmp_path):
     assert all(os.path.exists(p) for p in inputs)
     db.close()
     assert not any(os.path.exists(p) for p in inputs)
+    with pytest.raises(lsmdb.DatabaseClosedError):
+        list(scan)  # its files closed with the database: it reads nothing more
     scan.close()
+
+
+def test_a_scan_that_fails_to_start_lets_its_version_go(tmp_path, monkeypatch):
+    class Unanswerable:
+        def __bool__(self):
+            raise RuntimeError("no truth value")
+
+    db = _loaded(str(tmp_path / "db"))
+    try:
+        db.put(b"in-the-memtable", b"v")
+        state = db._default_state
+        assert state.version.refs == 1
+        with pytest.raises(RuntimeError, match="no truth value"):
+            db.scan(reverse=Unanswerable())
+        monkeypatch.setattr(type(state.mem), "chunk_range",
+                            lambda *a: (_ for _ in ()).throw(MemoryError("out")))
+        with pytest.raises(MemoryError):
+            db.scan()
+        monkeypatch.undo()
+        assert state.version.refs == 1
+        inputs = _files(db)
+        db.compact()
+        assert not any(os.path.exists(p) for p in inputs)  # nothing pinned them
+        db._check()
+    finally:
+        db.close()
 
 
 def test_a_switch_that_may_not_be_durable_retires_nothing(tmp_path, monkeypatch):

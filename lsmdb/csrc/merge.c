@@ -18,8 +18,11 @@
  *
  * pin, when given, is an object the merge holds for its readers (a scan's
  * Version): its release() is called exactly once, when the merge ends --
- * exhausted, failed, closed (close()) or freed, started or not -- and the
- * sources are let go at the same moment. */
+ * exhausted, failed, closed (close()) or freed (by its last reference or by
+ * the cycle collector), started or not -- and the sources are let go at the
+ * same moment.  Like a generator, a merge refuses a next() or close() while
+ * a call of it runs (from another thread, or from a source or pin.release()):
+ * ValueError. */
 
 typedef struct {
     PyObject *chunk;   /* the source's current (keys, values), owned */
@@ -43,6 +46,7 @@ typedef struct {
     int keep_tombstones;
     int started;
     int failed;
+    int running;        /* a next() of it is under way */
     PyObject *last_key;
     PyObject *pin;      /* released (pin.release()) once, when the merge ends */
 } Merge;
@@ -223,7 +227,7 @@ merge_start(Merge *self)
 }
 
 static PyObject *
-Merge_next(Merge *self)
+merge_step(Merge *self)
 {
     if (self->failed)
         return NULL;
@@ -273,24 +277,92 @@ Merge_next(Merge *self)
     }
 }
 
+static int
+merge_busy(Merge *self)
+{
+    if (!self->running)
+        return 0;
+    PyErr_SetString(PyExc_ValueError, "Merge already executing");
+    return 1;
+}
+
+static PyObject *
+Merge_next(Merge *self)
+{
+    if (merge_busy(self))
+        return NULL;
+    self->running = 1;
+    PyObject *item = merge_step(self);
+    self->running = 0;
+    return item;
+}
+
 static PyObject *
 Merge_close(Merge *self, PyObject *Py_UNUSED(ignored))
 {
-    if (merge_end(self) < 0)
+    if (merge_busy(self))
+        return NULL;
+    self->running = 1;
+    int r = merge_end(self);
+    self->running = 0;
+    if (r < 0)
         return NULL;
     Py_RETURN_NONE;
+}
+
+/* Freed (or collected in a cycle) with its pin still held: release it. */
+static void
+Merge_finalize(Merge *self)
+{
+    if (self->pin == NULL)
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (merge_unpin(self) < 0)
+        PyErr_WriteUnraisable((PyObject *)self);
+    PyErr_Restore(type, value, tb);
+}
+
+static int
+Merge_traverse(Merge *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->sources);
+    for (Py_ssize_t i = 0; i < self->nheap; i++)
+        Py_VISIT(self->heap[i].chunk);
+    Py_VISIT(self->pending.chunk);
+    if (self->iters) {
+        for (Py_ssize_t i = 0; i < self->nsrc; i++)
+            Py_VISIT(self->iters[i]);
+    }
+    Py_VISIT(self->last_key);
+    Py_VISIT(self->pin);
+    return 0;
+}
+
+static int
+Merge_clear(Merge *self)
+{
+    for (Py_ssize_t i = 0; i < self->nheap; i++)
+        Py_CLEAR(self->heap[i].chunk);
+    self->nheap = 0;
+    Py_CLEAR(self->pending.chunk);
+    Py_CLEAR(self->sources);
+    if (self->iters) {
+        for (Py_ssize_t i = 0; i < self->nsrc; i++)
+            Py_CLEAR(self->iters[i]);
+    }
+    Py_CLEAR(self->last_key);
+    Py_CLEAR(self->pin);
+    self->failed = 1;
+    return 0;
 }
 
 static void
 Merge_dealloc(Merge *self)
 {
-    if (self->pin != NULL) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (merge_unpin(self) < 0)
-            PyErr_WriteUnraisable((PyObject *)self);
-        PyErr_Restore(type, value, tb);
-    }
+    if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
+        return;  /* resurrected by its finaliser */
+    PyObject_GC_UnTrack(self);
     Py_XDECREF(self->sources);
     for (Py_ssize_t i = 0; i < self->nheap; i++)
         Py_XDECREF(self->heap[i].chunk);
@@ -302,6 +374,7 @@ Merge_dealloc(Merge *self)
     }
     PyMem_Free(self->heap);
     Py_XDECREF(self->last_key);
+    Py_XDECREF(self->pin);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -341,7 +414,10 @@ PyTypeObject MergeType = {
     .tp_name = "lsmdb._speedups.Merge",
     .tp_basicsize = sizeof(Merge),
     .tp_dealloc = (destructor)Merge_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_FINALIZE,
+    .tp_traverse = (traverseproc)Merge_traverse,
+    .tp_clear = (inquiry)Merge_clear,
+    .tp_finalize = (destructor)Merge_finalize,
     .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None)\n--\n\n"
               "The newest version of each key from sorted sources of (keys, values) chunks,\n"
               "newest source first, tombstones hidden (see lsmdb.merge); pin.release() is\n"

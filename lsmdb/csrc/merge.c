@@ -164,9 +164,9 @@ merge_unpin(Merge *self)
     return 0;
 }
 
-/* The end (exhausted, failed or closed): the sources and their chunks go, then the pin. */
-static int
-merge_end(Merge *self)
+/* Let go of the sources and their chunks: the merge is over (next() answers the end). */
+static void
+merge_drop_sources(Merge *self)
 {
     for (Py_ssize_t i = 0; i < self->nheap; i++)
         Py_CLEAR(self->heap[i].chunk);
@@ -178,6 +178,13 @@ merge_end(Merge *self)
             Py_CLEAR(self->iters[i]);
     }
     self->failed = 1;
+}
+
+/* The end (exhausted, failed or closed): the sources and their chunks go, then the pin. */
+static int
+merge_end(Merge *self)
+{
+    merge_drop_sources(self);
     return merge_unpin(self);
 }
 
@@ -339,21 +346,14 @@ Merge_traverse(Merge *self, visitproc visit, void *arg)
     return 0;
 }
 
+/* Every reference dropped (the cycle collector's tp_clear, and the dealloc's),
+ * the pin without a release: its finaliser ran first. */
 static int
 Merge_clear(Merge *self)
 {
-    for (Py_ssize_t i = 0; i < self->nheap; i++)
-        Py_CLEAR(self->heap[i].chunk);
-    self->nheap = 0;
-    Py_CLEAR(self->pending.chunk);
-    Py_CLEAR(self->sources);
-    if (self->iters) {
-        for (Py_ssize_t i = 0; i < self->nsrc; i++)
-            Py_CLEAR(self->iters[i]);
-    }
+    merge_drop_sources(self);
     Py_CLEAR(self->last_key);
     Py_CLEAR(self->pin);
-    self->failed = 1;
     return 0;
 }
 
@@ -363,18 +363,9 @@ Merge_dealloc(Merge *self)
     if (PyObject_CallFinalizerFromDealloc((PyObject *)self) < 0)
         return;  /* resurrected by its finaliser */
     PyObject_GC_UnTrack(self);
-    Py_XDECREF(self->sources);
-    for (Py_ssize_t i = 0; i < self->nheap; i++)
-        Py_XDECREF(self->heap[i].chunk);
-    Py_XDECREF(self->pending.chunk);
-    if (self->iters) {
-        for (Py_ssize_t i = 0; i < self->nsrc; i++)
-            Py_XDECREF(self->iters[i]);
-        PyMem_Free(self->iters);
-    }
+    Merge_clear(self);
+    PyMem_Free(self->iters);
     PyMem_Free(self->heap);
-    Py_XDECREF(self->last_key);
-    Py_XDECREF(self->pin);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

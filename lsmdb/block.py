@@ -4,16 +4,24 @@ On disk a block is ``payload | crc32(payload) u32``; its *handle* in the
 index or footer is (offset, payload size).  Payloads are msgpack
 (docs/FORMAT.md §4.2, §4.3):
 
-* data block: ``[[key, ...], [value|nil, ...]]`` -- keys strictly
-  increasing bytewise; ``nil`` is a tombstone.
+* data block, format 2: ``[[key, ...], [value|nil, ...], [tag, ...],
+  [expiry, ...]]`` -- keys strictly increasing bytewise; ``nil`` is a
+  tombstone; each entry's tag is ``seq << 8 | kind``, an unsigned integer
+  (kind 0 a tombstone, 1 a value; nil exactly where the kind is 0).  Kind 2,
+  an expiring value, and the expiries list (when each expiring value
+  expires) are reserved: a file holding them will carry a later format
+  version, so format 2's expiries list is always empty and a kind-2 entry in
+  a format-2 file is refused like any other block the writer cannot write.
+* data block, format 1: ``[[key, ...], [value|nil, ...]]``, the first two
+  lists alone (no sequence numbers, no kinds).
 * index block: ``[[last_key, ...], [offset, ...], [size, ...]]`` -- one
   entry per data block, the last key it holds.
 
 **The data block rule.**  A data block read from disk is believed only once
 its checksum holds and :func:`decode_data_block` accepts it: the payload is
-exactly what the writer writes -- the msgpack of two lists of equal length in
+exactly what the writer writes -- the msgpack of the lists of its format in
 their shortest encoding, keys bins strictly increasing, values bins or nil,
-no byte left over -- and its keys lie where the index says: above the
+tags and expiries as above, no byte left over -- and its keys lie where the index says: above the
 previous block's last key, the last one the index key of this block.  Any
 other checksum-valid block is a ``CorruptionError`` naming the file and the
 block's offset, before any key in it answers a read.  The C twin
@@ -47,7 +55,16 @@ import msgpack
 
 from .coding import crc32
 from .errors import CorruptionError
-from .sstable_format import BLOCK_TRAILER, BLOCK_TRAILER_SIZE, MISSING
+from .sstable_format import (
+    BLOCK_TRAILER,
+    BLOCK_TRAILER_SIZE,
+    KIND_BITS,
+    KIND_TOMBSTONE,
+    KIND_VALUE,
+    MISSING,
+)
+
+KIND_MASK = (1 << KIND_BITS) - 1
 
 _packb = msgpack.packb
 _BYTES = {bytes}
@@ -55,6 +72,9 @@ _VALUE_TYPES = {bytes, type(None)}
 
 #: A decoded data block: its keys in order, and their values (None: a tombstone).
 Block = tuple[list[bytes], list[bytes | None]]
+#: A decoded format-2 data block whole: keys, values, tags, expiries.
+FullBlock = tuple[list[bytes], list[bytes | None], list[int], list[int]]
+_INTS = {int}
 
 #: The tail of a cached block: its entry count and its payload's size.
 CACHE_ENTRY_TAIL = struct.Struct("<II")
@@ -87,8 +107,17 @@ def unpack(payload: bytes | memoryview, path: str, offset: int, what: str) -> An
         raise CorruptionError(f"{what} undecodable ({type(exc).__name__})", path, offset) from None
 
 
+def encode_data_payload(keys: list[bytes], values: list[bytes | None], tags: list[int],
+                        expiries: list[int], version: int = 2) -> bytes:
+    """The payload of a data block of format ``version`` (1: keys and values only)."""
+    if version < 2:
+        return _packb([keys, values], use_bin_type=True)
+    return _packb([keys, values, tags, expiries], use_bin_type=True)
+
+
 def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
-                      after: bytes | None = None, last: bytes | None = None) -> Block:
+                      after: bytes | None = None, last: bytes | None = None,
+                      version: int = 1) -> Block:
     """The (keys, values) of a checksum-verified data block payload, if it meets
     the data block rule (see the module docstring); CorruptionError naming
     ``path`` and ``offset`` if not.  ``after``: the previous block's last key
@@ -99,17 +128,29 @@ def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
     >>> decode_data_block(payload, "f.sst", 0, None, b"b")
     ([b'a', b'b'], [b'1', None])
     """
+    keys, values, _tags, _expiries = decode_full(payload, path, offset, after, last, version)
+    return keys, values
+
+
+def decode_full(payload: bytes | memoryview, path: str, offset: int,
+                after: bytes | None = None, last: bytes | None = None,
+                version: int = 2) -> FullBlock:
+    """``decode_data_block`` with every list: (keys, values, tags, expiries).
+    A format-1 block has no tags and no expiries ([] and [])."""
     obj = unpack(payload, path, offset, "data block")
-    if (type(obj) is not list or len(obj) != 2 or type(obj[0]) is not list
-            or type(obj[1]) is not list or len(obj[0]) != len(obj[1])):
+    lists = 4 if version >= 2 else 2
+    if (type(obj) is not list or len(obj) != lists or not all(type(x) is list for x in obj)
+            or len(obj[0]) != len(obj[1])):
         raise CorruptionError("data block has the wrong shape", path, offset)
-    keys, values = obj
+    keys, values = obj[0], obj[1]
+    tags: list[int] = obj[2] if version >= 2 else []
+    expiries: list[int] = obj[3] if version >= 2 else []
     # (set(map(type, ...)) runs in C: a few hundred ns per block.)
     if not set(map(type, keys)) <= _BYTES or not set(map(type, values)) <= _VALUE_TYPES:
         raise CorruptionError("data block entry of the wrong type", path, offset)
     # msgpack writes the shortest header for every length: any other encoding
     # of the same lists is longer, and no writer of lsmdb's made it.
-    if len(_packb(obj, use_bin_type=True)) != len(payload):
+    if _packb(obj, use_bin_type=True) != payload:
         raise CorruptionError("data block not in the writer's encoding", path, offset)
     if not keys:
         raise CorruptionError("data block holds no entry", path, offset)
@@ -117,7 +158,31 @@ def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
         raise CorruptionError("data block keys out of order", path, offset)
     if (after is not None and keys[0] <= after) or (last is not None and keys[-1] != last):
         raise CorruptionError("data block does not match its index entry", path, offset)
-    return keys, values
+    if version >= 2:
+        _check_tags(values, tags, expiries, path, offset)
+    return keys, values, tags, expiries
+
+
+def _check_tags(values: list[bytes | None], tags: list[Any], expiries: list[Any], path: str,
+                offset: int) -> None:
+    """CorruptionError unless tags and expiries meet the rule (module docstring).
+    (Their encoding, the shortest, was checked with the whole payload's.)"""
+    if len(tags) != len(values) or not set(map(type, tags)) <= _INTS or min(tags) < 0:
+        raise CorruptionError("data block tags of the wrong shape", path, offset)
+    kinds = [t & KIND_MASK for t in tags]
+    if max(kinds) > KIND_VALUE:
+        raise CorruptionError("data block entry of a kind format 2 does not hold", path, offset)
+    if expiries:
+        raise CorruptionError("data block holds expiries (format 2 has none)", path, offset)
+    if any((k == KIND_TOMBSTONE) != (v is None) for k, v in zip(kinds, values, strict=True)):
+        raise CorruptionError("data block kinds do not match its values", path, offset)
+
+
+def tags_for(values: list[bytes | None], seq: int) -> list[int]:
+    """The tags of entries written at ``seq``, none of them expiring."""
+    value_tag = seq << KIND_BITS | KIND_VALUE
+    tomb_tag = seq << KIND_BITS | KIND_TOMBSTONE
+    return [tomb_tag if v is None else value_tag for v in values]
 
 
 def _header_sizes(lengths: Iterable[int]) -> list[int]:
@@ -139,7 +204,7 @@ def cache_entry(payload: bytes | memoryview, block: Block) -> bytes:
     value_lens = [0 if v is None else len(v) for v in values]
     value_heads = [1 if v is None else h
                    for v, h in zip(values, _header_sizes(value_lens), strict=True)]
-    start = 1 + _array_header_size(n)   # the outer fixarray of 2, the keys' array
+    start = 1 + _array_header_size(n)   # the outer fixarray (of 2 or 4), the keys' array
     key_at = list(accumulate((h + k for h, k in zip(_header_sizes(key_lens), key_lens,
                                                      strict=True)), initial=start))
     values_start = key_at[-1] + _array_header_size(n)
@@ -187,8 +252,8 @@ def entry_find(entry: bytes, key: bytes) -> Any:
 def entry_lists(entry: bytes) -> Block:
     """The (keys, values) of a cached block."""
     _count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
-    keys, values = msgpack.unpackb(memoryview(entry)[:plen], raw=False, use_list=True)
-    return keys, values
+    lists = msgpack.unpackb(memoryview(entry)[:plen], raw=False, use_list=True)
+    return lists[0], lists[1]
 
 
 def find_in_block(block: Block, key: bytes) -> Any:

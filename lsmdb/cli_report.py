@@ -183,6 +183,10 @@ INSPECT_COLUMNS: list[tuple[str, Any, bool | None]] = [
     ("entries", lambda f: f"{f['entries']:,}", True),
     ("tombs", lambda f: f"{f['tombstones']:,}", False),
     ("size", lambda f: _fmt_size(f["size_bytes"]), True),
+    ("comp", lambda f: f["compression"], False),
+    ("data", lambda f: _fmt_size(f["data_bytes"]), False),
+    ("raw data", lambda f: _fmt_size(f["uncompressed_bytes"]), False),
+    ("ratio", lambda f: f"{f['compression_ratio']:.2f}", True),
     ("filter", lambda f: _fmt_size(f["filter_bytes"]), False),
     ("bits/key", lambda f: f"{f['bits_per_key']:.2f}", True),
     ("k", lambda f: str(f["filter_hashes"]), False),
@@ -242,6 +246,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print("  !: filter built with another fp chance than the table's "
                   "(lsmdb rebuild-filters)")
         share = totals["absent_share"]
+        stored = sum(f["data_bytes"] for f in files)
+        raw = sum(f["uncompressed_bytes"] for f in files)
+        if files:
+            print(f"  data: {_fmt_size(stored)} stored, {_fmt_size(raw)} uncompressed "
+                  f"(ratio {stored / raw if raw else 1.0:.2f}); compression now "
+                  f"{opts['compression']}")
         print(f"  totals: filter {_fmt_size(totals['filter_bytes_on_disk'])} on disk, "
               f"{_fmt_size(totals['filter_bytes_in_memory'])} in memory; reads skipped "
               f"{totals['reads_skipped']:,}; false positives {totals['false_positives']:,}\n"
@@ -300,6 +310,8 @@ def cmd_sstable(args: argparse.Namespace) -> int:
           f"fp {f['fp_chance']:g}, hash algorithm {f['hash_algorithm']}, family {f['family']}"
           f"{error}")
     st = report["stats"]
+    print(f"  data blocks: {st['compression']}, {st['data_bytes']:,} bytes stored, "
+          f"{st['uncompressed_bytes']:,} uncompressed (ratio {st['compression_ratio']:.3f})")
     print(f"  bits/key {st['bits_per_key']:.2f}  fill {st['fill_ratio']:.4f}  "
           f"predicted FPR {_fmt_rate(st['predicted_fpr'])}  "
           f"FPR from fill {_fmt_rate(st['estimated_fpr_from_fill'])}  "

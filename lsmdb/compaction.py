@@ -24,9 +24,9 @@ when the output is the bottom of the tree for its key range.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .files import FileWriter, unlink_quietly
 from .filters import DEFAULT_FAMILY, FilterSpec
@@ -34,7 +34,7 @@ from .filters.hashing import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
 from .scan import chunks
 from .sstable_reader import SSTableReader
-from .sstable_writer import WRITE_BUFFER_BYTES, SSTableBuilder, take_chunk
+from .sstable_writer import WRITE_BUFFER_BYTES, SSTableBuilder, take_tagged
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -224,7 +224,7 @@ def newest_first(inputs: list[SSTableReader]) -> list[SSTableReader]:
 
 
 def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[[int], str],
-        hasher: Hasher = FAST_HASHER) -> list[SSTableReader]:
+        hasher: Hasher = FAST_HASHER, db_id: str = "") -> list[SSTableReader]:
     """Merge ``job.inputs`` into new fsynced files; returns readers of the outputs.
 
     Only reads the inputs and writes new files: nothing the database serves
@@ -233,20 +233,22 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     spec = target_spec(state, _output_in_last_level(job), hasher)
-    sources: list[Chunks] = [chunks(r, None, None) for r in newest_first(job.inputs)]
+    sources: list[Chunks] = [chunks(r, None, None, tagged=True)
+                             for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
     max_seq = max(r.max_seq for r in job.inputs)
     outputs: list[SSTableReader] = []
     paths: list[str] = []
     f = None
-    entries = iter(merged)
+    entries: Iterator[Any] = iter(merged)
     keys: list[bytes] = []
     values: list[bytes | None] = []
+    tags: list[int] = []
     try:
         while True:
             if not keys:  # the next chunk of the merged stream
-                keys, values = take_chunk(entries)
+                keys, values, tags = take_tagged(entries)
                 if not keys:
                     break
             number = alloc_number()
@@ -255,15 +257,17 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             f = FileWriter(path, WRITE_BUFFER_BYTES)
             builder = SSTableBuilder(f, fp_chance=spec.fp_chance,
                                      block_size=opts.block_size_bytes, table=state.name,
-                                     hasher=hasher, family=spec.family)
+                                     hasher=hasher, family=spec.family,
+                                     compression=opts.compression, file_number=number,
+                                     db_id=db_id)
             builder.note_seq(min_seq, max_seq)
             while True:  # fill this output until it is full or the input ends
-                added = builder.add_chunk(keys, values, job.split_bytes)
-                keys, values = keys[added:], values[added:]
+                added = builder.add_chunk(keys, values, job.split_bytes, tags)
+                keys, values, tags = keys[added:], values[added:], tags[added:]
                 if keys or (job.split_bytes is not None
                             and builder.file_size >= job.split_bytes):
                     break  # full: the rest starts the next file
-                keys, values = take_chunk(entries)
+                keys, values, tags = take_tagged(entries)
                 if not keys:
                     break
             outputs.append(_seal(builder, f, path, number, job.output_level))

@@ -105,7 +105,8 @@ class Compactor:
         """Run one compaction (the caller holds ``self.lock``)."""
         db = self._db
         started = time.monotonic()
-        outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, db.hasher_for(job.state))
+        outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, db.hasher_for(job.state),
+                                  db.db_id)
         try:
             for reader in outputs:
                 db.adopt(reader, job.output_level)

@@ -64,6 +64,7 @@ class FileProbe(NamedTuple):
     index_offsets: list[int]       # where each data block starts in the file
     index_sizes: list[int]         # and its payload's size
     cache_base: int                # block i is cached under cache_base + i
+    format_version: int = 2        # the file's format (1 or 2): its blocks' trailer and shape
 
 
 class Level(NamedTuple):
@@ -97,7 +98,7 @@ def probe_of(reader: SSTableReader) -> FileProbe:
     family, data, params = active.probe_spec()
     return FileProbe(reader, reader.min_key, reader.max_key, reader.counts, handle.hash_fn,
                      active, family, data, params, reader.index_keys, reader.index_offsets,
-                     reader.index_sizes, reader.cache_base)
+                     reader.index_sizes, reader.cache_base, reader.version)
 
 
 def fast_path(mem: Memtable, imms: Sequence[Memtable], version: Version, cache: Any,
@@ -136,6 +137,7 @@ def py_constants() -> dict[str, int]:
     block (lsmdb.block) and the cache's admission bitmap (lsmdb.cache)."""
     from . import block, cache, sstable_format
     return {"BLOCK_TRAILER_SIZE": sstable_format.BLOCK_TRAILER_SIZE,
+            "DATA_TRAILER_V2_SIZE": sstable_format.DATA_TRAILER_V2_SIZE,
             "CRC32_RESIDUE": sstable_format.CRC32_RESIDUE,
             "CACHE_ENTRY_TAIL": block.CACHE_ENTRY_TAIL.size,
             "CACHE_ENTRY_OFFSET": block.CACHE_ENTRY_OFFSET.size,

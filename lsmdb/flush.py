@@ -158,10 +158,12 @@ class Flusher:
             options = state.options
         file_path = versions.sst_path(number)
         try:
-            write_sstable(file_path, (), chunks=mem.chunk_range(None, None),
+            write_sstable(file_path, (), chunks=mem.flush_chunks(),
                           fp_chance=options.bloom_filter_fp_chance,
                           block_size=options.block_size_bytes, table=state.name,
-                          min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher)
+                          min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher,
+                          compression=options.compression, file_number=number,
+                          db_id=versions.db_id)
             return versions.adopt(SSTableReader(file_path, number), 0)
         except BaseException:
             unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL

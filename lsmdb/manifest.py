@@ -16,6 +16,8 @@ its checksum is a CorruptionError: it is never treated as empty, so no
 from __future__ import annotations
 
 import errno
+import re
+import secrets
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +28,17 @@ from .coding import crc32
 from .errors import CorruptionError, UnsupportedFormatError
 from .files import MANIFEST_NAME, read_file, write_file_durably
 from .logset import WalState
+from .sstable_format import MAX_SEQ
+
+#: The largest file number or table id a manifest may name: a signed 64-bit integer.
+MAX_COUNTER = (1 << 63) - 1
+#: A database id: 32 lowercase hex digits (new_db_id).
+DB_ID_RE = re.compile(r"[0-9a-f]{32}\Z")
+
+
+def new_db_id() -> str:
+    """A new database identity: 128 random bits as hex."""
+    return secrets.token_hex(16)
 
 __all__ = ["MANIFEST_NAME", "Manifest", "TableMeta", "FileMeta"]
 
@@ -79,6 +92,9 @@ class Manifest:
     tables: dict[str, TableMeta] = field(default_factory=dict)
     #: The WAL segments (None only when read from a format-1 manifest).
     wal: WalState | None = field(default_factory=WalState)
+    #: The database's identity, made at creation (32 hex digits), which each
+    #: format-2 SSTable records; "" in a manifest written before there was one.
+    db_id: str = ""
 
     def encode(self) -> bytes:
         payload = msgpack.packb({
@@ -91,6 +107,7 @@ class Manifest:
                 for name, t in sorted(self.tables.items())
             },
             "wal": (self.wal or WalState()).to_obj(),
+            **({"db_id": self.db_id} if self.db_id else {}),
         }, use_bin_type=True)
         return MANIFEST_HEADER.pack(MANIFEST_MAGIC, MANIFEST_FORMAT_VERSION, crc32(payload),
                                     len(payload)) + payload
@@ -114,7 +131,10 @@ class Manifest:
         try:
             obj = msgpack.unpackb(payload, raw=False)
             m = cls(int(obj["next_file_number"]), int(obj["next_table_id"]), int(obj["last_seq"]),
-                    wal=WalState.from_obj(obj["wal"]) if version >= 2 else None)
+                    wal=WalState.from_obj(obj["wal"]) if version >= 2 else None,
+                    db_id=obj.get("db_id", ""))
+            if type(m.db_id) is not str or (m.db_id and not DB_ID_RE.match(m.db_id)):
+                raise ValueError("bad database id")
             for name, t in obj["tables"].items():
                 if type(name) is not str or type(t["options"]) is not dict:
                     raise ValueError("bad table entry")
@@ -125,7 +145,35 @@ class Manifest:
         except Exception as exc:
             raise CorruptionError(f"manifest undecodable ({type(exc).__name__})", path,
                                   MANIFEST_HEADER.size) from None
+        why = m.counter_errors()
+        if why:
+            raise CorruptionError(f"manifest counters out of range: {why}", path,
+                                  MANIFEST_HEADER.size)
         return m
+
+    def counter_errors(self) -> str:
+        """Why the counters lie outside what the formats hold or contradict the
+        numbers handed out ("" when they don't): a sequence number must fit an
+        entry's tag, file numbers and table ids a signed 64-bit integer, and
+        every file and table must have a number below the next one."""
+        if not 0 <= self.last_seq <= MAX_SEQ:
+            return f"last_seq {self.last_seq} (at most {MAX_SEQ})"
+        for name, value in (("next_file_number", self.next_file_number),
+                            ("next_table_id", self.next_table_id)):
+            if not 1 <= value <= MAX_COUNTER:
+                return f"{name} {value} (from 1 to {MAX_COUNTER})"
+        for name, t in self.tables.items():
+            if not 1 <= t.id < self.next_table_id:
+                return f"table {name!r} has id {t.id}, next_table_id is {self.next_table_id}"
+            if t.flushed_seq > self.last_seq:
+                return f"table {name!r} flushed_seq {t.flushed_seq} > last_seq {self.last_seq}"
+            for f in t.files:
+                if f.number >= self.next_file_number:
+                    return (f"file {f.number} of table {name!r}, next_file_number is "
+                            f"{self.next_file_number}")
+                if f.max_seq > self.last_seq:
+                    return f"file {f.number} max_seq {f.max_seq} > last_seq {self.last_seq}"
+        return ""
 
     def write(self, path: str) -> None:
         write_file_durably(path, self.encode())

@@ -24,6 +24,8 @@ from itertools import filterfalse
 
 from sortedcontainers import SortedList
 
+from .sstable_format import KIND_BITS, KIND_TOMBSTONE, KIND_VALUE
+
 try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
     from ._speedups import MemFilter
 except ImportError:  # pragma: no cover - no C compiler when installed
@@ -39,11 +41,13 @@ class Memtable:
     ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
-    __slots__ = ("data", "filter", "_keys", "_pending", "size_bytes", "min_seq", "max_seq",
-                 "frozen", "flush_seq")
+    __slots__ = ("data", "seqs", "filter", "_keys", "_pending", "size_bytes", "min_seq",
+                 "max_seq", "frozen", "flush_seq")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
+        #: The sequence number of each key's write in ``data`` (what a flush writes).
+        self.seqs: dict[bytes, int] = {}
         #: A Bloom filter of data's keys for the C get (None without the C speedups).
         self.filter = MemFilter(self.data) if MemFilter is not None else None
         self._keys: SortedList = SortedList()
@@ -92,6 +96,7 @@ class Memtable:
                 self.size_bytes -= len(old)
         if value is not None:
             self.size_bytes += len(value)
+        self.seqs[key] = seq
         data[key] = value
         self._note_seq(seq)
 
@@ -110,6 +115,7 @@ class Memtable:
                                                   filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
+        self.seqs.update(dict.fromkeys(items, seq))
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
             self._pending += new_keys
@@ -124,9 +130,24 @@ class Memtable:
         keys = list(self.keys.irange(start, end, inclusive=(True, False), reverse=reverse))
         return [(keys, list(map(self.data.__getitem__, keys)))] if keys else []
 
+    def flush_chunks(self) -> list[tuple[list[bytes], list[bytes | None], list[int]]]:
+        """Every entry as one (keys, values, tags) chunk for an SSTable: each
+        tag ``seq << 8 | kind`` of the key's write (lsmdb.block).  Frozen only."""
+        keys = list(self.keys)
+        if not keys:
+            return []
+        values = list(map(self.data.__getitem__, keys))
+        seqs = map(self.seqs.__getitem__, keys)
+        tags = [s << KIND_BITS | (KIND_TOMBSTONE if v is None else KIND_VALUE)
+                for s, v in zip(seqs, values, strict=True)]
+        return [(keys, values, tags)]
+
     def _check(self) -> None:
-        """Invariants: the sorted keys are exactly the dict's keys, in order."""
+        """Invariants: the sorted keys are exactly the dict's keys, in order,
+        each with the sequence number of its write."""
         keys = list(self.keys)
         if keys != sorted(self.data):
             raise AssertionError("memtable sorted keys and dict disagree")
+        if self.seqs.keys() != self.data.keys():
+            raise AssertionError("memtable sequence numbers and dict disagree")
 

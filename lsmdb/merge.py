@@ -1,7 +1,9 @@
 """K-way merge of sorted sources: newest version of each key wins, tombstones hidden.
 
 Sources come newest first; each yields ``(keys, values)`` chunks (a data
-block, a memtable's range) in key order.  With the C speedups the merge is
+block, a memtable's range) in key order, or ``(keys, values, tags)`` chunks
+(a compaction's, lsmdb.block's tags), whose entries come out as
+``(key, value, tag)``.  With the C speedups the merge is
 ``lsmdb._speedups.Merge``, which walks the chunks in place; without them each
 entry is tagged with its source's age (0 = newest, or minus the age when
 ``reverse``, so that for equal keys the newest version comes first either
@@ -40,7 +42,7 @@ def tag_for(age: int, reverse: bool) -> int:
     return -age if reverse else age
 
 
-Chunks = Iterable[tuple[list[bytes], list[Any]]]
+Chunks = Iterable[tuple[list[Any], ...]]
 
 
 class Pin(Protocol):
@@ -60,8 +62,8 @@ def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: 
         return _CMerge(sources, reverse, keep_tombstones, pin)
     merged: Iterator[tuple[bytes, bytes | None]]
     if len(sources) == 1:
-        pairs = chain.from_iterable(zip(k, v, strict=True) for k, v in sources[0])
-        merged = pairs if keep_tombstones else ((k, v) for k, v in pairs if v is not None)
+        pairs = chain.from_iterable(zip(*chunk, strict=True) for chunk in sources[0])
+        merged = pairs if keep_tombstones else (e for e in pairs if e[1] is not None)
     else:
         tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
         merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
@@ -87,17 +89,19 @@ def _pinned(entries: Iterator[tuple[bytes, bytes | None]],
         pin.release()
 
 
-def _tagged(chunks: Chunks, tag: int) -> Iterator[tuple[bytes, int, Any]]:
-    for keys, values in chunks:
-        yield from zip(keys, repeat(tag, len(keys)), values, strict=True)
+def _tagged(chunks: Chunks, tag: int) -> Iterator[tuple[Any, ...]]:
+    for chunk in chunks:
+        keys = chunk[0]
+        yield from zip(keys, repeat(tag, len(keys)), *chunk[1:], strict=True)
 
 
-def _merge(merged: Iterator[Any], keep_tombstones: bool) -> Iterator[tuple[bytes, bytes | None]]:
+def _merge(merged: Iterator[Any], keep_tombstones: bool) -> Iterator[Any]:
     last: Any = _NOTHING
-    for key, _tag, value in merged:
+    for entry in merged:
+        key = entry[0]
         if key == last:
             continue  # an older version of a key already emitted
         last = key
-        if value is None and not keep_tombstones:
+        if entry[2] is None and not keep_tombstones:
             continue
-        yield key, value
+        yield (key, entry[2]) if len(entry) == 3 else (key, entry[2], entry[3])

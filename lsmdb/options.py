@@ -66,6 +66,10 @@ class TableOptions:
     #: Files in the last (bottom) level get no filter (RocksDB's
     #: optimize_filters_for_hits): pays when nearly every read is for a key that exists.
     bloom_filter_skip_last_level: bool = False
+    #: How data blocks of the SSTables written from now on are compressed:
+    #: "lz4" (default, as Cassandra's), "zstd" (smaller, slower to write) or
+    #: "none".  A block that does not shrink by an eighth is stored as it is.
+    compression: str = "lz4"
 
     def to_dict(self) -> dict[str, Any]:
         """Every option and its value."""
@@ -138,6 +142,8 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _int_option(name, value, 0, 1 << 40)
         elif name == "target_file_size_bytes":
             out[name] = _int_option(name, value, 64 * 1024, 1024 * 1024 * 1024)
+        elif name == "compression":
+            out[name] = _choice_option(name, value, ("lz4", "zstd", "none"))
         elif name == "bloom_filter_skip_last_level":
             if not isinstance(value, bool):
                 raise TypeError(f"table option {name!r} must be a bool, got {type(value).__name__}")

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from . import manifest as _manifest
 from . import stats as _stats
 from .errors import CorruptionError, NotADatabaseError
 from .files import (
@@ -48,7 +49,7 @@ from .files import (
 )
 from .lockfile import DatabaseLock
 from .logset import LogSet, ReplayedLog
-from .manifest import Manifest, TableMeta
+from .manifest import FileMeta, Manifest, TableMeta
 from .manifest import read_bytes as read_manifest_bytes
 from .options import DEFAULT_TABLE
 from .secret import load_secret
@@ -142,7 +143,8 @@ def check_creatable(db: Versions, create_if_missing: bool) -> None:
 def create(db: Versions, manifest_path: str, create_if_missing: bool) -> None:
     check_creatable(db, create_if_missing)
     manifest = Manifest(next_file_number=1, next_table_id=2,
-                        tables={DEFAULT_TABLE: TableMeta(id=1, options={})})
+                        tables={DEFAULT_TABLE: TableMeta(id=1, options={})},
+                        db_id=_manifest.new_db_id())
     manifest.write(manifest_path)
 
 
@@ -174,6 +176,24 @@ class DirectoryState:
             state.publish()
 
 
+def identity_mismatch(reader: SSTableReader, fm: FileMeta, db_id: str) -> str:
+    """How an opened SSTable differs from the manifest's record of it ("" when
+    it does not): its size, its entry count and key range, and for a format-2
+    file the number and the database id it records -- a misdirected write or a
+    bad restore (another SSTable of this or another database in its place)
+    passes every checksum but not these."""
+    if reader.size_bytes != fm.size:
+        return f"it is {reader.size_bytes} bytes, the manifest says {fm.size}"
+    if reader.version >= 2:
+        if reader.file_number != fm.number:
+            return f"it records file number {reader.file_number}, not {fm.number}"
+        if db_id and reader.db_id != db_id:
+            return f"it belongs to database {reader.db_id}, not {db_id}"
+    if (reader.entries, reader.min_key, reader.max_key) != (fm.entries, fm.min_key, fm.max_key):
+        return "its entry count or key range differs from the manifest's"
+    return ""
+
+
 def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, ReplayedLog]:
     """Read the manifest, open its files and replay the WAL (:func:`read_state`),
     then install what was read into ``db``.
@@ -197,6 +217,9 @@ def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, Replaye
             continue
         db.install(state.tables, state.next_file, state.next_table_id, state.last_seq,
                    state.log)
+        # A database made before databases had ids gets one: recorded by the next
+        # manifest switch, before any file that carries it is named there.
+        db.db_id = manifest.db_id or _manifest.new_db_id()
         return manifest, replayed
 
 
@@ -257,6 +280,11 @@ def _open_tables(db: Versions, manifest: Manifest, state: DirectoryState,
                         raise
                     raise CorruptionError("SSTable listed in the manifest is a symbolic "
                                           "link (never followed)", file_path) from None
+                why = identity_mismatch(reader, fm, manifest.db_id)
+                if why:
+                    reader.close()
+                    raise CorruptionError(f"SSTable is not the file the manifest names: {why}",
+                                          file_path)
                 readers.append(db.adopt(reader, fm.level))
                 state.next_file = max(state.next_file, fm.number + 1)
         finally:

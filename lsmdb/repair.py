@@ -38,9 +38,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import manifest as _manifest
 from .errors import CorruptionError, LsmdbError, NotADatabaseError
 from .files import (
     LOST_NAME,
@@ -134,6 +136,7 @@ class _Repair:
         self.levels: dict[int, tuple[str, int]] = {}   # manifest: number -> (table, level)
         self.next_number = 1
         self.last_seq = 0
+        self.db_id = ""  # the database's identity: the manifest's, or its files'
         self.to_delete: list[str] = []
         self.pending: list[tuple[_Table, Any]] = []    # new SSTables: (table, what to write)
         self.free_id = 2
@@ -197,6 +200,7 @@ class _Repair:
             self.add_table(DEFAULT_TABLE, 1, {}, 0)
         self.next_number = manifest.next_file_number
         self.last_seq = manifest.last_seq
+        self.db_id = manifest.db_id
         return manifest
 
     def add_table(self, name: str, table_id: int, options: dict[str, Any],
@@ -217,6 +221,8 @@ class _Repair:
 
     def sstables(self, names: list[str], manifest: Manifest | None) -> None:
         keyed = load_secret(self.path)
+        if not self.db_id:
+            self.db_id = self.majority_id(names)
         for name in names:
             m = SST_RE.match(name)
             if not m:
@@ -236,6 +242,10 @@ class _Repair:
                 self.set_aside(name, f"unreadable: {str(exc).split(' [')[0]}")
                 continue
             try:
+                why = self.identity_problem(reader, number)
+                if why:
+                    self.set_aside(name, why)
+                    continue
                 reader.attach_hasher(keyed)
                 self.sstable(reader, name, number)
             finally:
@@ -243,6 +253,36 @@ class _Repair:
         if manifest is None:  # no levels known: every file in level 0, newest data first
             for table in self.tables.values():
                 table.files.sort(key=lambda f: (f.max_seq, f.number), reverse=True)
+
+    def majority_id(self, names: list[str]) -> str:
+        """With no manifest to say it: the database id most of the format-2 files
+        that record their own number record ("" when none does)."""
+        ids: Counter[str] = Counter()
+        for name in names:
+            m = SST_RE.match(name)
+            full = self.join(name)
+            if not m or not stat.S_ISREG(os.lstat(full).st_mode):
+                continue
+            try:
+                reader = SSTableReader(full, int(m.group(1)))
+            except (LsmdbError, OSError):
+                continue
+            if reader.version >= 2 and reader.file_number == int(m.group(1)) and reader.db_id:
+                ids[reader.db_id] += 1
+            reader.close()
+        return ids.most_common(1)[0][0] if ids else ""
+
+    def identity_problem(self, reader: SSTableReader, number: int) -> str:
+        """Why a format-2 file is not this database's file ``number`` ("" if it
+        is): the number or the database id it records (the manifest's, or with
+        none the one most files record: majority_id)."""
+        if reader.version < 2:
+            return ""
+        if reader.file_number != number:
+            return f"it records file number {reader.file_number} (a misplaced file)"
+        if self.db_id and reader.db_id != self.db_id:
+            return f"it belongs to another database ({reader.db_id})"
+        return ""
 
     def sstable(self, reader: SSTableReader, name: str, number: int) -> None:
         table_name, level = self.levels.get(number, (reader.table or DEFAULT_TABLE, 0))
@@ -359,20 +399,26 @@ class _Repair:
 
     # -- writing --------------------------------------------------------------
     def commit(self, manifest: Manifest | None) -> None:
+        if not self.db_id:
+            self.db_id = _manifest.new_db_id()
         for table, (number, level, keys, values, min_seq, max_seq) in self.pending:
             options = TableOptions.resolve(table.options)
             full = self.join(sst_name(number))
             if keys is None:  # a memtable replayed from the WAL
                 mem: Memtable = values
-                props = write_sstable(full, (), chunks=mem.chunk_range(None, None),
+                props = write_sstable(full, (), chunks=mem.flush_chunks(),
                                       fp_chance=options.bloom_filter_fp_chance,
                                       block_size=options.block_size_bytes, table=table.name,
-                                      min_seq=mem.min_seq, max_seq=mem.max_seq)
+                                      min_seq=mem.min_seq, max_seq=mem.max_seq,
+                                      compression=options.compression, file_number=number,
+                                      db_id=self.db_id)
             else:
                 props = write_sstable(full, zip(keys, values, strict=True),
                                       fp_chance=options.bloom_filter_fp_chance,
                                       block_size=options.block_size_bytes, table=table.name,
-                                      min_seq=min_seq, max_seq=max_seq)
+                                      min_seq=min_seq, max_seq=max_seq,
+                                      compression=options.compression, file_number=number,
+                                      db_id=self.db_id)
             table.files.insert(0, FileMeta(number, level, props["size_bytes"], props["entries"],
                                            props["min_key"], props["max_key"], props["min_seq"],
                                            props["max_seq"]))
@@ -401,7 +447,7 @@ class _Repair:
         Manifest(self.next_number, next_table_id, self.last_seq,
                  {t.name: TableMeta(t.id, t.options, self.last_seq, t.files)
                   for t in self.tables.values()},
-                 WalState()).write(self.join(MANIFEST_NAME))
+                 WalState(), self.db_id).write(self.join(MANIFEST_NAME))
         for name in self.to_delete + [n for n, _why in self.report.set_aside
                                       if n != MANIFEST_NAME]:
             unlink_quietly(self.join(name))

@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterator
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-from .block import Block
+import msgpack
+
+from .block import CACHE_ENTRY_TAIL, Block, tags_for
 from .block import entry_lists as _py_entry_lists
 from .keys import as_key
 from .merge import merge_newest
@@ -44,11 +46,24 @@ def entry_lists(entry: bytes) -> Block:
     return _py_entry_lists(entry)
 
 
+def entry_tagged(reader: SSTableReader, entry: bytes) -> tuple[list[bytes], list[bytes | None],
+                                                               list[int]]:
+    """(keys, values, tags) of a cached block of ``reader``'s file: a format-2
+    block's payload holds its tags; a format-1 file's entries are tagged as
+    ``SSTableReader.decode_full`` tags them."""
+    keys, values = entry_lists(entry)
+    if reader.version < 2:
+        return keys, values, tags_for(values, reader.max_seq)
+    _count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
+    return keys, values, msgpack.unpackb(memoryview(entry)[:plen], use_list=True)[2]
+
+
 def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
-           reverse: bool = False) -> Iterator[Block]:
+           reverse: bool = False, tagged: bool = False) -> Iterator[Any]:
     """The entries of ``reader``'s file with start <= key < end as (keys, values)
     lists, a data block at a time, in key order (descending when ``reverse``):
-    what :func:`lsmdb.merge.merge_newest` takes.  See the module docstring."""
+    what :func:`lsmdb.merge.merge_newest` takes; (keys, values, tags) lists
+    when ``tagged`` (a compaction's, whole blocks).  See the module docstring."""
     index_keys = reader.index_keys
     nblocks = len(index_keys)
     i = 0 if start is None else bisect_left(index_keys, start)
@@ -70,10 +85,16 @@ def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
                 span = min(2 * span, READAHEAD_BLOCKS)
                 raw = ahead.pop(b)
             reader.check_raw(b, raw)  # as used: a block read ahead, unused, fails nothing
+            if tagged:
+                yield reader.decode_full(b, raw)
+                continue
             keys, values = reader.decode_raw(b, raw)
         else:
-            keys, values = entry_lists(entry)
             counts[BLOCK_CACHE_HITS] += 1
+            if tagged:
+                yield entry_tagged(reader, entry)
+                continue
+            keys, values = entry_lists(entry)
         lo = 0 if start is None else bisect_left(keys, start)
         hi = len(keys) if end is None else bisect_left(keys, end)
         if lo >= hi:

@@ -20,7 +20,8 @@ from itertools import pairwise
 from typing import Any
 
 from . import block as blk
-from .block import Block
+from . import compression
+from .block import Block, FullBlock
 from .coding import crc32
 from .errors import CorruptionError, DatabaseClosedError, UnsupportedFormatError
 from .files import open_for_reading
@@ -32,13 +33,14 @@ from .sstable_format import (
     FOOTER,
     FOOTER_CRC_SPAN,
     FOOTER_SIZE,
-    SSTABLE_FORMAT_VERSION,
+    READABLE_VERSIONS,
     SSTABLE_MAGIC,
+    data_trailer_size,
 )
 from .stats import FILE_COUNTERS, ArrayCounter
 
-_block_entry: Callable[[bytes, bytes | None, bytes | None], bytes] | None
-_block_lists: Callable[[bytes, bytes | None, bytes | None], Block] | None
+_block_entry: Callable[[bytes, bytes | None, bytes | None, int], bytes] | None
+_block_lists: Callable[[bytes, bytes | None, bytes | None, int], Block] | None
 _map_file: Callable[[int, int], Any] | None
 try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
     from ._speedups import block_entry as _block_entry
@@ -178,10 +180,14 @@ class SSTableReader:
             raise CorruptionError("bad SSTable magic (not an lsmdb SSTable?)", path, foot_off)
         if crc32(footer[:FOOTER_CRC_SPAN]) != crc:
             raise CorruptionError("footer checksum mismatch", path, foot_off)
-        if version != SSTABLE_FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise UnsupportedFormatError(
-                f"{path}: SSTable format version {version}; "
-                f"this lsmdb reads {SSTABLE_FORMAT_VERSION}")
+                f"{path}: SSTable format version {version}; this lsmdb reads "
+                f"{' and '.join(map(str, READABLE_VERSIONS))}")
+        #: The file's format version (lsmdb.sstable_format).
+        self.version = version
+        #: The bytes after each data block's stored payload: 4 (format 1) or 5.
+        self.data_trailer = data_trailer_size(version)
         self._data_end = foot_off
         self.index_handle = (idx_off, idx_size)
         self.filter_handle = (flt_off, flt_size)
@@ -200,6 +206,28 @@ class SSTableReader:
             self.max_seq = int(props["max_seq"])
             self.table = str(props["table"])
             self.fp_chance = float(props["fp_chance"])
+            if props.get("format_version", version) != version:
+                raise CorruptionError(f"properties say format {props['format_version']}, the "
+                                      f"footer {version}", path, prop_off)
+            if version >= 2:
+                #: The file's identity: its number and its database's id, as
+                #: written (format 2; None for a format-1 file, which has none).
+                self.file_number: int | None = props["file_number"]
+                self.db_id: str | None = props["db_id"]
+                #: How its data blocks are compressed (the table's option when written).
+                self.compression = props["compression"]
+                #: Its data blocks' payloads, decompressed, in bytes.
+                self.uncompressed_bytes = props["uncompressed_bytes"]
+                if (type(self.file_number) is not int or type(self.uncompressed_bytes) is not int
+                        or self.file_number < 0 or self.uncompressed_bytes < 0
+                        or type(self.db_id) is not str
+                        or self.compression not in compression.TYPES):
+                    raise TypeError
+            else:
+                self.file_number = self.db_id = None
+                self.compression = "none"
+                self.uncompressed_bytes = (int(props["data_bytes"])
+                                           - BLOCK_TRAILER_SIZE * int(props["data_blocks"]))
         except (KeyError, TypeError, ValueError):
             raise CorruptionError("properties block is missing fields", path, prop_off) from None
         if type(self.min_key) is not bytes or type(self.max_key) is not bytes:
@@ -218,7 +246,7 @@ class SSTableReader:
         prev = None
         for key, off, size in zip(*index, strict=True):
             if (type(key) is not bytes or type(off) is not int or type(size) is not int
-                    or off < 0 or size < 0 or off + size + BLOCK_TRAILER_SIZE > idx_off):
+                    or off < 0 or size < 0 or off + size + self.data_trailer > idx_off):
                 raise CorruptionError("index block entry invalid", path, idx_off)
             # Reads bisect the index: keys out of order would send a key to the wrong block.
             if prev is not None and key <= prev:
@@ -255,7 +283,7 @@ class SSTableReader:
         slice of the file in memory), its length and checksum verified unless
         ``check`` is False (then ``entry_of`` or ``decode_raw`` checks it)."""
         offset = self.index_offsets[i]
-        size = self.index_sizes[i] + BLOCK_TRAILER_SIZE
+        size = self.index_sizes[i] + self.data_trailer
         raw = self._pread(size, offset) if self._data is None else self._data[offset:offset + size]
         if check:
             self.check_raw(i, raw)
@@ -264,23 +292,50 @@ class SSTableReader:
     def check_raw(self, i: int, raw: bytes | memoryview) -> None:
         """CorruptionError unless ``raw`` is data block ``i`` whole (payload and
         trailer) with a matching checksum."""
-        if len(raw) != self.index_sizes[i] + BLOCK_TRAILER_SIZE:
+        if len(raw) != self.index_sizes[i] + self.data_trailer:
             raise CorruptionError("data block truncated", self.path, self.index_offsets[i])
         if crc32(raw) != CRC32_RESIDUE:  # payload and trailer in one pass
             raise CorruptionError("data block checksum mismatch", self.path,
                                   self.index_offsets[i])
 
+    def payload_of(self, i: int, raw: bytes | memoryview) -> bytes | memoryview:
+        """Block ``i``'s payload from ``raw`` (as ``check_raw`` accepts it):
+        decompressed as its type byte says (format 2), or as it is."""
+        if self.version < 2:
+            return raw[:-BLOCK_TRAILER_SIZE]
+        kind = raw[-self.data_trailer]
+        stored = raw[:-self.data_trailer]
+        if kind == compression.NONE:
+            return stored
+        return compression.decompress(kind, stored, self.path, self.index_offsets[i])
+
     def decode_raw(self, i: int, raw: bytes | memoryview) -> Block:
         """Block ``i``'s (keys, values) from ``raw`` (as ``check_raw`` accepts it),
         under the data block rule: lsmdb.block.decode_data_block, or its C twin."""
-        payload = raw[:-BLOCK_TRAILER_SIZE]
+        payload = self.payload_of(i, raw)
         after, last = self.bounds(i)
         if _block_lists is not None:
             try:
-                return _block_lists(bytes(payload), after, last)
+                return _block_lists(bytes(payload), after, last, self.version)
             except ValueError:
                 pass  # the Python rule says why (or, disagreeing, decodes it)
-        return blk.decode_data_block(payload, self.path, self.index_offsets[i], after, last)
+        return blk.decode_data_block(payload, self.path, self.index_offsets[i], after, last,
+                                     self.version)
+
+    def decode_full(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes],
+                                                                      list[bytes | None],
+                                                                      list[int]]:
+        """Block ``i``'s (keys, values, tags) from ``raw`` (as ``check_raw``
+        accepts it), under the data block rule.  A format-1 file records no
+        sequence numbers: its entries are tagged with the file's ``max_seq``,
+        newer than any older file's and older than any newer one's."""
+        after, last = self.bounds(i)
+        if self.version < 2:
+            keys, values = self.decode_raw(i, raw)
+            return keys, values, blk.tags_for(values, self.max_seq)
+        full: FullBlock = blk.decode_full(self.payload_of(i, raw), self.path,
+                                          self.index_offsets[i], after, last, self.version)
+        return full[0], full[1], full[2]
 
     def read_block(self, i: int) -> Block:
         """Data block ``i``'s (keys, values), read from disk (one ``os.pread``) and
@@ -297,11 +352,11 @@ class SSTableReader:
         its length and checksum, then the data block rule -- in the block
         cache's form; CorruptionError at the block's offset if it fails."""
         self.check_raw(i, raw)
-        payload = raw[:-BLOCK_TRAILER_SIZE]
+        payload = bytes(self.payload_of(i, raw))
         if _block_entry is not None:
             after, last = self.bounds(i)
             try:
-                return _block_entry(payload, after, last)
+                return _block_entry(payload, after, last, self.version)
             except ValueError:
                 pass  # the Python rule says why (or, disagreeing, decodes it)
         return blk.cache_entry(payload, self.decode_raw(i, raw))
@@ -313,15 +368,15 @@ class SSTableReader:
         first that lies back to back in the file, up to ``READAHEAD_BYTES``, in
         one read (one ``os.pread``, one hand-off of the GIL).  A block cut short
         by the end of the file comes back short."""
-        offsets, sizes = self.index_offsets, self.index_sizes
+        offsets, sizes, trailer = self.index_offsets, self.index_sizes, self.data_trailer
         if self._data is not None:  # the file is in memory: nothing to read ahead
             b = blocks[0]
-            return {b: self._data[offsets[b]:offsets[b] + sizes[b] + BLOCK_TRAILER_SIZE]}
+            return {b: self._data[offsets[b]:offsets[b] + sizes[b] + trailer]}
         run = [blocks[0]]
         lo = offsets[blocks[0]]
-        hi = lo + sizes[blocks[0]] + BLOCK_TRAILER_SIZE
+        hi = lo + sizes[blocks[0]] + trailer
         for b in blocks[1:]:
-            b_lo, b_hi = offsets[b], offsets[b] + sizes[b] + BLOCK_TRAILER_SIZE
+            b_lo, b_hi = offsets[b], offsets[b] + sizes[b] + trailer
             if b_lo == hi and b_hi - lo <= READAHEAD_BYTES:
                 hi = b_hi
             elif b_hi == lo and hi - b_lo <= READAHEAD_BYTES:
@@ -333,8 +388,7 @@ class SSTableReader:
         if len(run) == 1:
             return {run[0]: data}
         view = memoryview(data)
-        return {b: view[offsets[b] - lo:offsets[b] - lo + sizes[b] + BLOCK_TRAILER_SIZE]
-                for b in run}
+        return {b: view[offsets[b] - lo:offsets[b] - lo + sizes[b] + trailer] for b in run}
 
     def copy_prefix(self, length: int) -> bytes:
         """The file's first ``length`` bytes, verbatim."""
@@ -417,7 +471,7 @@ class SSTableReader:
         for off, size in zip(offsets, sizes, strict=True):
             if off != end:
                 raise AssertionError(f"{self.path}: data block at {off}, expected at {end}")
-            end = off + size + BLOCK_TRAILER_SIZE
+            end = off + size + self.data_trailer
         if end > self._data_end or keys[-1] != self.max_key or self.min_key > keys[0]:
             raise AssertionError(f"{self.path}: index does not match the key range")
         if not 0 <= self.tombstones <= self.entries or not 0 <= self.min_seq <= self.max_seq:

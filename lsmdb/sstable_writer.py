@@ -15,11 +15,22 @@ from operator import add, itemgetter, lt
 from typing import Any, Protocol
 
 from . import block as blk
+from . import compression as _compression
 from .coding import crc32
 from .files import FileWriter
 from .filters import DEFAULT_FAMILY, Filter, FilterSpec, build
 from .filters.hashing import FAST_HASHER, Hasher
-from .sstable_format import BLOCK_TRAILER_SIZE, SSTABLE_FORMAT_VERSION, pack_footer
+from .sstable_format import (
+    BLOCK_TRAILER_SIZE,
+    DATA_TRAILER_V2,
+    DATA_TRAILER_V2_SIZE,
+    KIND_BITS,
+    KIND_EXPIRING,
+    KIND_TOMBSTONE,
+    MAX_SEQ,
+    SSTABLE_FORMAT_VERSION,
+    pack_footer,
+)
 from .sstable_reader import SSTableReader
 
 
@@ -36,12 +47,23 @@ _first = itemgetter(0)
 _second = itemgetter(1)
 
 
+_third = itemgetter(2)
+
+
 def take_chunk(items: Iterator[tuple[bytes, bytes | None]]
                ) -> tuple[list[bytes], list[bytes | None]]:
     """The next CHUNK_ENTRIES (key, value) pairs of ``items`` as two lists
     (empty at the end): what :meth:`SSTableBuilder.add_chunk` takes."""
     chunk = list(islice(items, CHUNK_ENTRIES))
     return list(map(_first, chunk)), list(map(_second, chunk))
+
+
+def take_tagged(items: Iterator[tuple[bytes, bytes | None, int]]
+                ) -> tuple[list[bytes], list[bytes | None], list[int]]:
+    """The next CHUNK_ENTRIES (key, value, tag) triples of ``items`` as three
+    lists (empty at the end): a merge's output, for :meth:`SSTableBuilder.add_chunk`."""
+    chunk = list(islice(items, CHUNK_ENTRIES))
+    return list(map(_first, chunk)), list(map(_second, chunk)), list(map(_third, chunk))
 
 
 class SSTableBuilder:
@@ -54,7 +76,28 @@ class SSTableBuilder:
 
     def __init__(self, out: Sink, *, fp_chance: float, block_size: int,
                  table: str = "", build_filter: bool = True,
-                 hasher: Hasher = FAST_HASHER, family: int | None = None) -> None:
+                 hasher: Hasher = FAST_HASHER, family: int | None = None,
+                 compression: str = "lz4", file_number: int = 0, db_id: str = "",
+                 version: int = SSTABLE_FORMAT_VERSION, seq: int = 0) -> None:
+        """``compression`` (lsmdb.compression.CHOICES) for the data blocks;
+        ``file_number`` and ``db_id``, the file's identity, in its properties;
+        ``version`` 1 writes the old format (tests and golden files only);
+        ``seq``, the sequence number of entries added without tags."""
+        if version not in (1, 2):
+            raise ValueError(f"SSTable format version {version} is not one lsmdb writes")
+        if compression not in _compression.TYPES:
+            raise ValueError(f"compression must be one of {', '.join(_compression.CHOICES)}, "
+                             f"not {compression!r}")
+        if not 0 <= seq <= MAX_SEQ:
+            raise ValueError(f"sequence number {seq} out of range")
+        self._version = version
+        self._compression_name = compression if version >= 2 else "none"
+        self._compression = _compression.TYPES[self._compression_name]
+        self._file_number = file_number
+        self._db_id = db_id
+        self._seq = seq
+        self._tags: list[int] = []
+        self.uncompressed_bytes = 0
         self._out = out
         self._hasher = hasher
         self._family = DEFAULT_FAMILY if family is None else family
@@ -78,7 +121,13 @@ class SSTableBuilder:
         self.max_seq = 0
         self._last: bytes | None = None
 
-    def add(self, key: bytes, value: bytes | None) -> None:
+    def add(self, key: bytes, value: bytes | None, tag: int | None = None) -> None:
+        """Add one entry after the last; ``tag`` (``seq << 8 | kind``) defaults
+        to the builder's ``seq`` and the value's kind."""
+        if tag is None:
+            tag = blk.tags_for([value], self._seq)[0]
+        else:
+            self._check_tags([value], [tag])
         if self._last is not None and key <= self._last:
             raise ValueError("SSTable keys must be added in strictly increasing order")
         self._last = key
@@ -93,6 +142,7 @@ class SSTableBuilder:
             self._block_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
         self._keys.append(key)
         self._values.append(value)
+        self._tags.append(tag)
         if self._fp_chance < 1.0:
             self._hashes.append(self._hash(key))
         if self._block_bytes >= self._block_size:
@@ -108,8 +158,15 @@ class SSTableBuilder:
                 return
             self.add_chunk(keys, values)
 
+    @staticmethod
+    def _check_tags(values: list[bytes | None], tags: list[int]) -> None:
+        for v, t in zip(values, tags, strict=True):
+            kind = t & ((1 << KIND_BITS) - 1)
+            if kind >= KIND_EXPIRING or (kind == KIND_TOMBSTONE) != (v is None) or t < 0:
+                raise ValueError(f"tag {t} does not fit its value")
+
     def add_chunk(self, keys: list[bytes], values: list[bytes | None],
-                  max_file_bytes: int | None = None) -> int:
+                  max_file_bytes: int | None = None, tags: list[int] | None = None) -> int:
         """Add sorted entries given as two lists; returns how many were added.
 
         The same blocks as ``add`` one entry at a time -- a block is cut once
@@ -119,8 +176,10 @@ class SSTableBuilder:
         and returns the count added: the rest belongs in the next file.
         """
         n = len(keys)
-        if n != len(values):
+        if n != len(values) or (tags is not None and n != len(tags)):
             raise ValueError("add_chunk: keys and values differ in length")
+        if tags is None:  # (given tags come from blocks or a memtable, checked there)
+            tags = blk.tags_for(values, self._seq)
         if not n:
             return 0
         if (self._last is not None and keys[0] <= self._last) or (
@@ -144,6 +203,7 @@ class SSTableBuilder:
                 break
             self._keys.extend(keys[done:cut])
             self._values.extend(values[done:cut])
+            self._tags.extend(tags[done:cut])
             self._flush_block()
             done, base, need = cut, cum[cut], block_size
             if max_file_bytes is not None and self._offset >= max_file_bytes:
@@ -151,6 +211,7 @@ class SSTableBuilder:
         if done < n and not (max_file_bytes is not None and self._offset >= max_file_bytes):
             self._keys.extend(keys[done:])
             self._values.extend(values[done:])
+            self._tags.extend(tags[done:])
             self._block_bytes += cum[n] - base
             added = n
         else:
@@ -177,12 +238,24 @@ class SSTableBuilder:
     def _flush_block(self) -> None:
         if not self._keys:
             return
-        offset, size = self._write(blk.encode_block([self._keys, self._values]))
+        if self._version < 2:
+            offset, size = self._write(blk.encode_block([self._keys, self._values]))
+        else:
+            payload = blk.encode_data_payload(self._keys, self._values, self._tags, [])
+            self.uncompressed_bytes += len(payload)
+            kind, stored = _compression.compress(self._compression, payload)
+            type_byte = kind.to_bytes(1, "little")
+            offset = self._offset
+            self._out.write(stored)
+            self._out.write(DATA_TRAILER_V2.pack(kind, crc32(type_byte, crc32(stored))))
+            size = len(stored)
+            self._offset += size + DATA_TRAILER_V2_SIZE
         self._index_keys.append(self._keys[-1])
         self._index_offsets.append(offset)
         self._index_sizes.append(size)
         self._keys = []
         self._values = []
+        self._tags = []
         self._block_bytes = 0
 
     def build_filter(self) -> Filter:
@@ -201,7 +274,7 @@ class SSTableBuilder:
         filter_payload = built.to_bytes()
         flt = self._write(filter_payload + crc32(filter_payload).to_bytes(4, "little"))
         props = {
-            "format_version": SSTABLE_FORMAT_VERSION,
+            "format_version": self._version,
             "table": self._table,
             "entries": self.entries,
             "tombstones": self.tombstones,
@@ -213,8 +286,12 @@ class SSTableBuilder:
             "max_seq": self.max_seq,
             **filter_properties(built),
         }
+        if self._version >= 2:
+            props.update(file_number=self._file_number, db_id=self._db_id,
+                         compression=self._compression_name,
+                         uncompressed_bytes=self.uncompressed_bytes)
         prop = self._write(blk.encode_block(props))
-        self._write_raw(pack_footer(index, flt, prop))
+        self._write_raw(pack_footer(index, flt, prop, self._version))
         return props
 
     def _write_raw(self, data: bytes) -> None:
@@ -244,19 +321,21 @@ WRITE_BUFFER_BYTES = 1 << 20
 def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_chance: float,
                   block_size: int, table: str = "", min_seq: int | None = None,
                   max_seq: int = 0, hasher: Hasher = FAST_HASHER,
-                  chunks: Iterable[tuple[list[bytes], list[bytes | None]]] = ()
-                  ) -> dict[str, Any]:
+                  chunks: Iterable[tuple[Any, ...]] = (), compression: str = "lz4",
+                  file_number: int = 0, db_id: str = "") -> dict[str, Any]:
     """Write a complete SSTable to ``path`` and fsync it.  Returns its properties.
 
     The entries are ``items`` (key, value|None) pairs, then ``chunks`` of
-    (keys, values) lists (a memtable's flush), all in increasing key order.
+    (keys, values) or (keys, values, tags) lists (a memtable's flush), all in
+    increasing key order; entries without tags are tagged with ``max_seq``.
     """
     with FileWriter(path, WRITE_BUFFER_BYTES) as f:
         builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
-                                 hasher=hasher)
+                                 hasher=hasher, compression=compression,
+                                 file_number=file_number, db_id=db_id, seq=max_seq)
         builder.add_many(items)
-        for keys, values in chunks:
-            builder.add_chunk(keys, values)
+        for chunk in chunks:
+            builder.add_chunk(chunk[0], chunk[1], None, chunk[2] if len(chunk) > 2 else None)
         builder.note_seq(min_seq, max_seq)
         props = builder.finish()
         f.sync()
@@ -286,13 +365,15 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
                                   hasher), reader.entries, hashes)
     props = dict(reader.properties)
     props.update(filter_properties(new_filter))
+    if reader.version >= 2:
+        props["file_number"] = number
     filter_payload = new_filter.to_bytes()
     filter_block = filter_payload + crc32(filter_payload).to_bytes(4, "little")
     props_block = blk.encode_block(props)
     flt_off = prefix_len
     prop_off = flt_off + len(filter_block)
     footer = pack_footer((idx_off, idx_size), (flt_off, len(filter_payload)),
-                         (prop_off, len(props_block) - BLOCK_TRAILER_SIZE))
+                         (prop_off, len(props_block) - BLOCK_TRAILER_SIZE), reader.version)
     with FileWriter(path) as f:
         f.write(prefix)
         f.write(filter_block)

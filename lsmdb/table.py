@@ -172,6 +172,15 @@ class SSTableInfo:
     false_negatives: int = 0     # shadow mode only; must stay 0
     block_reads: int = 0         # data blocks read from disk
     block_cache_hits: int = 0    # data blocks served by the block cache
+    format_version: int = 2      # the file's SSTable format (docs/FORMAT.md §4)
+    compression: str = "none"    # how its data blocks were compressed when written
+    data_bytes: int = 0          # its data blocks as stored (compressed), trailers excluded
+    uncompressed_bytes: int = 0  # the same blocks' payloads decompressed
+
+    @property
+    def compression_ratio(self) -> float:
+        """data_bytes / uncompressed_bytes: 1.0 uncompressed, below 1 the share kept."""
+        return self.data_bytes / self.uncompressed_bytes if self.uncompressed_bytes else 1.0
 
     @property
     def measured_fpr(self) -> float | None:
@@ -190,6 +199,7 @@ class SSTableInfo:
         d = asdict(self)
         d["measured_fpr"] = self.measured_fpr
         d["false_ratio"] = self.false_ratio
+        d["compression_ratio"] = self.compression_ratio
         if math.isinf(d["estimated_keys_from_fill"]):
             d["estimated_keys_from_fill"] = None
         return d
@@ -218,5 +228,7 @@ class SSTableInfo:
             predicted_fpr=active.predicted_fpr(reader.entries),
             estimated_fpr_from_fill=stats.estimated_fpr_from_fill,
             estimated_keys_from_fill=stats.estimated_keys_from_fill,
+            format_version=reader.version, compression=reader.compression,
+            data_bytes=sum(reader.index_sizes), uncompressed_bytes=reader.uncompressed_bytes,
             **reader.counters(),
         )

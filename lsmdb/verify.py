@@ -34,7 +34,7 @@ from .files import (
 )
 from .filters.hashing import Hasher, key_hash
 from .logset import read_unsynced_segment
-from .manifest import Manifest
+from .manifest import FileMeta, Manifest
 from .secret import load_secret
 from .sstable_reader import SSTableReader
 from .stats import decode_stats
@@ -119,8 +119,11 @@ def verify_database(path: str) -> list[Problem]:
                 continue
             found = list(verify_sstable(file_path, fm.number, keyed))
             problems.extend(found)
-            if not found and os.path.getsize(file_path) != fm.size:
-                problems.append(Problem(file_path, None, "size differs from the manifest's"))
+            if not found:
+                why = _identity(file_path, fm, manifest.db_id)
+                if why:
+                    problems.append(Problem(file_path, None,
+                                            f"not the file the manifest names: {why}"))
     named_wals = _verify_wal(path, manifest, problems)
     stats_path = os.path.join(path, STATS_NAME)
     if os.path.lexists(stats_path):
@@ -132,6 +135,20 @@ def verify_database(path: str) -> list[Problem]:
                                     "warning"))
     problems.extend(_orphans(path, manifest, named_ssts, named_wals))
     return problems
+
+
+def _identity(file_path: str, fm: FileMeta, db_id: str) -> str:
+    """How the SSTable at ``file_path`` differs from the manifest's record of it
+    (lsmdb.recovery.identity_mismatch, what an open checks); "" if it does not."""
+    from .recovery import identity_mismatch
+    try:
+        reader = SSTableReader(file_path, fm.number)
+    except (LsmdbError, OSError) as exc:
+        return str(exc)
+    try:
+        return identity_mismatch(reader, fm, db_id)
+    finally:
+        reader.close()
 
 
 def _is_file(path: str) -> bool:

@@ -54,6 +54,8 @@ class Versions:
         self.next_file = 1
         self.next_table_id = 1
         self.last_seq = 0
+        #: The database's identity (lsmdb.manifest), which each new SSTable records.
+        self.db_id = ""
         #: The keyed filters' hasher (FILTER_KEY), None when the database has none.
         self.keyed: _hashing.Hasher | None = None
         #: A manifest switch is visible but its directory fsync failed: the next
@@ -163,7 +165,7 @@ class Versions:
                               r.min_seq, r.max_seq) for r in s.files]
             tables[name] = TableMeta(s.id, s.explicit, s.flushed_seq, files)
         return Manifest(self.next_file, self.next_table_id, self.last_seq, tables,
-                        self.log.state(low_seq))
+                        self.log.state(low_seq), self.db_id)
 
     def write_manifest(self) -> None:
         """Switch the manifest to the current state (the lock held); once that is

@@ -64,3 +64,14 @@ def small_db(db_path: str) -> Iterator[Any]:
     yield db
     if not db.closed:
         db.close()
+
+
+@pytest.fixture(scope="module")
+def fixed_db_id():
+    """Every database made while it is in force gets the same id (lsmdb.manifest.new_db_id
+    is random): for tests that compare the bytes of two runs of one workload."""
+    import lsmdb.manifest
+    real = lsmdb.manifest.new_db_id
+    lsmdb.manifest.new_db_id = lambda: "fe" * 16
+    yield
+    lsmdb.manifest.new_db_id = real

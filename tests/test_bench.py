@@ -518,3 +518,24 @@ def test_scale_settle_waits_for_a_quiet_directory(tmp_path: Path) -> None:
     writer.join()
     assert waited >= 0.5 + 0.4 and time.monotonic() - start < 5  # quiet only after the writes
     assert 0.3 <= settle(str(tmp_path), quiet=5, limit=0.3) < 1.5  # the limit holds
+
+
+def test_compression_bench_runs_and_reports_every_kind(tmp_path: Path) -> None:
+    """bench.compression at a tiny size: every kind loaded, checked and timed."""
+    out = tmp_path / "c.json"
+    run = subprocess.run([sys.executable, "-m", "bench.compression", "--keys", "3000",
+                          "--gets", "1000", "--json", str(out)], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    report = json.loads(out.read_text())
+    lo, hi = report["value_bytes"]
+    assert 150 <= lo <= hi <= 300
+    stores = report["stores"]
+    for kind in ("none", "lz4", "zstd"):
+        assert stores[f"lsmdb {kind}"]["sstable_bytes"] > 0
+        for label in ("present", "absent"):
+            assert report["gets"][label][kind]["per_second"] > 0
+    # JSON records shrink: each compressor's files are well under the uncompressed ones
+    assert stores["lsmdb zstd"]["sstable_bytes"] < stores["lsmdb lz4"]["sstable_bytes"] \
+        < 0.8 * stores["lsmdb none"]["sstable_bytes"]
+    assert "Bytes on disk" in run.stdout and "vs none" in run.stdout

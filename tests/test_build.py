@@ -92,7 +92,7 @@ import sys
 import lsmdb, lsmdb.cache, lsmdb.table
 assert not lsmdb.SPEEDUPS and not lsmdb.table.USE_SPEEDUPS
 assert lsmdb.cache.BlockCache is lsmdb.cache.PyBlockCache
-db = lsmdb.open(sys.argv[1], block_cache_size_bytes=16 * 1024)
+db = lsmdb.open(sys.argv[1], block_cache_size_bytes=12 * 1024)
 for i in range(20000):
     db.put(b"k%06d" % (2 * i), b"v%d" % i)
 db.flush()

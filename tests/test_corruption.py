@@ -109,7 +109,7 @@ def sst_regions(path: str) -> list[tuple[str, int, int]]:
     """(kind, start, end) of every region of an SSTable; they tile the file exactly."""
     r = SSTableReader(path)
     try:
-        regions = [("data", off, off + size + BLOCK_TRAILER_SIZE)
+        regions = [("data", off, off + size + r.data_trailer)
                    for off, size in zip(r.index_offsets, r.index_sizes, strict=True)]
         for kind, (off, size) in (("index", r.index_handle), ("filter", r.filter_handle),
                                   ("props", r.props_handle)):

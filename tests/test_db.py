@@ -516,7 +516,7 @@ def test_unknown_option_is_a_type_error(db):
     with pytest.raises(TypeError, match="bloom_filter_fp_chanse"):
         db.create_table("t", bloom_filter_fp_chanse=0.01)
     with pytest.raises(TypeError):
-        db.alter_table("default", compression="zstd")
+        db.alter_table("default", compresion="zstd")
     assert db.tables() == ["default"]
 
 

@@ -246,6 +246,7 @@ def assemble_sstable(data_payloads: list[bytes], index_payload: bytes | None = N
         filter_payload = base[off:off + size]
     if props_payload is None:
         props = dict(r.properties)
+        props["format_version"] = footer_version  # crafted blocks are of this format
         props["max_key"] = last_keys[-1] if last_keys else b""
         props["min_key"] = b""
         props_payload = msgpack.packb(props, use_bin_type=True)

@@ -32,6 +32,7 @@ import msgpack
 import pytest
 
 import lsmdb
+from lsmdb import compression as compression_mod
 from lsmdb import wal as wal_mod
 from lsmdb.coding import WAL_HEADER_SIZE
 from lsmdb.filters import bloom as bloom_mod
@@ -40,8 +41,14 @@ from lsmdb.logset import WalState
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_MAGIC, FileMeta, Manifest, TableMeta
 from lsmdb.sstable_format import (
     BLOCK_TRAILER_SIZE,
+    DATA_TRAILER_V2,
     FOOTER_SIZE,
+    KIND_BITS,
+    KIND_EXPIRING,
+    KIND_TOMBSTONE,
+    KIND_VALUE,
     MISSING,
+    READABLE_VERSIONS,
     SSTABLE_FORMAT_VERSION,
     SSTABLE_MAGIC,
 )
@@ -115,14 +122,61 @@ def test_sstable_builder_reproduces_golden_file(golden_bytes):
                     "see the module docstring before regenerating")
 
 
-def test_write_sstable_to_disk_reproduces_golden_file(tmp_path, golden_bytes):
+def test_write_sstable_to_disk_reproduces_golden_file(tmp_path):
+    """write_sstable (what flushes use) writes the format-2 golden file byte for byte."""
     from lsmdb.sstable_writer import write_sstable
-    path = str(tmp_path / "000001.sst")
-    props = write_sstable(path, make_golden.golden_items(), fp_chance=0.01, block_size=64,
-                          table="golden", min_seq=1000, max_seq=1019)
+    items_ = make_golden.golden_items()
+    keys = [k for k, _v in items_]
+    values = [v for _k, v in items_]
+    tags = [make_golden.golden_tag(1000 + i, v) for i, v in enumerate(values)]
+    for kind in make_golden.GOLDEN_F2_KINDS:
+        path = str(tmp_path / f"{kind}.sst")
+        props = write_sstable(path, (), chunks=[(keys, values, tags)], fp_chance=0.01,
+                              block_size=256, table="golden", min_seq=1000, max_seq=1019,
+                              compression=kind, file_number=7, db_id=make_golden.GOLDEN_DB_ID)
+        with open(path, "rb") as f, open(make_golden.golden_f2_path(kind), "rb") as g:
+            assert f.read() == g.read(), kind
+        assert props["size_bytes"] == EXPECTED_F2_SIZES[kind]
+
+
+# -- format 2, one golden file per compression kind --------------------------------
+
+EXPECTED_F2_SIZES = {"none": 947, "lz4": 803, "zstd": 741}
+
+
+@pytest.mark.parametrize("kind", ["none", "lz4", "zstd"])
+def test_format2_golden_files_are_rebuilt_and_read_back_exactly(kind):
+    path = make_golden.golden_f2_path(kind)
     with open(path, "rb") as f:
-        assert f.read() == golden_bytes
-    assert props["size_bytes"] == EXPECTED_FILE_SIZE
+        data = f.read()
+    assert len(data) == EXPECTED_F2_SIZES[kind]
+    assert make_golden.build_golden_f2(kind) == data, "format-2 SSTable bytes changed"
+    for reader in (SSTableReader(path, 7), SSTableReader("golden.sst", 7, data=data)):
+        assert reader.version == 2
+        assert (reader.file_number, reader.db_id, reader.compression) == (
+            7, "00112233445566778899aabbccddeeff", kind)
+        props = {k: v for k, v in reader.properties.items()
+                 if k not in ("data_bytes", "uncompressed_bytes")}
+        expected = {k: v for k, v in EXPECTED_PROPERTIES.items() if k != "data_bytes"}
+        assert props == {**expected, "format_version": 2, "data_blocks": 2,
+                         "file_number": 7, "db_id": "00112233445566778899aabbccddeeff",
+                         "compression": kind}
+        assert reader.properties["data_bytes"] == reader.index_handle[0]
+        assert reader.uncompressed_bytes == 335 + 163
+        types = {reader.read_raw(i)[-5] for i in range(len(reader.index_keys))}
+        assert types == {{"none": 0, "lz4": 1, "zstd": 2}[kind]}
+        got = {}
+        for i in range(len(reader.index_keys)):
+            keys, values, tags = reader.decode_full(i, reader.read_raw(i))
+            for j, (k, v, t) in enumerate(zip(keys, values, tags, strict=True)):
+                got[k] = v
+                n = int(k[3:])
+                assert t == (1000 + n) << 8 | (0 if v is None else 1), (k, j)
+        assert got == EXPECTED_ITEMS
+        for k, v in EXPECTED_ITEMS.items():
+            assert find(reader, k) == v
+        assert find(reader, b"key0095") is MISSING
+        reader.close()
 
 
 # -- (b) the golden file reads back exactly ---------------------------------
@@ -272,23 +326,33 @@ def test_format_doc_worked_example_matches_the_code():
     import re
     with open(os.path.join(ROOT, "docs", "FORMAT.md"), encoding="utf-8") as f:
         doc = f.read()
-    section = doc[doc.index("## 10. Worked example"):]
-    example = make_golden.build_example()
-    covered: set[int] = set()
-    for m in re.finditer(r"^  ([0-9a-f]{6})  ([0-9a-f]{2}(?: [0-9a-f]{2})*)", section, re.M):
-        offset = int(m.group(1), 16)
-        chunk = bytes.fromhex(m.group(2))
-        assert example[offset:offset + len(chunk)] == chunk, f"docs/FORMAT.md at 0x{offset:x}"
-        covered.update(range(offset, offset + len(chunk)))
-    assert covered == set(range(len(example))), "the dump must show every byte of the file"
+    section = doc[doc.index("## 10. Worked example"):doc.index("### 10.1 ")]
+    section_f2 = doc[doc.index("### 10.1 "):doc.index("## Notes")]
+    for text, example in ((section, make_golden.build_example()),
+                          (section_f2, make_golden.build_example(2))):
+        covered: set[int] = set()
+        for m in re.finditer(r"^  ([0-9a-f]{6})  ([0-9a-f]{2}(?: [0-9a-f]{2})*)", text, re.M):
+            offset = int(m.group(1), 16)
+            chunk = bytes.fromhex(m.group(2))
+            assert example[offset:offset + len(chunk)] == chunk, f"docs/FORMAT.md at 0x{offset:x}"
+            covered.update(range(offset, offset + len(chunk)))
+        if text is section:
+            assert covered == set(range(len(example))), "the dump must show every byte"
+        else:  # format 2: the data blocks and their trailers, every byte of them
+            assert covered == set(range(SSTableReader("x", 7, data=example).index_handle[0]))
+    assert f"The file is {len(make_golden.build_example(2))} bytes" in section_f2
 
 # -- on-disk constants -------------------------------------------------------
 
 def test_format_constants_are_pinned():
     assert SSTABLE_MAGIC == b"LSMDBSST"
-    assert SSTABLE_FORMAT_VERSION == 1
+    assert SSTABLE_FORMAT_VERSION == 2
+    assert READABLE_VERSIONS == (1, 2)
     assert FOOTER_SIZE == 64
     assert BLOCK_TRAILER_SIZE == 4
+    assert DATA_TRAILER_V2.format == "<BI" and DATA_TRAILER_V2.size == 5
+    assert (KIND_TOMBSTONE, KIND_VALUE, KIND_EXPIRING, KIND_BITS) == (0, 1, 2, 8)
+    assert (compression_mod.NONE, compression_mod.LZ4, compression_mod.ZSTD) == (0, 1, 2)
     assert WAL_HEADER_SIZE == 8   # the legacy (headerless) WAL record header
     assert (wal_mod.SEGMENT_MAGIC, wal_mod.SEGMENT_FORMAT) == (b"LSMDBWAL", 2)
     assert wal_mod.SEGMENT_HEADER_SIZE == 16
@@ -407,16 +471,18 @@ def test_database_writes_golden_wal(tmp_path):
 
 # -- MANIFEST --------------------------------------------------------------------
 
-GOLDEN_MANIFEST_OBJ = Manifest(next_file_number=9, next_table_id=3, last_seq=42, tables={
+GOLDEN_MANIFEST_OBJ = Manifest(next_file_number=9, next_table_id=3, last_seq=1042, tables={
     "default": TableMeta(1, {}, 40, [FileMeta(7, 0, 797, 20, b"key000", b"key019", 1000, 1019)]),
     "events": TableMeta(2, {"bloom_filter_fp_chance": 0.001, "block_size_bytes": 256}, 0, []),
-}, wal=WalState(closed=[(5, 1234, 2)], unsynced=[(6, 99)], live=8))
+}, wal=WalState(closed=[(5, 1234, 2)], unsynced=[(6, 99)], live=8),
+    db_id="00112233445566778899aabbccddeeff")
 GOLDEN_MANIFEST = bytes.fromhex(
-    # magic "LSMDBMAN" | version 2 | crc32 | length 254
-    "4c534d44424d414e" "02000000" "b6e62b19" "fe000000"
-    # {"next_file_number": 9, "next_table_id": 3, "last_seq": 42, "tables": {...}, "wal": ...}
-    "85b06e6578745f66696c655f6e756d62657209ad6e6578745f7461626c655f696403a86c6173745f7365712a"
-    "a67461626c657382"
+    # magic "LSMDBMAN" | version 2 | crc32 | length 296
+    "4c534d44424d414e" "02000000" "582d0996" "28010000"
+    # {"next_file_number": 9, "next_table_id": 3, "last_seq": 1042, "tables": {...}, "wal": ...,
+    #  "db_id": ...}
+    "86b06e6578745f66696c655f6e756d62657209ad6e6578745f7461626c655f696403a86c6173745f736571"
+    "cd0412" "a67461626c657382"
     # "default": {"id": 1, "options": {}, "flushed_seq": 40, "files": [[7, 0, 797, 20,
     #             b"key000", b"key019", 1000, 1019]]}
     "a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657128a566696c657391"
@@ -427,14 +493,20 @@ GOLDEN_MANIFEST = bytes.fromhex(
     "cb3f50624dd2f1a9fcb0626c6f636b5f73697a655f6279746573cd0100ab666c75736865645f73657100"
     "a566696c657390"
     # "wal": {"closed": [[5, 1234, 2]], "unsynced": [[6, 99]], "live": 8}
-    "a377616c83a6636c6f736564919305cd04d202a8756e73796e63656491920663a46c69766508")
+    "a377616c83a6636c6f736564919305cd04d202a8756e73796e63656491920663a46c69766508"
+    # "db_id": "00112233445566778899aabbccddeeff" (a str 8 of 32 bytes)
+    "a564625f6964d9203030313132323333343435353636373738383939616162626363646465656666")
+
+#: The database id the pinned MANIFEST bytes below carry in place of a new one's random id.
+GOLDEN_DB_ID = "00112233445566778899aabbccddeeff"
 
 # The MANIFEST of a new, empty database once closed: no WAL segment left.
 GOLDEN_EMPTY_DB_MANIFEST = bytes.fromhex(
-    "4c534d44424d414e" "02000000" "fd7080a0" "7b000000"
-    "85b06e6578745f66696c655f6e756d62657202ad6e6578745f7461626c655f696402a86c6173745f73657100"
+    "4c534d44424d414e" "02000000" "1dd80a9f" "a3000000"
+    "86b06e6578745f66696c655f6e756d62657202ad6e6578745f7461626c655f696402a86c6173745f73657100"
     "a67461626c657381a764656661756c7484a2696401a76f7074696f6e7380ab666c75736865645f73657100"
-    "a566696c657390" "a377616c83a6636c6f73656490a8756e73796e63656490a46c697665c0")
+    "a566696c657390" "a377616c83a6636c6f73656490a8756e73796e63656490a46c697665c0"
+    "a564625f6964d9203030313132323333343435353636373738383939616162626363646465656666")
 
 # A new database's MANIFEST as an older lsmdb wrote it: format 1, no "wal".
 GOLDEN_EMPTY_DB_MANIFEST_V1 = bytes.fromhex(
@@ -453,10 +525,16 @@ def test_manifest_encoding():
 
 
 def test_new_database_manifest(tmp_path):
+    """Byte for byte but for the new database's random id (and so the checksum)."""
     path = str(tmp_path / "db")
     lsmdb.open(path).close()
     with open(os.path.join(path, "MANIFEST"), "rb") as f:
-        assert f.read() == GOLDEN_EMPTY_DB_MANIFEST
+        data = f.read()
+    db_id = Manifest.decode(data, "MANIFEST").db_id
+    assert len(db_id) == 32 and db_id != GOLDEN_DB_ID
+    payload = data[20:].replace(db_id.encode(), GOLDEN_DB_ID.encode())
+    assert data[:12] + zlib.crc32(payload).to_bytes(4, "little") + data[16:20] + payload \
+        == GOLDEN_EMPTY_DB_MANIFEST
 
 
 def test_a_database_left_by_an_older_lsmdb_opens_and_moves_to_the_current_formats(tmp_path):

@@ -20,7 +20,7 @@ def loaded(tmp_path, small):
                     block_cache_size_bytes=64 * 1024)
     db.alter_table("default", **small)
     t = db.create_table("leveled", compaction="leveled", target_file_size_bytes=64 * 1024,
-                        **small)
+                        compression="none", **small)
     for i in range(3000):
         db.put(b"k%05d" % i, b"v" * 40)
         t.put(b"k%05d" % (i * 7 % 3000), b"w" * 40)

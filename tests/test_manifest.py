@@ -51,10 +51,40 @@ manifests = st.builds(Manifest, u, u, u,
                       wal_states())
 
 
+@st.composite
+def consistent_manifests(draw):
+    """Manifests whose counters hold: above every number and sequence they name."""
+    m = draw(manifests)
+    files = [f for t in m.tables.values() for f in t.files]
+    m.next_file_number = max([m.next_file_number, 1, *(f.number + 1 for f in files)])
+    m.next_table_id = max([m.next_table_id, 1, *(t.id + 1 for t in m.tables.values())])
+    m.last_seq = max([m.last_seq, *(f.max_seq for f in files),
+                      *(t.flushed_seq for t in m.tables.values())])
+    m.db_id = draw(st.sampled_from(["", "0" * 32, "0123456789abcdef" * 2]))
+    return m
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=consistent_manifests())
+def test_a_manifest_reads_back_as_written(m):
+    assert not m.counter_errors()
+    assert Manifest.decode(m.encode(), "MANIFEST") == m
+
+
 @settings(max_examples=200, deadline=None)
 @given(m=manifests)
-def test_a_manifest_reads_back_as_written(m):
-    assert Manifest.decode(m.encode(), "MANIFEST") == m
+def test_a_manifest_whose_counters_do_not_hold_is_corruption(m):
+    if m.counter_errors():
+        with pytest.raises(CorruptionError, match="counters out of range"):
+            Manifest.decode(m.encode(), "MANIFEST")
+    else:
+        assert Manifest.decode(m.encode(), "MANIFEST") == m
+
+
+@pytest.mark.parametrize("db_id", ["x" * 32, "ABCDEF0123456789" * 2, "0" * 31, 5])
+def test_a_bad_database_id_is_corruption(db_id):
+    with pytest.raises(CorruptionError, match="undecodable"):
+        Manifest.decode(_payload_manifest({**BASE, "db_id": db_id}), "MANIFEST")
 
 
 def _payload_manifest(obj, version: int = MANIFEST_FORMAT_VERSION) -> bytes:
@@ -107,7 +137,7 @@ def test_every_truncation_is_corruption():
 
 def test_write_replaces_the_file_atomically_and_fsyncs_file_and_directory(tmp_path, monkeypatch):
     path = str(tmp_path / "MANIFEST")
-    Manifest(next_file_number=1).write(path)
+    Manifest(next_file_number=1, next_table_id=2).write(path)
     calls: list[str] = []
     real_fsync, real_replace = os.fsync, os.replace
 
@@ -121,7 +151,7 @@ def test_write_replaces_the_file_atomically_and_fsyncs_file_and_directory(tmp_pa
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    m = Manifest(next_file_number=7, tables={"default": TableMeta(1, {})})
+    m = Manifest(next_file_number=7, next_table_id=2, tables={"default": TableMeta(1, {})})
     m.write(path)
     assert calls == ["fsync MANIFEST.tmp", "replace MANIFEST.tmp MANIFEST",
                      f"fsync {tmp_path.name}"]

@@ -28,8 +28,10 @@ Crash = tool.layer.Crash
 DirOp = tool.layer.DirOp
 PowerLoss = tool.layer.PowerLoss
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
-                                reason="the layer reads descriptors through /proc")
+# Two runs of one workload must write the same bytes: one database id for all.
+pytestmark = [pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
+                                 reason="the layer reads descriptors through /proc"),
+              pytest.mark.usefixtures("fixed_db_id")]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from lsmdb.filters.bloom import BloomFilter
 from lsmdb.filters.hashing import key_hash
 from lsmdb.stats import FILE_COUNTERS
 from tests.support.impls import use_python
-from tests.support.reading import items
+from tests.support.reading import data_payload, items, stored_block
 
 try:
     from lsmdb import _speedups as speedups
@@ -775,21 +775,20 @@ def _str_key_block(path: str) -> tuple[bytes, str, int, int]:
     """Rewrite a data block of _full_cache_db's SSTable with its last key as a
     msgpack str, under a right checksum: (that key, the file, the block's
     offset, its index)."""
-    from lsmdb.coding import crc32
-    _even_keys_db(path)
+    _even_keys_db(path, compression="none")
     db = lsmdb.open(path, auto_compaction=False)
     reader = db._default_state.fast.files[0].reader
     i = len(reader.index_keys) - 3
     offset, size, key = reader.index_offsets[i], reader.index_sizes[i], reader.index_keys[i]
     file = reader.path
-    db.close()
     with open(file, "r+b") as f:
         f.seek(offset)
         payload = bytearray(f.read(size))
         at = payload.index(b"\xc4\x09" + key)  # the block's last key, a bin 8
         payload[at] = 0xD9  # now a str 8 of the same length
         f.seek(offset)
-        f.write(bytes(payload) + crc32(bytes(payload)).to_bytes(4, "little"))
+        f.write(stored_block(reader, bytes(payload)))
+    db.close()
     return key, file, offset, i
 
 
@@ -844,10 +843,10 @@ def _damage_block(path: str, how: str) -> tuple[str, int, list[bytes], bytes]:
     keys it held, an absent key it would hold)."""
     import msgpack
 
-    from lsmdb.coding import crc32
     from lsmdb.sstable_reader import SSTableReader
     with lsmdb.open(path, auto_compaction=False) as db:
-        db.alter_table("default", bloom_filter_fp_chance=1.0, block_size_bytes=512)
+        db.alter_table("default", bloom_filter_fp_chance=1.0, block_size_bytes=512,
+                       compression="none")
         for i in range(0, 4000, 2):
             db.put(b"key%06d" % i, b"v%d" % i)
         db.flush()
@@ -855,16 +854,16 @@ def _damage_block(path: str, how: str) -> tuple[str, int, list[bytes], bytes]:
     file = os.path.join(path, name)
     r = SSTableReader(file, 1)
     offset, size = r.index_offsets[1], r.index_sizes[1]
-    keys, values = r.read_block(1)
-    r.close()
+    keys, values, tags = r.decode_full(1, r.read_raw(1))
     if how == "bare bytes":
         payload = msgpack.packb(b"x" * (size - 3), use_bin_type=True)  # a bin 16
     else:
-        payload = msgpack.packb([values, keys], use_bin_type=True)
+        payload = data_payload(r, values, keys, tags)  # type: ignore[arg-type]
     assert len(payload) == size
     with open(file, "r+b") as f:
         f.seek(offset)
-        f.write(payload + crc32(payload).to_bytes(4, "little"))
+        f.write(stored_block(r, payload))
+    r.close()
     absent = keys[0][:-1] + bytes([keys[0][-1] + 1])  # an odd number: between two keys
     return file, offset, keys, absent
 
@@ -1009,6 +1008,7 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, impl):
     Python reference makes it), whichever path read it (gets, get_many; the C
     or the Python read path), and its budget counts exactly those bytes."""
     from lsmdb import block as blk
+    from lsmdb import compression
     path = str(tmp_path / "db")
     _even_keys_db(path)
     db = lsmdb.open(path, auto_compaction=False)
@@ -1031,10 +1031,13 @@ def test_the_cache_holds_each_blocks_payload_as_stored(tmp_path, impl):
             offset, size = reader.index_offsets[i], reader.index_sizes[i]
             with open(reader.path, "rb") as f:
                 f.seek(offset)
-                payload = f.read(size)
+                raw = f.read(size + reader.data_trailer)
+            kind = raw[size]  # the type byte: the cache holds the payload decompressed
+            assert kind == compression.LZ4
+            payload = compression.decompress(kind, raw[:size], reader.path, offset)
             after, last = reader.bounds(i)
             reference = blk.cache_entry(payload, blk.decode_data_block(payload, "", 0, after,
-                                                                       last))
+                                                                       last, 2))
             assert type(entry) is bytes and entry == reference
         assert cache.used_bytes == sum(size for _ck, size, _marked in cache.entries())
         # hits answer from those bytes, the same again

@@ -21,6 +21,7 @@ from lsmdb.errors import CorruptionError, DatabaseClosedError
 from lsmdb.sstable_format import MISSING
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.sstable_writer import write_sstable
+from tests.support.reading import data_payload, stored_block
 
 
 @settings(max_examples=60, deadline=None)
@@ -81,14 +82,14 @@ def test_a_checksum_valid_block_the_rule_refuses_is_corruption_at_its_offset(tmp
     naming the file and the block's offset."""
     path = str(tmp_path / "t.sst")
     write_sstable(path, [(b"k%04d" % i, b"v%04d" % i) for i in range(300)], fp_chance=0.01,
-                  block_size=512)
+                  block_size=512, compression="none")
     with closing(SSTableReader(path, 1)) as r:
         offset = r.index_offsets[1]
         keys, values = r.read_block(1)
-    if how == "keys and values swapped":
-        raw = blk.encode_block([values, keys])
-    else:
-        raw = blk.encode_block([[b"j" + k[1:] for k in keys], values])
+        if how == "keys and values swapped":
+            raw = stored_block(r, data_payload(r, values, keys))  # type: ignore[arg-type]
+        else:
+            raw = stored_block(r, data_payload(r, [b"j" + k[1:] for k in keys], values))
     with open(path, "r+b") as f:  # the same size: the index and footer stay valid
         f.seek(offset)
         assert len(f.read(len(raw))) == len(raw)

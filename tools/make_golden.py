@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
-"""(Re)write tests/data/golden.sst, the golden SSTable the format tests compare against.
+"""(Re)write the golden SSTables the format tests compare against.
 
-The golden file pins the SSTable format: tests/test_golden.py rebuilds it in
-memory with the code under test and demands the same bytes.  Regenerate it
-only for a deliberate, versioned format change -- never to make a failing
-golden test pass.
+The golden files pin the SSTable format: tests/test_golden.py rebuilds them
+in memory with the code under test and demands the same bytes.  Regenerate
+them only for a deliberate, versioned format change -- never to make a
+failing golden test pass.  ``tests/data/golden.sst`` is format 1 (what the
+previous release wrote; still read); ``golden_f2_none.sst``,
+``golden_f2_lz4.sst`` and ``golden_f2_zstd.sst`` are format 2, one per
+compression kind.
 
-    python tools/make_golden.py            # write tests/data/golden.sst
-    python tools/make_golden.py --check    # exit 1 if the committed file differs
-    python tools/make_golden.py --dump golden|example
+    python tools/make_golden.py            # write the golden files
+    python tools/make_golden.py --check    # exit 1 if a committed file differs
+    python tools/make_golden.py --dump golden|example|f2-none|f2-lz4|f2-zstd
                                            # annotated hex dump (docs/FORMAT.md)
 
 The contents are fixed here and nowhere else: 20 keys ``key000``..``key019``
 whose values have assorted lengths, ``key005`` and ``key013`` deleted
 (tombstones), a 64-byte block size so that the file has several data blocks,
-``fp_chance`` 0.01, table name ``golden``, WAL sequence range 1000..1019.
+``fp_chance`` 0.01, table name ``golden``, WAL sequence range 1000..1019.  In
+format 2 entry ``i`` has sequence number ``1000 + i``, the file records number
+7 and database id ``GOLDEN_DB_ID``, and the blocks are 256 bytes (so that
+LZ4 and Zstandard find something to save).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import sys
 
 import msgpack
 
+from lsmdb import compression
 from lsmdb.filters.bloom import FILTER_HEADER, FILTER_HEADER_SIZE
-from lsmdb.sstable_format import BLOCK_TRAILER_SIZE, FOOTER, FOOTER_SIZE
+from lsmdb.sstable_format import BLOCK_TRAILER_SIZE, DATA_TRAILER_V2, FOOTER, FOOTER_SIZE
 from lsmdb.sstable_writer import SSTableBuilder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +47,14 @@ GOLDEN_FP_CHANCE = 0.01
 GOLDEN_TABLE = "golden"
 GOLDEN_MIN_SEQ = 1000
 GOLDEN_MAX_SEQ = 1019
+GOLDEN_F2_BLOCK_SIZE = 256
+GOLDEN_NUMBER = 7
+GOLDEN_DB_ID = "00112233445566778899aabbccddeeff"
+GOLDEN_F2_KINDS = ("none", "lz4", "zstd")
+
+
+def golden_f2_path(kind: str) -> str:
+    return os.path.join(ROOT, "tests", "data", f"golden_f2_{kind}.sst")
 
 
 def golden_items() -> list[tuple[bytes, bytes | None]]:
@@ -53,30 +68,54 @@ def golden_items() -> list[tuple[bytes, bytes | None]]:
 
 
 def build(items: list[tuple[bytes, bytes | None]], *, block_size: int, fp_chance: float,
-          table: str, min_seq: int, max_seq: int) -> bytes:
+          table: str, min_seq: int, max_seq: int, version: int = 1,
+          compression: str = "none") -> bytes:
+    """An SSTable of ``items``; in format 2 entry ``i`` written at ``min_seq + i``."""
     out = io.BytesIO()
-    builder = SSTableBuilder(out, fp_chance=fp_chance, block_size=block_size, table=table)
-    for key, value in items:
-        builder.add(key, value)
+    builder = SSTableBuilder(out, fp_chance=fp_chance, block_size=block_size, table=table,
+                             version=version, compression=compression,
+                             file_number=GOLDEN_NUMBER if version >= 2 else 0,
+                             db_id=GOLDEN_DB_ID if version >= 2 else "")
+    for i, (key, value) in enumerate(items):
+        builder.add(key, value, golden_tag(min_seq + i, value) if version >= 2 else None)
     builder.note_seq(min_seq, max_seq)
     builder.finish()
     return out.getvalue()
 
 
+def golden_tag(seq: int, value: bytes | None) -> int:
+    """The tag of an entry written at ``seq``: ``seq << 8 | kind``."""
+    return seq << 8 | (0 if value is None else 1)
+
+
 def build_golden() -> bytes:
-    """The bytes of tests/data/golden.sst as the current code writes them."""
+    """The bytes of tests/data/golden.sst (format 1) as the current code writes them."""
     return build(golden_items(), block_size=GOLDEN_BLOCK_SIZE, fp_chance=GOLDEN_FP_CHANCE,
                  table=GOLDEN_TABLE, min_seq=GOLDEN_MIN_SEQ, max_seq=GOLDEN_MAX_SEQ)
 
 
-def build_example() -> bytes:
+def build_golden_f2(kind: str) -> bytes:
+    """The bytes of tests/data/golden_f2_<kind>.sst as the current code writes them."""
+    return build(golden_items(), block_size=GOLDEN_F2_BLOCK_SIZE, fp_chance=GOLDEN_FP_CHANCE,
+                 table=GOLDEN_TABLE, min_seq=GOLDEN_MIN_SEQ, max_seq=GOLDEN_MAX_SEQ, version=2,
+                 compression=kind)
+
+
+def golden_files() -> dict[str, bytes]:
+    """Every golden file by path, as the current code writes it."""
+    return {GOLDEN_PATH: build_golden(),
+            **{golden_f2_path(k): build_golden_f2(k) for k in GOLDEN_F2_KINDS}}
+
+
+def build_example(version: int = 1) -> bytes:
     """The 3-key SSTable of the worked example in docs/FORMAT.md.
 
     ``a -> 1``, a tombstone for ``b``, ``c -> 3``; block size 8 cuts the
-    data into two blocks ([a, b] and [c]).
+    data into two blocks ([a, b] and [c]).  Format 2: written at sequence
+    numbers 1, 2, 3, uncompressed.
     """
     return build([(b"a", b"1"), (b"b", None), (b"c", b"3")], block_size=8, fp_chance=0.01,
-                 table="ex", min_seq=1, max_seq=3)
+                 table="ex", min_seq=1, max_seq=3, version=version)
 
 
 # -- annotated dump --------------------------------------------------------
@@ -106,9 +145,18 @@ def dump(data: bytes) -> str:
         region(f"  trailer: crc32 = 0x{value:08x}", off, BLOCK_TRAILER_SIZE)
 
     for i, (_last, off, size) in enumerate(zip(*index, strict=True)):
-        keys, values = msgpack.unpackb(data[off:off + size], raw=False)
-        region(f"data block {i}: keys {keys} values {values}", off, size)
-        trailer(off + size)
+        if version < 2:
+            keys, values = msgpack.unpackb(data[off:off + size], raw=False)
+            region(f"data block {i}: keys {keys} values {values}", off, size)
+            trailer(off + size)
+            continue
+        kind, crc_v = DATA_TRAILER_V2.unpack_from(data, off + size)
+        payload = compression.decompress(kind, data[off:off + size], "golden", off)
+        keys, values, tags, expiries = msgpack.unpackb(payload, raw=False)
+        region(f"data block {i} ({compression.NAMES[kind]}, payload {len(payload)} bytes): "
+               f"keys {keys} values {values} tags {tags} expiries {expiries}", off, size)
+        region(f"  trailer: type {kind}, crc32 = 0x{crc_v:08x}", off + size,
+               DATA_TRAILER_V2.size)
     region(f"index block: last keys {index[0]}, offsets {index[1]}, sizes {index[2]}",
            idx_off, idx_size)
     trailer(idx_off + idx_size)
@@ -140,23 +188,30 @@ def main(argv: list[str] | None = None) -> int:
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--check", action="store_true",
                        help="compare with the committed file instead of writing it")
-    group.add_argument("--dump", choices=("golden", "example"),
+    group.add_argument("--dump", choices=("golden", "example", "example-f2",
+                                          *(f"f2-{k}" for k in GOLDEN_F2_KINDS)),
                        help="print an annotated hex dump and exit")
     args = parser.parse_args(argv)
     if args.dump:
-        print(dump(build_golden() if args.dump == "golden" else build_example()))
+        data = (build_golden() if args.dump == "golden" else build_example()
+                if args.dump == "example" else build_example(2)
+                if args.dump == "example-f2" else build_golden_f2(args.dump[3:]))
+        print(dump(data))
         return 0
-    data = build_golden()
-    if args.check:
-        with open(GOLDEN_PATH, "rb") as f:
-            same = f.read() == data
-        print("golden.sst matches" if same else "golden.sst DIFFERS from what the code writes")
-        return 0 if same else 1
-    os.makedirs(os.path.dirname(GOLDEN_PATH), exist_ok=True)
-    with open(GOLDEN_PATH, "wb") as f:
-        f.write(data)
-    print(f"wrote {GOLDEN_PATH} ({len(data)} bytes)")
-    return 0
+    status = 0
+    for path, data in golden_files().items():
+        name = os.path.basename(path)
+        if args.check:
+            with open(path, "rb") as f:
+                same = f.read() == data
+            print(f"{name} matches" if same else f"{name} DIFFERS from what the code writes")
+            status |= not same
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        print(f"wrote {path} ({len(data)} bytes)")
+    return status
 
 
 if __name__ == "__main__":

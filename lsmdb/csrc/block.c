@@ -6,11 +6,16 @@
  * cache_entry, entry_find and entry_lists; the tests feed both the same
  * payloads and compare what they accept and return.
  *
- * The payload is msgpack [[key, ...], [value|nil, ...]] in the shortest
- * encoding, as msgpack.packb writes it: the outer fixarray of 2, each array
- * header the shortest for its count (fixarray below 16, array 16 below
- * 65536, array 32), each bin header the shortest for its length (bin 8
- * below 256, bin 16 below 65536, bin 32).  A checksum-valid payload of any
+ * The payload is msgpack [[key, ...], [value|nil, ...], [tag, ...],
+ * [expiry, ...]] (format 2; format 1 has the first two lists alone) in the
+ * shortest encoding, as msgpack.packb writes it: the outer fixarray of 4 (or
+ * 2), each array header the shortest for its count (fixarray below 16, array
+ * 16 below 65536, array 32), each bin header the shortest for its length (bin
+ * 8 below 256, bin 16 below 65536, bin 32), each unsigned integer the
+ * shortest (positive fixint below 128, uint 8, 16, 32, 64).  A tag is seq <<
+ * 8 | kind: kind 0 exactly where the value is nil, 1 a value; kind 2 (an
+ * expiring value) and the expiries are reserved for a later format, so the
+ * expiries array of a format-2 block is empty.  A checksum-valid payload of any
  * other shape is refused, and the Python side then raises CorruptionError
  * naming the file and the block's offset. */
 
@@ -97,6 +102,34 @@ mp_bin_long(const unsigned char **pp, const unsigned char *end)
     return (int64_t)len;
 }
 
+/* The shortest msgpack unsigned integer at *pp: 0 and *v, *pp moved past
+ * it; -1 for any other byte, a longer encoding than the value needs, or one
+ * that runs past end. */
+static int
+mp_uint(const unsigned char **pp, const unsigned char *end, uint64_t *v)
+{
+    const unsigned char *p = *pp;
+    if (p >= end)
+        return -1;
+    if (*p < 0x80) {
+        *v = *p;
+        *pp = p + 1;
+        return 0;
+    }
+    size_t w = *p == 0xCC ? 1 : *p == 0xCD ? 2 : *p == 0xCE ? 4 : *p == 0xCF ? 8 : 0;
+    if (w == 0 || (size_t)(end - p - 1) < w)
+        return -1;
+    uint64_t x = 0;
+    for (size_t j = 1; j <= w; j++)
+        x = (x << 8) | p[j];
+    uint64_t floor = w == 1 ? 0x80 : w == 2 ? 0x100 : w == 4 ? 0x10000 : 0x100000000ULL;
+    if (x < floor)
+        return -1;  /* a shorter encoding holds it */
+    *v = x;
+    *pp = p + 1 + w;
+    return 0;
+}
+
 /* A bin whose header is at `at` in a payload of plen bytes, bounds-checked:
  * its length and *kp, or -1. */
 static inline int64_t
@@ -115,10 +148,10 @@ bin_at(const unsigned char *payload, uint64_t plen, uint64_t at, const unsigned 
  * -1 for a payload that does not begin as the rule says, or of 2^32 bytes
  * or more (its offsets would not fit the cached form's u32). */
 int64_t
-block_entry_count(const unsigned char *p, size_t n)
+block_entry_count(const unsigned char *p, size_t n, int version)
 {
     const unsigned char *q = p, *end = p + n;
-    if (n < 1 || n > UINT32_MAX || *q != 0x92)
+    if (n < 1 || n > UINT32_MAX || *q != (version >= 2 ? 0x94 : 0x92))
         return -1;
     q++;
     int64_t count = mp_array(&q, end);
@@ -167,6 +200,24 @@ block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, unsigne
             return -1;
         q += len;
     }
+    if (bounds->version < 2)
+        return q == end ? 0 : -1;
+    /* the tags: one per entry, its kind agreeing with its value (kind 2 and the
+     * expiries are a later format's: format 2 holds neither) */
+    if ((uint64_t)mp_array(&q, end) != count)
+        return -1;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t tag;
+        if (mp_uint(&q, end, &tag) < 0)
+            return -1;
+        unsigned kind = (unsigned)(tag & 0xFF);
+        int nil = p[rd32(offs + ENTRY_OFFSET * (count + i))] == 0xC0;
+        if (kind > 1 || (kind == 0) != nil)
+            return -1;
+    }
+    /* the expiries: none */
+    if (q >= end || *q++ != 0x90)
+        return -1;
     return q == end ? 0 : -1;
 }
 
@@ -257,6 +308,7 @@ static int
 bounds_arg(PyObject *after, PyObject *last, BlockBounds *bounds)
 {
     memset(bounds, 0, sizeof *bounds);
+    bounds->version = 1;
     if ((after != Py_None && !PyBytes_Check(after)) || (last != Py_None && !PyBytes_Check(last))) {
         PyErr_SetString(PyExc_TypeError, "the bounds are bytes or None");
         return -1;
@@ -325,15 +377,25 @@ parse_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, ParsedBlo
 {
     BlockBounds bounds;
     *offs = NULL;
-    if (nargs != 3 || !PyBytes_Check(args[0])) {
+    if ((nargs != 3 && nargs != 4) || !PyBytes_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, usage);
         return -1;
     }
     if (bounds_arg(args[1], args[2], &bounds) < 0)
         return -1;
+    if (nargs == 4) {
+        long v = PyLong_AsLong(args[3]);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        if (v != 1 && v != 2) {
+            PyErr_SetString(PyExc_ValueError, "format version must be 1 or 2");
+            return -1;
+        }
+        bounds.version = (int)v;
+    }
     const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]);
     size_t n = (size_t)PyBytes_GET_SIZE(args[0]);
-    int64_t count = block_entry_count(p, n);
+    int64_t count = block_entry_count(p, n, bounds.version);
     if (count >= 0) {
         *offs = PyMem_Malloc((size_t)count * 2 * ENTRY_OFFSET + 1);
         if (*offs == NULL) {
@@ -357,11 +419,12 @@ parse_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, ParsedBlo
 PyObject *
 speedups_block_entry(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    /* block_entry(payload, after, last) -> the cached form of a data block the
-     * rule accepts within those bounds; ValueError if it refuses it. */
+    /* block_entry(payload, after, last, version=1) -> the cached form of a
+     * data block of that format the rule accepts within those bounds;
+     * ValueError if it refuses it. */
     ParsedBlock b;
     unsigned char *offs;
-    if (parse_args(args, nargs, "block_entry(payload: bytes, after, last)", &b, &offs) < 0)
+    if (parse_args(args, nargs, "block_entry(payload: bytes, after, last, version=1)", &b, &offs) < 0)
         return NULL;
     PyObject *out = parsed_entry(&b);
     PyMem_Free(offs);
@@ -371,12 +434,12 @@ speedups_block_entry(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
 PyObject *
 speedups_block_lists(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    /* block_lists(payload, after, last) -> (keys, values) of a data block the
-     * rule accepts within those bounds, as decode_data_block returns them;
-     * ValueError if it refuses it. */
+    /* block_lists(payload, after, last, version=1) -> (keys, values) of a
+     * data block of that format the rule accepts within those bounds, as
+     * decode_data_block returns them; ValueError if it refuses it. */
     ParsedBlock b;
     unsigned char *offs;
-    if (parse_args(args, nargs, "block_lists(payload: bytes, after, last)", &b, &offs) < 0)
+    if (parse_args(args, nargs, "block_lists(payload: bytes, after, last, version=1)", &b, &offs) < 0)
         return NULL;
     PyObject *out = parsed_lists(&b);
     PyMem_Free(offs);

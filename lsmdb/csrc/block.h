@@ -18,12 +18,14 @@
 
 /* A data block payload's bounds from its index: its keys must lie above
  * `after` (the previous block's last key; NULL for the first block) and end
- * at `last` (this block's index key; NULL: not checked). */
+ * at `last` (this block's index key; NULL: not checked); `version`, its
+ * file's format (1: keys and values; 2: tags and expiries too). */
 typedef struct {
     const char *after;
     Py_ssize_t after_len;
     const char *last;
     Py_ssize_t last_len;
+    int version;
 } BlockBounds;
 
 /* A data block the rule accepted: its payload and its entries' offsets, as
@@ -42,7 +44,7 @@ typedef struct {
 HIDDEN_BEGIN
 
 /* block.c */
-int64_t block_entry_count(const unsigned char *p, size_t n);
+int64_t block_entry_count(const unsigned char *p, size_t n, int version);
 int block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, unsigned char *offs,
                 uint64_t count);
 int parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
@@ -74,7 +76,7 @@ parse_with_stack(const unsigned char *p, size_t n, const BlockBounds *bounds, Pa
                  unsigned char *stack, unsigned char **heap)
 {
     *heap = NULL;
-    int64_t count = block_entry_count(p, n);
+    int64_t count = block_entry_count(p, n, bounds->version);
     if (count < 0)
         return -1;
     unsigned char *offs = stack;

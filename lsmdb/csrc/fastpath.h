@@ -42,7 +42,8 @@
 #define FILE_INDEX_OFFSETS 10
 #define FILE_INDEX_SIZES 11
 #define FILE_CACHE_BASE 12
-#define FILE_FIELDS 13
+#define FILE_FORMAT_VERSION 13
+#define FILE_FIELDS 14
 
 /* Level: one level below 0, its files' max keys and the files (Probes_init). */
 #define LEVEL_MAX_KEYS 0

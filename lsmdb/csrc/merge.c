@@ -9,7 +9,8 @@
 /* Merge(sources, reverse=False, keep_tombstones=False): iterate (key, value)
  * pairs in key order (descending when reverse) from sources given newest
  * first.  Each source yields chunks (keys, values): two lists of the same
- * length, keys bytes, in the scan's order.  For equal keys the newest
+ * length, keys bytes, in the scan's order; or (keys, values, tags), three,
+ * whose entries go out as (key, value, tag).  For equal keys the newest
  * source wins, older versions are skipped, and tombstones (value None) are
  * hidden unless keep_tombstones.  The entries are walked in place (no
  * per-entry tuple besides the pair returned).  A source is advanced only at
@@ -28,6 +29,7 @@ typedef struct {
     PyObject *chunk;   /* the source's current (keys, values), owned */
     PyObject *keys;    /* borrowed from chunk */
     PyObject *values;  /* borrowed from chunk */
+    PyObject *tags;    /* borrowed from chunk: its third list, or NULL */
     PyObject *key;     /* keys[pos], borrowed */
     Py_ssize_t pos;
     Py_ssize_t len;
@@ -114,14 +116,18 @@ next_chunk(Merge *self, Head *h)
         PyObject *chunk = PyIter_Next(self->iters[h->src]);
         if (chunk == NULL)
             return PyErr_Occurred() ? -1 : 0;
-        if (!PyTuple_CheckExact(chunk) || PyTuple_GET_SIZE(chunk) != 2
+        Py_ssize_t parts = PyTuple_CheckExact(chunk) ? PyTuple_GET_SIZE(chunk) : 0;
+        if ((parts != 2 && parts != 3)
             || !PyList_CheckExact(PyTuple_GET_ITEM(chunk, 0))
             || !PyList_CheckExact(PyTuple_GET_ITEM(chunk, 1))
             || PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 0))
-                   != PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 1))) {
+                   != PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 1))
+            || (parts == 3 && (!PyList_CheckExact(PyTuple_GET_ITEM(chunk, 2))
+                               || PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 2))
+                                      != PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 0))))) {
             Py_DECREF(chunk);
-            PyErr_SetString(PyExc_TypeError,
-                            "a merge source must yield (keys, values) lists of one length");
+            PyErr_SetString(PyExc_TypeError, "a merge source must yield (keys, values) or "
+                                             "(keys, values, tags) lists of one length");
             return -1;
         }
         if (PyList_GET_SIZE(PyTuple_GET_ITEM(chunk, 0)) == 0) {
@@ -131,6 +137,7 @@ next_chunk(Merge *self, Head *h)
         h->chunk = chunk;
         h->keys = PyTuple_GET_ITEM(chunk, 0);
         h->values = PyTuple_GET_ITEM(chunk, 1);
+        h->tags = parts == 3 ? PyTuple_GET_ITEM(chunk, 2) : NULL;
         h->pos = 0;
         h->len = PyList_GET_SIZE(h->keys);
         return head_load(h) < 0 ? -1 : 1;
@@ -143,7 +150,8 @@ head_advance(Merge *self, Head *h)
 {
     /* The lists may have been changed by someone holding them: re-check. */
     if (++h->pos < h->len && h->pos < PyList_GET_SIZE(h->keys)
-        && h->pos < PyList_GET_SIZE(h->values))
+        && h->pos < PyList_GET_SIZE(h->values)
+        && (h->tags == NULL || h->pos < PyList_GET_SIZE(h->tags)))
         return head_load(h) < 0 ? -1 : 1;
     return next_chunk(self, h);
 }
@@ -280,6 +288,8 @@ merge_step(Merge *self)
         PyObject *value = PyList_GET_ITEM(top.values, top.pos);
         if (value == Py_None && !self->keep_tombstones)
             continue;
+        if (top.tags != NULL)
+            return PyTuple_Pack(3, key, value, PyList_GET_ITEM(top.tags, top.pos));
         return PyTuple_Pack(2, key, value);
     }
 }

@@ -80,12 +80,12 @@ static PyMethodDef speedups_functions[] = {
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
     {"block_entry", (PyCFunction)(void (*)(void))speedups_block_entry, METH_FASTCALL,
-     "block_entry($module, payload, after, last, /)\n--\n\n"
-     "The block cache's form of a data block the rule accepts within those bounds: the "
-     "payload, then its entries' offsets."},
+     "block_entry($module, payload, after, last, version=1, /)\n--\n\n"
+     "The block cache's form of a data block of that format the rule accepts within those "
+     "bounds: the payload, then its entries' offsets."},
     {"block_lists", (PyCFunction)(void (*)(void))speedups_block_lists, METH_FASTCALL,
-     "block_lists($module, payload, after, last, /)\n--\n\n"
-     "(keys, values) of a data block the rule accepts within those bounds."},
+     "block_lists($module, payload, after, last, version=1, /)\n--\n\n"
+     "(keys, values) of a data block of that format the rule accepts within those bounds."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
@@ -122,6 +122,7 @@ static const char *const file_probe_fields[FILE_FIELDS] = {
     [FILE_INDEX_OFFSETS] = "index_offsets",
     [FILE_INDEX_SIZES] = "index_sizes",
     [FILE_CACHE_BASE] = "cache_base",
+    [FILE_FORMAT_VERSION] = "format_version",
 };
 
 static const char *const level_fields[LEVEL_FIELDS] = {
@@ -256,7 +257,8 @@ PyInit__speedups(void)
         || add_names(mod, "TABLE_COUNTERS", table_counter_names, TABLE_COUNTER_SLOTS) < 0
         || add_new(mod, "FILTER_FAMILIES", filter_families()) < 0
         || add_new(mod, "CONSTANTS", Py_BuildValue(
-               "{sisKsisisKsK}", "BLOCK_TRAILER_SIZE", BLOCK_TRAILER_SIZE,
+               "{sisisKsisisKsK}", "BLOCK_TRAILER_SIZE", BLOCK_TRAILER_SIZE,
+               "DATA_TRAILER_V2_SIZE", DATA_TRAILER_V2_SIZE,
                "CRC32_RESIDUE", (unsigned long long)CRC32_RESIDUE,
                "CACHE_ENTRY_TAIL", ENTRY_TAIL, "CACHE_ENTRY_OFFSET", ENTRY_OFFSET,
                "ADMISSION_BITS_PER_KEY", (unsigned long long)ADMISSION_BITS_PER_KEY,

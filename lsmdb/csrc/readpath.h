@@ -101,6 +101,7 @@ block_bounds(const Entry *e, Py_ssize_t i, BlockBounds *b)
     b->after_len = i > 0 ? e->ioff[i] - e->ioff[i - 1] : 0;
     b->last = e->ikeys + e->ioff[i];
     b->last_len = e->ioff[i + 1] - e->ioff[i];
+    b->version = e->format;
 }
 
 /* The state's fast tuple when the C path can serve: 1 and *fast (a new

@@ -112,6 +112,14 @@ entry_init(Entry *e, PyObject *item)
     if (base == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     e->cache_base = base;
+    long format = PyLong_AsLong(PyTuple_GET_ITEM(item, FILE_FORMAT_VERSION));
+    if (format == -1 && PyErr_Occurred())
+        return -1;
+    if (format != 1 && format != 2) {
+        PyErr_SetString(PyExc_ValueError, "format_version must be 1 or 2");
+        return -1;
+    }
+    e->format = (unsigned char)format;
     if (PyObject_GetBuffer(counts, &e->counts, PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
         return -1;
     e->have_counts = 1;

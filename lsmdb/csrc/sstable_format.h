@@ -9,6 +9,12 @@
 /* Every block ends in crc32(payload), u32 little-endian.  DO NOT CHANGE: on disk. */
 #define BLOCK_TRAILER_SIZE 4
 
+/* A format-2 data block ends in its compression type (u8: 0 none, 1 lz4, 2
+ * zstd), then crc32 of the stored bytes and that type byte.  DO NOT CHANGE:
+ * on disk. */
+#define DATA_TRAILER_V2_SIZE 5
+#define COMPRESSION_NONE 0
+
 /* crc32(payload + its crc32, little-endian) for every payload: a block's
  * payload and trailer checked in one pass. */
 #define CRC32_RESIDUE 0x2144DF1Cu

@@ -9,6 +9,7 @@
 #include "sstable_format.h"
 
 static PyObject *str_fd, *str_mapped;
+static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once imported */
 
 /* The names reader_fd and mapped_read look up, interned (at import): 0, or
  * -1 with an exception set. */
@@ -242,14 +243,57 @@ reader_fd(PyObject *reader, int *fd)
     return 0;
 }
 
+/* The payload of the compressed block stored[0:n] of type `kind`, through
+ * lsmdb.compression.decompress_for_c (the lz4 and zstandard packages, as the
+ * Python read path decompresses): 0, *out a new PyMem_RawMalloc'd buffer
+ * and *outn its bytes; 2 for a block that does not decompress (Python reads
+ * it again and raises); -1 on error. */
+static int
+decompress_block(int kind, const unsigned char *stored, size_t n, unsigned char **out,
+                 size_t *outn)
+{
+    if (decompressor == NULL) {
+        PyObject *mod = PyImport_ImportModule("lsmdb.compression");
+        if (mod == NULL)
+            return -1;
+        decompressor = PyObject_GetAttrString(mod, "decompress_for_c");
+        Py_DECREF(mod);
+        if (decompressor == NULL)
+            return -1;
+    }
+    PyObject *arg = PyBytes_FromStringAndSize((const char *)stored, (Py_ssize_t)n);
+    if (arg == NULL)
+        return -1;
+    PyObject *payload = PyObject_CallFunction(decompressor, "iN", kind, arg);
+    if (payload == NULL)
+        return -1;
+    if (!PyBytes_Check(payload)) {  /* None: it does not decompress */
+        Py_DECREF(payload);
+        return 2;
+    }
+    size_t len = (size_t)PyBytes_GET_SIZE(payload);
+    *out = PyMem_RawMalloc(len ? len : 1);
+    if (*out == NULL) {
+        Py_DECREF(payload);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(*out, PyBytes_AS_STRING(payload), len);
+    *outn = len;
+    Py_DECREF(payload);
+    return 0;
+}
+
 /* Data block i of file entry e (of reader) read with one copy out of the
  * reader's mapping, or where it has none one pread (the GIL released either
- * way, as os.pread does), its checksum verified: 0 and *buf (payload and
- * trailer, PyMem_RawMalloc'd: the caller frees it) and *size (the payload's
- * bytes); 2 when Python must read it (an entry without block offsets, the
- * reader closed or in memory, a mapping that ends short or faulted, a short
- * read or a checksum mismatch: it reads again and raises what it should);
- * -1 on error.  Nothing is counted. */
+ * way, as os.pread does), its checksum verified, and in a format-2 file
+ * decompressed as its type byte says: 0 and *buf (the payload, and for a
+ * block stored as it is its trailer after it; PyMem_RawMalloc'd: the caller
+ * frees it) and *size (the payload's bytes); 2 when Python must read it (an
+ * entry without block offsets, the reader closed or in memory, a mapping
+ * that ends short or faulted, a short read, a checksum mismatch, a block
+ * that does not decompress: it reads again and raises what it should); -1
+ * on error.  Nothing is counted. */
 int
 read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, size_t *sizep)
 {
@@ -264,9 +308,10 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
     if (r != 0)
         return r < 0 ? -1 : 2;
     uint64_t offset = e->boff[i], size = e->bsize[i];
-    if (size > (uint64_t)PY_SSIZE_T_MAX - BLOCK_TRAILER_SIZE || offset > (uint64_t)INT64_MAX)
+    size_t trailer = e->format >= 2 ? DATA_TRAILER_V2_SIZE : BLOCK_TRAILER_SIZE;
+    if (size > (uint64_t)PY_SSIZE_T_MAX - trailer || offset > (uint64_t)INT64_MAX)
         return 2;
-    size_t total = (size_t)size + BLOCK_TRAILER_SIZE;
+    size_t total = (size_t)size + trailer;
     unsigned char *buf = PyMem_RawMalloc(total);
     if (buf == NULL) {
         PyErr_NoMemory();
@@ -286,6 +331,16 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
     if (got < 0 || (size_t)got != total || crc32_update(0, buf, total) != CRC32_RESIDUE) {
         PyMem_RawFree(buf);
         return 2;
+    }
+    if (e->format >= 2 && buf[size] != COMPRESSION_NONE) {
+        unsigned char *payload;
+        size_t plen;
+        r = decompress_block(buf[size], buf, (size_t)size, &payload, &plen);
+        PyMem_RawFree(buf);
+        if (r != 0)
+            return r;
+        buf = payload;
+        size = plen;
     }
     *bufp = buf;
     *sizep = (size_t)size;

@@ -23,6 +23,8 @@ paths decompress through the same two packages (the C getter calls
 
 from __future__ import annotations
 
+import threading
+
 import lz4.block
 import zstandard
 
@@ -39,11 +41,21 @@ ZSTD_LEVEL = 3
 #: The largest payload a block decompresses to: its cached form's offsets are u32.
 MAX_PAYLOAD = (1 << 32) - 1
 
-_zstd_c = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
-                                   write_checksum=False)
-_zstd_d = zstandard.ZstdDecompressor()
 _lz4_compress = lz4.block.compress
 _lz4_decompress = lz4.block.decompress
+
+
+class _Zstd(threading.local):
+    """A Zstandard compressor and decompressor per thread: their objects must not
+    be used by two threads at once (a flush and a compaction compress at once)."""
+
+    def __init__(self) -> None:
+        self.c = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True,
+                                          write_checksum=False)
+        self.d = zstandard.ZstdDecompressor()
+
+
+_zstd = _Zstd()
 
 
 def compress(kind: int, payload: bytes) -> tuple[int, bytes]:
@@ -52,7 +64,7 @@ def compress(kind: int, payload: bytes) -> tuple[int, bytes]:
     (NONE, payload)."""
     if kind == NONE or not payload:
         return NONE, payload
-    stored = _lz4_compress(payload) if kind == LZ4 else _zstd_c.compress(payload)
+    stored = _lz4_compress(payload) if kind == LZ4 else _zstd.c.compress(payload)
     if len(stored) > len(payload) - len(payload) // 8:
         return NONE, payload
     return kind, stored
@@ -84,7 +96,7 @@ def decompress(kind: int, stored: bytes | memoryview, path: str, offset: int) ->
         if kind == LZ4:
             payload = _lz4_decompress(stored)
         else:  # exactly one frame: nothing after it, and it ends
-            frame = _zstd_d.decompressobj()
+            frame = _zstd.d.decompressobj()
             payload = frame.decompress(stored)
             if not frame.eof or frame.unused_data:
                 raise ValueError("not one whole frame")

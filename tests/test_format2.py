@@ -551,3 +551,27 @@ def test_c_and_python_accept_the_same_format2_payloads(data):
     except ValueError:
         c = None
     assert c == py, p.hex()
+
+
+def test_compression_from_many_threads_at_once():
+    """A flush and a compaction compress at once: each thread's zstd is its own."""
+    import threading
+    payloads = [_payload([b"k%05d" % i for i in range(j, j + 200)], [b"v" * 50] * 200,
+                         [257] * 200, []) for j in range(8)]
+    errors: list[BaseException] = []
+
+    def work(p: bytes) -> None:
+        try:
+            for _ in range(300):
+                for kind in (compression.ZSTD, compression.LZ4):
+                    k, stored = compression.compress(kind, p)
+                    assert compression.decompress(k, stored, "f", 0) == p
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(p,)) for p in payloads]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

@@ -575,3 +575,34 @@ def test_compression_from_many_threads_at_once():
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+@pytest.mark.skipif(_speedups is None or os.name != "posix", reason="the C getter's LZ4")
+@pytest.mark.parametrize("lie", [+1, -1, 1 << 20])
+def test_the_c_getter_decompresses_lz4_itself_and_refuses_a_lying_length(tmp_path, lie):
+    assert _speedups.lz4_direct()  # the lz4 package's LZ4_decompress_safe, found
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    items = records(3000)
+    for k, v in items:
+        db.put(k, v)
+    db.flush()
+    db.close()
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    assert type(db.get).__name__ == "Getter"
+    assert all(db.get(k) == v for k, v in items)  # every block decompressed in C
+    reader = db._versions.tables["default"].files[0]
+    file, i = reader.path, 2
+    raw = reader.read_raw(i)
+    db.close()
+    stored = bytearray(raw[:-DATA_TRAILER_V2.size])
+    assert stored[-1:] and raw[-DATA_TRAILER_V2.size] == compression.LZ4
+    size = int.from_bytes(stored[:4], "little")
+    stored[:4] = (size + lie).to_bytes(4, "little")
+    _rewrite_block(file, SSTableReader(file, 1), i, bytes(stored), compression.LZ4)
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    key = SSTableReader(file, 1).index_keys[i]
+    with pytest.raises(CorruptionError) as exc:
+        db.get(key)
+    assert exc.value.offset == SSTableReader(file, 1).index_offsets[i]
+    db.close()

@@ -79,6 +79,10 @@ static PyMethodDef speedups_functions[] = {
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
+    {"lz4_direct", (PyCFunction)speedups_lz4_direct, METH_NOARGS,
+     "lz4_direct($module, /)\n--\n\n"
+     "Whether the C getter decompresses LZ4 blocks itself (the lz4 package's "
+     "LZ4_decompress_safe), not through Python."},
     {"block_entry", (PyCFunction)(void (*)(void))speedups_block_entry, METH_FASTCALL,
      "block_entry($module, payload, after, last, version=1, /)\n--\n\n"
      "The block cache's form of a data block of that format the rule accepts within those "

@@ -11,6 +11,44 @@
 static PyObject *str_fd, *str_mapped;
 static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once imported */
 
+#ifndef _WIN32
+#include <dlfcn.h>
+/* LZ4_decompress_safe of the lz4 package's own extension (lz4.block._block,
+ * which exports liblz4's API), found once: an LZ4 block is then decompressed
+ * here, without a call into Python.  NULL when it cannot be found (the
+ * package built otherwise): decompress_for_c serves every kind. */
+typedef int (*lz4_safe_fn)(const char *src, char *dst, int compressed, int capacity);
+static lz4_safe_fn lz4_safe;
+static int lz4_looked;
+
+static void
+find_lz4(void)
+{
+    lz4_looked = 1;
+    PyObject *mod = PyImport_ImportModule("lz4.block._block");
+    if (mod == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    PyObject *file = PyObject_GetAttrString(mod, "__file__");
+    Py_DECREF(mod);
+    if (file == NULL || !PyUnicode_Check(file)) {
+        Py_XDECREF(file);
+        PyErr_Clear();
+        return;
+    }
+    const char *path = PyUnicode_AsUTF8(file);
+    void *lib = path != NULL ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+    if (path == NULL)
+        PyErr_Clear();
+    Py_DECREF(file);
+    if (lib != NULL)
+        lz4_safe = (lz4_safe_fn)dlsym(lib, "LZ4_decompress_safe");  /* the module stays loaded */
+}
+#endif
+
+#define COMPRESSION_LZ4 1
+
 /* The names reader_fd and mapped_read look up, interned (at import): 0, or
  * -1 with an exception set. */
 int
@@ -243,15 +281,41 @@ reader_fd(PyObject *reader, int *fd)
     return 0;
 }
 
-/* The payload of the compressed block stored[0:n] of type `kind`, through
- * lsmdb.compression.decompress_for_c (the lz4 and zstandard packages, as the
- * Python read path decompresses): 0, *out a new PyMem_RawMalloc'd buffer
+/* The payload of the compressed block stored[0:n] of type `kind`: an LZ4
+ * block by the lz4 package's LZ4_decompress_safe (find_lz4), anything else
+ * through lsmdb.compression.decompress_for_c (the lz4 and zstandard
+ * packages, as the Python read path decompresses): 0, *out a new PyMem_RawMalloc'd buffer
  * and *outn its bytes; 2 for a block that does not decompress (Python reads
  * it again and raises); -1 on error. */
 static int
 decompress_block(int kind, const unsigned char *stored, size_t n, unsigned char **out,
                  size_t *outn)
 {
+#ifndef _WIN32
+    if (!lz4_looked)
+        find_lz4();
+    if (kind == COMPRESSION_LZ4 && lz4_safe != NULL) {
+        /* stored: the payload's length, u32 little-endian, then the LZ4 block */
+        if (n < 4)
+            return 2;
+        uint32_t size = rd32(stored);
+        if (size == 0 || size > INT_MAX || n - 4 > INT_MAX)
+            return 2;
+        *out = PyMem_RawMalloc(size);
+        if (*out == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        int got = lz4_safe((const char *)stored + 4, (char *)*out, (int)(n - 4), (int)size);
+        if (got < 0 || (uint32_t)got != size) {  /* Python reads it again and says why */
+            PyMem_RawFree(*out);
+            *out = NULL;
+            return 2;
+        }
+        *outn = size;
+        return 0;
+    }
+#endif
     if (decompressor == NULL) {
         PyObject *mod = PyImport_ImportModule("lsmdb.compression");
         if (mod == NULL)
@@ -345,5 +409,19 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
     *bufp = buf;
     *sizep = (size_t)size;
     return 0;
+#endif
+}
+
+PyObject *
+speedups_lz4_direct(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(arg))
+{
+    /* lz4_direct() -> whether the C getter decompresses LZ4 blocks itself
+     * (the lz4 package's LZ4_decompress_safe found) rather than through Python. */
+#ifndef _WIN32
+    if (!lz4_looked)
+        find_lz4();
+    return PyBool_FromLong(lz4_safe != NULL);
+#else
+    Py_RETURN_FALSE;
 #endif
 }

@@ -15,6 +15,7 @@ extern PyTypeObject MappingType;
 
 /* sstable_reader.c */
 int sstable_reader_init(void);
+PyObject *speedups_lz4_direct(PyObject *module, PyObject *arg);
 int read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp,
                    size_t *sizep);
 PyObject *speedups_map_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -30,6 +30,7 @@ from .flush import Flusher
 from .handles import Table, WriteBatch
 from .keys import as_key
 from .lockfile import DatabaseLock
+from .mapping import ScanMapping
 from .options import (
     DEFAULT_TABLE,
     validate_max_total_wal_size,
@@ -63,12 +64,15 @@ def _disown_after_fork() -> None:
 os.register_at_fork(after_in_child=_disown_after_fork)
 
 
-class DB:
+class DB(ScanMapping):
     """An open lsmdb database.  Create with :func:`lsmdb.open`.
 
     The DB acts on the table ``"default"``; other tables through
     :meth:`table`.  Thread-safe: writes are serialised by one lock, reads take
-    no lock.
+    no lock.  Iterates like a mapping of the default table
+    (:class:`lsmdb.mapping.ScanMapping`): ``for key in db`` in key order,
+    ``keys()``, ``values()``, ``items()`` lazily over a scan, and ``len(db)``,
+    which counts the live keys with a scan (O(n)).
 
     Example:
         >>> import lsmdb, tempfile

@@ -139,10 +139,17 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "target_file_size_bytes":
             out[name] = _int_option(name, value, 64 * 1024, 1024 * 1024 * 1024)
         elif name == "bloom_filter_skip_last_level":
-            if not isinstance(value, bool):
-                raise TypeError(f"table option {name!r} must be a bool, got {type(value).__name__}")
-            out[name] = value
+            out[name] = validate_bool(name, value)
     return out
+
+
+def validate_bool(name: str, value: Any, kind: str = "table option") -> bool:
+    """``value`` if it is a bool; anything else -- 0, 1, "no", None -- is a TypeError
+    naming the option (``read_only="no"`` would otherwise mean True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{kind} {name!r} must be a bool (True or False), got "
+                        f"{type(value).__name__} {value!r}")
+    return value
 
 
 def _choice_option(name: str, value: Any, choices: tuple[str, ...]) -> str:

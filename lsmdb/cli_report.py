@@ -33,7 +33,7 @@ def speedups_line() -> str:
         return ("C speedups: OFF (lsmdb._speedups was built from other sources: rebuild it; "
                 "the same code runs in Python, absent-key gets many times slower)")
     return ("C speedups: OFF (built without a C compiler: the same code runs in Python, "
-            "absent-key gets many times slower; see README, Performance)")
+            "absent-key gets about 30x slower; see README, How a read works)")
 
 
 def open_read_only(path: str) -> DB:

@@ -200,7 +200,8 @@ def test_history_patterns_catch_what_they_should() -> None:
 
 
 # ------------------------------------------------------------------ links
-@pytest.mark.parametrize("path", [README, ARCHITECTURE, API], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", [README, ARCHITECTURE, API],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_point_at_files_that_exist(path: Path) -> None:
     assert path.exists(), f"{path.relative_to(ROOT)} is missing"
     broken = []

@@ -1,9 +1,12 @@
 """The ``lsmdb`` command (also ``python -m lsmdb``).
 
-Every command's ``--help`` shows an example.  An error is one line on stderr
-(``lsmdb: ...``) and exit status 1 (2 for a command line that does not
-parse), never a traceback.  The reports (``demo``, ``inspect``, ``sstable``,
-``trace``, ``advise``) are in :mod:`lsmdb.cli_report`.
+Every command's ``--help`` shows an example, and every argument has a help
+text.  An error is one line on stderr (``lsmdb: ...``) and exit status 1 (2
+for a command line that does not parse), never a traceback.  The reports
+(``demo``, ``inspect``, ``sstable``, ``trace``, ``advise``) are in
+:mod:`lsmdb.cli_report`; the commands that write (``put``, ``delete``,
+``import``, ``create-table``, ``compact``, ``rebuild-filters``) in
+:mod:`lsmdb.cli_write`.
 """
 
 from __future__ import annotations
@@ -13,16 +16,14 @@ import builtins
 import dataclasses
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TextIO
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from . import __version__
+from .cli_demo import cmd_demo
 from .cli_report import (
     CliError,
     cmd_advise,
-    cmd_demo,
     cmd_inspect,
     cmd_sstable,
     cmd_trace,
@@ -30,42 +31,20 @@ from .cli_report import (
     open_read_only,
     speedups_line,
 )
-from .db import DB
-from .db import open as open_db
+from .cli_write import (
+    bytes_arg,
+    cmd_compact,
+    cmd_create_table,
+    cmd_delete,
+    cmd_import,
+    cmd_put,
+    cmd_rebuild_filters,
+    progress_callback,
+    table_option_arguments,
+)
 from .errors import LsmdbError
 
 builtins_open = builtins.open
-
-
-def _progress(label: str) -> Callable[[int], None] | None:
-    """A progress callback printing to stderr when it is a terminal (else None)."""
-    if not sys.stderr.isatty():
-        return None
-    started = time.monotonic()
-
-    def report(done: int) -> None:
-        print(f"\r{label}: {done:,} ({time.monotonic() - started:.1f}s)", end="",
-              file=sys.stderr, flush=True)
-    return report
-
-
-@contextmanager
-def _writable(path: str, create: bool = False) -> Iterator[DB]:
-    """The database at ``path`` for writing; every write durable when it is closed."""
-    db = open_db(path, create_if_missing=create, auto_compaction=create)
-    try:
-        yield db
-    finally:
-        db.close()
-
-
-def _bytes_arg(text: str, hex_: bool, what: str) -> bytes:
-    if not hex_:
-        return os.fsencode(text) if isinstance(text, str) else text
-    try:
-        return bytes.fromhex(text)
-    except ValueError:
-        raise CliError(f"{what} is not valid hex: {text!r}") from None
 
 
 def _show(data: bytes, hex_: bool) -> str:
@@ -83,7 +62,7 @@ def _show(data: bytes, hex_: bool) -> str:
 # ----------------------------------------------------------------- quick looks
 def cmd_get(args: argparse.Namespace) -> int:
     """Print the value of one key (exit status 1 when it is absent)."""
-    key = _bytes_arg(args.key, args.hex, "KEY")
+    key = bytes_arg(args.key, args.hex, "KEY")
     with open_read_only(args.path) as db:
         value = db.table(args.table).get(key)
     if value is None:
@@ -92,26 +71,9 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_put(args: argparse.Namespace) -> int:
-    """Set one key to a value (durable when the command returns)."""
-    key = _bytes_arg(args.key, args.hex, "KEY")
-    value = _bytes_arg(args.value, args.hex, "VALUE")
-    with _writable(args.path) as db:
-        db.table(args.table).put(key, value, sync=True)
-    return 0
-
-
-def cmd_delete(args: argparse.Namespace) -> int:
-    """Delete one key (no error when it is absent; durable when the command returns)."""
-    key = _bytes_arg(args.key, args.hex, "KEY")
-    with _writable(args.path) as db:
-        db.table(args.table).delete(key, sync=True)
-    return 0
-
-
 def cmd_scan(args: argparse.Namespace) -> int:
     """Print keys and values in key order, one pair a line (KEY, a tab, VALUE)."""
-    bounds = {name: _bytes_arg(getattr(args, name), args.hex, f"--{name}")
+    bounds = {name: bytes_arg(getattr(args, name), args.hex, f"--{name}")
               for name in ("start", "end", "prefix") if getattr(args, name) is not None}
     if args.limit is not None and args.limit < 0:
         raise CliError("--limit must be >= 0")
@@ -156,42 +118,13 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
-def cmd_rebuild_filters(args: argparse.Namespace) -> int:
-    """Rewrite stale filters (data blocks copied byte for byte)."""
-    tty = sys.stderr.isatty()
-    n = 0
-    with _writable(args.path) as db:
-        for name in [args.table] if args.table else db.tables():
-            if tty:
-                print(f"rebuilding the filters of table {name!r}...", file=sys.stderr)
-            done = db.rebuild_filters(name, only_stale=not args.all)
-            n += done
-            if tty:
-                print(f"  {done} SSTables rewritten", file=sys.stderr)
-    print(f"rebuilt the filters of {n} SSTables")
-    return 0
-
-
-def cmd_compact(args: argparse.Namespace) -> int:
-    """Full compaction of a table (or every table)."""
-    with _writable(args.path) as db:
-        before = len(db.sstables(args.table))
-        started = time.monotonic()
-        if sys.stderr.isatty():
-            print("compacting...", file=sys.stderr)
-        db.compact(args.table)
-        after = len(db.sstables(args.table))
-    print(f"compacted {before} SSTables into {after} in {time.monotonic() - started:.1f}s")
-    return 0
-
-
 # ----------------------------------------------------------------- export / import
 def cmd_export(args: argparse.Namespace) -> int:
     """Every live key and value of a table (or, without --table, of every table), in key order."""
     from .transfer import export_table, export_tables
 
     def run(out: TextIO) -> int:
-        progress = _progress("exported")
+        progress = progress_callback("exported")
         if args.table is None:
             return export_tables(db, args.format, out, progress=progress)
         return export_table(db, args.table, args.format, out, progress=progress)
@@ -209,42 +142,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_import(args: argparse.Namespace) -> int:
-    """Load a JSONL export (the database, and its tables, are created if missing).
-
-    Without --table each row goes back to the table its line names (an export
-    of every table), or to the default table."""
-    from .transfer import import_jsonl
-    with builtins_open(args.file, "rb") as infile, _writable(args.path, create=True) as db:
-        if args.table is not None:
-            tables = {args.table}
-        else:
-            tables = _tables_named(infile)
-            infile.seek(0)
-        for name in sorted(tables - set(db.tables())):
-            db.create_table(name)
-        n = import_jsonl(db, args.table, infile, progress=_progress("imported"))
-    print(f"imported {n:,} rows", file=sys.stderr)
-    return 0
-
-
-def _tables_named(infile: Any) -> set[str]:
-    """The tables the lines of a JSONL export name (a first pass over the file)."""
-    import json
-    names = {"default"}
-    for lineno, line in enumerate(infile, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            raise CliError(f"line {lineno} of {infile.name!r} is not JSON: is it a JSONL "
-                           "export (lsmdb export --format jsonl)?") from None
-        if isinstance(obj, dict) and isinstance(obj.get("table"), str):
-            names.add(obj["table"])
-    return names
-
-
 # ----------------------------------------------------------------- the parser
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -253,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: lsmdb demo /tmp/demo-db",
     )
     parser.add_argument("--version", action="version",
-                        version=f"lsmdb {__version__} ({speedups_line()})")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+                        version=f"lsmdb {__version__} ({speedups_line()})",
+                        help="show the version and whether the C speedups are on")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                help="what to do (lsmdb COMMAND --help: its arguments)")
 
     def add(name: str, func: Callable[[argparse.Namespace], int], help_text: str,
             example: str) -> argparse.ArgumentParser:
@@ -263,33 +162,54 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         return p
 
+    def path(p: argparse.ArgumentParser) -> None:
+        p.add_argument("path", help="the database directory")
+
+    def table(p: argparse.ArgumentParser, default: str | None = None,
+              help_text: str = "only this table (default: every table)") -> None:
+        if default is not None:
+            help_text = f"the table (default: {default})"
+        p.add_argument("--table", default=default, help=help_text)
+
+    def create(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--create", action="store_true",
+                       help="create the database if it does not exist (removed again if the "
+                       "command fails)")
+
+    def json_out(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
     def key_args(p: argparse.ArgumentParser, value: bool = False) -> None:
-        p.add_argument("path")
+        path(p)
         p.add_argument("key", help="the key, as UTF-8 text (or hex with --hex)")
         if value:
             p.add_argument("value", help="the value, as UTF-8 text (or hex with --hex)")
-        p.add_argument("--table", default="default")
+        table(p, "default")
         p.add_argument("--hex", action="store_true", help="keys and values in hexadecimal")
 
     p = add("demo", cmd_demo, "build a sample database and show the disk reads the filters skip",
             "lsmdb demo /tmp/demo-db --keys 300000")
-    p.add_argument("path", nargs="?", help="database directory (default: a new temporary one)")
+    p.add_argument("path", nargs="?", help="database directory: new, empty, or one an earlier "
+                   "demo built (default: a new temporary one)")
     p.add_argument("--keys", type=int, default=300_000,
                    help="keys over both tables (default 300000)")
     p.add_argument("--sstables", type=int, default=4, help="SSTables per table (default 4)")
     p.add_argument("--queries", type=int, default=100_000, help="gets per table (default 100000)")
     p.add_argument("--seed", type=int, default=1, help="random seed for the queries")
+    p.add_argument("--force", action="store_true", help="build in a database the demo did not "
+                   "build, replacing its tables 'users' and 'events'")
 
     p = add("get", cmd_get, "print the value of one key", "lsmdb get /tmp/demo-db user:1")
     key_args(p)
-    p = add("put", cmd_put, "set one key", "lsmdb put /tmp/demo-db user:1 alice")
+    p = add("put", cmd_put, "set one key", "lsmdb put /tmp/new-db user:1 alice --create")
     key_args(p, value=True)
+    create(p)
     p = add("delete", cmd_delete, "delete one key", "lsmdb delete /tmp/demo-db user:1")
     key_args(p)
     p = add("scan", cmd_scan, "print keys and values in key order",
             "lsmdb scan /tmp/demo-db --table users --prefix users: --limit 10")
-    p.add_argument("path")
-    p.add_argument("--table", default="default")
+    path(p)
+    table(p, "default")
     p.add_argument("--prefix", help="only keys starting with this")
     p.add_argument("--start", help="from this key on (included)")
     p.add_argument("--end", help="up to this key (excluded)")
@@ -297,70 +217,83 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reverse", action="store_true", help="in descending key order")
     p.add_argument("--hex", action="store_true", help="keys and values in hexadecimal")
 
+    p = add("create-table", cmd_create_table, "create a table with its options",
+            "lsmdb create-table /tmp/new-db events --bloom-filter-fp-chance 0.001 --create")
+    path(p)
+    p.add_argument("name", help="the new table's name (1-64 letters, digits, '_', '-')")
+    create(p)
+    table_option_arguments(p)
+
     p = add("inspect", cmd_inspect, "per-SSTable filter statistics and table totals",
             "lsmdb inspect /tmp/demo-db --table users --json")
-    p.add_argument("path")
-    p.add_argument("--table", help="only this table")
+    path(p)
+    table(p)
     p.add_argument("--wide", action="store_true", help="every column (default: those that fit "
                    "in 100 columns)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    json_out(p)
 
     p = add("sstable", cmd_sstable, "one SSTable file offline: properties, filter, statistics",
             "lsmdb sstable /tmp/demo-db/000003.sst --keys")
-    p.add_argument("file")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("file", help="the SSTable file (NNNNNN.sst)")
+    json_out(p)
     p.add_argument("--keys", action="store_true", help="also dump every entry")
 
     p = add("trace", cmd_trace, "explain one point read file by file",
             "lsmdb trace /tmp/demo-db users:0000000001 --table users")
-    p.add_argument("path")
+    path(p)
     p.add_argument("key", help="the key, as UTF-8 text (or hex with --hex)")
-    p.add_argument("--table")
+    table(p, help_text="the table (default: the default table)")
     p.add_argument("--hex", action="store_true", help="KEY is hexadecimal")
-    p.add_argument("--json", action="store_true")
+    json_out(p)
 
     p = add("verify", cmd_verify, "check every checksum, every key against its filter, the WAL",
             "lsmdb verify /tmp/demo-db")
-    p.add_argument("path")
+    path(p)
 
     p = add("repair", cmd_repair, "rebuild a database that does not open; set aside what "
             "does not read in lost/", "lsmdb repair /tmp/demo-db")
-    p.add_argument("path")
+    path(p)
     p.add_argument("--dry-run", action="store_true", help="report what would be done, change "
                    "nothing")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    json_out(p)
 
     p = add("advise", cmd_advise, "Bloom filter price list for N keys",
             "lsmdb advise --keys 1000000 --fp 0.01 0.001 --bits-per-key 8")
-    p.add_argument("--keys", type=int, required=True)
-    p.add_argument("--fp", type=float, nargs="+", help="fp chances (default 0.1 0.01 0.001 0.0001)")
-    p.add_argument("--bits-per-key", type=float, help="also show the FPR for k = 1..20")
+    p.add_argument("--keys", type=int, required=True, help="the number of keys, >= 1")
+    p.add_argument("--fp", type=float, nargs="+", help="fp chances, each between 0 and 1 "
+                   "(default 0.1 0.01 0.001 0.0001)")
+    p.add_argument("--bits-per-key", type=float, help="also show the FPR for k = 1..20 at this "
+                   "many bits per key (> 0)")
 
     p = add("rebuild-filters", cmd_rebuild_filters,
             "rewrite filters built with another fp chance than the table's current one",
             "lsmdb rebuild-filters /tmp/demo-db --table users")
-    p.add_argument("path")
-    p.add_argument("--table")
+    path(p)
+    table(p)
     p.add_argument("--all", action="store_true", help="rewrite every filter, not only stale ones")
 
     p = add("compact", cmd_compact, "full compaction of one table or all",
             "lsmdb compact /tmp/demo-db --table users")
-    p.add_argument("path")
-    p.add_argument("--table")
+    path(p)
+    table(p)
 
-    p = add("export", cmd_export, "dump tables as jsonl, csv or Cassandra CREATE TABLEs",
-            "lsmdb export /tmp/demo-db --table users --format jsonl --out users.jsonl")
-    p.add_argument("path")
-    p.add_argument("--table", help="only this table (default: every table; csv needs one)")
-    p.add_argument("--format", choices=["jsonl", "csv", "cql"], default="jsonl")
+    p = add("export", cmd_export, "dump tables (and their options) as jsonl, csv or Cassandra "
+            "CREATE TABLEs", "lsmdb export /tmp/demo-db --table users --format jsonl --out "
+            "users.jsonl")
+    path(p)
+    table(p, help_text="only this table (default: every table; csv needs one)")
+    p.add_argument("--format", choices=["jsonl", "csv", "cql"], default="jsonl",
+                   help="jsonl: rows and table options, for lsmdb import; csv: rows as CQL "
+                   "blobs; cql: CREATE TABLE statements (default jsonl)")
     p.add_argument("--out", help="output file (default: stdout)")
 
-    p = add("import", cmd_import, "load a jsonl export",
-            "lsmdb import /tmp/other-db users.jsonl --table users")
-    p.add_argument("path")
-    p.add_argument("file")
+    p = add("import", cmd_import, "load a jsonl export, with its tables' options",
+            "lsmdb import /tmp/other-db users.jsonl --table users --create")
+    path(p)
+    p.add_argument("file", help="the JSONL file (lsmdb export --format jsonl)")
     p.add_argument("--table", help="load every row into this table (default: the table each "
                    "line names)")
+    create(p)
     return parser
 
 

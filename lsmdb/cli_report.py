@@ -1,4 +1,4 @@
-"""What ``lsmdb`` prints about a database: the demo, inspect, sstable, trace and advise.
+"""What ``lsmdb`` prints about a database: inspect, sstable, trace and advise.
 
 :mod:`lsmdb.cli` parses the command line and runs the commands that read or
 change data; this module holds the reports and the helpers that format them.
@@ -9,16 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
+import os
 import sys
-import tempfile
-import time
 from typing import Any
 
 from . import SPEEDUPS
 from .db import DB
 from .db import open as open_db
+from .errors import NotADatabaseError
 from .fastpath import LAYOUT_ERRORS
+from .files import LOCK_NAME, MANIFEST_NAME, TMP_SUFFIX
 
 
 class CliError(Exception):
@@ -33,16 +33,33 @@ def speedups_line() -> str:
         return ("C speedups: OFF (lsmdb._speedups was built from other sources: rebuild it; "
                 "the same code runs in Python, absent-key gets many times slower)")
     return ("C speedups: OFF (built without a C compiler: the same code runs in Python, "
-            "absent-key gets many times slower; see README, Performance)")
+            "absent-key gets about 30x slower; see README, How a read works)")
 
 
 def open_read_only(path: str) -> DB:
     """The database at ``path`` for reading (no lock: another process may be writing)."""
-    return open_db(path, create_if_missing=False, read_only=True)
+    try:
+        return open_db(path, create_if_missing=False, read_only=True)
+    except NotADatabaseError:
+        missing = missing_database(path)
+        if missing is None:
+            raise
+        raise missing from None
 
 
-def _fmt_int(n: int) -> str:
-    return f"{n:,}"
+def _entries(path: str) -> list[str]:
+    """A directory's entries, less what a crash in a database's very first open leaves."""
+    return [n for n in os.listdir(path) if n not in (LOCK_NAME, MANIFEST_NAME + TMP_SUFFIX)]
+
+
+def missing_database(path: str, hint: str = "") -> CliError | None:
+    """"no database at PATH" (with ``hint``) if ``path`` holds no database yet -- it does
+    not exist, or is an empty directory -- else None (the open's own error says why)."""
+    if not os.path.lexists(path):
+        return CliError(f"no database at {path} (it does not exist){hint}")
+    if os.path.isdir(path) and not _entries(path):
+        return CliError(f"no database at {path} (an empty directory){hint}")
+    return None
 
 
 def _json_default(obj: object) -> object:
@@ -97,77 +114,6 @@ def _print_table(rows: list[list[str]], header: list[str], out=None) -> None:
 
 def _looks_numeric(text: str) -> bool:
     return bool(text) and (text[0].isdigit() or text[0] in "-.")
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Build two tables, flush several SSTables, read present and absent keys."""
-    path = args.path or tempfile.mkdtemp(prefix="lsmdb-demo-")
-    out = sys.stdout
-    rng = random.Random(args.seed)
-    specs = [("users", args.keys * 2 // 3, 0.01), ("events", args.keys // 3, 0.001)]
-    print(f"lsmdb demo: database at {path} ({speedups_line()})", file=out)
-    # No background compaction: each absent key should meet every SSTable's filter.
-    with open_db(path, auto_compaction=False) as db:
-        for name, n, fp in specs:
-            if name in db.tables():
-                db.drop_table(name)
-            table = db.create_table(name, bloom_filter_fp_chance=fp)
-            start = time.perf_counter()
-            per_file = max(1, -(-n // args.sstables))  # ceil: exactly --sstables files
-            # Present keys are the even numbers; odd numbers inside the range are absent.
-            # Loaded in random order, so every SSTable spans the whole key range and
-            # only its filter can turn an absent key away.
-            order = list(range(n))
-            rng.shuffle(order)
-            for lo in range(0, n, per_file):
-                with db.batch() as b:
-                    for i in order[lo:lo + per_file]:
-                        b.put(b"%s:%010d" % (name.encode(), 2 * i), b"value-%d" % i, table=name)
-                table.flush()
-            elapsed = time.perf_counter() - start
-            print(f"  loaded {_fmt_int(n)} keys into {name!r} (fp chance {fp}) in {elapsed:.1f}s "
-                  f"-> {len(db.sstables(name))} SSTables", file=out)
-        print(file=out)
-        header = (f"  {'table':<8} {'reads':>8} {'found':>8} {'absent':>8} {'files checked':>14} "
-                  f"{'filter no':>10} {'false pos':>10} {'disk reads':>11} {'cache hits':>11} "
-                  f"{'skipped':>8} {'meas FPR':>9} {'pred FPR':>9}")
-        print(header, file=out)
-        for name, n, _fp in specs:
-            table = db.table(name)
-            before = {i.file: i for i in db.sstables(name)}
-            queries = args.queries
-            found = 0
-            start = time.perf_counter()
-            for _ in range(queries):
-                present = rng.random() < 0.5
-                i = rng.randrange(n)
-                key = b"%s:%010d" % (name.encode(), 2 * i + (0 if present else 1))
-                if table.get(key) is not None:
-                    found += 1
-            elapsed = time.perf_counter() - start
-            after = db.sstables(name)
-            d = {f: sum(getattr(i, f) - getattr(before[i.file], f) for i in after)
-                 for f in ("filter_negatives", "false_positives", "true_positives", "block_reads",
-                           "block_cache_hits", "range_skips")}
-            checked = d["filter_negatives"] + d["false_positives"] + d["true_positives"]
-            absent_checks = d["filter_negatives"] + d["false_positives"]
-            skipped = d["filter_negatives"]
-            meas = d["false_positives"] / absent_checks if absent_checks else float("nan")
-            pred = sum(i.predicted_fpr for i in after) / len(after)
-            print(f"  {name:<8} {queries:>8,} {found:>8,} {queries - found:>8,} {checked:>14,} "
-                  f"{d['filter_negatives']:>10,} {d['false_positives']:>10,} "
-                  f"{d['block_reads']:>11,} {d['block_cache_hits']:>11,} "
-                  f"{skipped / checked:>8.1%} {meas:>9.4%} {pred:>9.4%}"
-                  f"   ({queries / elapsed:,.0f} gets/s)", file=out)
-        print(file=out)
-        total_skipped = sum(i.filter_negatives for i in db.sstables())
-        total_reads = sum(i.block_reads for i in db.sstables())
-        total_hits = sum(i.block_cache_hits for i in db.sstables())
-        print(f"  The filters skipped {total_skipped:,} block reads; {total_reads:,} data blocks "
-              f"were read from disk and {total_hits:,} served by the block cache.", file=out)
-        print("  'filter no' = a block read skipped; 'false pos' = a block read for nothing.",
-              file=out)
-    return 0
 
 
 def _keys_from_fill(f: dict[str, Any]) -> str:
@@ -370,6 +316,14 @@ def cmd_advise(args: argparse.Namespace) -> int:
     """The price list of Bloom filters for N keys."""
     from .filters.bloom import optimal_bits, optimal_hashes, predicted_fpr_for
     n = args.keys
+    if n < 1:
+        raise CliError(f"--keys must be >= 1, got {n}")
+    for p in args.fp or []:
+        if not 0 < p < 1:
+            raise CliError(f"--fp must be between 0 and 1 (both excluded), got {p:g}")
+    b = args.bits_per_key
+    if b is not None and not (0 < b and math.isfinite(b)):
+        raise CliError(f"--bits-per-key must be a number > 0, got {b:g}")
     rows = []
     for p in args.fp or [0.1, 0.01, 0.001, 0.0001]:
         m = optimal_bits(n, p)
@@ -379,8 +333,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     print(f"Bloom filter price list for {n:,} keys "
           "(m = ceil(-n ln p / ln(2)^2), k = round(m/n ln 2)):")
     _print_table(rows, ["fp chance", "bits/key", "k", "filter size", "predicted FPR"])
-    if args.bits_per_key:
-        b = args.bits_per_key
+    if b is not None:
         m = max(1, round(b * n))
         print(f"\nAt {b:g} bits/key ({m:,} bits for {n:,} keys):")
         rates = [(k, predicted_fpr_for(n, m, k)) for k in range(1, 21)]

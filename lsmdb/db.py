@@ -30,8 +30,10 @@ from .flush import Flusher
 from .handles import Table, WriteBatch
 from .keys import as_key
 from .lockfile import DatabaseLock
+from .mapping import ScanMapping
 from .options import (
     DEFAULT_TABLE,
+    validate_bool,
     validate_max_total_wal_size,
     validate_table_name,
     validate_table_options,
@@ -63,12 +65,15 @@ def _disown_after_fork() -> None:
 os.register_at_fork(after_in_child=_disown_after_fork)
 
 
-class DB:
+class DB(ScanMapping):
     """An open lsmdb database.  Create with :func:`lsmdb.open`.
 
     The DB acts on the table ``"default"``; other tables through
     :meth:`table`.  Thread-safe: writes are serialised by one lock, reads take
-    no lock.
+    no lock.  Iterates like a mapping of the default table
+    (:class:`lsmdb.mapping.ScanMapping`): ``for key in db`` in key order,
+    ``keys()``, ``values()``, ``items()`` lazily over a scan, and ``len(db)``,
+    which counts the live keys with a scan (O(n)).
 
     Example:
         >>> import lsmdb, tempfile
@@ -84,6 +89,10 @@ class DB:
                  auto_compaction: bool = True,
                  block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
                  mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None) -> None:
+        for name, flag in (("create_if_missing", create_if_missing), ("sync", sync),
+                           ("read_only", read_only), ("auto_compaction", auto_compaction),
+                           ("mmap_reads", mmap_reads)):
+            validate_bool(name, flag, "option")
         self.path = os.path.abspath(os.fsdecode(os.fspath(path)))
         max_wal = validate_max_total_wal_size(max_total_wal_size_bytes)
         if isinstance(block_cache_size_bytes, bool) or not isinstance(block_cache_size_bytes, int):
@@ -91,10 +100,10 @@ class DB:
         if block_cache_size_bytes < 0:
             raise ValueError("block_cache_size_bytes must be >= 0 (0 disables the cache)")
         cache = BlockCache(block_cache_size_bytes) if block_cache_size_bytes else None
-        self._read_only = bool(read_only)
-        self._auto_compaction = bool(auto_compaction)
+        self._read_only = read_only
+        self._auto_compaction = auto_compaction
         versions = self._versions = Versions(self.path, read_only=self._read_only,
-                                             block_cache=cache, mmap_reads=bool(mmap_reads))
+                                             block_cache=cache, mmap_reads=mmap_reads)
         self._flusher = Flusher(versions, self._flushed)
         self._compactor = Compactor(versions, self._save_counters)
         self._stats_lock = threading.Lock()
@@ -102,7 +111,7 @@ class DB:
         self._bg: Background | None = None
         self._recovered = open_database(versions, self._flusher, create_if_missing)
         self._dblock: DatabaseLock | None = self._recovered.lock
-        self._writes = WritePath(versions, self._flusher, sync=bool(sync),
+        self._writes = WritePath(versions, self._flusher, sync=sync,
                                  max_total_wal_size_bytes=max_wal)
         self._handles = {name: self._handle(state) for name, state in versions.tables.items()}
         versions.closed = False

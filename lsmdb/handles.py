@@ -7,6 +7,7 @@ from typing import Any
 
 from .errors import NoSuchTableError
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
+from .mapping import ScanMapping
 from .options import TableOptions
 from .readpath import get_many, state_getter
 from .scan import scan
@@ -15,16 +16,19 @@ from .versions import Versions
 from .writepath import WritePath
 
 
-class Table:
+class Table(ScanMapping):
     """A named table of a database.  ``db.table(name)`` returns one.
+
+    Iterates like a mapping (:class:`lsmdb.mapping.ScanMapping`): keys in key
+    order, ``keys()``, ``values()``, ``items()`` lazily, ``len()`` by a scan (O(n)).
 
     Example:
         >>> import lsmdb, tempfile
         >>> with lsmdb.open(tempfile.mkdtemp()) as db:
         ...     users = db.create_table("users", bloom_filter_fp_chance=0.001)
         ...     users[b"alice"] = b"1"
-        ...     (users[b"alice"], b"bob" in users)
-        (b'1', False)
+        ...     (users[b"alice"], b"bob" in users, list(users), len(users))
+        (b'1', False, [b'alice'], 1)
     """
 
     __slots__ = ("_state", "_versions", "_writes", "_flush", "name")

@@ -94,6 +94,38 @@ class TableOptions:
 
 OPTION_NAMES = tuple(f.name for f in fields(TableOptions))
 
+#: The values each str option takes.
+OPTION_CHOICES: dict[str, tuple[str, ...]] = {
+    "bloom_filter_mode": ("active", "shadow"),
+    "bloom_filter_hash": ("fast", "keyed"),
+    "compaction": ("size_tiered", "leveled"),
+}
+
+#: Each option in a line, with its range (``lsmdb create-table --help``).
+OPTION_HELP: dict[str, str] = {
+    "bloom_filter_fp_chance": "target false-positive chance of each new SSTable's filter, "
+                              f"{MIN_FP_CHANCE:g} to 1 (1.0: no filter; default 0.01, "
+                              "leveled 0.1)",
+    "block_size_bytes": f"data block size, {MIN_BLOCK_SIZE_BYTES} to {MAX_BLOCK_SIZE_BYTES} "
+                        f"(default {DEFAULT_BLOCK_SIZE_BYTES})",
+    "memtable_size_bytes": "memtable size a flush is started at, "
+                           f"{MIN_MEMTABLE_SIZE_BYTES} to {MAX_MEMTABLE_SIZE_BYTES} "
+                           f"(default {DEFAULT_MEMTABLE_SIZE_BYTES})",
+    "bloom_filter_mode": "active: a filter's no skips the read; shadow: asked and counted, "
+                         "the block read anyway (default active)",
+    "bloom_filter_hash": "fast (xxh3_64) or keyed (blake2b with a per-database secret; "
+                         "default fast)",
+    "compaction": "compaction strategy (default size_tiered)",
+    "min_threshold": "size_tiered: merge a bucket once it holds this many files, 2 to 32 "
+                     "(default 4)",
+    "max_threshold": "size_tiered: merge at most this many files at once, 2 to 32 (default 32)",
+    "min_sstable_size_bytes": "size_tiered: files smaller than this share one bucket, "
+                              "0 to 2**40 (default 50 MiB)",
+    "target_file_size_bytes": "leveled: size output files are cut at, 64 KiB to 1 GiB "
+                              "(default 2 MiB)",
+    "bloom_filter_skip_last_level": "no filter for files in the last level (default false)",
+}
+
 
 def _int_option(name: str, value: Any, lo: int, hi: int, kind: str = "table option") -> int:
     if isinstance(value, bool) or not isinstance(value, int):
@@ -128,12 +160,8 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _int_option(name, value, MIN_BLOCK_SIZE_BYTES, MAX_BLOCK_SIZE_BYTES)
         elif name == "memtable_size_bytes":
             out[name] = _int_option(name, value, MIN_MEMTABLE_SIZE_BYTES, MAX_MEMTABLE_SIZE_BYTES)
-        elif name == "bloom_filter_mode":
-            out[name] = _choice_option(name, value, ("active", "shadow"))
-        elif name == "bloom_filter_hash":
-            out[name] = _choice_option(name, value, ("fast", "keyed"))
-        elif name == "compaction":
-            out[name] = _choice_option(name, value, ("size_tiered", "leveled"))
+        elif name in OPTION_CHOICES:
+            out[name] = _choice_option(name, value, OPTION_CHOICES[name])
         elif name == "min_threshold":
             out[name] = _int_option(name, value, 2, 32)
         elif name == "max_threshold":
@@ -145,10 +173,17 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
         elif name == "compression":
             out[name] = _choice_option(name, value, ("lz4", "zstd", "none"))
         elif name == "bloom_filter_skip_last_level":
-            if not isinstance(value, bool):
-                raise TypeError(f"table option {name!r} must be a bool, got {type(value).__name__}")
-            out[name] = value
+            out[name] = validate_bool(name, value)
     return out
+
+
+def validate_bool(name: str, value: Any, kind: str = "table option") -> bool:
+    """``value`` if it is a bool; anything else -- 0, 1, "no", None -- is a TypeError
+    naming the option (``read_only="no"`` would otherwise mean True)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{kind} {name!r} must be a bool (True or False), got "
+                        f"{type(value).__name__} {value!r}")
+    return value
 
 
 def _choice_option(name: str, value: Any, choices: tuple[str, ...]) -> str:

@@ -119,11 +119,22 @@ def repair_database(path: str, dry_run: bool = False) -> RepairReport:
     path = os.path.abspath(path)
     if not os.path.isdir(path):
         raise NotADatabaseError(f"no database at {path}")
+    # Refused before the LOCK is made: a directory that is no database is left as it was.
+    _check_repairable(sorted(os.listdir(path)), path)
     lock = DatabaseLock(path)
     try:
         return _Repair(path, dry_run).run()
     finally:
         lock.release()
+
+
+def _check_repairable(names: list[str], path: str) -> None:
+    """NotADatabaseError unless ``names`` (a directory's entries) hold a MANIFEST,
+    an SSTable or a WAL segment: something repair can rebuild from."""
+    if MANIFEST_NAME not in names and not any(SST_RE.match(n) or WAL_RE.match(n)
+                                              for n in names):
+        raise NotADatabaseError(f"{path} holds no MANIFEST, SSTable or WAL segment: "
+                                "nothing to repair")
 
 
 class _Repair:
@@ -176,9 +187,7 @@ class _Repair:
         try:
             manifest = Manifest.read(self.join(MANIFEST_NAME))
         except FileNotFoundError:
-            if not any(SST_RE.match(n) or WAL_RE.match(n) for n in names):
-                raise NotADatabaseError(f"{self.path} holds no MANIFEST, SSTable or WAL "
-                                        "segment: nothing to repair") from None
+            _check_repairable([n for n in names if n != MANIFEST_NAME], self.path)
             self.report.manifest_read = False
             self.report.manifest_problem = "missing"
             return None

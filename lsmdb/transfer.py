@@ -7,7 +7,11 @@ Formats of :func:`export_table`:
     (standard base64 with padding); :func:`import_jsonl` reads it back, byte
     for byte.  An export of every table (:func:`export_tables`) adds
     ``"table": "<name>"`` to each line, and the import puts each row back in
-    its table.
+    its table.  Before its rows, each table has one line of its options,
+    ``{"options": {...}}`` (every option of :class:`lsmdb.TableOptions`; with
+    ``"table"`` in an export of every table), which the import restores
+    (:func:`import_jsonl` says when); an export without them (``options=False``,
+    or an older lsmdb's) imports as before.
 ``csv``
     a header line ``key,value``, then one line per row with key and value as
     CQL blob literals (``0x`` followed by lowercase hex; the empty value is
@@ -32,7 +36,8 @@ of the table taken when the export starts.
     ...     out = io.StringIO()
     ...     export_table(db, "default", "jsonl", out)
     2
-    >>> print(out.getvalue(), end="")
+    >>> print(out.getvalue(), end="")  # doctest: +ELLIPSIS
+    {"options": {"bloom_filter_fp_chance": 0.01, ...}}
     {"key": "", "value": ""}
     {"key": "awA=", "value": "/w=="}
     >>> with lsmdb.open(dst.name) as db:
@@ -52,8 +57,9 @@ from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from .db import DB
+from .handles import Table
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
-from .options import DEFAULT_TABLE
+from .options import DEFAULT_TABLE, TableOptions, validate_table_name
 
 __all__ = ["FORMATS", "cql_create_table", "export_table", "export_tables", "import_jsonl"]
 
@@ -80,6 +86,7 @@ CASSANDRA_LOWEST_FP_CHANCE = 6.72e-05
 _IMPORT_BATCH_BYTES = 64 * 1024 * 1024
 
 ProgressCallback = Callable[[int], Any]
+NoteCallback = Callable[[str], Any]
 
 
 def _b64(data: bytes) -> str:
@@ -91,6 +98,12 @@ def _jsonl_lines(rows: Iterable[tuple[bytes, bytes]], table: str | None = None
     named = "" if table is None else f', "table": {json.dumps(table)}'
     for key, value in rows:
         yield f'{{"key": "{_b64(key)}", "value": "{_b64(value)}"{named}}}\n'
+
+
+def _options_line(options: TableOptions, table: str | None = None) -> str:
+    """The line of a table's options that comes before its rows in a JSONL export."""
+    named = "" if table is None else f'"table": {json.dumps(table)}, '
+    return f'{{{named}"options": {json.dumps(options.to_dict())}}}\n'
 
 
 def _csv_lines(rows: Iterable[tuple[bytes, bytes]]) -> Iterable[str]:
@@ -161,13 +174,14 @@ def cql_create_table(table_name: str, options: Any) -> str:
 
 def export_table(db: DB, table: str | None, fmt: str, out: TextIO, *,
                  progress: ProgressCallback | None = None,
-                 progress_every: int = DEFAULT_PROGRESS_EVERY) -> int:
+                 progress_every: int = DEFAULT_PROGRESS_EVERY, options: bool = True) -> int:
     """Write every live row of ``table`` to the text stream ``out`` in key order.
 
     ``table`` is a table name (None: ``"default"``); ``fmt`` is ``"jsonl"``,
     ``"csv"`` or ``"cql"`` (see the module documentation).  Returns the number
     of rows written (0 for ``"cql"``, which writes the schema only).  Memory
-    use does not grow with the table.
+    use does not grow with the table.  JSONL begins with the line of the
+    table's options unless ``options`` is False.
 
     ``progress``, if given, is called with the number of rows written so far
     after every ``progress_every`` rows, and once at the end with the total
@@ -207,6 +221,8 @@ def export_table(db: DB, table: str | None, fmt: str, out: TextIO, *,
     rows = handle.scan()
     if fmt == "csv":
         out.write("key,value\n")
+    elif options:
+        out.write(_options_line(handle.options))
     count = _write_lines(_jsonl_lines(rows) if fmt == "jsonl" else _csv_lines(rows), out, 0,
                          progress, progress_every)
     if progress is not None and count % progress_every:
@@ -226,8 +242,9 @@ def _write_lines(lines: Iterable[str], out: TextIO, count: int,
 
 
 def export_tables(db: DB, fmt: str, out: TextIO, *, progress: ProgressCallback | None = None,
-                  progress_every: int = DEFAULT_PROGRESS_EVERY) -> int:
-    """Every table of ``db``, in name order: JSON Lines whose lines name their table, or
+                  progress_every: int = DEFAULT_PROGRESS_EVERY, options: bool = True) -> int:
+    """Every table of ``db``, in name order: JSON Lines whose lines name their table
+    (each table's rows after the line of its options, unless ``options`` is False), or
     (``"cql"``) one ``CREATE TABLE`` per table.  CSV holds one table only: ValueError.
 
         >>> import io, lsmdb, tempfile
@@ -235,7 +252,7 @@ def export_tables(db: DB, fmt: str, out: TextIO, *, progress: ProgressCallback |
         >>> with lsmdb.open(tmp.name) as db:
         ...     db.create_table("t").put(b"k", b"v")
         ...     out = io.StringIO()
-        ...     export_tables(db, "jsonl", out)
+        ...     export_tables(db, "jsonl", out, options=False)
         1
         >>> print(out.getvalue(), end="")
         {"key": "aw==", "value": "dg==", "table": "t"}
@@ -251,7 +268,10 @@ def export_tables(db: DB, fmt: str, out: TextIO, *, progress: ProgressCallback |
         if fmt == "cql":
             out.write(cql_create_table(name, handle.options) + "\n")
             continue
-        count = _write_lines(_jsonl_lines(handle.scan(), name), out, count, progress,
+        rows = handle.scan()
+        if options:
+            out.write(_options_line(handle.options, name))
+        count = _write_lines(_jsonl_lines(rows, name), out, count, progress,
                              progress_every)
     if progress is not None and (fmt == "cql" or count % progress_every):
         progress(count)
@@ -271,18 +291,29 @@ def _decode_field(obj: dict, name: str, lineno: int) -> bytes:
 
 def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
                  batch_size: int = 10_000,
-                 progress: ProgressCallback | None = None) -> int:
+                 progress: ProgressCallback | None = None, *,
+                 create_tables: bool = False, note: NoteCallback | None = None) -> int:
     """Load a JSON Lines export (see :func:`export_table`) into ``table``; returns rows loaded.
 
     ``infile`` is a text stream or a binary one (UTF-8), or any iterable of
     lines (``str`` or ``bytes``).  Each line must be a JSON object with
     base64 strings ``"key"`` and ``"value"`` (other fields are ignored; blank
-    lines are skipped).  ``table`` None: each row goes to the table its line
-    names (``"table"``; ``"default"`` when it names none), which must exist.
-    Rows are written in atomic batches (``db.batch()``) of ``batch_size``
-    rows -- fewer if they reach 64 MiB -- and ``progress``, if given, is
-    called with the number of rows loaded so far after each batch.  Existing
-    keys are overwritten; keys not in the file are left alone.
+    lines are skipped), or a line of table options (``"options"`` and no
+    ``"key"``).  ``table`` None: each row goes to the table its line names
+    (``"table"``; ``"default"`` when it names none), which must exist unless
+    ``create_tables``.  Rows are written in atomic batches (``db.batch()``) of
+    ``batch_size`` rows -- fewer if they reach 64 MiB -- and ``progress``, if
+    given, is called with the number of rows loaded so far after each batch.
+    Existing keys are overwritten; keys not in the file are left alone.
+
+    Table options: a table the import creates (``create_tables``) gets the
+    options of its line, and so does a table that exists but is as new --
+    empty, every option at its default (the default table of a new
+    database).  A table with data or options of its own keeps its options;
+    ``note``, if given, is called with a line naming those that differ.  A
+    line of options naming no table (an export of one table) applies to the
+    table its rows go to; with ``table`` given, lines naming a table are
+    ignored (their rows all go to ``table``).
 
     A bad line raises ``ValueError`` naming its line number, after the rows
     before it were written: re-running the import from that line resumes it.
@@ -302,9 +333,10 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    if table is not None:
+    if table is not None and not (create_tables and table not in db.tables()):
         db.table(table)  # NoSuchTableError now rather than at the first row
     known = set(db.tables())
+    with_rows: set[str] = set()   # the tables this import wrote (or is about to write) rows to
     loaded = 0
     pending: list[tuple[bytes, bytes, str]] = []
     pending_bytes = 0
@@ -322,6 +354,19 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
         if progress is not None:
             progress(loaded)
 
+    def target(name: Any, lineno: int, options: TableOptions | None = None) -> str:
+        """The table a line's rows (or options) go to, created if it may be."""
+        if not isinstance(name, str) or name not in known:
+            if not create_tables or not isinstance(name, str):
+                raise ValueError(f"line {lineno}: no table {name!r} in the database")
+            try:
+                validate_table_name(name)
+            except ValueError as exc:
+                raise ValueError(f"line {lineno}: {exc}") from None
+            db.create_table(name, **_explicit(options or TableOptions()))
+            known.add(name)
+        return name
+
     lineno = 0
     try:
         for lineno, line in enumerate(infile, 1):
@@ -334,11 +379,24 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
                 continue
             try:
                 obj = json.loads(line)
+            except RecursionError:
+                raise ValueError(f"line {lineno}: not an export line: JSON nested too "
+                                 "deeply to read") from None
             except ValueError as exc:
                 raise ValueError(f"line {lineno}: not valid JSON: {exc}") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"line {lineno}: expected a JSON object, got "
                                  f"{type(obj).__name__}")
+            if "options" in obj and "key" not in obj:
+                if table is not None and "table" in obj:
+                    continue
+                options = _options_of(obj["options"], lineno)
+                name = table if table is not None else obj.get("table", DEFAULT_TABLE)
+                if not isinstance(name, str) or name not in known:
+                    target(name, lineno, options)
+                else:
+                    _restore(db.table(name), options, name in with_rows, db, note)
+                continue
             key = _decode_field(obj, "key", lineno)
             value = _decode_field(obj, "value", lineno)
             if len(key) > MAX_KEY_SIZE_BYTES:
@@ -347,11 +405,9 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
             if len(value) > MAX_VALUE_SIZE_BYTES:
                 raise ValueError(f"line {lineno}: value of {len(value)} bytes exceeds the limit "
                                  f"of {MAX_VALUE_SIZE_BYTES} bytes")
-            name = table
-            if name is None:
-                name = obj.get("table", DEFAULT_TABLE)
-                if not isinstance(name, str) or name not in known:
-                    raise ValueError(f"line {lineno}: no table {name!r} in the database")
+            name = target(table if table is not None else obj.get("table", DEFAULT_TABLE),
+                          lineno)
+            with_rows.add(name)
             pending.append((key, value, name))
             pending_bytes += len(key) + len(value)
             if len(pending) >= batch_size or pending_bytes >= _IMPORT_BATCH_BYTES:
@@ -366,3 +422,47 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
         raise
     commit()
     return loaded
+
+
+def _options_of(raw: Any, lineno: int) -> TableOptions:
+    """The table options of an options line (ValueError naming the line if they are not)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"line {lineno}: table options must be a JSON object, got "
+                         f"{type(raw).__name__}")
+    try:
+        return TableOptions.resolve(raw)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"line {lineno}: {exc}") from None
+
+
+def _explicit(options: TableOptions) -> dict[str, Any]:
+    """The options that differ from the defaults: what to set for ``options`` to resolve."""
+    defaults = TableOptions().to_dict()
+    return {k: v for k, v in options.to_dict().items() if defaults[k] != v}
+
+
+def _restore(handle: Table, options: TableOptions, has_rows: bool, db: DB,
+             note: NoteCallback | None) -> None:
+    """Give an existing table the options of the export if it is as new; else say so."""
+    current = handle.options
+    if current == options:
+        return
+    if current == TableOptions() and not has_rows and _is_empty(handle):
+        db.alter_table(handle.name, **_explicit(options))
+        return
+    if note is not None:
+        theirs, ours = options.to_dict(), current.to_dict()
+        changed = ", ".join(f"{k}={theirs[k]!r} (kept {ours[k]!r})"
+                            for k in theirs if theirs[k] != ours[k])
+        note(f"table {handle.name!r} exists with options of its own, kept: the export has "
+             f"{changed}")
+
+
+def _is_empty(handle: Table) -> bool:
+    rows = handle.scan()
+    try:
+        return next(rows, None) is None
+    finally:
+        close = getattr(rows, "close", None)
+        if close is not None:
+            close()

@@ -11,10 +11,17 @@ power-loss layers live in tests/support/ too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
+# Where lsmdb._speedups is not built, every `import lsmdb` warns so (pyproject.toml ignores it
+# in this process): expected in the processes the tests start too, whose stderr they read.
+_EXPECTED = "ignore:lsmdb runs without its C speedups:RuntimeWarning"
+os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                      _EXPECTED]))
 
 #: A 4 KiB memtable (the least allowed) and 512-byte blocks.
 SMALL: dict[str, int] = {"memtable_size_bytes": 4096, "block_size_bytes": 512}

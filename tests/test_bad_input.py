@@ -309,6 +309,8 @@ BAD_OPTIONS = [
     ({"target_file_size_bytes": 1}, ValueError),
     ({"bloom_filter_skip_last_level": "yes"}, TypeError),
     ({"bloom_filter_skip_last_level": 1}, TypeError),
+    ({"bloom_filter_skip_last_level": 0}, TypeError),
+    ({"bloom_filter_skip_last_level": None}, TypeError),
     ({"no_such_option": 1}, TypeError),
     ({"Bloom_Filter_FP_Chance": 0.1}, TypeError),
 ]
@@ -345,6 +347,37 @@ def test_invalid_open_options_create_nothing(tmp_path, kwargs, exc):
     with pytest.raises(exc):
         lsmdb.open(path, **kwargs)
     assert not path.exists()
+
+
+#: The bool options of lsmdb.open: any other type, even 0/1 or "no", is refused.
+BOOL_OPEN_OPTIONS = ("create_if_missing", "sync", "read_only", "auto_compaction", "mmap_reads")
+
+
+@pytest.mark.parametrize("name", BOOL_OPEN_OPTIONS)
+@pytest.mark.parametrize("bad", ["no", "yes", 0, 1, None, 1.0])
+def test_bool_open_options_take_only_a_bool(tmp_path, name, bad):
+    """``read_only="no"`` opened read-only (a non-empty str is true): a TypeError now,
+    naming the option, before anything is created."""
+    path = tmp_path / "db"
+    with pytest.raises(TypeError, match=f"'{name}' must be a bool"):
+        lsmdb.open(path, **{name: bad})
+    assert not path.exists()
+    with pytest.raises(TypeError, match=f"'{name}' must be a bool"):
+        lsmdb.DB(path, **{name: bad})
+
+
+def test_every_bool_option_is_checked():
+    """Every bool-typed parameter of lsmdb.open and every bool table option is in the
+    lists the tests above refuse non-bools for."""
+    import inspect
+    import typing
+    hints = typing.get_type_hints(lsmdb.open)
+    bools = [n for n in inspect.signature(lsmdb.open).parameters if hints.get(n) is bool]
+    assert sorted(bools) == sorted(BOOL_OPEN_OPTIONS)
+    table_hints = typing.get_type_hints(lsmdb.TableOptions)
+    table_bools = [n for n, t in table_hints.items() if t is bool]
+    assert table_bools == ["bloom_filter_skip_last_level"]
+    assert ({"bloom_filter_skip_last_level": 0}, TypeError) in BAD_OPTIONS
 
 
 @pytest.mark.parametrize("bad", [None, 7, 1.5, ["p"], object()])

@@ -125,6 +125,43 @@ def test_lsmdb_works_without_its_c_extension(tmp_path):
     assert out.stdout.strip() == "ok"
 
 
+WARNINGS_CHILD = r'''
+import importlib, json, pkgutil, warnings
+warnings.resetwarnings()  # tests/no_speedups ignores the warning: count it here
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import lsmdb
+    for info in pkgutil.walk_packages(lsmdb.__path__, "lsmdb."):
+        if info.name not in ("lsmdb._speedups", "lsmdb.__main__"):  # __main__ runs the CLI
+            importlib.import_module(info.name)
+print(json.dumps([[w.category.__name__, str(w.message)] for w in caught]))
+'''
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["without-c", "with-c"])
+def test_import_warns_once_without_the_c_speedups(blocked):
+    """Without lsmdb._speedups, importing lsmdb and every module of it gives one
+    RuntimeWarning (even with every warning shown each time), naming the cost and how
+    to get the speedups; with them, none."""
+    import json
+    import subprocess
+    import sys
+    if not blocked and not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups")
+    out = subprocess.run([sys.executable, "-c", WARNINGS_CHILD], cwd=REPO, capture_output=True,
+                         text=True, timeout=120,
+                         env=without_speedups() if blocked else dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    runtime = [message for category, message in json.loads(out.stdout)
+               if category == "RuntimeWarning"]
+    if not blocked:
+        assert runtime == []
+        return
+    assert runtime == [lsmdb.NO_SPEEDUPS_WARNING]
+    for words in ("C speedups", "30x slower", "C compiler", "Python headers", "reinstall"):
+        assert words in runtime[0]
+
+
 #: The suites that also run on the Python path alone: the database, its model,
 #: the formats, corruption, crashes and power losses.
 CORE_SUITES = ["test_db.py", "test_db_model.py", "test_golden.py", "test_corruption.py",

@@ -693,7 +693,99 @@ def test_advise_default_fp_list(lsmdb_cli):
     assert "best k" not in r.stdout
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--keys", "-5"], "--keys must be >= 1, got -5"),
+    (["--keys", "0"], "--keys must be >= 1, got 0"),
+    (["--keys", "10", "--fp", "2"], "--fp must be between 0 and 1"),
+    (["--keys", "10", "--fp", "0.01", "0"], "--fp must be between 0 and 1"),
+    (["--keys", "10", "--fp", "nan"], "--fp must be between 0 and 1"),
+    (["--keys", "10", "--bits-per-key", "-1"], "--bits-per-key must be a number > 0"),
+    (["--keys", "10", "--bits-per-key", "0"], "--bits-per-key must be a number > 0"),
+    (["--keys", "10", "--bits-per-key", "inf"], "--bits-per-key must be a number > 0"),
+])
+def test_advise_refuses_what_has_no_price_list_in_one_line(lsmdb_cli, args, message):
+    """--keys 0 was a ZeroDivisionError traceback, --bits-per-key -1 exited 0."""
+    r = lsmdb_cli("advise", *args)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"lsmdb: {message}") and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+# --------------------------------------------------------------------- demo
+DEMO_SMALL = ("--keys", "300", "--queries", "50", "--sstables", "2")
+
+
+def test_demo_refuses_a_database_it_did_not_build(tmp_path, lsmdb_cli):
+    """It used to drop the user's tables 'users' and 'events' silently."""
+    path = str(tmp_path / "mine")
+    with lsmdb.open(path) as db:
+        db.create_table("users", bloom_filter_fp_chance=0.2).put(b"alice", b"1")
+        db.put(b"k", b"v")
+    r = lsmdb_cli("demo", path, *DEMO_SMALL)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr.startswith(f"lsmdb: {path} holds a database lsmdb demo did not build")
+    assert "'users'" in r.stderr and "--force" in r.stderr and len(r.stderr.splitlines()) == 1
+    with lsmdb.open(path, read_only=True) as db:
+        assert db.tables() == ["default", "users"] and db.table("users")[b"alice"] == b"1"
+        assert db.table("users").options.bloom_filter_fp_chance == 0.2
+        assert list(db.items()) == [(b"k", b"v")]
+    r = lsmdb_cli("demo", path, *DEMO_SMALL, "--force")
+    assert r.returncode == 0, r.stderr
+    with lsmdb.open(path, read_only=True) as db:
+        assert db.tables() == ["default", "events", "users"] and b"alice" not in db.table("users")
+        assert db[b"k"] == b"v"
+
+
+def test_demo_builds_again_in_a_database_it_built(tmp_path, lsmdb_cli):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in (str(tmp_path / "new"), str(empty)):
+        for _ in range(2):
+            r = lsmdb_cli("demo", path, *DEMO_SMALL)
+            assert r.returncode == 0, r.stderr
+        with lsmdb.open(path, read_only=True) as db:
+            assert db.tables() == ["default", "events", "users"]
+            assert len(db.table("users")) == 200
+
+
+@pytest.mark.parametrize("what", ["file", "foreign-dir"])
+def test_demo_refuses_what_is_no_database_in_one_line(tmp_path, lsmdb_cli, what):
+    path = tmp_path / "x"
+    if what == "file":
+        path.write_text("mine")
+    else:
+        path.mkdir()
+        (path / "notes.txt").write_text("mine")
+    for extra in ((), ("--force",)):
+        r = lsmdb_cli("demo", str(path), *DEMO_SMALL, *extra)
+        assert r.returncode == 1 and r.stderr.startswith("lsmdb: ")
+        assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert (path.read_text() if what == "file" else sorted(os.listdir(path))) == \
+        ("mine" if what == "file" else ["notes.txt"])
+
+
 # --------------------------------------------------------------------- help
+def parser_actions(parser: argparse.ArgumentParser, where: str = "lsmdb"):
+    """(where, action) for every argument of ``parser`` and of its subcommands."""
+    for action in parser._actions:
+        yield where, action
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parser_actions(sub, f"{where} {name}")
+
+
+def test_every_argument_has_a_help_text():
+    missing = [f"{where}: {action.dest}" for where, action in
+               parser_actions(lsmdb.cli.build_parser())
+               if not action.help or action.help == argparse.SUPPRESS]
+    assert missing == []
+
+
+def test_the_help_walk_sees_every_argument():
+    seen = {(where, action.dest) for where, action in parser_actions(lsmdb.cli.build_parser())}
+    assert ("lsmdb inspect", "path") in seen and ("lsmdb advise", "keys") in seen
+    assert ("lsmdb create-table", "bloom_filter_skip_last_level") in seen
+
+
 def subcommand_names() -> list[str]:
     parser = lsmdb.cli.build_parser()
     for action in parser._actions:
@@ -781,11 +873,13 @@ def test_import_of_a_csv_file_is_one_line(tmp_path):
     csv = tmp_path / "rows.csv"
     assert lsmdb_subprocess("export", path, "--table", "default", "--format", "csv",
                             "--out", str(csv)).returncode == 0
-    for args in (["import", str(tmp_path / "other"), str(csv)],
-                 ["import", str(tmp_path / "other"), str(csv), "--table", "default"]):
+    for args in (["import", str(tmp_path / "other"), str(csv), "--create"],
+                 ["import", str(tmp_path / "other"), str(csv), "--table", "default", "--create"]):
         r = lsmdb_subprocess(*args)
         assert r.returncode == 1, r
-        assert r.stderr.startswith("lsmdb: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert r.stderr.startswith("lsmdb: line 1: not valid JSON"), r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert not (tmp_path / "other").exists()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
@@ -834,11 +928,13 @@ def test_export_without_table_exports_every_table_and_import_puts_them_back(tmp_
     out = tmp_path / "all.jsonl"
     assert lsmdb_subprocess("export", src, "--out", str(out)).returncode == 0
     lines = [json.loads(ln) for ln in out.read_text().splitlines()]
-    assert [ln["table"] for ln in lines] == ["default", "events"]
-    r = lsmdb_subprocess("import", dst, str(out))
+    assert [ln["table"] for ln in lines if "key" in ln] == ["default", "events"]
+    assert [ln["table"] for ln in lines if "options" in ln] == ["default", "empty", "events"]
+    r = lsmdb_subprocess("import", dst, str(out), "--create")
     assert r.returncode == 0, r.stderr
     with lsmdb.open(dst) as db:
         assert (db.get(b"d"), db.table("events").get(b"e")) == (b"1", b"2")
+        assert db.tables() == ["default", "empty", "events"]
     cql = lsmdb_subprocess("export", src, "--format", "cql")
     assert cql.stdout.count("CREATE TABLE") == 3
     csv = lsmdb_subprocess("export", src, "--format", "csv")

@@ -385,6 +385,48 @@ def test_mapping_style_access(db):
     assert t[b"x"] == b"1" and b"x" in t and db.get(b"x") is None
 
 
+@pytest.mark.parametrize("which", ["db", "table"])
+def test_iterates_like_a_mapping_in_key_order(db, which):
+    """``for k in db`` walks the keys (not ``db[0]``, ``db[1]``...), over memtable and
+    SSTables, tombstones hidden; keys/values/items lazily; len counts live keys."""
+    db.create_table("t", **SMALL)
+    obj = db if which == "db" else db.table("t")
+    assert (list(obj), len(obj), bool(obj)) == ([], 0, True)
+    want = {}
+    for i in reversed(range(300)):
+        obj[b"k%04d" % i] = b"v%d" % i
+        want[b"k%04d" % i] = b"v%d" % i
+    db.flush()
+    for i in range(0, 300, 3):
+        del obj[b"k%04d" % i]
+        del want[b"k%04d" % i]
+    obj[b"k0001"] = b"new"
+    want[b"k0001"] = b"new"
+    expected = sorted(want.items())
+    assert [k for k in obj] == [k for k, _ in expected]
+    assert list(obj.keys()) == [k for k, _ in expected]
+    assert list(obj.values()) == [v for _, v in expected]
+    assert list(obj.items()) == expected
+    assert list(reversed(obj)) == [k for k, _ in reversed(expected)]
+    assert len(obj) == len(want) == 200
+    assert dict(obj.items()) == want
+    keys = obj.keys()              # lazy: a snapshot taken at the call, read as walked
+    obj[b"k9999"] = b"later"
+    assert next(keys) == b"k0001" and b"k9999" not in list(keys)
+
+
+def test_iteration_after_close_is_an_error(path):
+    db = lsmdb.open(path)
+    db.put(b"k", b"v")
+    t = db.create_table("t")
+    db.close()
+    for obj in (db, t):
+        with pytest.raises(lsmdb.DatabaseClosedError):
+            list(obj)
+        with pytest.raises(lsmdb.DatabaseClosedError):
+            len(obj)
+
+
 # ------------------------------------------------------------------ tables
 
 def test_tables_always_include_default(db):

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 BENCH_README = ROOT / "bench" / "README.md"
 ARCHITECTURE = ROOT / "docs" / "ARCHITECTURE.md"
+API = ROOT / "docs" / "API.md"
 
 README_MAX_LINES = 300
 BENCH_README_MAX_LINES = 250
@@ -164,14 +165,18 @@ def test_quick_start_creates_its_table_idempotently() -> None:
     assert 'create_table("events", exist_ok=True' in quick_start
 
 
-def test_readme_names_every_public_call() -> None:
-    text = text_of(README)
+def test_api_names_every_public_call() -> None:
+    text = text_of(API)
     for name in dir(lsmdb.DB):
         if not name.startswith("_"):
-            assert f"db.{name}" in text, f"README.md's API does not mention db.{name}"
+            assert f"db.{name}" in text, f"docs/API.md does not mention db.{name}"
     for name in dir(lsmdb.Table):
         if not name.startswith("_"):
-            assert name in text, f"README.md does not mention Table.{name}"
+            assert name in text, f"docs/API.md does not mention Table.{name}"
+
+
+def test_readme_links_the_api() -> None:
+    assert "(docs/API.md)" in text_of(README)
 
 
 # ---------------------------------------------------------------- history
@@ -195,7 +200,8 @@ def test_history_patterns_catch_what_they_should() -> None:
 
 
 # ------------------------------------------------------------------ links
-@pytest.mark.parametrize("path", [README, ARCHITECTURE], ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", [README, ARCHITECTURE, API],
+                         ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_point_at_files_that_exist(path: Path) -> None:
     assert path.exists(), f"{path.relative_to(ROOT)} is missing"
     broken = []

@@ -227,3 +227,23 @@ def test_the_command(tmp_path):
                              text=True, timeout=60)
     assert missing.returncode == 1 and missing.stderr.startswith("lsmdb: ")
     assert os.listdir(tmp_path) == ["db"]
+
+
+@pytest.mark.parametrize("contents", [[], ["notes.txt"], ["LOCK"]])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_repair_of_a_directory_that_is_no_database_leaves_it_as_it_was(tmp_path, contents,
+                                                                        dry_run):
+    """Refused before anything is made in it: no LOCK, no lost/ (a LOCK already there
+    stays)."""
+    path = tmp_path / "not-a-db"
+    path.mkdir()
+    for name in contents:
+        (path / name).write_text("mine")
+    with pytest.raises(lsmdb.NotADatabaseError, match="nothing to repair"):
+        repair_database(str(path), dry_run=dry_run)
+    assert sorted(os.listdir(path)) == contents
+    r = subprocess.run([sys.executable, "-m", "lsmdb", "repair", str(path)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.startswith("lsmdb: ")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert sorted(os.listdir(path)) == contents

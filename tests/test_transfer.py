@@ -90,6 +90,7 @@ def test_jsonl_lines_are_json_objects_in_key_order(db: lsmdb.DB) -> None:
     export_table(db, None, "jsonl", out)
     lines = out.getvalue().split("\n")
     assert lines[-1] == ""                  # every line ends with \n
+    assert json.loads(lines.pop(0)) == {"options": db.table("default").options.to_dict()}
     decoded = []
     for line in lines[:-1]:
         obj = json.loads(line)
@@ -103,8 +104,11 @@ def test_jsonl_lines_are_json_objects_in_key_order(db: lsmdb.DB) -> None:
 
 def test_export_of_an_empty_table(db: lsmdb.DB) -> None:
     out = io.StringIO()
-    assert export_table(db, None, "jsonl", out) == 0
+    assert export_table(db, None, "jsonl", out, options=False) == 0
     assert out.getvalue() == ""
+    assert export_table(db, None, "jsonl", out) == 0
+    assert list(json.loads(out.getvalue())) == ["options"]
+    out = io.StringIO()
     assert export_table(db, None, "csv", out) == 0
     assert out.getvalue() == "key,value\n"
 
@@ -334,3 +338,131 @@ def test_export_from_a_read_only_database(tmp_path: pathlib.Path) -> None:
         out = io.StringIO()
         assert export_table(ro, "default", "csv", out) == 1
     assert out.getvalue() == "key,value\n0x6b,0x76\n"
+
+
+# ------------------------------------------------------------------ table options
+OPTIONS = {"events": {"bloom_filter_fp_chance": 0.001, "compaction": "leveled",
+                      "block_size_bytes": 1024, "bloom_filter_skip_last_level": True},
+           "keyed": {"bloom_filter_hash": "keyed", "bloom_filter_mode": "shadow",
+                     "min_threshold": 3, "max_threshold": 9},
+           "empty": {"memtable_size_bytes": 8192, "target_file_size_bytes": 1 << 20}}
+
+
+def with_options(db: lsmdb.DB) -> None:
+    db.alter_table("default", bloom_filter_fp_chance=0.05)
+    db.put(b"d", b"1")
+    for name, options in OPTIONS.items():
+        t = db.create_table(name, **options)
+        if name != "empty":
+            t.put(b"k-" + name.encode(), b"v")
+
+
+def test_an_export_of_every_table_brings_back_their_options(db: lsmdb.DB,
+                                                           tmp_path: pathlib.Path) -> None:
+    """An fp chance of 0.001 comes back as 0.001 (not the default 0.01), and so does
+    every other option, the default table's and an empty table's included."""
+    from lsmdb.transfer import export_tables
+    with_options(db)
+    out = io.StringIO()
+    assert export_tables(db, "jsonl", out) == 3
+    notes: list[str] = []
+    with lsmdb.open(tmp_path / "dst") as fresh:
+        assert import_jsonl(fresh, None, io.StringIO(out.getvalue()), create_tables=True,
+                            note=notes.append) == 3
+        assert fresh.tables() == db.tables()
+        for name in db.tables():
+            assert fresh.table(name).options == db.table(name).options, name
+            assert list(fresh.table(name).scan()) == list(db.table(name).scan())
+        assert fresh.table("events").options.bloom_filter_fp_chance == 0.001
+        again = io.StringIO()
+        export_tables(fresh, "jsonl", again)
+        assert again.getvalue() == out.getvalue()
+    assert notes == []
+
+
+def test_a_table_with_data_or_options_of_its_own_keeps_them(db: lsmdb.DB,
+                                                           tmp_path: pathlib.Path) -> None:
+    from lsmdb.transfer import export_tables
+    with_options(db)
+    out = io.StringIO()
+    export_tables(db, "jsonl", out)
+    notes: list[str] = []
+    with lsmdb.open(tmp_path / "dst") as other:
+        other.put(b"mine", b"x")                                   # data: keeps its options
+        other.create_table("events", bloom_filter_fp_chance=0.2)   # options of its own
+        other.create_table("empty")                                # as new: takes the export's
+        import_jsonl(other, None, io.StringIO(out.getvalue()), create_tables=True,
+                     note=notes.append)
+        assert other.table("default").options == lsmdb.TableOptions()
+        assert other.table("events").options == lsmdb.TableOptions(bloom_filter_fp_chance=0.2)
+        assert other.table("empty").options == db.table("empty").options
+        assert other.table("keyed").options == db.table("keyed").options
+        assert other.get(b"d") == b"1" and other.table("events").get(b"k-events") == b"v"
+    assert len(notes) == 2 and all("\n" not in n for n in notes)
+    assert "'default'" in notes[0] and "bloom_filter_fp_chance=0.05 (kept 0.01)" in notes[0]
+    assert "'events'" in notes[1] and "bloom_filter_fp_chance=0.001 (kept 0.2)" in notes[1]
+    assert "compaction='leveled' (kept 'size_tiered')" in notes[1]
+
+
+def test_an_export_of_one_table_brings_its_options_to_the_table_named(
+        db: lsmdb.DB, tmp_path: pathlib.Path) -> None:
+    with_options(db)
+    out = io.StringIO()
+    export_table(db, "events", "jsonl", out)
+    with lsmdb.open(tmp_path / "dst") as fresh:
+        assert import_jsonl(fresh, "copy", io.StringIO(out.getvalue()), create_tables=True) == 1
+        assert fresh.table("copy").options == db.table("events").options
+        assert import_jsonl(fresh, None, io.StringIO(out.getvalue())) == 1
+        assert fresh.table("default").options == db.table("events").options
+    with pytest.raises(lsmdb.NoSuchTableError):      # without create_tables: must exist
+        import_jsonl(db, "nope", io.StringIO(out.getvalue()))
+
+
+def test_with_a_table_named_the_options_of_named_tables_are_ignored(db: lsmdb.DB) -> None:
+    from lsmdb.transfer import export_tables
+    with_options(db)
+    out = io.StringIO()
+    export_tables(db, "jsonl", out)
+    db.create_table("all")
+    assert import_jsonl(db, "all", io.StringIO(out.getvalue())) == 3
+    assert db.table("all").options == lsmdb.TableOptions()
+    assert len(list(db.table("all").scan())) == 3
+
+
+def test_an_export_without_options_still_imports(db: lsmdb.DB, tmp_path: pathlib.Path) -> None:
+    """Exports written before the options lines (or with options=False) read as before:
+    the tables created with default options."""
+    from lsmdb.transfer import export_tables
+    with_options(db)
+    out = io.StringIO()
+    export_tables(db, "jsonl", out, options=False)
+    assert "options" not in out.getvalue()
+    old = ('{"key": "ZA==", "value": "MQ==", "table": "default"}\n'
+           '{"key": "YQ==", "value": "Yg==", "table": "events"}\n')
+    for text in (out.getvalue(), old):
+        with lsmdb.open(tmp_path / "dst") as fresh:
+            assert import_jsonl(fresh, None, io.StringIO(text), create_tables=True) >= 2
+            assert fresh.table("events").options == lsmdb.TableOptions()
+            assert fresh.get(b"d") == b"1"
+            fresh.drop_table("events")
+
+
+@pytest.mark.parametrize("bad_line, message", [
+    ('{"options": 5}', "table options must be a JSON object"),
+    ('{"options": {"bloom_filter_fp_chance": 2}}', "'bloom_filter_fp_chance' must satisfy"),
+    ('{"options": {"no_such_option": 1}}', "unknown table option 'no_such_option'"),
+    ('{"options": {"bloom_filter_skip_last_level": 1}}', "must be a bool"),
+    ('{"options": {}, "table": "bad name!"}', "invalid table name"),
+    ('{"options": {}, "table": 7}', "no table 7"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"key": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+], ids=["not-object", "bad-fp", "unknown", "bool", "bad-name", "name-not-str", "nested",
+        "nested-key"])
+def test_a_bad_line_of_options_names_its_line(db: lsmdb.DB, bad_line: str,
+                                              message: str) -> None:
+    data = '{"key": "YQ==", "value": ""}\n' + bad_line + "\n"
+    with pytest.raises(ValueError) as info:
+        import_jsonl(db, None, io.StringIO(data), create_tables=True)
+    assert str(info.value).startswith("line 2: ") and message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert list(db.scan()) == [(b"a", b"")] and db.tables() == ["default"]

@@ -99,6 +99,7 @@ OPTION_CHOICES: dict[str, tuple[str, ...]] = {
     "bloom_filter_mode": ("active", "shadow"),
     "bloom_filter_hash": ("fast", "keyed"),
     "compaction": ("size_tiered", "leveled"),
+    "compression": ("lz4", "zstd", "none"),
 }
 
 #: Each option in a line, with its range (``lsmdb create-table --help``).
@@ -124,6 +125,8 @@ OPTION_HELP: dict[str, str] = {
     "target_file_size_bytes": "leveled: size output files are cut at, 64 KiB to 1 GiB "
                               "(default 2 MiB)",
     "bloom_filter_skip_last_level": "no filter for files in the last level (default false)",
+    "compression": "data blocks of new SSTables: lz4, zstd (smaller, slower to read) or none "
+                   "(default lz4)",
 }
 
 
@@ -170,8 +173,6 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _int_option(name, value, 0, 1 << 40)
         elif name == "target_file_size_bytes":
             out[name] = _int_option(name, value, 64 * 1024, 1024 * 1024 * 1024)
-        elif name == "compression":
-            out[name] = _choice_option(name, value, ("lz4", "zstd", "none"))
         elif name == "bloom_filter_skip_last_level":
             out[name] = validate_bool(name, value)
     return out

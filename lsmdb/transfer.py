@@ -69,6 +69,11 @@ FORMATS = ("jsonl", "csv", "cql")
 #: Default number of rows between two calls of a ``progress`` callback.
 DEFAULT_PROGRESS_EVERY = 10_000
 
+#: lsmdb compression -> Cassandra's compression map (CQL).
+CASSANDRA_COMPRESSION = {"lz4": "{'class': 'LZ4Compressor'}",
+                         "zstd": "{'class': 'ZstdCompressor'}",
+                         "none": "{'enabled': 'false'}"}
+
 #: lsmdb compaction strategy -> Cassandra compaction class.
 CASSANDRA_COMPACTION = {
     "size_tiered": "SizeTieredCompactionStrategy",
@@ -138,7 +143,12 @@ def cql_create_table(table_name: str, options: Any) -> str:
             key blob PRIMARY KEY,
             value blob
         ) WITH bloom_filter_fp_chance = 0.001
-            AND compaction = {'class': 'SizeTieredCompactionStrategy'};
+            AND compaction = {'class': 'SizeTieredCompactionStrategy'}
+            AND compression = {'class': 'LZ4Compressor'};
+
+    ``compression`` maps to Cassandra's compressor of the same algorithm
+    (``lz4`` -> ``LZ4Compressor``, ``zstd`` -> ``ZstdCompressor``, ``none`` ->
+    ``{'enabled': 'false'}``).
     """
     compaction = getattr(options, "compaction", "size_tiered")
     try:
@@ -167,7 +177,8 @@ def cql_create_table(table_name: str, options: Any) -> str:
         "    key blob PRIMARY KEY,",
         "    value blob",
         f") WITH bloom_filter_fp_chance = {fp_chance!r}",
-        f"    AND compaction = {{{', '.join(strategy)}}};",
+        f"    AND compaction = {{{', '.join(strategy)}}}",
+        f"    AND compression = {CASSANDRA_COMPRESSION[getattr(options, 'compression', 'lz4')]};",
     ]
     return "\n".join(lines)
 

@@ -236,7 +236,8 @@ def test_cql_for_the_default_table(db: lsmdb.DB) -> None:
         "    key blob PRIMARY KEY,\n"
         "    value blob\n"
         f") WITH bloom_filter_fp_chance = {fp!r}\n"
-        "    AND compaction = {'class': 'SizeTieredCompactionStrategy'};\n"
+        "    AND compaction = {'class': 'SizeTieredCompactionStrategy'}\n"
+        "    AND compression = {'class': 'LZ4Compressor'};\n"
     )
 
 
@@ -255,21 +256,33 @@ def test_cql_size_tiered_and_leveled_from_options_objects() -> None:
     stcs = types.SimpleNamespace(bloom_filter_fp_chance=0.01)       # no compaction option
     assert cql_create_table("t", stcs).endswith(
         ") WITH bloom_filter_fp_chance = 0.01\n"
-        "    AND compaction = {'class': 'SizeTieredCompactionStrategy'};")
+        "    AND compaction = {'class': 'SizeTieredCompactionStrategy'}\n"
+        "    AND compression = {'class': 'LZ4Compressor'};")
     lcs = types.SimpleNamespace(bloom_filter_fp_chance=0.1, compaction="leveled")
     assert cql_create_table("t", lcs) == (
         'CREATE TABLE "t" (\n'
         "    key blob PRIMARY KEY,\n"
         "    value blob\n"
         ") WITH bloom_filter_fp_chance = 0.1\n"
-        "    AND compaction = {'class': 'LeveledCompactionStrategy'};")
+        "    AND compaction = {'class': 'LeveledCompactionStrategy'}\n"
+        "    AND compression = {'class': 'LZ4Compressor'};")
     tuned = types.SimpleNamespace(bloom_filter_fp_chance=0.01, compaction="size_tiered",
                                   min_threshold=6, max_threshold=20)
     assert ("compaction = {'class': 'SizeTieredCompactionStrategy', "
-            "'min_threshold': '6', 'max_threshold': '20'};") in cql_create_table("t", tuned)
+            "'min_threshold': '6', 'max_threshold': '20'}") in cql_create_table("t", tuned)
     with pytest.raises(ValueError, match="compaction strategy"):
         cql_create_table("t", types.SimpleNamespace(bloom_filter_fp_chance=0.01,
                                                     compaction="time_window"))
+
+
+@pytest.mark.parametrize("kind,cql", [("lz4", "{'class': 'LZ4Compressor'}"),
+                                      ("zstd", "{'class': 'ZstdCompressor'}"),
+                                      ("none", "{'enabled': 'false'}")])
+def test_cql_carries_the_compression(db: lsmdb.DB, kind: str, cql: str) -> None:
+    db.create_table("c", compression=kind)
+    out = io.StringIO()
+    export_table(db, "c", "cql", out)
+    assert out.getvalue().endswith(f"    AND compression = {cql};\n")
 
 
 def test_cql_with_a_real_leveled_table_if_supported(db: lsmdb.DB) -> None:

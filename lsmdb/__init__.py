@@ -25,6 +25,7 @@ from .filters.bloom import BloomFilter
 from .handles import Table, WriteBatch
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import TableOptions
+from .snapshot import Snapshot
 from .table import SSTableInfo
 
 __version__ = "0.1.0"
@@ -49,7 +50,7 @@ if not SPEEDUPS and not LAYOUT_ERRORS:  # an extension that does not match warns
     _warnings.warn(NO_SPEEDUPS_WARNING, RuntimeWarning, stacklevel=2)
 
 __all__ = [
-    "open", "DB", "Table", "WriteBatch", "SSTableInfo", "TableOptions", "BloomFilter",
+    "open", "DB", "Table", "WriteBatch", "Snapshot", "SSTableInfo", "TableOptions", "BloomFilter",
     "LsmdbError", "CorruptionError", "UnsupportedFormatError", "DatabaseLockedError",
     "DatabaseClosedError", "DatabaseForkedError", "TableExistsError", "NoSuchTableError",
     "NotADatabaseError", "ReadOnlyError", "MAX_KEY_SIZE_BYTES", "MAX_VALUE_SIZE_BYTES",

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import stats as _stats
@@ -40,7 +40,8 @@ from .options import (
 )
 from .readpath import get_many, state_getter
 from .recovery import open_database
-from .scan import scan
+from .scan import ScanIterator, scan
+from .snapshot import Snapshot
 from .table import SSTableInfo, TableState
 from .trace import trace_read
 from .versions import Versions
@@ -207,6 +208,13 @@ class DB(ScanMapping):
         """
         return state_getter(self._versions, self._default_state)(key, default)
 
+    def snapshot(self) -> Snapshot:
+        """A :class:`lsmdb.Snapshot`: every table as of now, unchanged by later
+        writes, deletes, flushes, compactions and ``drop_table``/``alter_table``;
+        use it as a context manager, or ``close()`` it (see lsmdb.snapshot for
+        what a live one costs)."""
+        return Snapshot(self._versions)
+
     def get_many(self, keys: Iterable[Any]) -> list[bytes | None]:
         """Values of many keys of the default table at once (None where absent).
 
@@ -228,12 +236,14 @@ class DB(ScanMapping):
         return self.get(key) is not None  # the compiled getter, as db.get
 
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
-             reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+             reverse: bool = False) -> ScanIterator:
         """(key, value) pairs of the default table with start <= key < end, in key order.
 
         ``prefix`` narrows the range to keys starting with it; ``reverse``
         walks it backwards.  The iterator reads a consistent snapshot taken
-        when it is created, one data block per SSTable in memory at a time.
+        when it is created, one data block per SSTable in memory at a time;
+        ``seek(key)`` moves it to the first key at or after ``key`` (at or
+        before, reversed) in its range and view (lsmdb.scan.ScanIterator).
         """
         return scan(self._versions, self._default_state, start, end, prefix, reverse)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from .errors import NoSuchTableError
@@ -10,7 +10,7 @@ from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES, as_key, as_value
 from .mapping import ScanMapping
 from .options import TableOptions
 from .readpath import get_many, state_getter
-from .scan import scan
+from .scan import ScanIterator, scan
 from .table import TableState
 from .versions import Versions
 from .writepath import WritePath
@@ -73,7 +73,7 @@ class Table(ScanMapping):
         return get_many(self._versions, self._live(), keys)
 
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
-             reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+             reverse: bool = False) -> ScanIterator:
         """(key, value) pairs with start <= key < end in key order (see ``DB.scan``)."""
         return scan(self._versions, self._live(), start, end, prefix, reverse)
 

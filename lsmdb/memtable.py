@@ -20,11 +20,13 @@ filter, and a batch still becomes visible in one ``dict.update``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import filterfalse
+from typing import Any
 
 from sortedcontainers import SortedList
 
-from .sstable_format import KIND_BITS, KIND_TOMBSTONE, KIND_VALUE
+from .sstable_format import KIND_BITS, KIND_TOMBSTONE, KIND_VALUE, MISSING
 
 try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
     from ._speedups import MemFilter
@@ -42,7 +44,7 @@ class Memtable:
     """
 
     __slots__ = ("data", "seqs", "filter", "_keys", "_pending", "size_bytes", "min_seq",
-                 "max_seq", "frozen", "flush_seq")
+                 "max_seq", "frozen", "flush_seq", "undos")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
@@ -57,6 +59,9 @@ class Memtable:
         self.max_seq = 0
         self.frozen = False
         self.flush_seq = 0  # set when frozen: every record of the table up to it is here or older
+        #: One undo map per live snapshot of this (active) memtable (lsmdb.snapshot):
+        #: what each key written since held before, recorded by the first write.
+        self.undos: list[dict[bytes, Any]] = []
 
     def __len__(self) -> int:
         return len(self.data)
@@ -82,8 +87,19 @@ class Memtable:
         if seq > self.max_seq:
             self.max_seq = seq
 
+    def _remember(self, keys: Iterable[bytes]) -> None:
+        """Before a write: each live snapshot's undo map records what ``keys``
+        held (MISSING: nothing), unless it already has."""
+        data = self.data
+        for undo in self.undos:
+            for key in keys:
+                if key not in undo:
+                    undo[key] = data.get(key, MISSING)
+
     def apply(self, seq: int, key: bytes, value: bytes | None) -> None:
         """Record ``value`` (None = tombstone) for ``key`` at sequence ``seq``."""
+        if self.undos:
+            self._remember((key,))
         data = self.data
         if key not in data:
             if self.filter is not None:
@@ -105,6 +121,8 @@ class Memtable:
 
         New keys join the sorted list at the next ordered read, all at once.
         """
+        if self.undos:
+            self._remember(items)
         data = self.data
         # filter/map over the batch run in C, in time proportional to the batch.
         new_keys = list(filterfalse(data.__contains__, items))

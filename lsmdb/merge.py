@@ -22,7 +22,8 @@ one iterator is read by one thread at a time.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Generator, Iterable, Iterator
+import threading
+from collections.abc import Callable, Generator, Iterable, Iterator
 from itertools import chain, repeat
 from typing import Any, Protocol
 
@@ -52,14 +53,21 @@ class Pin(Protocol):
 
 
 def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: bool = False,
-                 pin: Pin | None = None) -> Iterator[tuple[bytes, bytes | None]]:
+                 pin: Pin | None = None,
+                 reseek: Callable[[bytes], list[Chunks]] | None = None
+                 ) -> Iterator[tuple[bytes, bytes | None]]:
     """Merge ``sources`` -- newest first, each yielding (keys, values) chunks in
     key order (descending when ``reverse``) -- into one stream of (key, value)
     pairs: the newest version of each key, tombstones hidden unless
     ``keep_tombstones``; ``pin.release()`` once when it ends (module docstring).
-    With a pin, the stream has ``close()``."""
+    With a pin, the stream has ``close()``.  With ``reseek``, it has
+    ``seek(key)`` too: the merge starts again over the sources
+    ``reseek(key)`` gives (those from ``key`` on), its pin kept; refused
+    (ValueError) once the merge has ended."""
     if USE_SPEEDUPS:
-        return _CMerge(sources, reverse, keep_tombstones, pin)
+        return _CMerge(sources, reverse, keep_tombstones, pin, reseek)
+    if reseek is not None:
+        return SeekableMerge(sources, reverse, keep_tombstones, pin, reseek)
     merged: Iterator[tuple[bytes, bytes | None]]
     if len(sources) == 1:
         pairs = chain.from_iterable(zip(*chunk, strict=True) for chunk in sources[0])
@@ -68,6 +76,70 @@ def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: 
         tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
         merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
     return merged if pin is None else pinned(merged, pin)
+
+
+class SeekableMerge:
+    """The Python merge with ``seek`` (what ``_speedups.Merge`` does with a
+    ``reseek``): the pin released once when it ends -- exhausted, failed,
+    ``close()`` or freed -- and a ``next()``, ``seek()`` or ``close()`` while
+    another call of it runs refused (ValueError)."""
+
+    def __init__(self, sources: list[Chunks], reverse: bool, keep_tombstones: bool,
+                 pin: Pin | None, reseek: Callable[[bytes], list[Chunks]]) -> None:
+        self._reverse = reverse
+        self._keep = keep_tombstones
+        self._pin = pin
+        self._reseek: Callable[[bytes], list[Chunks]] | None = reseek
+        self._it: Iterator[Any] | None = merge_newest(sources, reverse, keep_tombstones)
+        self._busy = threading.Lock()
+
+    def __iter__(self) -> SeekableMerge:
+        return self
+
+    def _enter(self) -> None:
+        if not self._busy.acquire(blocking=False):
+            raise ValueError("Merge already executing")
+
+    def __next__(self) -> Any:
+        self._enter()
+        try:
+            if self._it is None:
+                raise StopIteration
+            try:
+                return next(self._it)
+            except BaseException:
+                self._end()
+                raise
+        finally:
+            self._busy.release()
+
+    def seek(self, key: bytes) -> None:
+        self._enter()
+        try:
+            if self._it is None or self._reseek is None:
+                raise ValueError("the scan is over: it cannot seek")
+            fresh = list(self._reseek(key))
+            self._it = merge_newest(fresh, self._reverse, self._keep)
+        finally:
+            self._busy.release()
+
+    def _end(self) -> None:
+        self._it = None
+        self._reseek = None
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.release()
+
+    def close(self) -> None:
+        self._enter()
+        try:
+            self._end()
+        finally:
+            self._busy.release()
+
+    def __del__(self) -> None:
+        if getattr(self, "_pin", None) is not None:
+            self._end()
 
 
 def pinned(entries: Iterator[tuple[bytes, bytes | None]],

@@ -15,9 +15,9 @@ the blocks point reads keep hot.  Compactions read their inputs the same way.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 
@@ -35,7 +35,9 @@ except ImportError:  # pragma: no cover - built without a C compiler
     _c_entry_lists = None
 
 if TYPE_CHECKING:
+    from .memtable import Memtable
     from .table import TableState
+    from .version import Version
     from .versions import Versions
 
 
@@ -125,14 +127,9 @@ def prefix_end(prefix: bytes) -> bytes | None:
     return bytes(p)
 
 
-def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
-         reverse: bool) -> Iterator[tuple[bytes, bytes]]:
-    """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
-    order (``reverse``: descending), over a view taken now: later writes,
-    flushes and compactions do not change what it returns.  One data block per
-    SSTable is in memory at a time; the view's files stay on disk until the
-    iterator is exhausted, closed or freed."""
-    versions.check_open()
+def bounds_of(start: Any, end: Any, prefix: Any) -> tuple[bytes | None, bytes | None]:
+    """The (lo, hi) of a scan's start, end and prefix: start <= key < end, and
+    keys with the prefix (None: no bound)."""
     lo = None if start is None else as_key(start)
     hi = None if end is None else as_key(end)
     if prefix is not None:
@@ -142,28 +139,91 @@ def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: An
         pe = prefix_end(p)
         if pe is not None and (hi is None or hi > pe):
             hi = pe
+    return lo, hi
+
+
+class ScanIterator(Protocol):
+    """What ``scan`` returns (from a DB, a Table or a Snapshot): an iterator of
+    (key, value) pairs with ``seek(key)`` -- the next pair is then the first
+    with a key at or after ``key`` (at or before it when the scan is reversed),
+    within the scan's bounds and its view -- and ``close()``, which lets the
+    view go before the end.  Once it is exhausted or closed it cannot seek
+    (ValueError).  One thread at a time: a call while another runs is a
+    ValueError."""
+
+    def __iter__(self) -> ScanIterator: ...
+    def __next__(self) -> tuple[bytes, bytes]: ...
+    def seek(self, key: Any, /) -> None: ...
+    def close(self) -> None: ...
+
+
+def view_scan(mem: list[tuple[list[bytes], list[bytes | None]]], imms: Sequence[Memtable],
+              version: Version | None, lo: bytes | None, hi: bytes | None,
+              reverse: bool) -> ScanIterator:
+    """A scan over a view: ``mem``, the active memtable's entries in [lo, hi)
+    copied when the view was taken (one ascending (keys, values) chunk, or
+    none), the frozen memtables ``imms`` (newest first), and ``version``'s
+    files, which the scan holds (``version`` acquired for it: released when the
+    scan ends).  ``seek`` starts the merge again from a key over the same view."""
+
+    def sources(a: bytes | None, b: bytes | None) -> list[Any]:
+        out: list[Any] = []
+        if mem:
+            keys, values = mem[0]
+            i = 0 if a is None else bisect_left(keys, a)
+            j = len(keys) if b is None else bisect_left(keys, b)
+            if i < j:
+                ks, vs = keys[i:j], values[i:j]
+                out.append([(ks[::-1], vs[::-1]) if reverse else (ks, vs)])
+        for imm in imms:  # frozen: they never change
+            if len(imm):
+                chunk = imm.chunk_range(a, b, reverse)
+                if chunk:
+                    out.append(chunk)
+        if version is not None:
+            for r in version.in_read_order():  # newest first, as the merge wants them
+                if (b is None or r.min_key < b) and (a is None or r.max_key >= a):
+                    out.append(chunks(r, a, b, reverse))
+        return out
+
+    def reseek(key: Any) -> list[Any]:
+        k = as_key(key)
+        a, b = lo, hi
+        if not reverse:
+            a = k if a is None or k > a else a
+        else:
+            above = k + b"\x00"  # the smallest key after k: the range ends at k
+            b = above if b is None or above < b else b
+        if a is not None and b is not None and a >= b:
+            return []
+        return sources(a, b)
+
+    try:
+        first = sources(lo, hi)
+    except BaseException:
+        if version is not None:
+            version.release()
+        raise
+    return merge_newest(first, reverse, pin=version, reseek=reseek)  # type: ignore[return-value]
+
+
+def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
+         reverse: bool) -> ScanIterator:
+    """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
+    order (``reverse``: descending), over a view taken now: later writes,
+    flushes and compactions do not change what it returns.  One data block per
+    SSTable is in memory at a time; the view's files stay on disk until the
+    iterator is exhausted, closed or freed."""
+    versions.check_open()
+    lo, hi = bounds_of(start, end, prefix)
     reverse = bool(reverse)
     if lo is not None and hi is not None and lo >= hi:
-        return iter(())
+        return view_scan([], (), None, lo, hi, reverse)
     with versions.lock:  # a consistent view of the active memtable (age 0)
         mem, imms, version = state.mem, state.imms, state.version.acquire()
         try:
-            snapshot = mem.chunk_range(lo, hi, reverse)
+            snapshot = mem.chunk_range(lo, hi)
         except BaseException:
             version.release()
             raise
-    try:
-        sources: list[Any] = [snapshot] if snapshot else []
-        for imm in imms:  # frozen: they never change
-            if len(imm):
-                sources.append(imm.chunk_range(lo, hi, reverse))
-        for r in version.in_read_order():  # newest first, as the merge wants them
-            if (hi is None or r.min_key < hi) and (lo is None or r.max_key >= lo):
-                sources.append(chunks(r, lo, hi, reverse))
-        if sources:
-            return merge_newest(sources, reverse, pin=version)  # type: ignore[return-value]
-    except BaseException:  # no merge holds the version: let it go here
-        version.release()
-        raise
-    version.release()
-    return iter(())
+    return view_scan(snapshot, imms, version, lo, hi, reverse)

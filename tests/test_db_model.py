@@ -54,9 +54,13 @@ class DBMachine(RuleBasedStateMachine):
         # every key ever written (put or deleted) per table: the keys whose
         # older versions or tombstones sit in files and must not resurface
         self.written: dict[str, set[bytes]] = {"default": set()}
+        # live snapshots and what every table held when each was taken
+        self.snaps: list[tuple[lsmdb.Snapshot, dict[str, dict[bytes, bytes]]]] = []
 
     def teardown(self) -> None:
         try:
+            for snap, _m in self.snaps:
+                snap.close()
             self.db.close()
         finally:
             self._no_fsync.stop()
@@ -277,8 +281,49 @@ class DBMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self):
         self.db.close()
+        for snap, _m in self.snaps:  # a snapshot ends with its database
+            try:
+                snap.get(b"k")
+            except lsmdb.DatabaseClosedError:
+                pass
+            else:
+                raise AssertionError("a snapshot read its closed database")
+            snap.close()
+        self.snaps = []
         self.db = lsmdb.open(self.dir, auto_compaction=False)
         self._check_everything()
+
+    # -------------------------------------------------------------- snapshots
+    @precondition(lambda self: len(self.snaps) < 3)
+    @rule()
+    def take_snapshot(self):
+        self.snaps.append((self.db.snapshot(), {t: dict(m) for t, m in self.model.items()}))
+
+    @precondition(lambda self: self.snaps)
+    @rule(data=st.data())
+    def close_snapshot(self, data):
+        i = data.draw(st.integers(0, len(self.snaps) - 1), label="snapshot")
+        snap, _m = self.snaps.pop(i)
+        snap.close()
+
+    @precondition(lambda self: self.snaps)
+    @rule(data=st.data(), start=keys, reverse=st.booleans())
+    def seek_in_a_snapshot(self, data, start, reverse):
+        snap, m = data.draw(st.sampled_from(self.snaps), label="snapshot")
+        name = data.draw(st.sampled_from(sorted(m)), label="table")
+        it = snap.scan(table=name, reverse=reverse)
+        it.seek(start)
+        want = sorted(m[name].items(), reverse=reverse)
+        want = [(k, v) for k, v in want if (k <= start if reverse else k >= start)]
+        assert list(it) == want
+
+    @invariant()
+    def snapshots_hold(self):
+        for snap, m in self.snaps:
+            for name, want in m.items():
+                assert list(snap.scan(table=name)) == sorted(want.items()), name
+                probe = sorted(self.written.get(name, set()) | set(want) | set(SPECIAL_KEYS))
+                assert snap.get_many(probe, table=name) == [want.get(k) for k in probe]
 
     # -------------------------------------------------------------- invariants
     @invariant()

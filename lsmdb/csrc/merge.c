@@ -51,6 +51,7 @@ typedef struct {
     int running;        /* a next() of it is under way */
     PyObject *last_key;
     PyObject *pin;      /* released (pin.release()) once, when the merge ends */
+    PyObject *reseek;   /* reseek(key) -> the sources from key on (seek), or NULL */
 } Merge;
 
 static inline int
@@ -185,6 +186,7 @@ merge_drop_sources(Merge *self)
         for (Py_ssize_t i = 0; i < self->nsrc; i++)
             Py_CLEAR(self->iters[i]);
     }
+    Py_CLEAR(self->reseek);
     self->failed = 1;
 }
 
@@ -314,6 +316,52 @@ Merge_next(Merge *self)
     return item;
 }
 
+/* seek(key): the next entry is then the first at or after key (at or before
+ * it when reverse) within the merge's bounds and view: reseek(key) gives the
+ * sources from there, and the merge starts again over them, its pin kept.
+ * Refused (ValueError) once the merge has ended, or while a call of it runs;
+ * if reseek raises, the merge goes on as it was. */
+static PyObject *
+Merge_seek(Merge *self, PyObject *key)
+{
+    if (merge_busy(self))
+        return NULL;
+    if (self->failed) {
+        PyErr_SetString(PyExc_ValueError, "the scan is over: it cannot seek");
+        return NULL;
+    }
+    if (self->reseek == NULL) {
+        PyErr_SetString(PyExc_TypeError, "this merge cannot seek (no reseek given)");
+        return NULL;
+    }
+    self->running = 1;
+    PyObject *fresh = PyObject_CallOneArg(self->reseek, key);
+    PyObject *sources = fresh != NULL ? PySequence_Tuple(fresh) : NULL;
+    Py_XDECREF(fresh);
+    if (sources == NULL) {
+        self->running = 0;
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < self->nheap; i++)
+        Py_CLEAR(self->heap[i].chunk);
+    self->nheap = 0;
+    Py_CLEAR(self->pending.chunk);
+    if (self->iters) {
+        for (Py_ssize_t i = 0; i < self->nsrc; i++)
+            Py_CLEAR(self->iters[i]);
+    }
+    PyMem_Free(self->iters);
+    PyMem_Free(self->heap);
+    self->iters = NULL;
+    self->heap = NULL;
+    self->nsrc = 0;
+    Py_XSETREF(self->sources, sources);
+    Py_CLEAR(self->last_key);
+    self->started = 0;
+    self->running = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *
 Merge_close(Merge *self, PyObject *Py_UNUSED(ignored))
 {
@@ -353,6 +401,7 @@ Merge_traverse(Merge *self, visitproc visit, void *arg)
     }
     Py_VISIT(self->last_key);
     Py_VISIT(self->pin);
+    Py_VISIT(self->reseek);
     return 0;
 }
 
@@ -382,12 +431,16 @@ Merge_dealloc(Merge *self)
 static int
 Merge_init(Merge *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *sources, *pin = Py_None;
+    PyObject *sources, *pin = Py_None, *reseek = Py_None;
     int reverse = 0, keep = 0;
-    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", "pin", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppO:Merge", kwlist, &sources, &reverse,
-                                     &keep, &pin))
+    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", "pin", "reseek", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppOO:Merge", kwlist, &sources, &reverse,
+                                     &keep, &pin, &reseek))
         return -1;
+    if (reseek != Py_None && !PyCallable_Check(reseek)) {
+        PyErr_SetString(PyExc_TypeError, "reseek must be callable or None");
+        return -1;
+    }
     if (self->sources != NULL || self->started) {
         PyErr_SetString(PyExc_TypeError, "Merge cannot be initialised twice");
         return -1;
@@ -401,12 +454,17 @@ Merge_init(Merge *self, PyObject *args, PyObject *kwds)
         Py_INCREF(pin);
         self->pin = pin;
     }
+    if (reseek != Py_None)
+        self->reseek = Py_NewRef(reseek);
     return 0;
 }
 
 static PyMethodDef Merge_methods[] = {
     {"close", (PyCFunction)Merge_close, METH_NOARGS,
      "close($self, /)\n--\n\nEnd the merge: let go of its sources and release its pin."},
+    {"seek", (PyCFunction)Merge_seek, METH_O,
+     "seek($self, key, /)\n--\n\nGo on from the first entry at or after key (at or before it "
+     "when reverse), within the merge's bounds: reseek(key) gives the sources."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -419,10 +477,12 @@ PyTypeObject MergeType = {
     .tp_traverse = (traverseproc)Merge_traverse,
     .tp_clear = (inquiry)Merge_clear,
     .tp_finalize = (destructor)Merge_finalize,
-    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None)\n--\n\n"
+    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None, reseek=None)\n"
+              "--\n\n"
               "The newest version of each key from sorted sources of (keys, values) chunks,\n"
               "newest source first, tombstones hidden (see lsmdb.merge); pin.release() is\n"
-              "called once when the merge ends (exhausted, failed, closed or freed).",
+              "called once when the merge ends (exhausted, failed, closed or freed);\n"
+              "seek(key) starts it again from key over the sources reseek(key) gives.",
     .tp_methods = Merge_methods,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)Merge_next,

@@ -1,0 +1,238 @@
+"""Snapshots: every table of a database as it was at one moment, while writes go on.
+
+``db.snapshot()`` takes, under the database lock (which every write holds
+while it applies), each table's memtables and its current
+:class:`~lsmdb.version.Version` -- a reference that keeps the version's
+SSTables on disk and open, whatever flushes, compactions and ``drop_table``
+do meanwhile.  Frozen memtables and SSTables never change, so they are read
+as they are.  The one thing that does change is each table's active
+memtable: while a snapshot is live, a write to it first records in the
+snapshot's *undo* map what the key held before (its value, its tombstone, or
+that it was absent), once per key.  A snapshot's read of that memtable asks
+the undo map first.
+
+The cost of a live snapshot: writes to a memtable it covers pay one dict
+lookup per key per live snapshot (the undo map's), and the memory of the old
+values; the SSTables it pins stay on disk until it is closed, even once
+compaction has replaced them (the database may hold up to both the old and
+the new files).  Reads and writes of tables no snapshot covers, and gets
+that do not use a snapshot, pay nothing.  Close snapshots you are done with
+(``with db.snapshot() as snap:``); one that is garbage collected is closed
+then.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from .errors import NoSuchTableError
+from .fastpath import fast_path
+from .keys import as_key
+from .mapping import ScanMapping
+from .memtable import Memtable
+from .readpath import lookup, many_python
+from .scan import ScanIterator, bounds_of, view_scan
+from .sstable_format import MISSING
+from .stats import GETS, GETS_ABSENT
+
+if TYPE_CHECKING:
+    from .table import TableState
+    from .version import Version
+    from .versions import Versions
+
+
+class MemView:
+    """A table's active memtable as it was when a snapshot was taken: its
+    dict, under the snapshot's undo map (key -> value, None, or MISSING for a
+    key it did not hold)."""
+
+    __slots__ = ("mem", "undo")
+
+    def __init__(self, mem: Memtable, undo: dict[bytes, Any]) -> None:
+        self.mem = mem
+        self.undo = undo
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        undo = self.undo
+        if key in undo:
+            value = undo[key]
+            return default if value is MISSING else value
+        return self.mem.data.get(key, default)
+
+    def chunk_range(self, lo: bytes | None, hi: bytes | None,
+                    reverse: bool = False) -> list[tuple[list[bytes], list[bytes | None]]]:
+        """The entries with lo <= key < hi then, as one (keys, values) chunk
+        ([] if none); called under the database lock (the memtable may be the
+        active one)."""
+        undo = self.undo
+        now = self.mem.keys.irange(lo, hi, inclusive=(True, False))
+        keys = set(now)
+        keys.update(k for k in undo if (lo is None or k >= lo) and (hi is None or k < hi))
+        out_keys: list[bytes] = []
+        out_values: list[bytes | None] = []
+        data = self.mem.data
+        for key in sorted(keys, reverse=reverse):
+            value = undo[key] if key in undo else data[key]
+            if value is not MISSING:
+                out_keys.append(key)
+                out_values.append(value)
+        return [(out_keys, out_values)] if out_keys else []
+
+
+class _Table:
+    """One table in a snapshot: its state object, what it held, its pinned files."""
+
+    __slots__ = ("state", "mem", "imms", "version", "view")
+
+    def __init__(self, state: TableState, mem: MemView, imms: tuple[Memtable, ...],
+                 version: Version) -> None:
+        self.state = state
+        self.mem = mem
+        self.imms = imms
+        self.version = version
+        self.view: Any = None  # the FastPath its point reads walk, made at the first
+
+
+class _NoFilterMem:
+    """What fast_path takes of a memtable, for a MemView (no key filter)."""
+
+    __slots__ = ("data", "filter")
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+        self.filter = None
+
+
+class Snapshot(ScanMapping):
+    """Every table of the database as it was when ``db.snapshot()`` returned.
+
+    ``get``, ``get_many`` and ``scan`` take ``table=`` (None: the default
+    table); tables created later are not in it (NoSuchTableError), tables
+    dropped later still are.  Iterates like a mapping of the default table
+    (:class:`lsmdb.mapping.ScanMapping`).  ``close()`` (or leaving a ``with``
+    block) releases it; reads after that raise ValueError.  Thread-safe.
+    """
+
+    def __init__(self, versions: Versions) -> None:
+        self._versions = versions
+        self._lock = threading.Lock()
+        self._tables: dict[str, _Table] | None = {}
+        with versions.lock:
+            versions.check_open()
+            #: The sequence number of the last write the snapshot sees.
+            self.seq = versions.last_seq
+            for name, state in versions.tables.items():
+                undo: dict[bytes, Any] = {}
+                state.mem.undos.append(undo)
+                self._tables[name] = _Table(state, MemView(state.mem, undo), state.imms,
+                                            state.version.acquire())
+
+    # -- reads -------------------------------------------------------------------
+    def _table(self, name: str | None) -> _Table:
+        tables = self._tables
+        if tables is None:
+            raise ValueError("the snapshot is closed")
+        self._versions.check_open()
+        t = tables.get("default" if name is None else name)
+        if t is None:
+            raise NoSuchTableError(f"no table {name!r} in this snapshot")
+        return t
+
+    def _view(self, t: _Table) -> Any:
+        view = t.view
+        if view is None:
+            view = t.view = fast_path(_NoFilterMem(t.mem), t.imms,  # type: ignore[arg-type]
+                                      t.version, t.state.cache, False, False)
+        return view
+
+    def get(self, key: Any, default: Any = None, table: str | None = None) -> Any:
+        """``key``'s value in ``table`` as of the snapshot, or ``default``."""
+        t = self._table(table)
+        key = as_key(key)
+        t.state.counts[GETS] += 1
+        value = lookup(self._view(t), key)
+        if value is MISSING or value is None:
+            t.state.counts[GETS_ABSENT] += 1
+            return default
+        return value
+
+    def get_many(self, keys: Iterable[Any], table: str | None = None) -> list[bytes | None]:
+        """The values of ``keys`` in ``table`` as of the snapshot (None where absent)."""
+        t = self._table(table)
+        return many_python(t.state, self._view(t), [as_key(k) for k in keys])
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key, MISSING) is not MISSING
+
+    def __getitem__(self, key: Any) -> bytes:
+        value = self.get(key)
+        if value is None:
+            raise KeyError(key)
+        return value
+
+    def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
+             reverse: bool = False, table: str | None = None) -> ScanIterator:
+        """(key, value) pairs of ``table`` as of the snapshot with start <= key <
+        end (and ``prefix``), in key order (``reverse``: descending); the
+        iterator keeps the snapshot's files even if the snapshot is closed
+        before it ends."""
+        t = self._table(table)
+        lo, hi = bounds_of(start, end, prefix)
+        reverse = bool(reverse)
+        if lo is not None and hi is not None and lo >= hi:
+            return view_scan([], (), None, lo, hi, reverse)
+        with self._versions.lock:  # the active memtable may be written meanwhile
+            version = t.version.acquire()
+            try:
+                first = t.mem.chunk_range(lo, hi)
+            except BaseException:
+                version.release()
+                raise
+        return view_scan(first, t.imms, version, lo, hi, reverse)
+
+    def tables(self) -> list[str]:
+        """The names of the tables in the snapshot, sorted."""
+        tables = self._tables
+        if tables is None:
+            raise ValueError("the snapshot is closed")
+        return sorted(tables)
+
+    # -- its end -----------------------------------------------------------------
+    def close(self) -> None:
+        """Release the snapshot: its undo maps stop growing, its files may go.
+        Idempotent; scans already taken keep their own view."""
+        with self._lock:
+            tables, self._tables = self._tables, None
+        if not tables:
+            return
+        with self._versions.lock:
+            for t in tables.values():
+                undos = t.mem.mem.undos
+                for i, undo in enumerate(undos):
+                    if undo is t.mem.undo:
+                        del undos[i]
+                        break
+        for t in tables.values():
+            t.version.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._tables is None
+
+    def __enter__(self) -> Snapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - a finaliser must not raise
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"seq {self.seq}"
+        return f"<lsmdb.Snapshot of {self._versions.path!r}, {state}>"

@@ -87,6 +87,15 @@ def decompress(kind: int, stored: bytes | memoryview, path: str, offset: int) ->
     decompress to the length they record."""
     if kind == NONE:
         return bytes(stored)
+    if kind == LZ4:  # lz4 checks the stream and that it fills the length it records
+        try:
+            payload = _lz4_decompress(stored)
+        except Exception as exc:  # lz4 raises its own types
+            raise CorruptionError(f"data block does not decompress ({type(exc).__name__})",
+                                  path, offset) from None
+        if not payload:
+            raise CorruptionError("compressed data block records no valid length", path, offset)
+        return payload
     if kind not in NAMES:
         raise CorruptionError(f"data block of unknown compression type {kind}", path, offset)
     size = _stored_length(kind, stored)

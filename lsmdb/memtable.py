@@ -28,6 +28,8 @@ from sortedcontainers import SortedList
 
 from .sstable_format import KIND_BITS, KIND_TOMBSTONE, KIND_VALUE, MISSING
 
+assert (KIND_BITS, KIND_TOMBSTONE, KIND_VALUE) == (8, 0, 1)  # apply's literals
+
 try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
     from ._speedups import MemFilter
 except ImportError:  # pragma: no cover - no C compiler when installed
@@ -43,13 +45,14 @@ class Memtable:
     ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
-    __slots__ = ("data", "seqs", "filter", "_keys", "_pending", "size_bytes", "min_seq",
+    __slots__ = ("data", "tags", "filter", "_keys", "_pending", "size_bytes", "min_seq",
                  "max_seq", "frozen", "flush_seq", "undos")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
-        #: The sequence number of each key's write in ``data`` (what a flush writes).
-        self.seqs: dict[bytes, int] = {}
+        #: The tag of each key's write in ``data``: ``seq << 8 | kind`` (lsmdb.block),
+        #: what a flush writes.
+        self.tags: dict[bytes, int] = {}
         #: A Bloom filter of data's keys for the C get (None without the C speedups).
         self.filter = MemFilter(self.data) if MemFilter is not None else None
         self._keys: SortedList = SortedList()
@@ -101,6 +104,7 @@ class Memtable:
         if self.undos:
             self._remember((key,))
         data = self.data
+        tag = seq << 8  # seq << KIND_BITS | KIND_TOMBSTONE: literals, a put's hot path
         if key not in data:
             if self.filter is not None:
                 self.filter.add(key)  # before the dict: see the module's docstring
@@ -112,9 +116,13 @@ class Memtable:
                 self.size_bytes -= len(old)
         if value is not None:
             self.size_bytes += len(value)
-        self.seqs[key] = seq
+            tag |= 1  # KIND_VALUE
+        self.tags[key] = tag
         data[key] = value
-        self._note_seq(seq)
+        if self.min_seq is None:
+            self.min_seq = seq
+        if seq > self.max_seq:
+            self.max_seq = seq
 
     def apply_many(self, seq: int, items: dict[bytes, bytes | None]) -> None:
         """``apply`` for every key of one batch, made visible to point reads at once.
@@ -133,7 +141,13 @@ class Memtable:
                                                   filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
-        self.seqs.update(dict.fromkeys(items, seq))
+        tags = self.tags
+        tags.update(dict.fromkeys(items, seq << KIND_BITS | KIND_VALUE))
+        if None in items.values():  # (a scan in C) tombstones: their own kind
+            tomb = seq << KIND_BITS | KIND_TOMBSTONE
+            for key, value in items.items():
+                if value is None:
+                    tags[key] = tomb
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
             self._pending += new_keys
@@ -154,11 +168,8 @@ class Memtable:
         keys = list(self.keys)
         if not keys:
             return []
-        values = list(map(self.data.__getitem__, keys))
-        seqs = map(self.seqs.__getitem__, keys)
-        tags = [s << KIND_BITS | (KIND_TOMBSTONE if v is None else KIND_VALUE)
-                for s, v in zip(seqs, values, strict=True)]
-        return [(keys, values, tags)]
+        return [(keys, list(map(self.data.__getitem__, keys)),
+                 list(map(self.tags.__getitem__, keys)))]
 
     def _check(self) -> None:
         """Invariants: the sorted keys are exactly the dict's keys, in order,
@@ -166,6 +177,9 @@ class Memtable:
         keys = list(self.keys)
         if keys != sorted(self.data):
             raise AssertionError("memtable sorted keys and dict disagree")
-        if self.seqs.keys() != self.data.keys():
-            raise AssertionError("memtable sequence numbers and dict disagree")
+        if self.tags.keys() != self.data.keys():
+            raise AssertionError("memtable tags and dict disagree")
+        data = self.data
+        if any((t & 0xFF == KIND_TOMBSTONE) != (data[k] is None) for k, t in self.tags.items()):
+            raise AssertionError("memtable tag kinds and values disagree")
 

@@ -41,13 +41,16 @@ from .stats import FILE_COUNTERS, ArrayCounter
 
 _block_entry: Callable[[bytes, bytes | None, bytes | None, int], bytes] | None
 _block_lists: Callable[[bytes, bytes | None, bytes | None, int], Block] | None
+_block_full: Callable[[bytes, bytes | None, bytes | None],
+                      tuple[list[bytes], list[bytes | None], list[int]]] | None
 _map_file: Callable[[int, int], Any] | None
 try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
     from ._speedups import block_entry as _block_entry
+    from ._speedups import block_full as _block_full
     from ._speedups import block_lists as _block_lists
     from ._speedups import map_file as _map_file
 except ImportError:  # pragma: no cover - built without a C compiler
-    _block_entry = _block_lists = _map_file = None
+    _block_entry = _block_lists = _block_full = _map_file = None
 
 log = logging.getLogger("lsmdb")
 
@@ -333,8 +336,14 @@ class SSTableReader:
         if self.version < 2:
             keys, values = self.decode_raw(i, raw)
             return keys, values, blk.tags_for(values, self.max_seq)
-        full: FullBlock = blk.decode_full(self.payload_of(i, raw), self.path,
-                                          self.index_offsets[i], after, last, self.version)
+        payload = self.payload_of(i, raw)
+        if _block_full is not None:
+            try:
+                return _block_full(bytes(payload), after, last)
+            except ValueError:
+                pass  # the Python rule says why (or, disagreeing, decodes it)
+        full: FullBlock = blk.decode_full(payload, self.path, self.index_offsets[i], after,
+                                          last, self.version)
         return full[0], full[1], full[2]
 
     def read_block(self, i: int) -> Block:

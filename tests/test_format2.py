@@ -551,6 +551,15 @@ def test_c_and_python_accept_the_same_format2_payloads(data):
     except ValueError:
         c = None
     assert c == py, p.hex()
+    try:
+        full = blk.decode_full(p, "f", 0, None, None, 2)[:3]
+    except CorruptionError:
+        full = None
+    try:
+        c_full = _speedups.block_full(p, None, None)
+    except ValueError:
+        c_full = None
+    assert c_full == full, p.hex()
 
 
 def test_compression_from_many_threads_at_once():

@@ -446,6 +446,80 @@ speedups_block_lists(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     return out;
 }
 
+/* The tags of parsed format-2 block b (the rule accepted it): a new list of
+ * ints, or NULL with an exception set.  They follow the values' array: after
+ * the last value, an array header, then one shortest uint per entry. */
+static PyObject *
+parsed_tags(const ParsedBlock *b)
+{
+    const unsigned char *q, *end = b->payload + b->plen;
+    uint64_t at = rd32(b->offs + ENTRY_OFFSET * (2 * b->count - 1));  /* the last value */
+    if (b->payload[at] == 0xC0) {
+        q = b->payload + at + 1;
+    } else {
+        int64_t len = bin_at(b->payload, b->plen, at, &q);
+        if (len < 0)
+            goto bad;
+        q += len;
+    }
+    if ((uint64_t)mp_array(&q, end) != b->count)
+        goto bad;
+    PyObject *tags = PyList_New((Py_ssize_t)b->count);
+    if (tags == NULL)
+        return NULL;
+    for (uint64_t j = 0; j < b->count; j++) {
+        uint64_t tag;
+        PyObject *t = mp_uint(&q, end, &tag) < 0 ? NULL : PyLong_FromUnsignedLongLong(tag);
+        if (t == NULL) {
+            Py_DECREF(tags);
+            if (!PyErr_Occurred())
+                goto bad;
+            return NULL;
+        }
+        PyList_SET_ITEM(tags, (Py_ssize_t)j, t);
+    }
+    return tags;
+bad:
+    PyErr_SetString(PyExc_ValueError, "not a format-2 block block_full reads");
+    return NULL;
+}
+
+PyObject *
+speedups_block_full(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* block_full(payload, after, last) -> (keys, values, tags) of a format-2 data
+     * block the rule accepts within those bounds, as the reader's decode_full
+     * returns them; ValueError if it refuses it. */
+    ParsedBlock b;
+    unsigned char *offs;
+    PyObject *two = NULL, *tags = NULL, *out = NULL;
+    PyObject *argv[4] = {NULL, NULL, NULL, NULL};
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "block_full(payload: bytes, after, last)");
+        return NULL;
+    }
+    PyObject *version = PyLong_FromLong(2);
+    if (version == NULL)
+        return NULL;
+    argv[0] = args[0];
+    argv[1] = args[1];
+    argv[2] = args[2];
+    argv[3] = version;
+    int r = parse_args(argv, 4, "block_full(payload: bytes, after, last)", &b, &offs);
+    Py_DECREF(version);
+    if (r < 0)
+        return NULL;
+    two = parsed_lists(&b);
+    if (two != NULL)
+        tags = parsed_tags(&b);
+    if (tags != NULL)
+        out = PyTuple_Pack(3, PyTuple_GET_ITEM(two, 0), PyTuple_GET_ITEM(two, 1), tags);
+    Py_XDECREF(two);
+    Py_XDECREF(tags);
+    PyMem_Free(offs);
+    return out;
+}
+
 PyObject *
 speedups_entry_lists(PyObject *Py_UNUSED(module), PyObject *entry)
 {

@@ -53,6 +53,7 @@ PyObject *parsed_entry(const ParsedBlock *b);
 int entry_parsed(const unsigned char *e, size_t n, ParsedBlock *b);
 PyObject *speedups_block_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_block_lists(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *speedups_block_full(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_lists(PyObject *module, PyObject *entry);
 

@@ -90,6 +90,9 @@ static PyMethodDef speedups_functions[] = {
     {"block_lists", (PyCFunction)(void (*)(void))speedups_block_lists, METH_FASTCALL,
      "block_lists($module, payload, after, last, version=1, /)\n--\n\n"
      "(keys, values) of a data block of that format the rule accepts within those bounds."},
+    {"block_full", (PyCFunction)(void (*)(void))speedups_block_full, METH_FASTCALL,
+     "block_full($module, payload, after, last, /)\n--\n\n"
+     "(keys, values, tags) of a format-2 data block the rule accepts within those bounds."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,

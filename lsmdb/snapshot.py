@@ -32,7 +32,7 @@ from .fastpath import fast_path
 from .keys import as_key
 from .mapping import ScanMapping
 from .memtable import Memtable
-from .readpath import lookup, many_python
+from .readpath import make_getter, many_python
 from .scan import ScanIterator, bounds_of, view_scan
 from .sstable_format import MISSING
 from .stats import GETS, GETS_ABSENT
@@ -84,7 +84,7 @@ class MemView:
 class _Table:
     """One table in a snapshot: its state object, what it held, its pinned files."""
 
-    __slots__ = ("state", "mem", "imms", "version", "view")
+    __slots__ = ("state", "mem", "imms", "version", "view", "getter")
 
     def __init__(self, state: TableState, mem: MemView, imms: tuple[Memtable, ...],
                  version: Version) -> None:
@@ -93,6 +93,7 @@ class _Table:
         self.imms = imms
         self.version = version
         self.view: Any = None  # the FastPath its point reads walk, made at the first
+        self.getter: Any = None  # get(key, default) of its frozen memtables and files
 
 
 class _NoFilterMem:
@@ -103,6 +104,19 @@ class _NoFilterMem:
     def __init__(self, data: Any) -> None:
         self.data = data
         self.filter = None
+
+
+class _FrozenPart:
+    """What a table's getter (lsmdb.readpath.make_getter, the C Getter too) reads
+    of its state, for a snapshot's frozen memtables and files: their view, its
+    cell, the table's counters."""
+
+    __slots__ = ("fast", "fast_cell", "counts")
+
+    def __init__(self, view: Any, counts: Any) -> None:
+        self.fast = view
+        self.fast_cell = [view]
+        self.counts = counts
 
 
 class Snapshot(ScanMapping):
@@ -147,14 +161,30 @@ class Snapshot(ScanMapping):
                                       t.version, t.state.cache, False, False)
         return view
 
+    def _getter(self, t: _Table) -> Any:
+        """The getter of ``t``'s frozen memtables and files: the table's own kind
+        (the C getter where it serves) over a view of them alone."""
+        g = t.getter
+        if g is None:
+            view = fast_path(_NoFilterMem({}), t.imms, t.version,  # type: ignore[arg-type]
+                             t.state.cache, False, True)
+            g = t.getter = make_getter(self._versions, _FrozenPart(view, t.state.counts))  # type: ignore[arg-type]
+        return g
+
     def get(self, key: Any, default: Any = None, table: str | None = None) -> Any:
-        """``key``'s value in ``table`` as of the snapshot, or ``default``."""
+        """``key``'s value in ``table`` as of the snapshot, or ``default``: the
+        active memtable as it was (its undo map, then its dict), then the
+        frozen memtables and files through the table's getter."""
         t = self._table(table)
-        key = as_key(key)
-        t.state.counts[GETS] += 1
-        value = lookup(self._view(t), key)
-        if value is MISSING or value is None:
-            t.state.counts[GETS_ABSENT] += 1
+        if type(key) is not bytes:
+            key = as_key(key)
+        value = t.mem.get(key, MISSING)
+        if value is MISSING:
+            return self._getter(t)(key, default)
+        counts = t.state.counts
+        counts[GETS] += 1
+        if value is None:
+            counts[GETS_ABSENT] += 1
             return default
         return value
 

@@ -13,12 +13,15 @@ from hypothesis import strategies as st
 
 import lsmdb
 import lsmdb.merge
+import lsmdb.readpath
 
 
 @pytest.fixture(params=["c", "python"])
 def merge_impl(request, monkeypatch):
+    """The C merge and getter, or their Python twins."""
     if request.param == "python":
         monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", False)
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
     elif not lsmdb.merge.USE_SPEEDUPS:
         pytest.skip("built without the C speedups")
     return request.param
@@ -65,6 +68,8 @@ def test_a_snapshot_keeps_its_view_through_writes_flushes_compactions_and_drops(
     write(800)  # some in the memtables, some flushed by the small memtable of "t"
     frozen = {t: dict(m) for t, m in model.items()}
     snaps = [db.snapshot()]
+    getter = snaps[0]._getter(snaps[0]._table(None))
+    assert (type(getter).__name__ == "Getter") == (merge_impl == "c")
     probe = keys[::7] + [b"absent"]
     check(snaps[0], frozen, probe)
     with db.batch() as b:  # a batch over both tables, after the snapshot

@@ -82,3 +82,21 @@ def fixed_db_id():
     lsmdb.manifest.new_db_id = lambda: "fe" * 16
     yield
     lsmdb.manifest.new_db_id = real
+
+
+@pytest.fixture
+def lsmdb_cli(capsys):
+    """``lsmdb ARGS`` in this process (lsmdb.cli.main): same result shape as a subprocess."""
+    import subprocess
+
+    import lsmdb.cli
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        capsys.readouterr()
+        try:
+            rc = lsmdb.cli.main(list(args))
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["lsmdb", *args], rc, out, err)
+    return run

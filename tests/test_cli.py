@@ -49,20 +49,6 @@ def lsmdb_subprocess(*args: str, timeout: float = 60) -> subprocess.CompletedPro
                           text=True, timeout=timeout)
 
 
-@pytest.fixture
-def lsmdb_cli(capsys):
-    """``lsmdb ARGS`` in this process (lsmdb.cli.main): same result shape as a subprocess."""
-    def run(*args: str) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        try:
-            rc = lsmdb.cli.main(list(args))
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["lsmdb", *args], rc, out, err)
-    return run
-
-
 def ukey(i: int) -> bytes:
     return b"u:%06d" % i
 

@@ -17,17 +17,9 @@ from lsmdb.options import OPTION_CHOICES, OPTION_HELP, OPTION_NAMES
 
 
 @pytest.fixture
-def cli(capsys):
-    """``lsmdb ARGS`` in this process (lsmdb.cli.main), as a CompletedProcess."""
-    def run(*args: str) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        try:
-            rc = lsmdb.cli.main(list(args))
-        except SystemExit as exc:
-            rc = exc.code if isinstance(exc.code, int) else 1
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(["lsmdb", *args], rc, out, err)
-    return run
+def cli(lsmdb_cli):
+    """``lsmdb ARGS`` in this process (conftest's lsmdb_cli)."""
+    return lsmdb_cli
 
 
 def one_line_error(r: subprocess.CompletedProcess, starts: str) -> None:

@@ -24,6 +24,7 @@ from lsmdb.manifest import MANIFEST_HEADER, Manifest
 from lsmdb.sstable_format import DATA_TRAILER_V2, MAX_SEQ
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.sstable_writer import write_sstable
+from tests.support.tools import load_tool
 
 try:
     from lsmdb import _speedups
@@ -473,17 +474,6 @@ def test_struct_of_the_trailer():
 RELEASE1_DB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "release1_db")
 
 
-def _load_release1_tool():
-    import importlib.util
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spec = importlib.util.spec_from_file_location(
-        "lsmdb_make_release1_db", os.path.join(root, "tools", "make_release1_db.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _check_every_key(db, model):
     for table, expected in model.items():
         t = db.table(table)
@@ -496,7 +486,7 @@ def _check_every_key(db, model):
 
 
 def test_a_database_of_the_previous_release_reads_and_moves_to_format_2(tmp_path):
-    tool = _load_release1_tool()
+    tool = load_tool("make_release1_db")
     model = tool.expected()
     path = str(tmp_path / "db")
     shutil.copytree(RELEASE1_DB, path)

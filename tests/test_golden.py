@@ -22,7 +22,6 @@ docs/FORMAT.md, and only then regenerate the golden data
 from __future__ import annotations
 
 import glob
-import importlib.util
 import math
 import os
 import struct
@@ -56,22 +55,14 @@ from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 from lsmdb.wal import LogWriter, read_legacy_log, read_segment
 from tests.support.reading import find, items
+from tests.support.tools import load_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GOLDEN_SST = os.path.join(ROOT, "tests", "data", "golden.sst")
 GOLDEN_V1_SST = os.path.join(ROOT, "tests", "data", "golden_v1.sst")
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location(
-        "lsmdb_make_golden", os.path.join(ROOT, "tools", "make_golden.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_golden = _load_generator()
+make_golden = load_tool("make_golden")
 
 # What the golden file holds, stated here independently of the generator so
 # that an edit to the generator cannot silently change what is checked.

@@ -173,19 +173,27 @@ merge_unpin(Merge *self)
     return 0;
 }
 
-/* Let go of the sources and their chunks: the merge is over (next() answers the end). */
+/* Let go of the sources' iterators and their current chunks (the given
+ * sources tuple, the pin and reseek stay). */
 static void
-merge_drop_sources(Merge *self)
+merge_drop_heads(Merge *self)
 {
     for (Py_ssize_t i = 0; i < self->nheap; i++)
         Py_CLEAR(self->heap[i].chunk);
     self->nheap = 0;
     Py_CLEAR(self->pending.chunk);
-    Py_CLEAR(self->sources);
     if (self->iters) {
         for (Py_ssize_t i = 0; i < self->nsrc; i++)
             Py_CLEAR(self->iters[i]);
     }
+}
+
+/* Let go of the sources and their chunks: the merge is over (next() answers the end). */
+static void
+merge_drop_sources(Merge *self)
+{
+    merge_drop_heads(self);
+    Py_CLEAR(self->sources);
     Py_CLEAR(self->reseek);
     self->failed = 1;
 }
@@ -342,14 +350,7 @@ Merge_seek(Merge *self, PyObject *key)
         self->running = 0;
         return NULL;
     }
-    for (Py_ssize_t i = 0; i < self->nheap; i++)
-        Py_CLEAR(self->heap[i].chunk);
-    self->nheap = 0;
-    Py_CLEAR(self->pending.chunk);
-    if (self->iters) {
-        for (Py_ssize_t i = 0; i < self->nsrc; i++)
-            Py_CLEAR(self->iters[i]);
-    }
+    merge_drop_heads(self);
     PyMem_Free(self->iters);
     PyMem_Free(self->heap);
     self->iters = NULL;

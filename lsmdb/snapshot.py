@@ -12,11 +12,12 @@ that it was absent), once per key.  A snapshot's read of that memtable asks
 the undo map first.
 
 The cost of a live snapshot: writes to a memtable it covers pay one dict
-lookup per key per live snapshot (the undo map's), and the memory of the old
-values; the SSTables it pins stay on disk until it is closed, even once
-compaction has replaced them (the database may hold up to both the old and
-the new files).  Reads and writes of tables no snapshot covers, and gets
-that do not use a snapshot, pay nothing.  Close snapshots you are done with
+lookup per key per live snapshot (the undo map's); it holds the old values and
+the memtables it covers in memory (after they are flushed too) and the
+SSTables it pins on disk until it is closed, even once compaction has replaced
+them (the database may hold up to both the old and the new files).  Reads
+and writes of tables no snapshot covers, and gets that do not use a
+snapshot, pay nothing.  Close snapshots you are done with
 (``with db.snapshot() as snap:``); one that is garbage collected is closed
 then.
 """

@@ -432,6 +432,10 @@ class DB(ScanMapping):
         versions = self._versions
         wal = versions.log
         error: OSError | None = None
+        # A snapshot ends with its database (before the lock: a snapshot's close takes
+        # its own lock, then the database's).
+        for snap in list(versions.snapshots):
+            snap.close()
         with self._flusher.mutex, versions.lock:  # no flush is half done past this point
             if versions.closed:
                 return

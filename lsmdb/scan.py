@@ -187,7 +187,7 @@ def view_scan(mem: list[tuple[list[bytes], list[bytes | None]]], imms: Sequence[
         return out
 
     def reseek(key: Any) -> list[Any]:
-        k = as_key(key)
+        k = key if type(key) is bytes else as_key(key)  # a bound: any length will do
         a, b = lo, hi
         if not reverse:
             a = k if a is None or k > a else a

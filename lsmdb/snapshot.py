@@ -37,6 +37,7 @@ from .readpath import make_getter, many_python
 from .scan import ScanIterator, bounds_of, view_scan
 from .sstable_format import MISSING
 from .stats import GETS, GETS_ABSENT
+from .table import USE_SPEEDUPS
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -127,7 +128,8 @@ class Snapshot(ScanMapping):
     table); tables created later are not in it (NoSuchTableError), tables
     dropped later still are.  Iterates like a mapping of the default table
     (:class:`lsmdb.mapping.ScanMapping`).  ``close()`` (or leaving a ``with``
-    block) releases it; reads after that raise ValueError.  Thread-safe.
+    block, or closing the database) releases it; reads after that raise
+    ValueError.  Thread-safe.
     """
 
     def __init__(self, versions: Versions) -> None:
@@ -143,13 +145,14 @@ class Snapshot(ScanMapping):
                 state.mem.undos.append(undo)
                 self._tables[name] = _Table(state, MemView(state.mem, undo), state.imms,
                                             state.version.acquire())
+            versions.snapshots.add(self)
 
     # -- reads -------------------------------------------------------------------
     def _table(self, name: str | None) -> _Table:
+        self._versions.check_open()  # after the database closed: DatabaseClosedError
         tables = self._tables
         if tables is None:
             raise ValueError("the snapshot is closed")
-        self._versions.check_open()
         t = tables.get("default" if name is None else name)
         if t is None:
             raise NoSuchTableError(f"no table {name!r} in this snapshot")
@@ -168,7 +171,7 @@ class Snapshot(ScanMapping):
         g = t.getter
         if g is None:
             view = fast_path(_NoFilterMem({}), t.imms, t.version,  # type: ignore[arg-type]
-                             t.state.cache, False, True)
+                             t.state.cache, False, USE_SPEEDUPS)
             g = t.getter = make_getter(self._versions, _FrozenPart(view, t.state.counts))  # type: ignore[arg-type]
         return g
 
@@ -214,7 +217,9 @@ class Snapshot(ScanMapping):
         reverse = bool(reverse)
         if lo is not None and hi is not None and lo >= hi:
             return view_scan([], (), None, lo, hi, reverse)
-        with self._versions.lock:  # the active memtable may be written meanwhile
+        with self._lock, self._versions.lock:  # not while it closes; the memtable may change
+            if self._tables is None:
+                raise ValueError("the snapshot is closed")
             version = t.version.acquire()
             try:
                 first = t.mem.chunk_range(lo, hi)
@@ -236,17 +241,18 @@ class Snapshot(ScanMapping):
         Idempotent; scans already taken keep their own view."""
         with self._lock:
             tables, self._tables = self._tables, None
-        if not tables:
-            return
-        with self._versions.lock:
+            if not tables:
+                return
+            self._versions.snapshots.discard(self)
+            with self._versions.lock:
+                for t in tables.values():
+                    undos = t.mem.mem.undos
+                    for i, undo in enumerate(undos):
+                        if undo is t.mem.undo:
+                            del undos[i]
+                            break
             for t in tables.values():
-                undos = t.mem.mem.undos
-                for i, undo in enumerate(undos):
-                    if undo is t.mem.undo:
-                        del undos[i]
-                        break
-        for t in tables.values():
-            t.version.release()
+                t.version.release()
 
     @property
     def closed(self) -> bool:

@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 from .errors import DatabaseClosedError, DatabaseForkedError, ReadOnlyError
@@ -65,6 +66,8 @@ class Versions:
         self.mmap_reads = mmap_reads
         #: The live versions of every table, and the files retired from them.
         self.version_set = VersionSet(remove=not read_only)
+        #: The live snapshots (lsmdb.snapshot), closed with the database.
+        self.snapshots: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def new_table(self, name: str, table_id: int, explicit: dict[str, Any]) -> TableState:
         """A table's state, its versions counted here, its reads through the cache."""

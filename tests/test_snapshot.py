@@ -267,3 +267,40 @@ def test_seek_while_another_call_runs_is_refused(tmp_path, merge_impl):
     with pytest.raises(ValueError):
         it.seek(b"k0")
     db.close()
+
+
+def test_closing_the_database_closes_its_snapshots(tmp_path):
+    db = lsmdb.open(str(tmp_path / "db"))
+    db.put(b"k", b"v")
+    snap = db.snapshot()
+    state = db._versions.tables["default"]
+    db.close()
+    assert snap.closed and state.mem.undos == []
+    with pytest.raises(lsmdb.DatabaseClosedError):
+        snap.scan()
+
+
+def test_a_seek_bound_may_be_longer_than_a_key(tmp_path, merge_impl):
+    db = lsmdb.open(str(tmp_path / "db"))
+    for k in (b"a", b"b", b"c"):
+        db.put(k, b"v")
+    it = db.scan(reverse=True)
+    it.seek(b"b" + b"\xff" * (lsmdb.MAX_KEY_SIZE_BYTES + 10))  # the end of prefix b"b"
+    assert [k for k, _v in it] == [b"b", b"a"]
+    db.close()
+
+
+def test_snapshot_gets_without_the_c_read_path(tmp_path, monkeypatch):
+    """The snapshot's getter follows the table: the Python one where C does not serve."""
+    import lsmdb.snapshot
+    import lsmdb.table
+    monkeypatch.setattr(lsmdb.snapshot, "USE_SPEEDUPS", False)  # as a build without C
+    monkeypatch.setattr(lsmdb.table, "USE_SPEEDUPS", False)
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    db.put(b"a", b"1")
+    db.flush()
+    with db.snapshot() as snap:
+        db.put(b"a", b"2")
+        assert snap.get(b"a") == b"1" and snap.get(b"b") is None
+        assert type(snap._getter(snap._table(None))).__name__ != "Getter"
+    db.close()

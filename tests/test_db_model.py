@@ -32,6 +32,9 @@ keys = st.one_of(
 values = st.builds(lambda tag, pad: tag + b"." * pad,
                    st.binary(max_size=6), st.sampled_from([0, 0, 0, 1, 100, 400, 700, 1500]))
 bounds = st.one_of(st.none(), keys)
+#: Every compression kind: a table's data blocks stored as each (values padded up to 1,500
+#: bytes of one byte shrink; short ones do not, and are stored as they are).
+COMPRESSION = st.sampled_from(["lz4", "zstd", "none"])
 
 
 class DBMachine(RuleBasedStateMachine):
@@ -90,21 +93,25 @@ class DBMachine(RuleBasedStateMachine):
             assert list(t.scan(reverse=True)) == want[::-1]
 
     # -------------------------------------------------------------- tables
-    @initialize(fp=st.sampled_from([0.01, 0.1, 1.0]))
-    def start_with_a_table(self, fp):
-        self.db.create_table("t1", bloom_filter_fp_chance=fp, **SMALL)
+    @initialize(fp=st.sampled_from([0.01, 0.1, 1.0]), compression=COMPRESSION,
+                default_compression=COMPRESSION)
+    def start_with_a_table(self, fp, compression, default_compression):
+        self.db.alter_table("default", compression=default_compression)
+        self.db.create_table("t1", bloom_filter_fp_chance=fp, compression=compression, **SMALL)
         self.model["t1"] = {}
         self.written["t1"] = set()
 
-    @rule(name=st.sampled_from(EXTRA_TABLES), fp=st.sampled_from([0.001, 0.01, 0.1, 1.0]))
-    def create_table(self, name, fp):
+    @rule(name=st.sampled_from(EXTRA_TABLES), fp=st.sampled_from([0.001, 0.01, 0.1, 1.0]),
+          compression=COMPRESSION)
+    def create_table(self, name, fp, compression):
         if name in self.model:
             try:
                 self.db.create_table(name, bloom_filter_fp_chance=fp, **SMALL)
             except lsmdb.TableExistsError:
                 return
             raise AssertionError(f"create_table({name!r}) twice did not raise")
-        t = self.db.create_table(name, bloom_filter_fp_chance=fp, **SMALL)
+        t = self.db.create_table(name, bloom_filter_fp_chance=fp, compression=compression,
+                                 **SMALL)
         self.model[name] = {}
         self.written[name] = set()
         # a table created (possibly re-created after a drop) starts empty
@@ -348,6 +355,8 @@ class DBMachine(RuleBasedStateMachine):
             o = self.db.table(name).options
             assert o.memtable_size_bytes == SMALL["memtable_size_bytes"]
             assert o.block_size_bytes == SMALL["block_size_bytes"]
+            for info in self.db.sstables(name):  # written with the table's compression
+                assert (info.format_version, info.compression) == (2, o.compression)
 
 
 DBMachine.TestCase.settings = settings(

@@ -21,8 +21,9 @@ index or footer is (offset, payload size).  Payloads are msgpack
 its checksum holds and :func:`decode_data_block` accepts it: the payload is
 exactly what the writer writes -- the msgpack of the lists of its format in
 their shortest encoding, keys bins strictly increasing, values bins or nil,
-tags and expiries as above, no byte left over -- and its keys lie where the index says: above the
-previous block's last key, the last one the index key of this block.  Any
+tags and expiries as above, no byte left over -- and its keys lie where the
+index says: above the previous block's last key, the last one the index key
+of this block.  Any
 other checksum-valid block is a ``CorruptionError`` naming the file and the
 block's offset, before any key in it answers a read.  The C twin
 (lsmdb/csrc/block.c) applies the same rule in one walk of the bytes.

@@ -70,10 +70,8 @@ def compress(kind: int, payload: bytes) -> tuple[int, bytes]:
     return kind, stored
 
 
-def _stored_length(kind: int, stored: bytes | memoryview) -> int:
-    """The payload length the stored bytes record; -1 if they record none."""
-    if kind == LZ4:
-        return int.from_bytes(stored[:4], "little") if len(stored) >= 4 else -1
+def _zstd_length(stored: bytes | memoryview) -> int:
+    """The payload length a Zstandard frame records; -1 if it records none."""
     try:
         size = zstandard.frame_content_size(stored)
     except zstandard.ZstdError:
@@ -96,20 +94,17 @@ def decompress(kind: int, stored: bytes | memoryview, path: str, offset: int) ->
         if not payload:
             raise CorruptionError("compressed data block records no valid length", path, offset)
         return payload
-    if kind not in NAMES:
+    if kind != ZSTD:
         raise CorruptionError(f"data block of unknown compression type {kind}", path, offset)
-    size = _stored_length(kind, stored)
+    size = _zstd_length(stored)
     if not 0 < size <= MAX_PAYLOAD:
         raise CorruptionError("compressed data block records no valid length", path, offset)
-    try:
-        if kind == LZ4:
-            payload = _lz4_decompress(stored)
-        else:  # exactly one frame: nothing after it, and it ends
-            frame = _zstd.d.decompressobj()
-            payload = frame.decompress(stored)
-            if not frame.eof or frame.unused_data:
-                raise ValueError("not one whole frame")
-    except Exception as exc:  # lz4 and zstandard raise their own types
+    try:  # exactly one frame: nothing after it, and it ends
+        frame = _zstd.d.decompressobj()
+        payload = frame.decompress(stored)
+        if not frame.eof or frame.unused_data:
+            raise ValueError("not one whole frame")
+    except Exception as exc:  # zstandard raises its own types
         raise CorruptionError(f"data block does not decompress ({type(exc).__name__})",
                               path, offset) from None
     if len(payload) != size:

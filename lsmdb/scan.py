@@ -53,11 +53,12 @@ def entry_tagged(reader: SSTableReader, entry: bytes) -> tuple[list[bytes], list
     """(keys, values, tags) of a cached block of ``reader``'s file: a format-2
     block's payload holds its tags; a format-1 file's entries are tagged as
     ``SSTableReader.decode_full`` tags them."""
-    keys, values = entry_lists(entry)
     if reader.version < 2:
+        keys, values = entry_lists(entry)
         return keys, values, tags_for(values, reader.max_seq)
     _count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
-    return keys, values, msgpack.unpackb(memoryview(entry)[:plen], use_list=True)[2]
+    lists = msgpack.unpackb(memoryview(entry)[:plen], raw=False, use_list=True)  # one decode
+    return lists[0], lists[1], lists[2]
 
 
 def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,

@@ -332,10 +332,10 @@ class SSTableReader:
         accepts it), under the data block rule.  A format-1 file records no
         sequence numbers: its entries are tagged with the file's ``max_seq``,
         newer than any older file's and older than any newer one's."""
-        after, last = self.bounds(i)
         if self.version < 2:
             keys, values = self.decode_raw(i, raw)
             return keys, values, blk.tags_for(values, self.max_seq)
+        after, last = self.bounds(i)
         payload = self.payload_of(i, raw)
         if _block_full is not None:
             try:

@@ -4,14 +4,17 @@ On disk a block is ``payload | crc32(payload) u32``; its *handle* in the
 index or footer is (offset, payload size).  Payloads are msgpack
 (docs/FORMAT.md §4.2, §4.3):
 
-* data block, format 2: ``[[key, ...], [value|nil, ...], [tag, ...],
-  [expiry, ...]]`` -- keys strictly increasing bytewise; ``nil`` is a
+* data block, formats 2 and 3: ``[[key, ...], [value|nil, ...], [tag, ...],
+  [expires, ...]]`` -- keys strictly increasing bytewise; ``nil`` is a
   tombstone; each entry's tag is ``seq << 8 | kind``, an unsigned integer
-  (kind 0 a tombstone, 1 a value; nil exactly where the kind is 0).  Kind 2,
-  an expiring value, and the expiries list (when each expiring value
-  expires) are reserved: a file holding them will carry a later format
-  version, so format 2's expiries list is always empty and a kind-2 entry in
-  a format-2 file is refused like any other block the writer cannot write.
+  (kind 0 a tombstone, 1 a value, 2 an expiring value; nil exactly where the
+  kind is 0).  The expiries list is empty unless the block holds an expiring
+  value; then it has one unsigned integer per entry: the microsecond an
+  expiring value expires (lsmdb.ttl), 0 exactly where the kind is not 2.
+  Only a format-3 file holds expiring values: in a format-2 file kind 2 and
+  a non-empty expiries list are refused like any block the writer cannot
+  write.  (The writer marks a file format 3 only when it holds one, so files
+  without them stay readable by readers of format 2.)
 * data block, format 1: ``[[key, ...], [value|nil, ...]]``, the first two
   lists alone (no sequence numbers, no kinds).
 * index block: ``[[last_key, ...], [offset, ...], [size, ...]]`` -- one
@@ -34,9 +37,14 @@ the offsets of its entries, so that a lookup bisects the keys in place::
     payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32   (little-endian)
 
 ``key_at[j]`` is the offset in the payload of entry j's key's bin header,
-``value_at[j]`` of its value's header (bin or nil).  Only a block the rule
+``value_at[j]`` of its value's header (bin or nil).  A block with expiring
+values has its expiries after the offsets, ``expires[n] u64``, and the top
+bit of the ``n`` word set (``EXPIRIES_FLAG``).  Only a block the rule
 accepted becomes an entry; both read paths cache the same bytes, so the
 cache's budget counts them the same.
+
+Decoded, a block's values are what lsmdb carries everywhere (lsmdb.ttl):
+bytes, None for a tombstone, and ``(value, expires)`` for an expiring value.
 
 Worked example: the data block holding ``b"a" -> b"1"`` and a tombstone for
 ``b"b"`` is the msgpack ``92 92 c4 01 61 c4 01 62 92 c4 01 31 c0`` (13 bytes)
@@ -60,10 +68,12 @@ from .sstable_format import (
     BLOCK_TRAILER,
     BLOCK_TRAILER_SIZE,
     KIND_BITS,
+    KIND_EXPIRING,
     KIND_TOMBSTONE,
     KIND_VALUE,
     MISSING,
 )
+from .ttl import MAX_EXPIRES, has_expiring
 
 KIND_MASK = (1 << KIND_BITS) - 1
 
@@ -71,8 +81,9 @@ _packb = msgpack.packb
 _BYTES = {bytes}
 _VALUE_TYPES = {bytes, type(None)}
 
-#: A decoded data block: its keys in order, and their values (None: a tombstone).
-Block = tuple[list[bytes], list[bytes | None]]
+#: A decoded data block: its keys in order, and their values (None: a
+#: tombstone; (value, expires): an expiring value).
+Block = tuple[list[bytes], list[Any]]
 #: A decoded format-2 data block whole: keys, values, tags, expiries.
 FullBlock = tuple[list[bytes], list[bytes | None], list[int], list[int]]
 _INTS = {int}
@@ -82,6 +93,11 @@ CACHE_ENTRY_TAIL = struct.Struct("<II")
 #: The bytes of one offset of a cached block.
 CACHE_ENTRY_OFFSET = struct.Struct("<I")
 _U32 = CACHE_ENTRY_OFFSET.unpack_from
+#: Set in a cached block's entry count when its expiries follow the offsets.
+EXPIRIES_FLAG = 1 << 31
+#: One expiry of a cached block.
+CACHE_ENTRY_EXPIRY = struct.Struct("<Q")
+_U64 = CACHE_ENTRY_EXPIRY.unpack_from
 
 
 def encode_block(payload_obj: Any) -> bytes:
@@ -108,12 +124,32 @@ def unpack(payload: bytes | memoryview, path: str, offset: int, what: str) -> An
         raise CorruptionError(f"{what} undecodable ({type(exc).__name__})", path, offset) from None
 
 
-def encode_data_payload(keys: list[bytes], values: list[bytes | None], tags: list[int],
-                        expiries: list[int], version: int = 2) -> bytes:
-    """The payload of a data block of format ``version`` (1: keys and values only)."""
+def encode_data_payload(keys: list[bytes], values: list[Any], tags: list[int],
+                        version: int = 2) -> bytes:
+    """The payload of a data block of format ``version`` (1: keys and values
+    only); ``values`` as decoded ones are (expiring ones split out into the
+    expiries list)."""
     if version < 2:
         return _packb([keys, values], use_bin_type=True)
-    return _packb([keys, values, tags, expiries], use_bin_type=True)
+    if not has_expiring(values):
+        return _packb([keys, values, tags, []], use_bin_type=True)
+    stored, expiries = split_expiries(values)
+    return _packb([keys, stored, tags, expiries], use_bin_type=True)
+
+
+def split_expiries(values: list[Any]) -> tuple[list[bytes | None], list[int]]:
+    """Decoded values as a block stores them: the values, and one expiry per
+    entry (0: none)."""
+    stored = [v[0] if type(v) is tuple else v for v in values]
+    return stored, [v[1] if type(v) is tuple else 0 for v in values]
+
+
+def join_expiries(values: list[bytes | None], expiries: list[int]) -> list[Any]:
+    """A block's stored values and expiries as decoded values (the list itself
+    when the block has no expiries)."""
+    if not expiries:
+        return values
+    return [v if e == 0 else (v, e) for v, e in zip(values, expiries, strict=True)]
 
 
 def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
@@ -129,15 +165,15 @@ def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
     >>> decode_data_block(payload, "f.sst", 0, None, b"b")
     ([b'a', b'b'], [b'1', None])
     """
-    keys, values, _tags, _expiries = decode_full(payload, path, offset, after, last, version)
-    return keys, values
+    keys, values, _tags, expiries = decode_full(payload, path, offset, after, last, version)
+    return keys, join_expiries(values, expiries)
 
 
 def decode_full(payload: bytes | memoryview, path: str, offset: int,
                 after: bytes | None = None, last: bytes | None = None,
                 version: int = 2) -> FullBlock:
-    """``decode_data_block`` with every list: (keys, values, tags, expiries).
-    A format-1 block has no tags and no expiries ([] and [])."""
+    """``decode_data_block`` with every list as stored: (keys, values, tags,
+    expiries).  A format-1 block has no tags and no expiries ([] and [])."""
     obj = unpack(payload, path, offset, "data block")
     lists = 4 if version >= 2 else 2
     if (type(obj) is not list or len(obj) != lists or not all(type(x) is list for x in obj)
@@ -160,29 +196,41 @@ def decode_full(payload: bytes | memoryview, path: str, offset: int,
     if (after is not None and keys[0] <= after) or (last is not None and keys[-1] != last):
         raise CorruptionError("data block does not match its index entry", path, offset)
     if version >= 2:
-        _check_tags(values, tags, expiries, path, offset)
+        _check_tags(values, tags, expiries, path, offset, version)
     return keys, values, tags, expiries
 
 
 def _check_tags(values: list[bytes | None], tags: list[Any], expiries: list[Any], path: str,
-                offset: int) -> None:
+                offset: int, version: int) -> None:
     """CorruptionError unless tags and expiries meet the rule (module docstring).
     (Their encoding, the shortest, was checked with the whole payload's.)"""
     if len(tags) != len(values) or not set(map(type, tags)) <= _INTS or min(tags) < 0:
         raise CorruptionError("data block tags of the wrong shape", path, offset)
     kinds = [t & KIND_MASK for t in tags]
-    if max(kinds) > KIND_VALUE:
-        raise CorruptionError("data block entry of a kind format 2 does not hold", path, offset)
-    if expiries:
-        raise CorruptionError("data block holds expiries (format 2 has none)", path, offset)
+    top = max(kinds)
+    if top > (KIND_EXPIRING if version >= 3 else KIND_VALUE):
+        raise CorruptionError(f"data block entry of a kind format {version} does not hold",
+                              path, offset)
     if any((k == KIND_TOMBSTONE) != (v is None) for k, v in zip(kinds, values, strict=True)):
         raise CorruptionError("data block kinds do not match its values", path, offset)
+    if (top == KIND_EXPIRING) != bool(expiries):
+        raise CorruptionError("data block expiries do not match its kinds", path, offset)
+    if expiries:
+        if len(expiries) != len(values) or not set(map(type, expiries)) <= _INTS or \
+                min(expiries) < 0 or max(expiries) > MAX_EXPIRES or \
+                any((k == KIND_EXPIRING) != (e != 0)
+                    for k, e in zip(kinds, expiries, strict=True)):
+            raise CorruptionError("data block expiries do not match its kinds", path, offset)
 
 
-def tags_for(values: list[bytes | None], seq: int) -> list[int]:
-    """The tags of entries written at ``seq``, none of them expiring."""
+def tags_for(values: list[Any], seq: int) -> list[int]:
+    """The tags of entries written at ``seq`` (decoded values: tuples expire)."""
     value_tag = seq << KIND_BITS | KIND_VALUE
     tomb_tag = seq << KIND_BITS | KIND_TOMBSTONE
+    if has_expiring(values):
+        exp_tag = seq << KIND_BITS | KIND_EXPIRING
+        return [tomb_tag if v is None else exp_tag if type(v) is tuple else value_tag
+                for v in values]
     return [tomb_tag if v is None else value_tag for v in values]
 
 
@@ -202,6 +250,9 @@ def cache_entry(payload: bytes | memoryview, block: Block) -> bytes:
     keys, values = block
     n = len(keys)
     key_lens = list(map(len, keys))
+    expiries: list[int] = []
+    if has_expiring(values):
+        values, expiries = split_expiries(values)
     value_lens = [0 if v is None else len(v) for v in values]
     value_heads = [1 if v is None else h
                    for v, h in zip(values, _header_sizes(value_lens), strict=True)]
@@ -212,8 +263,17 @@ def cache_entry(payload: bytes | memoryview, block: Block) -> bytes:
     value_at = list(accumulate((h + (0 if v is None else k) for h, k, v in
                                 zip(value_heads, value_lens, values, strict=True)),
                                initial=values_start))
-    return b"".join((bytes(payload), struct.pack(f"<{2 * n + 2}I", *key_at[:-1], *value_at[:-1],
-                                                  n, len(payload))))
+    offsets = struct.pack(f"<{2 * n}I", *key_at[:-1], *value_at[:-1])
+    tail = CACHE_ENTRY_TAIL.pack(n | (EXPIRIES_FLAG if expiries else 0), len(payload))
+    if not expiries:
+        return b"".join((bytes(payload), offsets, tail))
+    return b"".join((bytes(payload), offsets, struct.pack(f"<{n}Q", *expiries), tail))
+
+
+def _entry_tail(entry: bytes) -> tuple[int, int, bool]:
+    """(entry count, payload size, whether expiries follow) of a cached block."""
+    word, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
+    return word & ~EXPIRIES_FLAG, plen, bool(word & EXPIRIES_FLAG)
 
 
 def _bin_at(entry: bytes, at: int) -> tuple[int, int]:
@@ -227,9 +287,10 @@ def _bin_at(entry: bytes, at: int) -> tuple[int, int]:
 
 
 def entry_find(entry: bytes, key: bytes) -> Any:
-    """``key``'s value in a cached block: the value, None for a tombstone, or
-    MISSING.  Bisects the keys through their offsets.  O(log n)."""
-    count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
+    """``key``'s value in a cached block: the value, None for a tombstone,
+    (value, expires) for an expiring value, or MISSING.  Bisects the keys
+    through their offsets.  O(log n)."""
+    count, plen, with_expiries = _entry_tail(entry)
     lo, hi = 0, count
     while lo < hi:
         mid = (lo + hi) // 2
@@ -247,14 +308,28 @@ def entry_find(entry: bytes, key: bytes) -> Any:
     if entry[at] == 0xC0:
         return None
     start, length = _bin_at(entry, at)
-    return entry[start:start + length]
+    value = entry[start:start + length]
+    if with_expiries:
+        expires = _U64(entry, plen + 8 * count + 8 * lo)[0]
+        if expires:
+            return value, expires
+    return value
 
 
 def entry_lists(entry: bytes) -> Block:
     """The (keys, values) of a cached block."""
-    _count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
+    keys, values, _tags = entry_tagged(entry)
+    return keys, values
+
+
+def entry_tagged(entry: bytes) -> tuple[list[bytes], list[Any], list[int]]:
+    """The (keys, values, tags) of a cached block of format 2 or 3 (tags [] in
+    format 1's), its payload decoded once."""
+    _count, plen, _expiring = _entry_tail(entry)
     lists = msgpack.unpackb(memoryview(entry)[:plen], raw=False, use_list=True)
-    return lists[0], lists[1]
+    if len(lists) < 4:
+        return lists[0], lists[1], []
+    return lists[0], join_expiries(lists[1], lists[3]), lists[2]
 
 
 def find_in_block(block: Block, key: bytes) -> Any:

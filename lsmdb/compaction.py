@@ -19,7 +19,10 @@ Two strategies (table option ``compaction``):
 
 Every output gets a new filter sized from its exact entry count and the
 table's *current* ``bloom_filter_fp_chance``.  Tombstones are dropped only
-when the output is the bottom of the tree for its key range.
+when the output is the bottom of the tree for its key range.  A value that
+has expired when the compaction starts (lsmdb.ttl) becomes a tombstone
+first: dropped at the bottom, kept above it, where it still hides the key's
+older versions.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from .filters import DEFAULT_FAMILY, FilterSpec
 from .filters.hashing import FAST_HASHER, Hasher
 from .merge import Chunks, merge_newest
 from .scan import chunks
+from .sstable_format import KIND_BITS, KIND_TOMBSTONE
 from .sstable_reader import SSTableReader
 from .sstable_writer import WRITE_BUFFER_BYTES, SSTableBuilder, take_tagged
+from .ttl import has_expiring
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -223,6 +228,23 @@ def newest_first(inputs: list[SSTableReader]) -> list[SSTableReader]:
     return l0 + deeper
 
 
+def expired_as_tombstones(source: Iterator[tuple[list[bytes], list[Any], list[int]]],
+                          now_us: int) -> Iterator[tuple[list[bytes], list[Any], list[int]]]:
+    """A compaction's tagged chunks with every value expired at ``now_us`` a
+    tombstone of the same sequence number: the merge then drops it where no
+    older data of its key can lie below (``job.bottom``) and keeps it where
+    some may, so that an older value never comes back (lsmdb.ttl)."""
+    for keys, values, tags in source:
+        if has_expiring(values):
+            values = list(values)
+            tags = list(tags)
+            for j, v in enumerate(values):
+                if type(v) is tuple and now_us >= v[1]:
+                    values[j] = None
+                    tags[j] = tags[j] >> KIND_BITS << KIND_BITS | KIND_TOMBSTONE
+        yield keys, values, tags
+
+
 def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[[int], str],
         hasher: Hasher = FAST_HASHER, db_id: str = "") -> list[SSTableReader]:
     """Merge ``job.inputs`` into new fsynced files; returns readers of the outputs.
@@ -233,7 +255,9 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     spec = target_spec(state, _output_in_last_level(job), hasher)
-    sources: list[Chunks] = [chunks(r, None, None, tagged=True)
+    now_us = state.now_us()
+    sources: list[Chunks] = [chunks(r, None, None, tagged=True) if r.version < 3 else
+                             expired_as_tombstones(chunks(r, None, None, tagged=True), now_us)
                              for r in newest_first(job.inputs)]
     merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)

@@ -44,6 +44,7 @@ from .scan import ScanIterator, scan
 from .snapshot import Snapshot
 from .table import SSTableInfo, TableState
 from .trace import trace_read
+from .ttl import clock_us
 from .versions import Versions
 from .writepath import WritePath
 
@@ -89,7 +90,8 @@ class DB(ScanMapping):
                  sync: bool = False, read_only: bool = False,
                  auto_compaction: bool = True,
                  block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
-                 mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None) -> None:
+                 mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
         for name, flag in (("create_if_missing", create_if_missing), ("sync", sync),
                            ("read_only", read_only), ("auto_compaction", auto_compaction),
                            ("mmap_reads", mmap_reads)):
@@ -104,7 +106,8 @@ class DB(ScanMapping):
         self._read_only = read_only
         self._auto_compaction = auto_compaction
         versions = self._versions = Versions(self.path, read_only=self._read_only,
-                                             block_cache=cache, mmap_reads=mmap_reads)
+                                             block_cache=cache, mmap_reads=mmap_reads,
+                                             now_us=clock_us(clock))
         self._flusher = Flusher(versions, self._flushed)
         self._compactor = Compactor(versions, self._save_counters)
         self._stats_lock = threading.Lock()
@@ -165,9 +168,11 @@ class DB(ScanMapping):
         return [self._versions.tables[n] for n in sorted(self._versions.tables)]
 
     # ---------------------------------------------------------------- writes
-    def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
-        """Set ``key`` to ``value`` in the default table (fsync first if ``sync``)."""
-        self._default.put(key, value, sync)
+    def put(self, key: Any, value: Any, sync: bool | None = None, ttl: Any = None) -> None:
+        """Set ``key`` to ``value`` in the default table (fsync first if ``sync``).
+        ``ttl``: seconds until it reads as absent everywhere (None: the table's
+        ``default_time_to_live``; 0: never expires)."""
+        self._default.put(key, value, sync, ttl)
 
     def delete(self, key: Any, sync: bool | None = None) -> None:
         """Delete ``key`` from the default table (a tombstone; no error if absent)."""
@@ -500,7 +505,8 @@ if _Contains is not None:  # `key in db` as the method above, without its Python
 def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: bool = False,
          read_only: bool = False, auto_compaction: bool = True,
          block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
-         mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None) -> DB:
+         mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None,
+         clock: Callable[[], float] | None = None) -> DB:
     """Open (or create) the database in directory ``path``.
 
     ``sync=True`` fsyncs the WAL before every write returns (per call:
@@ -518,11 +524,14 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
     ``max_total_wal_size_bytes`` bounds the WAL segments kept on disk (and
     replayed at the next open): past it, the tables whose memtables hold
     records of the oldest segment are flushed.  None: four times the sum of
-    every table's ``memtable_size_bytes``.
+    every table's ``memtable_size_bytes``.  ``clock``, what expiring values
+    (``put(..., ttl=...)``) expire by: a callable returning seconds since the
+    epoch (None: ``time.time``; tests give their own).
     """
     return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
               auto_compaction=auto_compaction, block_cache_size_bytes=block_cache_size_bytes,
-              mmap_reads=mmap_reads, max_total_wal_size_bytes=max_total_wal_size_bytes)
+              mmap_reads=mmap_reads, max_total_wal_size_bytes=max_total_wal_size_bytes,
+              clock=clock)
 
 
 __all__ = ["DB", "open", "LsmdbError"]

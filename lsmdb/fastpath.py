@@ -89,6 +89,7 @@ class FastPath(NamedTuple):
     cache: Any                                    # the block cache, or None
     shadow: bool                                  # shadow mode: read what the filter rejects
     version: Version                              # the files, as lsmdb.version has them
+    now_us: Callable[[], int]                     # the clock expiring values expire by
 
 
 def probe_of(reader: SSTableReader) -> FileProbe:
@@ -102,7 +103,7 @@ def probe_of(reader: SSTableReader) -> FileProbe:
 
 
 def fast_path(mem: Memtable, imms: Sequence[Memtable], version: Version, cache: Any,
-              shadow: bool, with_c: bool) -> FastPath:
+              shadow: bool, with_c: bool, now_us: Callable[[], int]) -> FastPath:
     """The FastPath of these memtables (newest first) and ``version``'s files
     (level 0 newest first, then each deeper level's files in key order), read
     through ``cache``; with the C Probes of the files when ``with_c``."""
@@ -112,7 +113,7 @@ def fast_path(mem: Memtable, imms: Sequence[Memtable], version: Version, cache: 
     files = l0_probes + tuple(p for level in levels for p in level.files)
     return FastPath(mem.data, tuple(m.data for m in imms), l0_probes, levels,
                     _c_probes(l0_probes, levels) if with_c else None, files,
-                    (mem.filter, *(m.filter for m in imms)), cache, shadow, version)
+                    (mem.filter, *(m.filter for m in imms)), cache, shadow, version, now_us)
 
 
 def _c_probes(l0: tuple[FileProbe, ...], deeper: tuple[Level, ...]) -> Any:

@@ -12,8 +12,22 @@ from .options import TableOptions
 from .readpath import get_many, state_getter
 from .scan import ScanIterator, scan
 from .table import TableState
+from .ttl import expires_at, validate_ttl
 from .versions import Versions
 from .writepath import WritePath
+
+
+def with_ttl(state: TableState, value: bytes, ttl: Any) -> Any:
+    """``value`` as a put with ``ttl`` stores it in ``state``'s table: itself, or
+    (value, expires) when it expires -- after ``ttl`` seconds, or (``ttl``
+    None) the table's ``default_time_to_live``; 0 never (lsmdb.ttl)."""
+    if ttl is None:
+        ttl = state.options.default_time_to_live
+        if not ttl:
+            return value
+    elif validate_ttl(ttl) == 0:
+        return value
+    return value, expires_at(state.now_us(), ttl)
 
 
 class Table(ScanMapping):
@@ -52,9 +66,17 @@ class Table(ScanMapping):
         """The table's effective options (defaults resolved)."""
         return self._live().options
 
-    def put(self, key: Any, value: Any, sync: bool | None = None) -> None:
-        """Set ``key`` to ``value`` (fsync the WAL first if ``sync``)."""
-        self._writes.write_columns(self._live(), [as_key(key)], [as_value(value)], sync)
+    def put(self, key: Any, value: Any, sync: bool | None = None, ttl: Any = None) -> None:
+        """Set ``key`` to ``value`` (fsync the WAL first if ``sync``).  ``ttl``:
+        seconds until it reads as absent (None: the table's
+        ``default_time_to_live``; 0: never)."""
+        state = self._live()
+        stored = as_value(value)
+        if ttl is not None or state.options.default_time_to_live:
+            stored = with_ttl(state, stored, ttl)
+            self._writes.write_columns(state, [as_key(key)], [stored], sync, True)
+            return
+        self._writes.write_columns(state, [as_key(key)], [stored], sync)
 
     def delete(self, key: Any, sync: bool | None = None) -> None:
         """Delete ``key`` (a tombstone; no error when it is absent)."""
@@ -76,6 +98,13 @@ class Table(ScanMapping):
              reverse: bool = False) -> ScanIterator:
         """(key, value) pairs with start <= key < end in key order (see ``DB.scan``)."""
         return scan(self._versions, self._live(), start, end, prefix, reverse)
+
+    def _scan_expiring(self) -> tuple[ScanIterator, int]:
+        """Every live entry, expiring values as (value, expires) tuples (an
+        export's), and the clock when the scan's view was taken."""
+        state = self._live()
+        it = scan(self._versions, state, None, None, None, False, keep_expiring=True)
+        return it, state.now_us()
 
     def flush(self) -> None:
         """Write this table's memtable to an SSTable now."""
@@ -112,7 +141,8 @@ class WriteBatch:
     Use as ``with db.batch() as b:``; the batch commits on normal exit and is
     discarded if the block raises.  Keys and values are kept in two lists
     (and, once a second table appears, the table of each op in a third), so
-    a put is two appends.
+    a put is two appends.  A put's time to live is counted from the put
+    call, not the commit.
     """
 
     def __init__(self, writes: WritePath, resolve: Callable[[str | None], TableState],
@@ -121,19 +151,27 @@ class WriteBatch:
         self._resolve = resolve  # table name (None: the default table) -> its state
         self._sync = sync
         self._keys: list[bytes] = []
-        self._values: list[bytes | None] = []
+        self._values: list[Any] = []
         self._states: list[TableState] | None = None  # None: every op is on the default table
         self._done = False
+        self._expiring = False  # whether a value in it expires
         self._default = resolve(None)
 
-    def put(self, key: Any, value: Any, table: str | None = None) -> None:
-        """Add a put of ``key`` in ``table`` (None: the default table) to the batch."""
+    def put(self, key: Any, value: Any, table: str | None = None, ttl: Any = None) -> None:
+        """Add a put of ``key`` in ``table`` (None: the default table) to the
+        batch; ``ttl`` as for ``Table.put``."""
         if self._done:
             self._check()
         if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
             key = as_key(key)
         if type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES:
             value = as_value(value)
+        if ttl is not None or table is not None or self._default.options.default_time_to_live:
+            state = self._default if table is None else self._resolve(table)
+            if ttl is not None or state.options.default_time_to_live:
+                value = with_ttl(state, value, ttl)
+                if type(value) is tuple:
+                    self._expiring = True
         if table is None and self._states is None:
             self._keys.append(key)
             self._values.append(value)
@@ -145,7 +183,7 @@ class WriteBatch:
         self._check()
         self._add(table, as_key(key), None)
 
-    def _add(self, table: str | None, key: bytes, value: bytes | None) -> None:
+    def _add(self, table: str | None, key: bytes, value: Any) -> None:
         state = self._default if table is None else self._resolve(table)
         if self._states is None:
             if state is self._default:
@@ -171,10 +209,11 @@ class WriteBatch:
         if not self._keys:
             return
         if self._states is None:
-            self._writes.write_columns(self._default, self._keys, self._values, self._sync)
+            self._writes.write_columns(self._default, self._keys, self._values, self._sync,
+                                       self._expiring)
         else:
             self._writes.write(list(zip(self._states, self._keys, self._values, strict=True)),
-                               self._sync)
+                               self._sync, self._expiring)
 
     def discard(self) -> None:
         """Drop every operation; nothing is written."""

@@ -43,11 +43,13 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
+from typing import Any
 
 import msgpack
 
 from .errors import CorruptionError
 from .files import SwitchedButNotSynced, read_file, unlink_quietly, wal_name
+from .ttl import MAX_EXPIRES
 
 try:  # optional C speedups (lsmdb/csrc/logset.c)
     from ._speedups import encode_ops as _encode_ops
@@ -62,17 +64,18 @@ from .wal import (
     read_segment_file,
 )
 
-Op = tuple[int, bytes, "bytes | None"]
+Op = tuple[int, bytes, Any]  # (table id, key, value: bytes, None or (bytes, expires))
 
 
-def encode_record(seq: int, ops: list[tuple[int, bytes, bytes | None]]) -> bytes:
-    """One WAL record payload: msgpack [seq, [[table_id, key, value|None], ...]]
-    (tuples pack as arrays: the same bytes as lists)."""
+def encode_record(seq: int, ops: list[tuple[int, bytes, Any]]) -> bytes:
+    """One WAL record payload: msgpack [seq, [[table_id, key, value], ...]],
+    each value a bin, nil (a delete) or [bin, expires] (an expiring value,
+    lsmdb.ttl) -- tuples pack as arrays: the same bytes as lists."""
     return msgpack.packb([seq, ops], use_bin_type=True)
 
 
 def encode_table_record(seq: int, table_id: int, keys: list[bytes],
-                        values: list[bytes | None]) -> bytes:
+                        values: list[Any]) -> bytes:
     """``encode_record`` of ops that all go to one table: keys[i] -> values[i]
     (the C speedups write the same bytes about 10x faster than msgpack)."""
     if _encode_ops is not None:
@@ -81,16 +84,22 @@ def encode_table_record(seq: int, table_id: int, keys: list[bytes],
 
 
 def decode_record(payload: bytes, path: str, offset: int) -> tuple[int, list[Op]]:
-    """(seq, [(table_id, key, value|None)]) of one record; CorruptionError if malformed."""
+    """(seq, [(table_id, key, value)]) of one record, each value bytes, None
+    or (value, expires); CorruptionError if malformed."""
     try:
         seq, ops = msgpack.unpackb(payload, raw=False)
         if type(seq) is not int or seq < 0 or type(ops) is not list:
             raise ValueError
         decoded = []
         for tid, key, value in ops:
-            if type(tid) is not int or type(key) is not bytes or not (
-                    value is None or type(value) is bytes):
+            if type(tid) is not int or type(key) is not bytes:
                 raise ValueError
+            if value is not None and type(value) is not bytes:
+                v, expires = value  # an expiring value
+                if type(v) is not bytes or type(expires) is not int or \
+                        not 0 < expires <= MAX_EXPIRES:
+                    raise ValueError
+                value = (v, expires)
             decoded.append((tid, key, value))
     except Exception:
         raise CorruptionError("WAL record undecodable", path, offset) from None

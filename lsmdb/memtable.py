@@ -9,7 +9,8 @@ list lazily: writes only remember them (``_pending``) and the first ordered
 read after them sorts them in, in one ``SortedList.update`` -- so a bulk load
 pays for ordering once per flush instead of once per batch.  A memtable is
 mutable until frozen for a flush (``freeze`` sorts what is pending); a frozen
-memtable never changes again.  Tombstones are stored as ``None``.
+memtable never changes again.  Tombstones are stored as ``None``, expiring
+values as ``(value, expires)`` tuples (lsmdb.ttl), which readers resolve.
 
 With the C speedups a memtable also keeps a Bloom filter of its keys
 (``filter``, in memory only), through which the C get skips the dict lookup
@@ -26,7 +27,8 @@ from typing import Any
 
 from sortedcontainers import SortedList
 
-from .sstable_format import KIND_BITS, KIND_TOMBSTONE, KIND_VALUE, MISSING
+from .sstable_format import KIND_BITS, KIND_EXPIRING, KIND_TOMBSTONE, KIND_VALUE, MISSING
+from .ttl import payload_len
 
 assert (KIND_BITS, KIND_TOMBSTONE, KIND_VALUE) == (8, 0, 1)  # apply's literals
 
@@ -40,13 +42,13 @@ ENTRY_OVERHEAD_BYTES = 64
 
 
 class Memtable:
-    """Sorted map ``key -> value | None`` with size accounting.
+    """Sorted map ``key -> value | None | (value, expires)`` with size accounting.
 
     ``apply`` is O(log n); a point lookup is ``data.get(key)``, O(1).
     """
 
     __slots__ = ("data", "tags", "filter", "_keys", "_pending", "size_bytes", "min_seq",
-                 "max_seq", "frozen", "flush_seq", "undos")
+                 "max_seq", "frozen", "flush_seq", "undos", "expiring")
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes | None] = {}
@@ -65,6 +67,8 @@ class Memtable:
         #: One undo map per live snapshot of this (active) memtable (lsmdb.snapshot):
         #: what each key written since held before, recorded by the first write.
         self.undos: list[dict[bytes, Any]] = []
+        #: Whether an expiring value was ever written here (scans then resolve them).
+        self.expiring = False
 
     def __len__(self) -> int:
         return len(self.data)
@@ -99,8 +103,12 @@ class Memtable:
                 if key not in undo:
                     undo[key] = data.get(key, MISSING)
 
-    def apply(self, seq: int, key: bytes, value: bytes | None) -> None:
-        """Record ``value`` (None = tombstone) for ``key`` at sequence ``seq``."""
+    def apply(self, seq: int, key: bytes, value: Any) -> None:
+        """Record ``value`` (None = tombstone, a tuple an expiring value) for
+        ``key`` at sequence ``seq``."""
+        if type(value) is tuple:
+            self.apply_many(seq, {key: value}, True)
+            return
         if self.undos:
             self._remember((key,))
         data = self.data
@@ -113,7 +121,7 @@ class Memtable:
         else:
             old = data[key]
             if old is not None:
-                self.size_bytes -= len(old)
+                self.size_bytes -= payload_len(old)
         if value is not None:
             self.size_bytes += len(value)
             tag |= 1  # KIND_VALUE
@@ -124,8 +132,9 @@ class Memtable:
         if seq > self.max_seq:
             self.max_seq = seq
 
-    def apply_many(self, seq: int, items: dict[bytes, bytes | None]) -> None:
-        """``apply`` for every key of one batch, made visible to point reads at once.
+    def apply_many(self, seq: int, items: dict[bytes, Any], expiring: bool = False) -> None:
+        """``apply`` for every key of one batch, made visible to point reads at once
+        (``expiring``: some of its values may be expiring tuples).
 
         New keys join the sorted list at the next ordered read, all at once.
         """
@@ -134,11 +143,12 @@ class Memtable:
         data = self.data
         # filter/map over the batch run in C, in time proportional to the batch.
         new_keys = list(filterfalse(data.__contains__, items))
+        size = payload_len if expiring or self.expiring else len
         grow = (sum(map(len, new_keys)) + ENTRY_OVERHEAD_BYTES * len(new_keys)
-                + sum(map(len, filter(None, items.values()))))
+                + sum(map(size, filter(None, items.values()))))
         if len(new_keys) < len(items):  # overwrites: their old values leave
-            grow -= sum(map(len, filter(None, map(data.__getitem__,
-                                                  filter(data.__contains__, items)))))
+            grow -= sum(map(size, filter(None, map(data.__getitem__,
+                                                   filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
         tags = self.tags
@@ -148,6 +158,12 @@ class Memtable:
             for key, value in items.items():
                 if value is None:
                     tags[key] = tomb
+        if expiring:  # expiring values: their own kind
+            exp_tag = seq << KIND_BITS | KIND_EXPIRING
+            for key, value in items.items():
+                if type(value) is tuple:
+                    tags[key] = exp_tag
+                    self.expiring = True
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
             self._pending += new_keys
@@ -155,10 +171,11 @@ class Memtable:
         self._note_seq(seq)
 
     def chunk_range(self, start: bytes | None, end: bytes | None,
-                    reverse: bool = False) -> list[tuple[list[bytes], list[bytes | None]]]:
+                    reverse: bool = False) -> list[tuple[list[bytes], list[Any]]]:
         """The entries with start <= key < end as one (keys, values) chunk --
-        what :func:`lsmdb.merge.merge_newest` takes -- copied now (the active
-        memtable is read under the DB lock); [] when there are none."""
+        what :func:`lsmdb.merge.merge_newest` takes, expiring values as they
+        are (the scan resolves them) -- copied now (the active memtable is
+        read under the DB lock); [] when there are none."""
         keys = list(self.keys.irange(start, end, inclusive=(True, False), reverse=reverse))
         return [(keys, list(map(self.data.__getitem__, keys)))] if keys else []
 
@@ -180,6 +197,11 @@ class Memtable:
         if self.tags.keys() != self.data.keys():
             raise AssertionError("memtable tags and dict disagree")
         data = self.data
-        if any((t & 0xFF == KIND_TOMBSTONE) != (data[k] is None) for k, t in self.tags.items()):
+
+        def kind_of(value: Any) -> int:
+            return KIND_TOMBSTONE if value is None else \
+                KIND_EXPIRING if type(value) is tuple else KIND_VALUE
+
+        if any(t & 0xFF != kind_of(data[k]) for k, t in self.tags.items()):
             raise AssertionError("memtable tag kinds and values disagree")
 

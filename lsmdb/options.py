@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .ttl import MAX_TTL_SECONDS
+
 # A filter below this false-positive chance would need more than ~29 bits per
 # key; nothing in an LSM read path gains from that, and it catches typos such
 # as 1e-60.
@@ -70,6 +72,9 @@ class TableOptions:
     #: "lz4" (default, as Cassandra's), "zstd" (smaller, slower to write) or
     #: "none".  A block that does not shrink by an eighth is stored as it is.
     compression: str = "lz4"
+    #: Seconds a value put without ``ttl=`` lives (Cassandra's name): 0, the
+    #: default, never expires.  Changing it affects later puts only.
+    default_time_to_live: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """Every option and its value."""
@@ -127,6 +132,8 @@ OPTION_HELP: dict[str, str] = {
     "bloom_filter_skip_last_level": "no filter for files in the last level (default false)",
     "compression": "data blocks of new SSTables: lz4, zstd (smaller, slower to read) or none "
                    "(default lz4)",
+    "default_time_to_live": "seconds a value put without ttl= lives, 0 to 630720000 "
+                            "(0, the default: never expires)",
 }
 
 
@@ -175,6 +182,8 @@ def validate_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
             out[name] = _int_option(name, value, 64 * 1024, 1024 * 1024 * 1024)
         elif name == "bloom_filter_skip_last_level":
             out[name] = validate_bool(name, value)
+        elif name == "default_time_to_live":
+            out[name] = _int_option(name, value, 0, MAX_TTL_SECONDS)
     return out
 
 

@@ -73,13 +73,16 @@ log = logging.getLogger("lsmdb")
 LATEST = (1 << 64) - 1
 
 
-def visible(value: Any, bound: int) -> Any:
+def visible(value: Any, bound: int, view: FastPath) -> Any:
     """What an entry found for a key answers a read bounded by sequence number
-    ``bound``: the value, None (a tombstone: the key is deleted), or MISSING
-    (no version visible here: the read goes on to older data).  Every entry a
-    read finds, in a memtable or a file, comes here.  Entries of SSTable
-    format 1 carry one version per key and no expiry: each answers as it is.
+    ``bound`` in ``view``: the value, None (a tombstone, or an expiring value
+    past its time on the view's clock: the key is deleted), or MISSING (no
+    version visible here: the read goes on to older data).  Every entry a
+    read finds, in a memtable or a file, comes here.  Files keep one version
+    per key: each answers as it is, unless it has expired (lsmdb.ttl).
     """
+    if type(value) is tuple:
+        return value[0] if view.now_us() < value[1] else None
     return value
 
 
@@ -143,7 +146,7 @@ def lookup(view: FastPath, key: bytes, bound: int = LATEST,
     for age, data in enumerate((view.data, *view.imm_datas)):
         value = data.get(key, MISSING)
         if value is not MISSING:
-            value = visible(value, bound)
+            value = visible(value, bound, view)
             if value is not MISSING:
                 if observer is not None:
                     observer.memtable(age, value)
@@ -237,7 +240,7 @@ def file_blocks(view: FastPath, p: FileProbe, keys: list[bytes], bound: int = LA
                     log.error("%s: filter false negative for key %r -- the filter said "
                               "absent but the key is in the file (answer still correct: "
                               "shadow mode)", p.reader.path, keys[n])
-                out[n] = visible(value, bound)
+                out[n] = visible(value, bound, view)
             if observer is None:
                 counts[hit if value is not MISSING else miss] += 1
             else:
@@ -348,7 +351,7 @@ def many_python(state: TableState, view: FastPath, ks: list[bytes]) -> list[Any]
     for data in (view.data, *view.imm_datas):
         for i in range(n):
             if out[i] is MISSING:
-                out[i] = visible(data.get(ks[i], MISSING), LATEST)
+                out[i] = visible(data.get(ks[i], MISSING), LATEST, view)
     pending = [i for i in range(n) if out[i] is MISSING]
     hashes: dict[Any, list[int]] = {}
 

@@ -19,14 +19,14 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgpack
-
-from .block import CACHE_ENTRY_TAIL, Block, tags_for
+from . import block as blk
+from .block import Block, tags_for
 from .block import entry_lists as _py_entry_lists
 from .keys import as_key
 from .merge import merge_newest
 from .sstable_reader import READAHEAD_BLOCKS, SSTableReader
 from .stats import BLOCK_CACHE_HITS, BLOCK_READS
+from .ttl import resolve
 
 _c_entry_lists: Callable[[bytes], Block] | None
 try:  # optional C speedups (lsmdb/csrc/block.c)
@@ -42,13 +42,17 @@ if TYPE_CHECKING:
 
 
 def entry_lists(entry: bytes) -> Block:
-    """The (keys, values) of a cached block (lsmdb.block.entry_lists; C where built)."""
+    """The (keys, values) of a cached block (lsmdb.block.entry_lists; C where built,
+    for the blocks it reads)."""
     if _c_entry_lists is not None:
-        return _c_entry_lists(entry)
+        try:
+            return _c_entry_lists(entry)
+        except ValueError:
+            pass  # a block with expiries: Python reads those
     return _py_entry_lists(entry)
 
 
-def entry_tagged(reader: SSTableReader, entry: bytes) -> tuple[list[bytes], list[bytes | None],
+def entry_tagged(reader: SSTableReader, entry: bytes) -> tuple[list[bytes], list[Any],
                                                                list[int]]:
     """(keys, values, tags) of a cached block of ``reader``'s file: a format-2
     block's payload holds its tags; a format-1 file's entries are tagged as
@@ -56,17 +60,19 @@ def entry_tagged(reader: SSTableReader, entry: bytes) -> tuple[list[bytes], list
     if reader.version < 2:
         keys, values = entry_lists(entry)
         return keys, values, tags_for(values, reader.max_seq)
-    _count, plen = CACHE_ENTRY_TAIL.unpack_from(entry, len(entry) - CACHE_ENTRY_TAIL.size)
-    lists = msgpack.unpackb(memoryview(entry)[:plen], raw=False, use_list=True)  # one decode
-    return lists[0], lists[1], lists[2]
+    return blk.entry_tagged(entry)  # one decode
 
 
 def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
-           reverse: bool = False, tagged: bool = False) -> Iterator[Any]:
+           reverse: bool = False, tagged: bool = False, now_us: int | None = None,
+           keep_expiring: bool = False) -> Iterator[Any]:
     """The entries of ``reader``'s file with start <= key < end as (keys, values)
     lists, a data block at a time, in key order (descending when ``reverse``):
     what :func:`lsmdb.merge.merge_newest` takes; (keys, values, tags) lists
-    when ``tagged`` (a compaction's, whole blocks).  See the module docstring."""
+    when ``tagged`` (a compaction's, whole blocks), expiring values as
+    (value, expires) tuples.  With ``now_us``, a scan's: expiring values read
+    as they are at that moment (lsmdb.ttl.resolve; ``keep_expiring``, the
+    live ones stay tuples).  See the module docstring."""
     index_keys = reader.index_keys
     nblocks = len(index_keys)
     i = 0 if start is None else bisect_left(index_keys, start)
@@ -106,6 +112,8 @@ def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
             keys, values = keys[lo:hi], values[lo:hi]
         if reverse:
             keys, values = keys[::-1], values[::-1]
+        if now_us is not None and reader.version >= 3:
+            values = resolve(values, now_us, keep_expiring)
         yield keys, values
 
 
@@ -158,14 +166,17 @@ class ScanIterator(Protocol):
     def close(self) -> None: ...
 
 
-def view_scan(mem: list[tuple[list[bytes], list[bytes | None]]], imms: Sequence[Memtable],
+def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable],
               version: Version | None, lo: bytes | None, hi: bytes | None,
-              reverse: bool) -> ScanIterator:
+              reverse: bool, now_us: int = 0, keep_expiring: bool = False) -> ScanIterator:
     """A scan over a view: ``mem``, the active memtable's entries in [lo, hi)
     copied when the view was taken (one ascending (keys, values) chunk, or
     none), the frozen memtables ``imms`` (newest first), and ``version``'s
     files, which the scan holds (``version`` acquired for it: released when the
-    scan ends).  ``seek`` starts the merge again from a key over the same view."""
+    scan ends).  Expiring values read as they were at ``now_us``, the moment
+    the view was taken (``keep_expiring``: the live ones come out as (value,
+    expires) tuples, an export's).  ``seek`` starts the merge again from a key
+    over the same view."""
 
     def sources(a: bytes | None, b: bytes | None) -> list[Any]:
         out: list[Any] = []
@@ -174,17 +185,21 @@ def view_scan(mem: list[tuple[list[bytes], list[bytes | None]]], imms: Sequence[
             i = 0 if a is None else bisect_left(keys, a)
             j = len(keys) if b is None else bisect_left(keys, b)
             if i < j:
-                ks, vs = keys[i:j], values[i:j]
+                ks, vs = keys[i:j], resolve(values[i:j], now_us, keep_expiring)
                 out.append([(ks[::-1], vs[::-1]) if reverse else (ks, vs)])
         for imm in imms:  # frozen: they never change
             if len(imm):
                 chunk = imm.chunk_range(a, b, reverse)
                 if chunk:
+                    if imm.expiring:
+                        ks, vs = chunk[0]
+                        chunk = [(ks, resolve(vs, now_us, keep_expiring))]
                     out.append(chunk)
         if version is not None:
             for r in version.in_read_order():  # newest first, as the merge wants them
                 if (b is None or r.min_key < b) and (a is None or r.max_key >= a):
-                    out.append(chunks(r, a, b, reverse))
+                    out.append(chunks(r, a, b, reverse, now_us=now_us,
+                                      keep_expiring=keep_expiring))
         return out
 
     def reseek(key: Any) -> list[Any]:
@@ -209,12 +224,13 @@ def view_scan(mem: list[tuple[list[bytes], list[bytes | None]]], imms: Sequence[
 
 
 def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
-         reverse: bool) -> ScanIterator:
+         reverse: bool, keep_expiring: bool = False) -> ScanIterator:
     """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
     order (``reverse``: descending), over a view taken now: later writes,
-    flushes and compactions do not change what it returns.  One data block per
-    SSTable is in memory at a time; the view's files stay on disk until the
-    iterator is exhausted, closed or freed."""
+    flushes and compactions do not change what it returns, and a value that
+    expires later still comes out (``keep_expiring``: as a (value, expires)
+    tuple).  One data block per SSTable is in memory at a time; the view's
+    files stay on disk until the iterator is exhausted, closed or freed."""
     versions.check_open()
     lo, hi = bounds_of(start, end, prefix)
     reverse = bool(reverse)
@@ -224,7 +240,8 @@ def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: An
         mem, imms, version = state.mem, state.imms, state.version.acquire()
         try:
             snapshot = mem.chunk_range(lo, hi)
+            now_us = state.now_us()
         except BaseException:
             version.release()
             raise
-    return view_scan(snapshot, imms, version, lo, hi, reverse)
+    return view_scan(snapshot, imms, version, lo, hi, reverse, now_us, keep_expiring)

@@ -38,6 +38,7 @@ from .scan import ScanIterator, bounds_of, view_scan
 from .sstable_format import MISSING
 from .stats import GETS, GETS_ABSENT
 from .table import USE_SPEEDUPS
+from .ttl import live
 
 if TYPE_CHECKING:
     from .table import TableState
@@ -162,7 +163,7 @@ class Snapshot(ScanMapping):
         view = t.view
         if view is None:
             view = t.view = fast_path(_NoFilterMem(t.mem), t.imms,  # type: ignore[arg-type]
-                                      t.version, t.state.cache, False, False)
+                                      t.version, t.state.cache, False, False, t.state.now_us)
         return view
 
     def _getter(self, t: _Table) -> Any:
@@ -171,7 +172,7 @@ class Snapshot(ScanMapping):
         g = t.getter
         if g is None:
             view = fast_path(_NoFilterMem({}), t.imms, t.version,  # type: ignore[arg-type]
-                             t.state.cache, False, USE_SPEEDUPS)
+                             t.state.cache, False, USE_SPEEDUPS, t.state.now_us)
             g = t.getter = make_getter(self._versions, _FrozenPart(view, t.state.counts))  # type: ignore[arg-type]
         return g
 
@@ -185,6 +186,8 @@ class Snapshot(ScanMapping):
         value = t.mem.get(key, MISSING)
         if value is MISSING:
             return self._getter(t)(key, default)
+        if type(value) is tuple:  # an expiring value: read now (lsmdb.ttl)
+            value = live(value, t.state.now_us())
         counts = t.state.counts
         counts[GETS] += 1
         if value is None:
@@ -223,10 +226,11 @@ class Snapshot(ScanMapping):
             version = t.version.acquire()
             try:
                 first = t.mem.chunk_range(lo, hi)
+                now_us = t.state.now_us()
             except BaseException:
                 version.release()
                 raise
-        return view_scan(first, t.imms, version, lo, hi, reverse)
+        return view_scan(first, t.imms, version, lo, hi, reverse, now_us)
 
     def tables(self) -> list[str]:
         """The names of the tables in the snapshot, sorted."""

@@ -16,7 +16,9 @@ trailer.
 Format 2 (what lsmdb writes) ends each data block in a 5-byte trailer: the
 block's compression type (u8: :mod:`lsmdb.compression`), then the crc32 of
 the stored bytes and that type byte; its payload holds a sequence number and
-a kind for every entry (:mod:`lsmdb.block`).  Format 1 (still read) ends
+a kind for every entry (:mod:`lsmdb.block`).  Format 3 is format 2 with
+expiring values in it (kind 2 and the expiries list): the writer marks a
+file 3 only when it holds one.  Format 1 (still read) ends
 every block, data blocks too, in the 4-byte crc32 alone.  Index, filter and
 properties blocks are never compressed and end in the 4-byte crc32 in both.
 
@@ -33,7 +35,10 @@ from .coding import crc32
 
 SSTABLE_FORMAT_VERSION = 2  # the version lsmdb writes
 #: The versions lsmdb reads; a file of any other raises UnsupportedFormatError.
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, 2, 3)
+#: The version of a file that holds expiring values (format 2's layout, with
+#: kind 2 and the expiries list in use); the writer marks a file so only then.
+SSTABLE_FORMAT_EXPIRING = 3
 
 # Block trailer: crc32 (u32) of the block payload.  DO NOT CHANGE: on disk.
 BLOCK_TRAILER = struct.Struct("<I")

@@ -41,8 +41,8 @@ from .stats import FILE_COUNTERS, ArrayCounter
 
 _block_entry: Callable[[bytes, bytes | None, bytes | None, int], bytes] | None
 _block_lists: Callable[[bytes, bytes | None, bytes | None, int], Block] | None
-_block_full: Callable[[bytes, bytes | None, bytes | None],
-                      tuple[list[bytes], list[bytes | None], list[int]]] | None
+_block_full: Callable[[bytes, bytes | None, bytes | None, int],
+                      tuple[list[bytes], list[Any], list[int]]] | None
 _map_file: Callable[[int, int], Any] | None
 try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
     from ._speedups import block_entry as _block_entry
@@ -325,11 +325,11 @@ class SSTableReader:
         return blk.decode_data_block(payload, self.path, self.index_offsets[i], after, last,
                                      self.version)
 
-    def decode_full(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes],
-                                                                      list[bytes | None],
+    def decode_full(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], list[Any],
                                                                       list[int]]:
         """Block ``i``'s (keys, values, tags) from ``raw`` (as ``check_raw``
-        accepts it), under the data block rule.  A format-1 file records no
+        accepts it), under the data block rule, expiring values as (value,
+        expires) tuples.  A format-1 file records no
         sequence numbers: its entries are tagged with the file's ``max_seq``,
         newer than any older file's and older than any newer one's."""
         if self.version < 2:
@@ -339,12 +339,12 @@ class SSTableReader:
         payload = self.payload_of(i, raw)
         if _block_full is not None:
             try:
-                return _block_full(bytes(payload), after, last)
+                return _block_full(bytes(payload), after, last, self.version)
             except ValueError:
                 pass  # the Python rule says why (or, disagreeing, decodes it)
         full: FullBlock = blk.decode_full(payload, self.path, self.index_offsets[i], after,
                                           last, self.version)
-        return full[0], full[1], full[2]
+        return full[0], blk.join_expiries(full[1], full[3]), full[2]
 
     def read_block(self, i: int) -> Block:
         """Data block ``i``'s (keys, values), read from disk (one ``os.pread``) and

@@ -28,10 +28,12 @@ from .sstable_format import (
     KIND_EXPIRING,
     KIND_TOMBSTONE,
     MAX_SEQ,
+    SSTABLE_FORMAT_EXPIRING,
     SSTABLE_FORMAT_VERSION,
     pack_footer,
 )
 from .sstable_reader import SSTableReader
+from .ttl import has_expiring, payload_len
 
 
 class Sink(Protocol):
@@ -97,6 +99,8 @@ class SSTableBuilder:
         self._db_id = db_id
         self._seq = seq
         self._tags: list[int] = []
+        #: Entries with an expiring value (the file is then format 3).
+        self.expiring = 0
         self.uncompressed_bytes = 0
         self._out = out
         self._hasher = hasher
@@ -139,7 +143,11 @@ class SSTableBuilder:
             self.tombstones += 1
             self._block_bytes += len(key) + _ENTRY_OVERHEAD
         else:
-            self._block_bytes += len(key) + len(value) + _ENTRY_OVERHEAD
+            if type(value) is tuple:
+                if self._version < 2:
+                    raise ValueError("SSTable format 1 holds no expiring values")
+                self.expiring += 1
+            self._block_bytes += len(key) + payload_len(value) + _ENTRY_OVERHEAD
         self._keys.append(key)
         self._values.append(value)
         self._tags.append(tag)
@@ -159,10 +167,11 @@ class SSTableBuilder:
             self.add_chunk(keys, values)
 
     @staticmethod
-    def _check_tags(values: list[bytes | None], tags: list[int]) -> None:
+    def _check_tags(values: list[Any], tags: list[int]) -> None:
         for v, t in zip(values, tags, strict=True):
             kind = t & ((1 << KIND_BITS) - 1)
-            if kind >= KIND_EXPIRING or (kind == KIND_TOMBSTONE) != (v is None) or t < 0:
+            if kind > KIND_EXPIRING or (kind == KIND_TOMBSTONE) != (v is None) or t < 0 or \
+                    (kind == KIND_EXPIRING) != (type(v) is tuple):
                 raise ValueError(f"tag {t} does not fit its value")
 
     def add_chunk(self, keys: list[bytes], values: list[bytes | None],
@@ -185,10 +194,16 @@ class SSTableBuilder:
         if (self._last is not None and keys[0] <= self._last) or (
                 n > 1 and not all(map(lt, keys, islice(keys, 1, None)))):
             raise ValueError("SSTable keys must be added in strictly increasing order")
-        try:
-            value_lens: Iterable[int] = list(map(len, values))  # type: ignore[arg-type]
-        except TypeError:  # tombstones
-            value_lens = [0 if v is None else len(v) for v in values]
+        expiring = has_expiring(values)
+        if expiring:
+            if self._version < 2:
+                raise ValueError("SSTable format 1 holds no expiring values")
+            value_lens: Iterable[int] = list(map(payload_len, values))
+        else:
+            try:
+                value_lens = list(map(len, values))  # type: ignore[arg-type]
+            except TypeError:  # tombstones
+                value_lens = [0 if v is None else len(v) for v in values]
         cum = list(accumulate(map(add, map(add, map(len, keys), value_lens),
                                   repeat(_ENTRY_OVERHEAD, n)), initial=0))
         if self.min_key is None:
@@ -220,6 +235,9 @@ class SSTableBuilder:
             self._hashes.extend(map(self._hash, keys[:added] if added < n else keys))
         self.entries += added
         self.tombstones += (values[:added] if added < n else values).count(None)
+        if expiring:
+            self.expiring += sum(type(v) is tuple for v in (values[:added] if added < n
+                                                            else values))
         self.max_key = self._last = keys[added - 1]
         return added
 
@@ -241,7 +259,7 @@ class SSTableBuilder:
         if self._version < 2:
             offset, size = self._write(blk.encode_block([self._keys, self._values]))
         else:
-            payload = blk.encode_data_payload(self._keys, self._values, self._tags, [])
+            payload = blk.encode_data_payload(self._keys, self._values, self._tags)
             self.uncompressed_bytes += len(payload)
             kind, stored = _compression.compress(self._compression, payload)
             type_byte = kind.to_bytes(1, "little")
@@ -273,8 +291,11 @@ class SSTableBuilder:
         built = flt_obj if flt_obj is not None else self.build_filter()
         filter_payload = built.to_bytes()
         flt = self._write(filter_payload + crc32(filter_payload).to_bytes(4, "little"))
+        version = self._version
+        if self.expiring:
+            version = SSTABLE_FORMAT_EXPIRING
         props = {
-            "format_version": self._version,
+            "format_version": version,
             "table": self._table,
             "entries": self.entries,
             "tombstones": self.tombstones,
@@ -290,8 +311,10 @@ class SSTableBuilder:
             props.update(file_number=self._file_number, db_id=self._db_id,
                          compression=self._compression_name,
                          uncompressed_bytes=self.uncompressed_bytes)
+        if self.expiring:
+            props["expiring_entries"] = self.expiring
         prop = self._write(blk.encode_block(props))
-        self._write_raw(pack_footer(index, flt, prop, self._version))
+        self._write_raw(pack_footer(index, flt, prop, version))
         return props
 
     def _write_raw(self, data: bytes) -> None:

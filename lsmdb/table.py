@@ -7,6 +7,7 @@ import logging
 import math
 import os
 from array import array
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from .filters import FailOpen, FilterSpec, is_stale
 from .memtable import Memtable
 from .options import TableOptions
 from .stats import TABLE_COUNTERS, ArrayCounter
+from .ttl import system_now_us
 from .version import Version, VersionSet
 
 if TYPE_CHECKING:
@@ -43,14 +45,17 @@ class TableState:
 
     __slots__ = ("name", "id", "explicit", "options", "mem", "imms", "files", "flushed_seq",
                  "version", "dropped", "counts", "shadow", "compact_pointer", "fast",
-                 "fast_cell", "getter", "cache", "_versions", "__weakref__")
+                 "fast_cell", "getter", "cache", "now_us", "_versions", "__weakref__")
 
     gets = ArrayCounter(TABLE_COUNTERS)
     gets_absent = ArrayCounter(TABLE_COUNTERS)
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any],
-                 versions: VersionSet | None = None, cache: Any = None) -> None:
+                 versions: VersionSet | None = None, cache: Any = None,
+                 now_us: Callable[[], int] = system_now_us) -> None:
         self.name = name
+        #: The database's clock (lsmdb.ttl), which reads of expiring values ask.
+        self.now_us = now_us
         self.id = table_id
         self.mem = Memtable()
         self.imms: tuple[Memtable, ...] = ()
@@ -89,7 +94,8 @@ class TableState:
         # object where the C speedups serve (not in shadow mode: there the
         # Python path reads what the filter rejected too).
         self.fast = self.fast_cell[0] = fast_path(self.mem, self.imms, version, self.cache,
-                                                  self.shadow, USE_SPEEDUPS and not self.shadow)
+                                                  self.shadow, USE_SPEEDUPS and not self.shadow,
+                                                  self.now_us)
         if version is not old:
             old.release()
 

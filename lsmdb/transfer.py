@@ -11,12 +11,17 @@ Formats of :func:`export_table`:
     ``{"options": {...}}`` (every option of :class:`lsmdb.TableOptions`; with
     ``"table"`` in an export of every table), which the import restores
     (:func:`import_jsonl` says when); an export without them (``options=False``,
-    or an older lsmdb's) imports as before.
+    or an older lsmdb's) imports as before.  A value that expires has
+    ``"ttl"``: its seconds left when the export began; the import gives it
+    that time to live again, and a row without ``"ttl"`` never expires (the
+    table's ``default_time_to_live`` does not apply to it).  Values expired
+    when the export began are not exported.
 ``csv``
     a header line ``key,value``, then one line per row with key and value as
     CQL blob literals (``0x`` followed by lowercase hex; the empty value is
     ``0x``), ready for ``cqlsh``'s ``COPY ... FROM ... WITH HEADER = true`` or
-    DSBulk.
+    DSBulk.  It carries no time to live: expiring values are written as they
+    are, live ones only.
 ``cql``
     the ``CREATE TABLE`` statement of a Cassandra table to load that CSV into:
     ``key blob PRIMARY KEY, value blob``, with the table's
@@ -60,6 +65,7 @@ from .db import DB
 from .handles import Table
 from .keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .options import DEFAULT_TABLE, TableOptions, validate_table_name
+from .ttl import remaining_seconds, validate_ttl
 
 __all__ = ["FORMATS", "cql_create_table", "export_table", "export_tables", "import_jsonl"]
 
@@ -98,10 +104,17 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
 
-def _jsonl_lines(rows: Iterable[tuple[bytes, bytes]], table: str | None = None
-                 ) -> Iterable[str]:
+def _jsonl_lines(rows: Iterable[tuple[bytes, Any]], table: str | None = None,
+                 now_us: int = 0) -> Iterable[str]:
+    """A JSONL export's row lines: an expiring value (value, expires) with
+    ``"ttl"``, its seconds left at ``now_us``."""
     named = "" if table is None else f', "table": {json.dumps(table)}'
     for key, value in rows:
+        if type(value) is tuple:
+            left = remaining_seconds(value, now_us)
+            yield (f'{{"key": "{_b64(key)}", "value": "{_b64(value[0])}", '
+                   f'"ttl": {json.dumps(left)}{named}}}\n')
+            continue
         yield f'{{"key": "{_b64(key)}", "value": "{_b64(value)}"{named}}}\n'
 
 
@@ -114,6 +127,13 @@ def _options_line(options: TableOptions, table: str | None = None) -> str:
 def _csv_lines(rows: Iterable[tuple[bytes, bytes]]) -> Iterable[str]:
     for key, value in rows:
         yield f"0x{key.hex()},0x{value.hex()}\n"
+
+
+def _jsonl_rows(handle: Table, table: str | None = None) -> Iterable[str]:
+    """A JSONL export's row lines of ``handle`` (``table``: named in each line),
+    expiring values with their time left."""
+    rows, now_us = handle._scan_expiring()
+    return _jsonl_lines(rows, table, now_us)
 
 
 def _cql_identifier(name: str) -> str:
@@ -144,11 +164,12 @@ def cql_create_table(table_name: str, options: Any) -> str:
             value blob
         ) WITH bloom_filter_fp_chance = 0.001
             AND compaction = {'class': 'SizeTieredCompactionStrategy'}
-            AND compression = {'class': 'LZ4Compressor'};
+            AND compression = {'class': 'LZ4Compressor'}
+            AND default_time_to_live = 0;
 
     ``compression`` maps to Cassandra's compressor of the same algorithm
     (``lz4`` -> ``LZ4Compressor``, ``zstd`` -> ``ZstdCompressor``, ``none`` ->
-    ``{'enabled': 'false'}``).
+    ``{'enabled': 'false'}``); ``default_time_to_live`` means the same in both.
     """
     compaction = getattr(options, "compaction", "size_tiered")
     try:
@@ -178,7 +199,8 @@ def cql_create_table(table_name: str, options: Any) -> str:
         "    value blob",
         f") WITH bloom_filter_fp_chance = {fp_chance!r}",
         f"    AND compaction = {{{', '.join(strategy)}}}",
-        f"    AND compression = {CASSANDRA_COMPRESSION[getattr(options, 'compression', 'lz4')]};",
+        f"    AND compression = {CASSANDRA_COMPRESSION[getattr(options, 'compression', 'lz4')]}",
+        f"    AND default_time_to_live = {int(getattr(options, 'default_time_to_live', 0))};",
     ]
     return "\n".join(lines)
 
@@ -229,13 +251,14 @@ def export_table(db: DB, table: str | None, fmt: str, out: TextIO, *,
         if progress is not None:
             progress(0)
         return 0
-    rows = handle.scan()
     if fmt == "csv":
         out.write("key,value\n")
-    elif options:
-        out.write(_options_line(handle.options))
-    count = _write_lines(_jsonl_lines(rows) if fmt == "jsonl" else _csv_lines(rows), out, 0,
-                         progress, progress_every)
+        lines = _csv_lines(handle.scan())
+    else:
+        lines = _jsonl_rows(handle)  # the view first: writes during the export are not in it
+        if options:
+            out.write(_options_line(handle.options))
+    count = _write_lines(lines, out, 0, progress, progress_every)
     if progress is not None and count % progress_every:
         progress(count)
     return count
@@ -279,11 +302,10 @@ def export_tables(db: DB, fmt: str, out: TextIO, *, progress: ProgressCallback |
         if fmt == "cql":
             out.write(cql_create_table(name, handle.options) + "\n")
             continue
-        rows = handle.scan()
+        lines = _jsonl_rows(handle, name)
         if options:
             out.write(_options_line(handle.options, name))
-        count = _write_lines(_jsonl_lines(rows, name), out, count, progress,
-                             progress_every)
+        count = _write_lines(lines, out, count, progress, progress_every)
     if progress is not None and (fmt == "cql" or count % progress_every):
         progress(count)
     return count
@@ -349,7 +371,7 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
     known = set(db.tables())
     with_rows: set[str] = set()   # the tables this import wrote (or is about to write) rows to
     loaded = 0
-    pending: list[tuple[bytes, bytes, str]] = []
+    pending: list[tuple[bytes, bytes, str, float]] = []
     pending_bytes = 0
 
     def commit() -> None:
@@ -357,8 +379,8 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
         if not pending:
             return
         with db.batch() as batch:
-            for key, value, name in pending:
-                batch.put(key, value, table=name)
+            for key, value, name, ttl in pending:
+                batch.put(key, value, table=name, ttl=ttl)
         loaded += len(pending)
         pending.clear()
         pending_bytes = 0
@@ -416,10 +438,11 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
             if len(value) > MAX_VALUE_SIZE_BYTES:
                 raise ValueError(f"line {lineno}: value of {len(value)} bytes exceeds the limit "
                                  f"of {MAX_VALUE_SIZE_BYTES} bytes")
+            ttl = _ttl_of(obj, lineno)
             name = target(table if table is not None else obj.get("table", DEFAULT_TABLE),
                           lineno)
             with_rows.add(name)
-            pending.append((key, value, name))
+            pending.append((key, value, name, ttl))
             pending_bytes += len(key) + len(value)
             if len(pending) >= batch_size or pending_bytes >= _IMPORT_BATCH_BYTES:
                 commit()
@@ -433,6 +456,18 @@ def import_jsonl(db: DB, table: str | None, infile: Iterable[str | bytes],
         raise
     commit()
     return loaded
+
+
+def _ttl_of(obj: dict, lineno: int) -> float:
+    """A row's time to live: its ``"ttl"`` (seconds left when it was exported),
+    or 0 -- it never expired there, so it never expires here either, whatever
+    the table's ``default_time_to_live``."""
+    if "ttl" not in obj:
+        return 0
+    try:
+        return validate_ttl(obj["ttl"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"line {lineno}: field 'ttl': {exc}") from None
 
 
 def _options_of(raw: Any, lineno: int) -> TableOptions:

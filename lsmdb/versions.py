@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from .errors import DatabaseClosedError, DatabaseForkedError, ReadOnlyError
@@ -31,6 +32,7 @@ from .memtable import Memtable
 from .secret import create_secret
 from .sstable_reader import SSTableReader
 from .table import TableState
+from .ttl import system_now_us
 from .version import VersionSet
 
 log = logging.getLogger("lsmdb")
@@ -40,8 +42,10 @@ class Versions:
     """The tables, their files and numbers, and the manifest (see the module docstring)."""
 
     def __init__(self, path: str, *, read_only: bool = False, block_cache: Any = None,
-                 mmap_reads: bool = True) -> None:
+                 mmap_reads: bool = True, now_us: Callable[[], int] = system_now_us) -> None:
         self.path = path
+        #: The database's clock in microseconds (lsmdb.ttl): what expiring values expire by.
+        self.now_us = now_us
         self.read_only = read_only
         #: False once the database is open; True again once it is closed.
         self.closed = True
@@ -71,7 +75,8 @@ class Versions:
 
     def new_table(self, name: str, table_id: int, explicit: dict[str, Any]) -> TableState:
         """A table's state, its versions counted here, its reads through the cache."""
-        return TableState(name, table_id, explicit, self.version_set, self.block_cache)
+        return TableState(name, table_id, explicit, self.version_set, self.block_cache,
+                          self.now_us)
 
     def install(self, tables: dict[str, TableState], next_file: int, next_table_id: int,
                 last_seq: int, log: LogSet) -> None:

@@ -25,6 +25,7 @@ from .flush import Flusher
 from .keys import MAX_BATCH_SIZE_BYTES
 from .logset import encode_record, encode_table_record
 from .table import TableState
+from .ttl import payload_len
 from .versions import Versions
 
 log = logging.getLogger("lsmdb")
@@ -41,8 +42,8 @@ _second = itemgetter(1)
 _third = itemgetter(2)
 
 
-def check_batch_size(keys: Iterable[bytes], values: Iterable[bytes | None]) -> None:
-    total = sum(map(len, keys)) + sum(map(len, filter(None, values)))
+def check_batch_size(keys: Iterable[bytes], values: Iterable[Any], expiring: bool = False) -> None:
+    total = sum(map(len, keys)) + sum(map(payload_len if expiring else len, filter(None, values)))
     if total > MAX_BATCH_SIZE_BYTES:
         raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
 
@@ -69,38 +70,42 @@ class WritePath:
         self.wal_limit = self.max_wal if self.max_wal is not None else \
             WAL_SIZE_MEMTABLE_MULTIPLE * self.versions.memtable_bytes()
 
-    def write(self, ops: list[tuple[TableState, bytes, bytes | None]], sync: bool | None) -> None:
-        """Apply (table, key, value|None) ops atomically: one WAL record."""
+    def write(self, ops: list[tuple[TableState, bytes, Any]], sync: bool | None,
+              expiring: bool = False) -> None:
+        """Apply (table, key, value) ops atomically: one WAL record.  A value is
+        bytes, None (a delete) or, where ``expiring``, may be (bytes, expires)."""
         states = set(map(_first, ops))
         if len(states) == 1:
             (state,) = states
-            self.write_columns(state, list(map(_second, ops)), list(map(_third, ops)), sync)
+            self.write_columns(state, list(map(_second, ops)), list(map(_third, ops)), sync,
+                               expiring)
             return
-        check_batch_size(map(_second, ops), map(_third, ops))
+        check_batch_size(map(_second, ops), map(_third, ops), expiring)
 
         def encode(seq: int) -> bytes:
             return encode_record(seq, [(s.id, k, v) for s, k, v in ops])
 
         def apply(seq: int) -> list[TableState]:
             # Per table, the batch becomes visible to point reads at once.
-            per_table: dict[TableState, dict[bytes, bytes | None]] = {}
+            per_table: dict[TableState, dict[bytes, Any]] = {}
             for state, key, value in ops:
                 items = per_table.get(state)
                 if items is None:
                     items = per_table[state] = {}
                 items[key] = value  # later ops of the batch win
             for state, items in per_table.items():
-                state.mem.apply_many(seq, items)
+                state.mem.apply_many(seq, items, expiring)
             return list(per_table)
 
         self.commit(states, encode, apply, sync)
 
-    def write_columns(self, state: TableState, keys: list[bytes], values: list[bytes | None],
-                      sync: bool | None) -> None:
-        """Set keys[i] to values[i] (None: delete) in one table, atomically:
-        one WAL record; a later op on the same key wins.  (The per-op work --
-        sizes, the WAL ops, the batch dict -- runs in C: map/zip/sum.)"""
-        check_batch_size(keys, values)
+    def write_columns(self, state: TableState, keys: list[bytes], values: list[Any],
+                      sync: bool | None, expiring: bool = False) -> None:
+        """Set keys[i] to values[i] (None: delete; where ``expiring``, maybe an
+        expiring (bytes, expires)) in one table, atomically: one WAL record; a
+        later op on the same key wins.  (The per-op work -- sizes, the WAL
+        ops, the batch dict -- runs in C: map/zip/sum.)"""
+        check_batch_size(keys, values, expiring)
         n = len(keys)
 
         def encode(seq: int) -> bytes:
@@ -110,7 +115,7 @@ class WritePath:
             if n == 1:
                 state.mem.apply(seq, keys[0], values[0])
             else:
-                state.mem.apply_many(seq, dict(zip(keys, values, strict=True)))
+                state.mem.apply_many(seq, dict(zip(keys, values, strict=True)), expiring)
             return [state]
 
         self.commit({state}, encode, apply, sync)

@@ -21,7 +21,7 @@ import pytest
 import lsmdb
 from lsmdb.coding import crc32
 from lsmdb.manifest import MANIFEST_FORMAT_VERSION, MANIFEST_NAME
-from lsmdb.sstable_format import FOOTER_SIZE, SSTABLE_FORMAT_VERSION
+from lsmdb.sstable_format import FOOTER_SIZE, READABLE_VERSIONS
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
 
@@ -620,7 +620,7 @@ def test_sstable_of_a_newer_format_version_is_refused_and_left_alone(db, path):
     snapshot, sst = _newer_format_case(db, path)
     target = os.path.join(path, sst[0])
     original = pathlib.Path(target).read_bytes()
-    for version in (SSTABLE_FORMAT_VERSION + 1, 99, 2**32 - 1):
+    for version in (max(READABLE_VERSIONS) + 1, 99, 2**32 - 1):
         patched = bytearray(original)
         foot = len(patched) - FOOTER_SIZE
         # Footer: six u64 handles | format_version u32 | crc32 u32 of the 52 bytes before | magic.

@@ -1,7 +1,8 @@
 """Model-based test: a real lsmdb database against a dict of dicts.
 
-Hypothesis drives puts, deletes, batches, reads, scans, flushes, reopens and
-table creation/dropping; every read is compared with the model.  Tables use
+Hypothesis drives puts, deletes, batches, reads, scans, flushes, reopens,
+snapshots, puts with a time to live on a clock it moves, and table
+creation/dropping; every read is compared with the model.  Tables use
 tiny memtables and blocks so that automatic flushes, multi-block SSTables and
 several layers of files happen within a few steps, and keys come from a small
 alphabet so that overwrites and deletes collide with older versions.
@@ -35,6 +36,19 @@ bounds = st.one_of(st.none(), keys)
 #: Every compression kind: a table's data blocks stored as each (values padded up to 1,500
 #: bytes of one byte shrink; short ones do not, and are stored as they are).
 COMPRESSION = st.sampled_from(["lz4", "zstd", "none"])
+#: Times to live and clock steps, halves of a second: exact in a float, so the model's
+#: "expired" is the engine's to the microsecond.
+TTLS = st.sampled_from([0.5, 1.0, 2.0, 5.0])
+STEPS = st.sampled_from([0.5, 1.0, 3.0])
+T0 = 1_700_000_000.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 class DBMachine(RuleBasedStateMachine):
@@ -47,7 +61,8 @@ class DBMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="lsmdb-model-")
         try:
             # Compaction only when a rule asks for it, so a failing run replays exactly.
-            self.db = lsmdb.open(self.dir, auto_compaction=False)
+            self.clock = Clock()
+            self.db = lsmdb.open(self.dir, auto_compaction=False, clock=self.clock)
         except BaseException:
             self._no_fsync.stop()
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -57,8 +72,11 @@ class DBMachine(RuleBasedStateMachine):
         # every key ever written (put or deleted) per table: the keys whose
         # older versions or tombstones sit in files and must not resurface
         self.written: dict[str, set[bytes]] = {"default": set()}
-        # live snapshots and what every table held when each was taken
+        # when each expiring value of the model expires (clock seconds), per table
+        self.expiry: dict[str, dict[bytes, float]] = {"default": {}}
+        # live snapshots, what every table held when each was taken, and its expiries
         self.snaps: list[tuple[lsmdb.Snapshot, dict[str, dict[bytes, bytes]]]] = []
+        self.snap_expiry: list[dict[str, dict[bytes, float]]] = []
 
     def teardown(self) -> None:
         try:
@@ -73,12 +91,15 @@ class DBMachine(RuleBasedStateMachine):
     def _table(self, data) -> str:
         return data.draw(st.sampled_from(sorted(self.model)), label="table")
 
-    def _set(self, name: str, key: bytes, value: bytes | None) -> None:
+    def _set(self, name: str, key: bytes, value: bytes | None, ttl: float | None = None) -> None:
         self.written[name].add(key)
+        self.expiry[name].pop(key, None)
         if value is None:
             self.model[name].pop(key, None)
         else:
             self.model[name][key] = value
+            if ttl:
+                self.expiry[name][key] = self.clock.t + ttl
 
     def _check_everything(self) -> None:
         """Every table: a point read of every key ever written, and full scans."""
@@ -100,6 +121,7 @@ class DBMachine(RuleBasedStateMachine):
         self.db.create_table("t1", bloom_filter_fp_chance=fp, compression=compression, **SMALL)
         self.model["t1"] = {}
         self.written["t1"] = set()
+        self.expiry["t1"] = {}
 
     @rule(name=st.sampled_from(EXTRA_TABLES), fp=st.sampled_from([0.001, 0.01, 0.1, 1.0]),
           compression=COMPRESSION)
@@ -114,6 +136,7 @@ class DBMachine(RuleBasedStateMachine):
                                  **SMALL)
         self.model[name] = {}
         self.written[name] = set()
+        self.expiry[name] = {}
         # a table created (possibly re-created after a drop) starts empty
         assert list(t.scan()) == []
         assert self.db.sstables(name) == []
@@ -125,6 +148,7 @@ class DBMachine(RuleBasedStateMachine):
         self.db.drop_table(name)
         del self.model[name]
         del self.written[name]
+        del self.expiry[name]
         try:
             self.db.table(name)
         except lsmdb.NoSuchTableError:
@@ -147,6 +171,27 @@ class DBMachine(RuleBasedStateMachine):
         for key, value in batch:
             t.put(key, value)
             self._set(name, key, value)
+
+    @rule(data=st.data(), key=keys, value=values, ttl=TTLS)
+    def put_with_ttl(self, data, key, value, ttl):
+        name = self._table(data)
+        if data.draw(st.booleans(), label="in a batch"):
+            with self.db.batch() as b:
+                b.put(key, value, table=name, ttl=ttl)
+        else:
+            self.db.table(name).put(key, value, ttl=ttl)
+        self._set(name, key, value, ttl)
+
+    @rule(step=STEPS)
+    def time_passes(self, step):
+        """The clock moves on: what expired reads as absent at once, everywhere."""
+        self.clock.t += step
+        for model, expiry in [(self.model, self.expiry)] + [
+                (m, e) for (_s, m), e in zip(self.snaps, self.snap_expiry, strict=True)]:
+            for name, when in expiry.items():
+                for key in [k for k, t in when.items() if self.clock.t >= t]:
+                    del when[key]
+                    model[name].pop(key, None)
 
     @rule(data=st.data(), key=keys)
     def delete(self, data, key):
@@ -286,6 +331,12 @@ class DBMachine(RuleBasedStateMachine):
         self._check_everything()
 
     @rule()
+    def compact_pending(self):
+        """What background compaction would do now: buckets of files, not all of them."""
+        self.db._compactor.run_pending(lambda: False)
+        self._check_everything()
+
+    @rule()
     def reopen(self):
         self.db.close()
         for snap, _m in self.snaps:  # a snapshot ends with its database
@@ -297,7 +348,8 @@ class DBMachine(RuleBasedStateMachine):
                 raise AssertionError("a snapshot read its closed database")
             snap.close()
         self.snaps = []
-        self.db = lsmdb.open(self.dir, auto_compaction=False)
+        self.snap_expiry = []
+        self.db = lsmdb.open(self.dir, auto_compaction=False, clock=self.clock)
         self._check_everything()
 
     # -------------------------------------------------------------- snapshots
@@ -305,12 +357,14 @@ class DBMachine(RuleBasedStateMachine):
     @rule()
     def take_snapshot(self):
         self.snaps.append((self.db.snapshot(), {t: dict(m) for t, m in self.model.items()}))
+        self.snap_expiry.append({t: dict(e) for t, e in self.expiry.items()})
 
     @precondition(lambda self: self.snaps)
     @rule(data=st.data())
     def close_snapshot(self, data):
         i = data.draw(st.integers(0, len(self.snaps) - 1), label="snapshot")
         snap, _m = self.snaps.pop(i)
+        self.snap_expiry.pop(i)
         snap.close()
 
     @precondition(lambda self: self.snaps)
@@ -356,7 +410,8 @@ class DBMachine(RuleBasedStateMachine):
             assert o.memtable_size_bytes == SMALL["memtable_size_bytes"]
             assert o.block_size_bytes == SMALL["block_size_bytes"]
             for info in self.db.sstables(name):  # written with the table's compression
-                assert (info.format_version, info.compression) == (2, o.compression)
+                assert info.compression == o.compression
+                assert info.format_version in (2, 3)  # 3: it holds an expiring value
 
 
 DBMachine.TestCase.settings = settings(

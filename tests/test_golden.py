@@ -48,6 +48,7 @@ from lsmdb.sstable_format import (
     KIND_VALUE,
     MISSING,
     READABLE_VERSIONS,
+    SSTABLE_FORMAT_EXPIRING,
     SSTABLE_FORMAT_VERSION,
     SSTABLE_MAGIC,
 )
@@ -338,7 +339,8 @@ def test_format_doc_worked_example_matches_the_code():
 def test_format_constants_are_pinned():
     assert SSTABLE_MAGIC == b"LSMDBSST"
     assert SSTABLE_FORMAT_VERSION == 2
-    assert READABLE_VERSIONS == (1, 2)
+    assert READABLE_VERSIONS == (1, 2, 3)
+    assert SSTABLE_FORMAT_EXPIRING == 3
     assert FOOTER_SIZE == 64
     assert BLOCK_TRAILER_SIZE == 4
     assert DATA_TRAILER_V2.format == "<BI" and DATA_TRAILER_V2.size == 5

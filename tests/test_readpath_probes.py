@@ -324,7 +324,7 @@ def test_hash_computed_once_per_key_across_resumes():
     (lambda e: e._replace(index_offsets=(0, 0)), TypeError),               # offsets not a list
     (lambda e: e._replace(index_offsets=[-1, -1]), OverflowError),         # negative offset
     (lambda e: e._replace(cache_base=-1), OverflowError),                  # negative cache key
-    (lambda e: e._replace(format_version=3), ValueError),                  # unknown format
+    (lambda e: e._replace(format_version=4), ValueError),                  # unknown format
     (lambda e: e._replace(format_version=b"2"), TypeError),                # format not an int
 ])
 def test_bad_entries_are_refused(bad, error):

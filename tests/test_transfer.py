@@ -237,7 +237,8 @@ def test_cql_for_the_default_table(db: lsmdb.DB) -> None:
         "    value blob\n"
         f") WITH bloom_filter_fp_chance = {fp!r}\n"
         "    AND compaction = {'class': 'SizeTieredCompactionStrategy'}\n"
-        "    AND compression = {'class': 'LZ4Compressor'};\n"
+        "    AND compression = {'class': 'LZ4Compressor'}\n"
+        "    AND default_time_to_live = 0;\n"
     )
 
 
@@ -257,7 +258,8 @@ def test_cql_size_tiered_and_leveled_from_options_objects() -> None:
     assert cql_create_table("t", stcs).endswith(
         ") WITH bloom_filter_fp_chance = 0.01\n"
         "    AND compaction = {'class': 'SizeTieredCompactionStrategy'}\n"
-        "    AND compression = {'class': 'LZ4Compressor'};")
+        "    AND compression = {'class': 'LZ4Compressor'}\n"
+        "    AND default_time_to_live = 0;")
     lcs = types.SimpleNamespace(bloom_filter_fp_chance=0.1, compaction="leveled")
     assert cql_create_table("t", lcs) == (
         'CREATE TABLE "t" (\n'
@@ -265,7 +267,8 @@ def test_cql_size_tiered_and_leveled_from_options_objects() -> None:
         "    value blob\n"
         ") WITH bloom_filter_fp_chance = 0.1\n"
         "    AND compaction = {'class': 'LeveledCompactionStrategy'}\n"
-        "    AND compression = {'class': 'LZ4Compressor'};")
+        "    AND compression = {'class': 'LZ4Compressor'}\n"
+        "    AND default_time_to_live = 0;")
     tuned = types.SimpleNamespace(bloom_filter_fp_chance=0.01, compaction="size_tiered",
                                   min_threshold=6, max_threshold=20)
     assert ("compaction = {'class': 'SizeTieredCompactionStrategy', "
@@ -279,10 +282,11 @@ def test_cql_size_tiered_and_leveled_from_options_objects() -> None:
                                       ("zstd", "{'class': 'ZstdCompressor'}"),
                                       ("none", "{'enabled': 'false'}")])
 def test_cql_carries_the_compression(db: lsmdb.DB, kind: str, cql: str) -> None:
-    db.create_table("c", compression=kind)
+    db.create_table("c", compression=kind, default_time_to_live=3600)
     out = io.StringIO()
     export_table(db, "c", "cql", out)
-    assert out.getvalue().endswith(f"    AND compression = {cql};\n")
+    assert out.getvalue().endswith(f"    AND compression = {cql}\n"
+                                   "    AND default_time_to_live = 3600;\n")
 
 
 def test_cql_with_a_real_leveled_table_if_supported(db: lsmdb.DB) -> None:

@@ -13,11 +13,12 @@
  * 16 below 65536, array 32), each bin header the shortest for its length (bin
  * 8 below 256, bin 16 below 65536, bin 32), each unsigned integer the
  * shortest (positive fixint below 128, uint 8, 16, 32, 64).  A tag is seq <<
- * 8 | kind: kind 0 exactly where the value is nil, 1 a value; kind 2 (an
- * expiring value) and the expiries are reserved for a later format, so the
- * expiries array of a format-2 block is empty.  A checksum-valid payload of any
- * other shape is refused, and the Python side then raises CorruptionError
- * naming the file and the block's offset. */
+ * 8 | kind: kind 0 exactly where the value is nil, 1 a value, 2 an expiring
+ * value (format 3 only).  The expiries array is empty, or (format 3, a block
+ * with an expiring value) holds one uint per entry, nonzero exactly where
+ * the kind is 2.  A checksum-valid payload of any other shape is refused,
+ * and the Python side then raises CorruptionError naming the file and the
+ * block's offset. */
 
 #include "block.h"
 #include "keys.h"
@@ -162,7 +163,9 @@ block_entry_count(const unsigned char *p, size_t n, int version)
 
 /* Whether the payload p[0:n] of `count` entries (block_entry_count) meets the
  * rule within `bounds`: 0, its entries' offsets written to offs (key_at then
- * value_at, u32 little-endian, 2 * count of them); -1 if not. */
+ * value_at, u32 little-endian, 2 * count of them; offs has ENTRY_SLOT bytes
+ * per entry); 1, the same and the block's expiries after them (u64
+ * little-endian, count of them); -1 if not. */
 int
 block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, unsigned char *offs,
             uint64_t count)
@@ -202,35 +205,53 @@ block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, unsigne
     }
     if (bounds->version < 2)
         return q == end ? 0 : -1;
-    /* the tags: one per entry, its kind agreeing with its value (kind 2 and the
-     * expiries are a later format's: format 2 holds neither) */
+    /* the tags: one per entry, its kind agreeing with its value (kind 2, an
+     * expiring value, in format 3 only) */
     if ((uint64_t)mp_array(&q, end) != count)
         return -1;
+    unsigned top = bounds->version >= 3 ? 2 : 1;
+    const unsigned char *tags = q;
+    int expiring = 0;
     for (uint64_t i = 0; i < count; i++) {
         uint64_t tag;
         if (mp_uint(&q, end, &tag) < 0)
             return -1;
         unsigned kind = (unsigned)(tag & 0xFF);
         int nil = p[rd32(offs + ENTRY_OFFSET * (count + i))] == 0xC0;
-        if (kind > 1 || (kind == 0) != nil)
+        if (kind > top || (kind == 0) != nil)
             return -1;
+        expiring |= kind == 2;
     }
-    /* the expiries: none */
-    if (q >= end || *q++ != 0x90)
+    if (!expiring) {  /* the expiries: none */
+        if (q >= end || *q++ != 0x90)
+            return -1;
+        return q == end ? 0 : -1;
+    }
+    /* one expiry per entry, nonzero exactly where the kind is 2 */
+    if ((uint64_t)mp_array(&q, end) != count)
         return -1;
-    return q == end ? 0 : -1;
+    unsigned char *exps = offs + 2 * ENTRY_OFFSET * count;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t tag, expires;
+        if (mp_uint(&tags, end, &tag) < 0 || mp_uint(&q, end, &expires) < 0)
+            return -1;
+        if (((tag & 0xFF) == 2) != (expires != 0) || expires > MAX_EXPIRES)
+            return -1;
+        put_le64(exps + ENTRY_EXPIRY * i, expires);
+    }
+    return q == end ? 1 : -1;
 }
 
 /* ---- a key in a parsed block --------------------------------------------- */
 
 /* key's entry in b, bisecting the keys through their offsets (each offset
  * and header bounds-checked, so that a cached block that does not hold
- * together is refused, not read past): 1, *value and *vlen its bytes; 2, a
- * tombstone; 0, not in the block; -1, an offset or header that does not
- * hold. */
+ * together is refused, not read past): 1, *value and *vlen its bytes,
+ * *expires when it expires (0: never); 2, a tombstone; 0, not in the block;
+ * -1, an offset or header that does not hold. */
 int
 parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
-            const unsigned char **value, size_t *vlen)
+            const unsigned char **value, size_t *vlen, uint64_t *expires)
 {
     const unsigned char *q;
     uint64_t lo = 0, hi = b->count;
@@ -261,12 +282,29 @@ parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
         return -1;
     *value = q;
     *vlen = (size_t)len;
+    *expires = b->exps != NULL ? rd64(b->exps + ENTRY_EXPIRY * lo) : 0;
     return 1;
+}
+
+/* An expiring value found: the tuple (vp[0:vlen] as bytes, expires), as
+ * lsmdb.ttl carries one.  A new reference, or NULL with an exception set. */
+PyObject *
+expiring_value(const unsigned char *vp, size_t vlen, uint64_t expires)
+{
+    PyObject *v = PyBytes_FromStringAndSize((const char *)vp, (Py_ssize_t)vlen);
+    PyObject *e = v != NULL ? PyLong_FromUnsignedLongLong(expires) : NULL;
+    PyObject *t = e != NULL ? PyTuple_Pack(2, v, e) : NULL;
+    Py_XDECREF(v);
+    Py_XDECREF(e);
+    return t;
 }
 
 /* ---- the block cache's form of a block -----------------------------------
  *
- *   payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32   (little-endian) */
+ *   payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32   (little-endian)
+ *
+ * and with expiring values, expires[n] u64 before the tail and
+ * EXPIRIES_FLAG set in its n word. */
 
 /* The cached form of the parsed block b: a new bytes object, or NULL with an
  * exception set. */
@@ -274,14 +312,18 @@ PyObject *
 parsed_entry(const ParsedBlock *b)
 {
     size_t offs = (size_t)b->count * 2 * ENTRY_OFFSET;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(b->plen + offs + ENTRY_TAIL));
+    size_t exps = b->exps != NULL ? (size_t)b->count * ENTRY_EXPIRY : 0;
+    PyObject *out = PyBytes_FromStringAndSize(NULL,
+                                              (Py_ssize_t)(b->plen + offs + exps + ENTRY_TAIL));
     if (out == NULL)
         return NULL;
     unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
     memcpy(o, b->payload, b->plen);
     memcpy(o + b->plen, b->offs, offs);
-    put_le32(o + b->plen + offs, (uint32_t)b->count);
-    put_le32(o + b->plen + offs + 4, (uint32_t)b->plen);
+    if (exps)
+        memcpy(o + b->plen + offs, b->exps, exps);
+    put_le32(o + b->plen + offs + exps, (uint32_t)b->count | (exps ? EXPIRIES_FLAG : 0));
+    put_le32(o + b->plen + offs + exps + 4, (uint32_t)b->plen);
     return out;
 }
 
@@ -291,12 +333,15 @@ entry_parsed(const unsigned char *e, size_t n, ParsedBlock *b)
 {
     if (n < ENTRY_TAIL)
         return -1;
-    uint64_t count = rd32(e + n - 8), plen = rd32(e + n - 4);
-    if (plen + 2 * ENTRY_OFFSET * count + ENTRY_TAIL != n)
+    uint64_t word = rd32(e + n - 8), plen = rd32(e + n - 4);
+    uint64_t count = word & ~(uint64_t)EXPIRIES_FLAG;
+    uint64_t exps = word & EXPIRIES_FLAG ? ENTRY_EXPIRY * count : 0;
+    if (plen + 2 * ENTRY_OFFSET * count + exps + ENTRY_TAIL != n)
         return -1;
     b->payload = e;
     b->plen = (size_t)plen;
     b->offs = e + plen;
+    b->exps = exps ? e + plen + 2 * ENTRY_OFFSET * count : NULL;
     b->count = count;
     return 0;
 }
@@ -351,7 +396,8 @@ parsed_lists(const ParsedBlock *b)
             goto fail;
         }
         PyObject *k = PyBytes_FromStringAndSize((const char *)q, (Py_ssize_t)len);
-        PyObject *val = found_value(v, vp, vlen);
+        uint64_t expires = b->exps != NULL ? rd64(b->exps + ENTRY_EXPIRY * j) : 0;
+        PyObject *val = found_value(v, vp, vlen, expires);
         if (k == NULL || val == NULL) {
             Py_XDECREF(k);
             Py_XDECREF(val);
@@ -387,8 +433,8 @@ parse_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, ParsedBlo
         long v = PyLong_AsLong(args[3]);
         if (v == -1 && PyErr_Occurred())
             return -1;
-        if (v != 1 && v != 2) {
-            PyErr_SetString(PyExc_ValueError, "format version must be 1 or 2");
+        if (v < 1 || v > 3) {
+            PyErr_SetString(PyExc_ValueError, "format version must be 1, 2 or 3");
             return -1;
         }
         bounds.version = (int)v;
@@ -397,13 +443,14 @@ parse_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, ParsedBlo
     size_t n = (size_t)PyBytes_GET_SIZE(args[0]);
     int64_t count = block_entry_count(p, n, bounds.version);
     if (count >= 0) {
-        *offs = PyMem_Malloc((size_t)count * 2 * ENTRY_OFFSET + 1);
+        *offs = PyMem_Malloc((size_t)count * ENTRY_SLOT + 1);
         if (*offs == NULL) {
             PyErr_NoMemory();
             return -1;
         }
     }
-    if (count < 0 || block_parse(p, n, &bounds, *offs, (uint64_t)count) < 0) {
+    int r = count < 0 ? -1 : block_parse(p, n, &bounds, *offs, (uint64_t)count);
+    if (r < 0) {
         PyMem_Free(*offs);
         *offs = NULL;
         PyErr_SetString(PyExc_ValueError, "not a data block the rule accepts");
@@ -412,6 +459,7 @@ parse_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, ParsedBlo
     b->payload = p;
     b->plen = n;
     b->offs = *offs;
+    b->exps = r == 1 ? *offs + 2 * ENTRY_OFFSET * (size_t)count : NULL;
     b->count = (uint64_t)count;
     return 0;
 }
@@ -487,25 +535,33 @@ bad:
 PyObject *
 speedups_block_full(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    /* block_full(payload, after, last) -> (keys, values, tags) of a format-2 data
-     * block the rule accepts within those bounds, as the reader's decode_full
-     * returns them; ValueError if it refuses it. */
+    /* block_full(payload, after, last, version=2) -> (keys, values, tags) of a
+     * data block of format 2 or 3 the rule accepts within those bounds, as the
+     * reader's decode_full returns them (expiring values as (value, expires));
+     * ValueError if it refuses it. */
     ParsedBlock b;
     unsigned char *offs;
     PyObject *two = NULL, *tags = NULL, *out = NULL;
     PyObject *argv[4] = {NULL, NULL, NULL, NULL};
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "block_full(payload: bytes, after, last)");
+    if (nargs != 3 && nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "block_full(payload: bytes, after, last, version=2)");
         return NULL;
     }
-    PyObject *version = PyLong_FromLong(2);
+    PyObject *version = nargs == 4 ? Py_NewRef(args[3]) : PyLong_FromLong(2);
     if (version == NULL)
         return NULL;
+    long v = PyLong_AsLong(version);
+    if (v != 2 && v != 3) {
+        Py_DECREF(version);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "block_full reads formats 2 and 3");
+        return NULL;
+    }
     argv[0] = args[0];
     argv[1] = args[1];
     argv[2] = args[2];
     argv[3] = version;
-    int r = parse_args(argv, 4, "block_full(payload: bytes, after, last)", &b, &offs);
+    int r = parse_args(argv, 4, "block_full(payload: bytes, after, last, version=2)", &b, &offs);
     Py_DECREF(version);
     if (r < 0)
         return NULL;
@@ -551,16 +607,17 @@ speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     }
     const unsigned char *vp = NULL;
     size_t vlen = 0;
+    uint64_t expires = 0;
     int r = entry_parsed((const unsigned char *)PyBytes_AS_STRING(args[0]),
                          (size_t)PyBytes_GET_SIZE(args[0]), &b);
     if (r == 0)
         r = parsed_find(&b, (const unsigned char *)PyBytes_AS_STRING(args[1]),
-                        (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen);
+                        (size_t)PyBytes_GET_SIZE(args[1]), &vp, &vlen, &expires);
     if (r < 0) {
         PyErr_SetString(PyExc_ValueError, "not a cached block entry_find reads");
         return NULL;
     }
     if (r == 0)
         return Py_NewRef(args[2]);
-    return found_value(r, vp, vlen);
+    return found_value(r, vp, vlen, expires);
 }

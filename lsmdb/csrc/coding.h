@@ -39,6 +39,15 @@ put_le32(unsigned char *p, uint32_t v)
     memcpy(p, &v, 4);
 }
 
+static inline void
+put_le64(unsigned char *p, uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    v = __builtin_bswap64(v);
+#endif
+    memcpy(p, &v, 8);
+}
+
 HIDDEN_BEGIN
 
 /* coding.c */

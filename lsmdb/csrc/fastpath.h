@@ -62,6 +62,7 @@
 #define FAST_CACHE 7
 #define FAST_SHADOW 8
 #define FAST_VERSION 9
-#define FAST_FIELDS 10
+#define FAST_NOW_US 10
+#define FAST_FIELDS 11
 
 #endif

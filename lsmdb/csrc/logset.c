@@ -75,7 +75,8 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
 {
     /* encode_ops(seq, table_id, keys, values) -> the same bytes as
      * msgpack.packb([seq, [[table_id, keys[i], values[i]], ...]], use_bin_type=True):
-     * keys a list of bytes, values a list of bytes or None, of the same length;
+     * keys a list of bytes, values a list of bytes, None or (bytes, expires)
+     * tuples (packed as [bin, uint]), of the same length;
      * seq and table_id ints in [0, 2**64). */
     if (nargs != 4 || !PyList_CheckExact(args[2]) || !PyList_CheckExact(args[3])) {
         PyErr_SetString(PyExc_TypeError, "encode_ops(seq, table_id, keys: list, values: list)");
@@ -98,6 +99,18 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     size_t total = 1 + 9 + 5;  /* [seq, ops] headers */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
+        if (PyTuple_CheckExact(v)) {  /* an expiring value: (bytes, expires) */
+            if (PyTuple_GET_SIZE(v) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(v, 0))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(v, 1))) {
+                PyErr_SetString(PyExc_TypeError, "an expiring value is (bytes, int)");
+                return NULL;
+            }
+            unsigned long long e = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1));
+            if (e == (unsigned long long)-1 && PyErr_Occurred())
+                return NULL;
+            total += 1 + 9;  /* [value, expires]: the array header, the uint */
+            v = PyTuple_GET_ITEM(v, 0);
+        }
         if (!PyBytes_CheckExact(k) || (v != Py_None && !PyBytes_CheckExact(v))) {
             PyErr_SetString(PyExc_TypeError, "keys must be bytes and values bytes or None");
             return NULL;
@@ -123,10 +136,15 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
         memcpy(p, tidbuf, tidlen);
         p += tidlen;
         p = mp_bin(p, PyList_GET_ITEM(keys, i));
-        if (v == Py_None)
+        if (v == Py_None) {
             *p++ = 0xC0;
-        else
+        } else if (PyTuple_CheckExact(v)) {
+            *p++ = 0x92;
+            p = mp_bin(p, PyTuple_GET_ITEM(v, 0));
+            p = mp_uint(p, PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1)));
+        } else {
             p = mp_bin(p, v);
+        }
     }
     if (_PyBytes_Resize(&out, (Py_ssize_t)(p - start)) < 0)
         return NULL;

@@ -91,13 +91,15 @@ static PyMethodDef speedups_functions[] = {
      "block_lists($module, payload, after, last, version=1, /)\n--\n\n"
      "(keys, values) of a data block of that format the rule accepts within those bounds."},
     {"block_full", (PyCFunction)(void (*)(void))speedups_block_full, METH_FASTCALL,
-     "block_full($module, payload, after, last, /)\n--\n\n"
-     "(keys, values, tags) of a format-2 data block the rule accepts within those bounds."},
+     "block_full($module, payload, after, last, version=2, /)\n--\n\n"
+     "(keys, values, tags) of a data block of format 2 or 3 the rule accepts within those "
+     "bounds, expiring values as (value, expires)."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,
      "entry_find($module, entry, key, missing, /)\n--\n\n"
-     "Key's value in a cached block (block_entry), None for a tombstone, or missing."},
+     "Key's value in a cached block (block_entry), None for a tombstone, (value, expires) "
+     "for an expiring value, or missing."},
     {"map_file", (PyCFunction)(void (*)(void))speedups_map_file, METH_FASTCALL,
      "map_file($module, fd, size, /)\n--\n\n"
      "Mapping: the file mapped read-only for the C getter's block reads."},
@@ -148,6 +150,7 @@ static const char *const fast_path_fields[FAST_FIELDS] = {
     [FAST_CACHE] = "cache",
     [FAST_SHADOW] = "shadow",
     [FAST_VERSION] = "version",
+    [FAST_NOW_US] = "now_us",
 };
 
 static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {

@@ -234,13 +234,14 @@ cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry)
  * 0, not there (or no version visible); 2, an offset or header that does not
  * hold (nothing counted: the caller hands over); -1, error. */
 int
-parsed_answer(Getter *self, Entry *e, const ParsedBlock *b, PyObject *key, uint64_t bound,
-              PyObject **value, int *present)
+parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyObject *key,
+              uint64_t bound, PyObject **value, int *present)
 {
     const unsigned char *vp = NULL;
     size_t vlen = 0;
+    uint64_t expires = 0;
     int f = parsed_find(b, (const unsigned char *)PyBytes_AS_STRING(key),
-                        (size_t)PyBytes_GET_SIZE(key), &vp, &vlen);
+                        (size_t)PyBytes_GET_SIZE(key), &vp, &vlen, &expires);
     *present = f > 0;
     if (f < 0)
         return 2;
@@ -250,10 +251,12 @@ parsed_answer(Getter *self, Entry *e, const ParsedBlock *b, PyObject *key, uint6
         return 0;
     }
     counts[TRUE_POSITIVES]++;
-    PyObject *v = found_value(f, vp, vlen);
+    PyObject *v = found_value(f, vp, vlen, expires);
     if (v == NULL)
         return -1;
-    v = visible(self, v, bound);
+    v = visible(self, fast, v, bound);
+    if (v == NULL)
+        return -1;
     if (v == self->missing) {
         Py_DECREF(v);
         return 0;
@@ -265,15 +268,15 @@ parsed_answer(Getter *self, Entry *e, const ParsedBlock *b, PyObject *key, uint6
 /* key looked up in a cached block of file e, as parsed_answer, the hit
  * counted; 2 (nothing counted) for an entry that does not hold together. */
 int
-entry_answer(Getter *self, Entry *e, PyObject *entry, PyObject *key, uint64_t bound,
-             PyObject **value)
+entry_answer(Getter *self, PyObject *fast, Entry *e, PyObject *entry, PyObject *key,
+             uint64_t bound, PyObject **value)
 {
     ParsedBlock b;
     int present;
     if (entry_parsed((const unsigned char *)PyBytes_AS_STRING(entry),
                      (size_t)PyBytes_GET_SIZE(entry), &b) < 0)
         return 2;
-    int r = parsed_answer(self, e, &b, key, bound, value, &present);
+    int r = parsed_answer(self, fast, e, &b, key, bound, value, &present);
     if (r == 0 || r == 1)
         ((uint64_t *)e->counts.buf)[BLOCK_CACHE_HITS]++;
     return r;
@@ -366,7 +369,7 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
     PyObject *entry;
     int r = 2;
     if (cached_entry(self, e, i, &entry)) {
-        r = entry_answer(self, e, entry, key, bound, value);
+        r = entry_answer(self, fast, e, entry, key, bound, value);
         Py_DECREF(entry);
         if (r != 2)
             return r;
@@ -377,7 +380,7 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
             return -1;
         if (r == 0) {
             int present;
-            r = parsed_answer(self, e, &d.b, key, bound, value, &present);
+            r = parsed_answer(self, fast, e, &d.b, key, bound, value, &present);
             if (r == 0 || r == 1) {
                 counts[BLOCK_READS]++;
                 if (offer_parsed(self, e, i, &d.b, present) < 0) {
@@ -443,6 +446,30 @@ mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **val
     return 0;
 }
 
+/* An expiring value (value, expires) found in a read of FastPath fast: its
+ * value while the view's clock (FAST_NOW_US, microseconds) is before
+ * expires, then None -- a tombstone; the tuple released.  A new reference,
+ * or NULL with an exception set. */
+PyObject *
+expiring_visible(PyObject *fast, PyObject *value)
+{
+    PyObject *out = NULL;
+    if (PyTuple_GET_SIZE(value) != 2) {
+        PyErr_SetString(PyExc_TypeError, "an expiring value is (value, expires)");
+        goto done;
+    }
+    PyObject *now = PyObject_CallNoArgs(PyTuple_GET_ITEM(fast, FAST_NOW_US));
+    if (now == NULL)
+        goto done;
+    int before = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(value, 1), Py_LT);
+    Py_DECREF(now);
+    if (before >= 0)
+        out = Py_NewRef(before ? PyTuple_GET_ITEM(value, 0) : Py_None);
+done:
+    Py_DECREF(value);
+    return out;
+}
+
 static PyObject *
 Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -477,7 +504,9 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     if (m < 0)
         goto done;
     if (value != NULL) {
-        value = visible(self, Py_NewRef(value), LATEST);
+        value = visible(self, fast, Py_NewRef(value), LATEST);
+        if (value == NULL)
+            goto done;
         if (value == self->missing) {
             Py_DECREF(value);
             value = NULL;

@@ -53,7 +53,7 @@ typedef struct {
     unsigned char *buf;   /* payload and trailer, PyMem_RawMalloc'd */
     ParsedBlock b;
     unsigned char *heap;  /* the offsets when they did not fit in stack */
-    unsigned char stack[2 * ENTRY_OFFSET * STACK_ENTRIES];
+    unsigned char stack[ENTRY_SLOT * STACK_ENTRIES];
 } DiskBlock;
 
 HIDDEN_BEGIN
@@ -65,30 +65,34 @@ extern PyTypeObject ContainsType;
 Py_ssize_t bisect_index(const Entry *e, PyObject *key);
 int index_words_init(Entry *e);
 int cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry);
-int entry_answer(Getter *self, Entry *e, PyObject *entry, PyObject *key, uint64_t bound,
-                 PyObject **value);
+int entry_answer(Getter *self, PyObject *fast, Entry *e, PyObject *entry, PyObject *key,
+                 uint64_t bound, PyObject **value);
 int disk_block(Entry *e, Py_ssize_t i, DiskBlock *d);
 void disk_block_free(DiskBlock *d);
-int parsed_answer(Getter *self, Entry *e, const ParsedBlock *b, PyObject *key, uint64_t bound,
-                  PyObject **value, int *present);
+int parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyObject *key,
+                  uint64_t bound, PyObject **value, int *present);
 int offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, int found);
 PyObject *hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
+PyObject *expiring_visible(PyObject *fast, PyObject *value);
 
 /* readpath_many.c */
 PyObject *Getter_many(Getter *self, PyObject *keys);
 
 HIDDEN_END
 
-/* What an entry found for a key answers a read bounded by `bound`: value
- * itself (a new reference, given and returned), or the missing sentinel (no
- * version visible: the read goes on), value released.  readpath.py's
- * visible(); entries of SSTable format 1 answer as they are. */
+/* What an entry found for a key answers a read bounded by `bound` in the
+ * FastPath `fast`: value itself (a new reference, given and returned), None
+ * for an expiring value past its time on the view's clock, or the missing
+ * sentinel (no version visible: the read goes on), value released; NULL with
+ * an exception set (the clock failed).  readpath.py's visible(). */
 static inline PyObject *
-visible(Getter *self, PyObject *value, uint64_t bound)
+visible(Getter *self, PyObject *fast, PyObject *value, uint64_t bound)
 {
     (void)self;
     (void)bound;
+    if (PyTuple_CheckExact(value))
+        return expiring_visible(fast, value);
     return value;
 }
 

@@ -228,8 +228,8 @@ file_step(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, int whole,
             continue;
         }
         PyObject *value = NULL;
-        int r = entry_answer(m->self, e, x->cached, PyList_GET_ITEM(m->mk.keys, x->i), LATEST,
-                             &value);
+        int r = entry_answer(m->self, m->fast, e, x->cached, PyList_GET_ITEM(m->mk.keys, x->i),
+                             LATEST, &value);
         Py_CLEAR(x->cached);
         if (r < 0)
             goto fail;
@@ -270,8 +270,9 @@ file_step(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, int whole,
         for (Py_ssize_t c = a; c < b; c++) {
             PyObject *value = NULL;
             int present;
-            r = parsed_answer(m->self, e, &d.b, PyList_GET_ITEM(m->mk.keys, m->cands[c].i),
-                              LATEST, &value, &present);
+            r = parsed_answer(m->self, m->fast, e, &d.b,
+                              PyList_GET_ITEM(m->mk.keys, m->cands[c].i), LATEST, &value,
+                              &present);
             found |= present;
             if (r == 1) {
                 answer(m, m->cands[c].i, value);
@@ -504,7 +505,9 @@ Getter_many(Getter *self, PyObject *keys)
         if (mem_lookup(m.fast, key, m.hashes[i], klen <= XXH3_NATIVE_MAX, &value) < 0)
             goto done;
         if (value != NULL) {
-            value = visible(self, Py_NewRef(value), LATEST);
+            value = visible(self, m.fast, Py_NewRef(value), LATEST);
+            if (value == NULL)
+                goto done;
             if (value != self->missing) {
                 answer(&m, i, value);
                 continue;

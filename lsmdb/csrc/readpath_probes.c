@@ -115,8 +115,8 @@ entry_init(Entry *e, PyObject *item)
     long format = PyLong_AsLong(PyTuple_GET_ITEM(item, FILE_FORMAT_VERSION));
     if (format == -1 && PyErr_Occurred())
         return -1;
-    if (format != 1 && format != 2) {
-        PyErr_SetString(PyExc_ValueError, "format_version must be 1 or 2");
+    if (format < 1 || format > 3) {
+        PyErr_SetString(PyExc_ValueError, "format_version must be 1, 2 or 3");
         return -1;
     }
     e->format = (unsigned char)format;

@@ -33,7 +33,7 @@ typedef struct {
     uint64_t *bsize;
     uint64_t cache_base; /* block i is cached under cache_base + i */
     int have_counts;
-    unsigned char format; /* the file's format version: 1 or 2 */
+    unsigned char format; /* the file's format version: 1, 2 or 3 */
     /* To 320 bytes, five cache lines: the address of entry f is then f * 5
      * shifted (two instructions), where at 304 it took three, and an
      * absent get over three files six instructions more. */

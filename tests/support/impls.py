@@ -35,6 +35,7 @@ def use_python(monkeypatch: Any) -> None:
     monkeypatch.setattr(lsmdb.db, "BlockCache", PyBlockCache)
     monkeypatch.setattr(lsmdb.sstable_reader, "_block_entry", None)
     monkeypatch.setattr(lsmdb.sstable_reader, "_block_lists", None)
+    monkeypatch.setattr(lsmdb.sstable_reader, "_block_full", None)
     monkeypatch.setattr(lsmdb.readpath, "_c_entry_find", None)
     monkeypatch.setattr(lsmdb.scan, "_c_entry_lists", None)
     monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", False)

@@ -43,4 +43,4 @@ def data_payload(reader: SSTableReader, keys: list[bytes], values: list[bytes | 
     from lsmdb import block as blk
     if tags is None:
         tags = blk.tags_for(values, reader.max_seq)
-    return blk.encode_data_payload(keys, values, tags, [], reader.version)
+    return blk.encode_data_payload(keys, values, tags, reader.version)

@@ -128,6 +128,7 @@ INSPECT_COLUMNS: list[tuple[str, Any, bool | None]] = [
     ("file", lambda f: f["file"], True),
     ("entries", lambda f: f"{f['entries']:,}", True),
     ("tombs", lambda f: f"{f['tombstones']:,}", False),
+    ("ttl'd", lambda f: f"{f['expiring_entries']:,}", False),
     ("size", lambda f: _fmt_size(f["size_bytes"]), True),
     ("comp", lambda f: f["compression"], False),
     ("data", lambda f: _fmt_size(f["data_bytes"]), False),

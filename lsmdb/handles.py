@@ -12,7 +12,7 @@ from .options import TableOptions
 from .readpath import get_many, state_getter
 from .scan import ScanIterator, scan
 from .table import TableState
-from .ttl import expires_at, validate_ttl
+from .ttl import MAX_TTL_SECONDS, expires_at, validate_ttl
 from .versions import Versions
 from .writepath import WritePath
 
@@ -23,9 +23,9 @@ def with_ttl(state: TableState, value: bytes, ttl: Any) -> Any:
     None) the table's ``default_time_to_live``; 0 never (lsmdb.ttl)."""
     if ttl is None:
         ttl = state.options.default_time_to_live
-        if not ttl:
-            return value
-    elif validate_ttl(ttl) == 0:
+    elif (type(ttl) is not int and type(ttl) is not float) or not 0 <= ttl <= MAX_TTL_SECONDS:
+        validate_ttl(ttl)  # raises: the common case costs two type checks and a range
+    if not ttl:
         return value
     return value, expires_at(state.now_us(), ttl)
 

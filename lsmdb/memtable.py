@@ -28,7 +28,6 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from .sstable_format import KIND_BITS, KIND_EXPIRING, KIND_TOMBSTONE, KIND_VALUE, MISSING
-from .ttl import payload_len
 
 assert (KIND_BITS, KIND_TOMBSTONE, KIND_VALUE) == (8, 0, 1)  # apply's literals
 
@@ -106,9 +105,6 @@ class Memtable:
     def apply(self, seq: int, key: bytes, value: Any) -> None:
         """Record ``value`` (None = tombstone, a tuple an expiring value) for
         ``key`` at sequence ``seq``."""
-        if type(value) is tuple:
-            self.apply_many(seq, {key: value}, True)
-            return
         if self.undos:
             self._remember((key,))
         data = self.data
@@ -121,10 +117,15 @@ class Memtable:
         else:
             old = data[key]
             if old is not None:
-                self.size_bytes -= payload_len(old)
+                self.size_bytes -= len(old)  # (an expiring one's: 2, erring high)
         if value is not None:
-            self.size_bytes += len(value)
-            tag |= 1  # KIND_VALUE
+            if type(value) is tuple:  # an expiring value
+                self.size_bytes += len(value[0])
+                self.expiring = True
+                tag |= KIND_EXPIRING
+            else:
+                self.size_bytes += len(value)
+                tag |= 1  # KIND_VALUE
         self.tags[key] = tag
         data[key] = value
         if self.min_seq is None:
@@ -143,12 +144,13 @@ class Memtable:
         data = self.data
         # filter/map over the batch run in C, in time proportional to the batch.
         new_keys = list(filterfalse(data.__contains__, items))
-        size = payload_len if expiring or self.expiring else len
+        # (An expiring value's len() is its tuple's, 2: corrected below for new
+        # values; an old one's leaving is then counted short, so the size errs high.)
         grow = (sum(map(len, new_keys)) + ENTRY_OVERHEAD_BYTES * len(new_keys)
-                + sum(map(size, filter(None, items.values()))))
+                + sum(map(len, filter(None, items.values()))))
         if len(new_keys) < len(items):  # overwrites: their old values leave
-            grow -= sum(map(size, filter(None, map(data.__getitem__,
-                                                   filter(data.__contains__, items)))))
+            grow -= sum(map(len, filter(None, map(data.__getitem__,
+                                                  filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
         tags = self.tags
@@ -158,11 +160,12 @@ class Memtable:
             for key, value in items.items():
                 if value is None:
                     tags[key] = tomb
-        if expiring:  # expiring values: their own kind
+        if expiring:  # expiring values: their own kind, and their bytes counted
             exp_tag = seq << KIND_BITS | KIND_EXPIRING
             for key, value in items.items():
                 if type(value) is tuple:
                     tags[key] = exp_tag
+                    grow += len(value[0]) - 2
                     self.expiring = True
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:

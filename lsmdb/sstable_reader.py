@@ -221,14 +221,18 @@ class SSTableReader:
                 self.compression = props["compression"]
                 #: Its data blocks' payloads, decompressed, in bytes.
                 self.uncompressed_bytes = props["uncompressed_bytes"]
+                #: Its entries of kind 2, expiring values (format 3).
+                self.expiring = props["expiring_entries"] if version >= 3 else 0
                 if (type(self.file_number) is not int or type(self.uncompressed_bytes) is not int
                         or self.file_number < 0 or self.uncompressed_bytes < 0
+                        or type(self.expiring) is not int or self.expiring < 0
                         or type(self.db_id) is not str
                         or self.compression not in compression.TYPES):
                     raise TypeError
             else:
                 self.file_number = self.db_id = None
                 self.compression = "none"
+                self.expiring = 0
                 self.uncompressed_bytes = (int(props["data_bytes"])
                                            - BLOCK_TRAILER_SIZE * int(props["data_blocks"]))
         except (KeyError, TypeError, ValueError):

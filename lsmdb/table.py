@@ -182,6 +182,7 @@ class SSTableInfo:
     compression: str = "none"    # how its data blocks were compressed when written
     data_bytes: int = 0          # its data blocks as stored (compressed), trailers excluded
     uncompressed_bytes: int = 0  # the same blocks' payloads decompressed
+    expiring_entries: int = 0    # entries with a time to live (format 3), expired or not
 
     @property
     def compression_ratio(self) -> float:
@@ -236,5 +237,6 @@ class SSTableInfo:
             estimated_keys_from_fill=stats.estimated_keys_from_fill,
             format_version=reader.version, compression=reader.compression,
             data_bytes=sum(reader.index_sizes), uncompressed_bytes=reader.uncompressed_bytes,
+            expiring_entries=reader.expiring,
             **reader.counters(),
         )

@@ -72,7 +72,10 @@ def validate_ttl(ttl: Any, name: str = "ttl") -> float:
 
 def expires_at(now_us: int, ttl: float) -> int:
     """The microsecond a value written at ``now_us`` with ``ttl`` seconds expires."""
-    return min(max(now_us + round(ttl * 1_000_000), 1), MAX_EXPIRES)
+    expires = now_us + round(ttl * 1_000_000)
+    if 0 < expires <= MAX_EXPIRES:
+        return expires
+    return 1 if expires < 1 else MAX_EXPIRES
 
 
 def live(value: Any, now_us: int) -> Any:

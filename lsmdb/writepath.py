@@ -25,7 +25,6 @@ from .flush import Flusher
 from .keys import MAX_BATCH_SIZE_BYTES
 from .logset import encode_record, encode_table_record
 from .table import TableState
-from .ttl import payload_len
 from .versions import Versions
 
 log = logging.getLogger("lsmdb")
@@ -43,7 +42,9 @@ _third = itemgetter(2)
 
 
 def check_batch_size(keys: Iterable[bytes], values: Iterable[Any], expiring: bool = False) -> None:
-    total = sum(map(len, keys)) + sum(map(payload_len if expiring else len, filter(None, values)))
+    if expiring:
+        values = [v[0] if type(v) is tuple else v for v in values]
+    total = sum(map(len, keys)) + sum(map(len, filter(None, values)))
     if total > MAX_BATCH_SIZE_BYTES:
         raise ValueError(f"batch of {total} bytes exceeds {MAX_BATCH_SIZE_BYTES} bytes")
 

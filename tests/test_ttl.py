@@ -3,8 +3,9 @@
 An expired value reads as absent everywhere the moment it expires -- in the
 memtable, in files, through both read paths, in snapshots, scans and exports
 -- hides every older version of its key, survives the WAL and a reopen, and
-compaction drops it only where nothing older can lie below.  No test sleeps:
-the database's clock is a :class:`Clock` the test moves.
+compaction drops it only where nothing older can lie below.  Tests do not
+wait for time to pass: the database's clock is a :class:`Clock` the test
+moves (one test checks the system clock, a millisecond past an expiry).
 """
 
 from __future__ import annotations
@@ -187,6 +188,7 @@ def test_files_with_expiring_values_are_format_3_the_others_stay_format_2(tmp_pa
     db.flush()
     files = sorted(db.sstables(), key=lambda s: s.file)
     assert [s.format_version for s in files] == [2, 3]
+    assert [s.expiring_entries for s in files] == [0, 1]
     r = SSTableReader(files[1].path)
     assert r.version == 3
     keys, values, tags = r.decode_full(0, r.read_raw(0))
@@ -323,6 +325,23 @@ def test_a_clock_that_is_not_one_is_refused(tmp_path):
     db = lsmdb.open(tmp_path / "db2", clock=lambda: "noon")
     with pytest.raises(TypeError, match="clock"):
         db.put(b"k", b"v", ttl=1)
+    db.close()
+
+
+@pytest.mark.parametrize("where", ["memtable", "file"])
+def test_on_the_system_clock_both_paths_expire_alike(tmp_path, impl, where):
+    """The C getter reads the system clock itself (CLOCK_REALTIME), Python through
+    time.time_ns: a value a microsecond from expiry is gone, one an hour away is not."""
+    import time
+    db = lsmdb.open(tmp_path / "db", auto_compaction=False)
+    db.put(b"soon", b"1", ttl=1e-6)
+    db.put(b"later", b"2", ttl=3600)
+    db.put(b"plain", b"3")
+    if where == "file":
+        db.flush()
+    time.sleep(0.001)  # past the microsecond (the one wait in this file: the real clock)
+    assert [db.get(k) for k in (b"soon", b"later", b"plain")] == [None, b"2", b"3"]
+    assert db.get_many([b"soon", b"later", b"plain"]) == [None, b"2", b"3"]
     db.close()
 
 

@@ -79,6 +79,9 @@ static PyMethodDef speedups_functions[] = {
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
+    {"set_system_clock", (PyCFunction)speedups_set_system_clock, METH_O,
+     "set_system_clock($module, clock, /)\n--\n\n"
+     "Register lsmdb.ttl.system_now_us: reads on that clock take CLOCK_REALTIME in C."},
     {"lz4_direct", (PyCFunction)speedups_lz4_direct, METH_NOARGS,
      "lz4_direct($module, /)\n--\n\n"
      "Whether the C getter decompresses LZ4 blocks itself (the lz4 package's "

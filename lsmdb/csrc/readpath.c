@@ -6,6 +6,8 @@
  * them).  Anything unusual goes to the Python getter.  Python twin:
  * lsmdb/readpath.py's lookup and file_blocks, and make_getter's get. */
 
+#include <time.h>
+
 #include "readpath.h"
 #include "sstable_reader.h"
 #include "sstable_format.h"
@@ -251,6 +253,14 @@ parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyOb
         return 0;
     }
     counts[TRUE_POSITIVES]++;
+    if (f == 1 && expires) {  /* an expiring value: read it as of now, without a tuple */
+        uint64_t now;
+        if (view_now_us(fast, &now) < 0)
+            return -1;
+        if (now >= expires)
+            f = 2;  /* expired: a tombstone */
+        expires = 0;
+    }
     PyObject *v = found_value(f, vp, vlen, expires);
     if (v == NULL)
         return -1;
@@ -446,6 +456,50 @@ mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **val
     return 0;
 }
 
+/* lsmdb.ttl.system_now_us, registered at import (set_system_clock): a view
+ * on that clock is read here, not through a call. */
+static PyObject *system_clock = NULL;
+
+PyObject *
+speedups_set_system_clock(PyObject *Py_UNUSED(module), PyObject *clock)
+{
+    Py_XSETREF(system_clock, Py_NewRef(clock));
+    Py_RETURN_NONE;
+}
+
+/* The clock of FastPath fast in microseconds since the epoch (a clock
+ * before it reads as 0): 0 and *now, or -1 with an exception set.  The
+ * system clock is read as lsmdb.ttl.system_now_us reads it, time.time_ns()
+ * // 1000: CLOCK_REALTIME. */
+int
+view_now_us(PyObject *fast, uint64_t *now)
+{
+    PyObject *clock = PyTuple_GET_ITEM(fast, FAST_NOW_US);
+    if (clock == system_clock) {
+        struct timespec ts;
+        if (clock_gettime(CLOCK_REALTIME, &ts) == 0) {
+            *now = ts.tv_sec < 0 ? 0
+                                 : (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+            return 0;
+        }
+    }
+    PyObject *t = PyObject_CallNoArgs(clock);
+    if (t == NULL)
+        return -1;
+    if (!PyLong_Check(t)) {
+        Py_DECREF(t);
+        PyErr_SetString(PyExc_TypeError, "a view's clock returns microseconds (an int)");
+        return -1;
+    }
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(t, &overflow);
+    Py_DECREF(t);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *now = overflow > 0 ? UINT64_MAX : overflow < 0 || v < 0 ? 0 : (uint64_t)v;
+    return 0;
+}
+
 /* An expiring value (value, expires) found in a read of FastPath fast: its
  * value while the view's clock (FAST_NOW_US, microseconds) is before
  * expires, then None -- a tombstone; the tuple released.  A new reference,
@@ -454,17 +508,15 @@ PyObject *
 expiring_visible(PyObject *fast, PyObject *value)
 {
     PyObject *out = NULL;
-    if (PyTuple_GET_SIZE(value) != 2) {
+    uint64_t now;
+    if (PyTuple_GET_SIZE(value) != 2 || !PyLong_Check(PyTuple_GET_ITEM(value, 1))) {
         PyErr_SetString(PyExc_TypeError, "an expiring value is (value, expires)");
         goto done;
     }
-    PyObject *now = PyObject_CallNoArgs(PyTuple_GET_ITEM(fast, FAST_NOW_US));
-    if (now == NULL)
+    unsigned long long expires = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(value, 1));
+    if ((expires == (unsigned long long)-1 && PyErr_Occurred()) || view_now_us(fast, &now) < 0)
         goto done;
-    int before = PyObject_RichCompareBool(now, PyTuple_GET_ITEM(value, 1), Py_LT);
-    Py_DECREF(now);
-    if (before >= 0)
-        out = Py_NewRef(before ? PyTuple_GET_ITEM(value, 0) : Py_None);
+    out = Py_NewRef(now < expires ? PyTuple_GET_ITEM(value, 0) : Py_None);
 done:
     Py_DECREF(value);
     return out;

@@ -58,9 +58,8 @@ from .ttl import system_now_us
 
 _c_entry_find: Callable[[bytes, bytes, object], Any] | None
 try:
-    from ._speedups import Cache, Getter
+    from ._speedups import Cache, Getter, set_system_clock
     from ._speedups import entry_find as _c_entry_find
-    from ._speedups import set_system_clock
     set_system_clock(system_now_us)  # the C getter reads that clock itself (CLOCK_REALTIME)
     USE_C_GETTER = C_READ_PATH
 except ImportError:  # pragma: no cover - built without a C compiler

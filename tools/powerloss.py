@@ -83,6 +83,10 @@ TABLES: dict[str, dict[str, Any]] = {
 }
 KEYS = [b"k%02d" % i for i in range(18)] + [b"", b"\x00", b"\xff\xff"]
 FP_CHANCES = (0.001, 0.01, 0.1, 0.5, 1.0)
+#: The time to live of the workload's expiring puts: they expire long after a
+#: run ends, so the model's answers hold while their WAL records ([value,
+#: expires]) and SSTables (format 3) go through the power cuts.
+LONG_TTL = 30 * 24 * 3600
 WEIGHTS = {"put": 30, "delete": 8, "batch": 10, "sync": 4, "flush": 3, "flush_all": 1,
            "compact": 1.5, "alter": 1, "create": 1, "drop": 1, "reopen": 1.5, "powercut": 1,
            "failed_flush": 1.5}
@@ -443,8 +447,8 @@ class _Runner:
             model.begin_write(desc, [(op.table, op.key, value)])
             if value is None:
                 db.table(op.table).delete(op.key, sync=op.sync)
-            else:
-                db.table(op.table).put(op.key, value, sync=op.sync)
+            else:  # every other put expiring, long after the run: WAL [value, expires]
+                db.table(op.table).put(op.key, value, sync=op.sync, ttl=LONG_TTL if i % 2 else None)
             model.ack(durable="a sync=True write" if op.sync else "")
         elif op.kind == "batch":
             items = [(t, k, None if s is None else value_of(i, j, s))
@@ -453,11 +457,11 @@ class _Runner:
                 return db
             model.begin_write(desc, items)
             with db.batch(sync=op.sync) as b:
-                for t, k, v in items:
+                for j, (t, k, v) in enumerate(items):
                     if v is None:
                         b.delete(k, table=t)
                     else:
-                        b.put(k, v, table=t)
+                        b.put(k, v, table=t, ttl=LONG_TTL if (i + j) % 3 == 0 else None)
             model.ack(durable="a sync=True batch" if op.sync else "")
         elif op.kind in ("sync", "flush", "flush_all", "compact"):
             if op.table and op.table not in live:

@@ -3,11 +3,15 @@
 Sources come newest first; each yields ``(keys, values)`` chunks (a data
 block, a memtable's range) in key order, or ``(keys, values, tags)`` chunks
 (a compaction's, lsmdb.block's tags), whose entries come out as
-``(key, value, tag)``.  With the C speedups the merge is
+``(key, value, tag)``.  Of equal keys the newest version wins: in untagged
+chunks the newest source's, in tagged ones the highest sequence number's
+(``tag >> 8``; among equal numbers the newest source's), so tagged sources
+may overlap in age.  With the C speedups the merge is
 ``lsmdb._speedups.Merge``, which walks the chunks in place; without them each
-entry is tagged with its source's age (0 = newest, or minus the age when
-``reverse``, so that for equal keys the newest version comes first either
-way) and merged by ``heapq.merge`` plus one comparison per entry.
+entry is given an order -- its source's age (0 = newest), after minus its
+sequence number when tagged; all negated when ``reverse``, so that for equal
+keys the newest version comes first either way -- and merged by
+``heapq.merge`` plus one comparison per entry.
 Complexity O(N log S) for N entries over S sources, one block per source in
 memory.
 
@@ -73,7 +77,7 @@ def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: 
         pairs = chain.from_iterable(zip(*chunk, strict=True) for chunk in sources[0])
         merged = pairs if keep_tombstones else (e for e in pairs if e[1] is not None)
     else:
-        tagged = [_tagged(src, tag_for(age, reverse)) for age, src in enumerate(sources)]
+        tagged = [_tagged(src, tag_for(age, reverse), reverse) for age, src in enumerate(sources)]
         merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
     return merged if pin is None else pinned(merged, pin)
 
@@ -161,10 +165,19 @@ def _pinned(entries: Iterator[tuple[bytes, bytes | None]],
         pin.release()
 
 
-def _tagged(chunks: Chunks, tag: int) -> Iterator[tuple[Any, ...]]:
+def _tagged(chunks: Chunks, tag: int, reverse: bool = False) -> Iterator[tuple[Any, ...]]:
+    """(key, order, value[, tag]) of each entry: ``order`` is ``tag`` (the
+    source's, tag_for), in a tagged chunk after minus the sequence number
+    (reversed: the number itself), so the merge's order puts the highest
+    first."""
+    sign = 1 if reverse else -1
     for chunk in chunks:
         keys = chunk[0]
-        yield from zip(keys, repeat(tag, len(keys)), *chunk[1:], strict=True)
+        if len(chunk) < 3:
+            yield from zip(keys, repeat(tag, len(keys)), *chunk[1:], strict=True)
+            continue
+        orders = [(sign * (t >> 8), tag) for t in chunk[2]]
+        yield from zip(keys, orders, *chunk[1:], strict=True)
 
 
 def _merge(merged: Iterator[Any], keep_tombstones: bool) -> Iterator[Any]:

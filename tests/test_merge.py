@@ -49,6 +49,51 @@ def test_the_newest_version_of_each_key_wins(use_c, sources, cuts, reverse, keep
     assert list(merge_newest(chunks, reverse=reverse, keep_tombstones=keep)) == want
 
 
+# Tagged sources: versions carry their sequence numbers, unique per key, in any
+# order of the sources: what a merge of files that overlap in age meets.
+tagged_source = st.dictionaries(st.binary(max_size=3),
+                                st.tuples(st.integers(1, 60), st.one_of(st.none(),
+                                                                        st.binary(max_size=3))),
+                                max_size=20)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sources=st.lists(tagged_source, max_size=5), cuts=st.lists(st.integers(0, 30),
+                                                                   max_size=3),
+       reverse=st.booleans(), keep=st.booleans())
+def test_of_tagged_chunks_the_highest_sequence_number_wins_whatever_the_source(
+        use_c, sources, cuts, reverse, keep):
+    seen: set[tuple[bytes, int]] = set()
+    clean = []
+    for src in sources:  # one version per (key, seq): a sequence number is one write
+        kept = {k: (seq, v) for k, (seq, v) in src.items() if (k, seq) not in seen}
+        seen.update((k, seq) for k, (seq, _v) in kept.items())
+        clean.append(kept)
+    newest: dict[bytes, tuple[int, bytes | None]] = {}
+    for src in clean:
+        for k, (seq, v) in src.items():
+            if k not in newest or seq > newest[k][0]:
+                newest[k] = (seq, v)
+    want = [(k, newest[k][1], newest[k][0] << 8 | (0 if newest[k][1] is None else 1))
+            for k in sorted(newest, reverse=reverse) if keep or newest[k][1] is not None]
+    chunks = []
+    for src in clean:
+        rows = sorted(src.items(), reverse=reverse)
+        parts = chunked([(k, v) for k, (_s, v) in rows], cuts)
+        tags = iter([seq << 8 | (0 if v is None else 1) for _k, (seq, v) in rows])
+        chunks.append([(ks, vs, [next(tags) for _ in ks]) for ks, vs in parts])
+    assert list(merge_newest(chunks, reverse=reverse, keep_tombstones=keep)) == want
+
+
+def test_an_older_source_with_the_newer_version_wins(use_c):
+    newer_file = [([b"a", b"b"], [b"a@5", b"b@2"], [5 << 8 | 1, 2 << 8 | 1])]
+    older_file = [([b"a", b"b"], [b"a@3", None], [3 << 8 | 1, 4 << 8 | 0])]
+    assert list(merge_newest([newer_file, older_file], keep_tombstones=True)) == [
+        (b"a", b"a@5", 5 << 8 | 1), (b"b", None, 4 << 8 | 0)]
+    assert list(merge_newest([newer_file, older_file])) == [(b"a", b"a@5", 5 << 8 | 1)]
+
+
 def test_a_source_is_read_lazily_one_chunk_at_a_time(use_c):
     taken = []
 
@@ -231,7 +276,8 @@ def test_c_merge_matches_the_python_merge(sources, reverse, keep, size):
     import lsmdb.merge
     chunks = [chunked_by(src, reverse, size) for src in sources]
     want = list(lsmdb.merge._merge(
-        __import__("heapq").merge(*[lsmdb.merge._tagged(c, lsmdb.merge.tag_for(age, reverse))
+        __import__("heapq").merge(*[lsmdb.merge._tagged(c, lsmdb.merge.tag_for(age, reverse),
+                                                        reverse)
                                    for age, c in enumerate(chunks)], reverse=reverse), keep))
     got = list(speedups.Merge([iter(c) for c in chunks], reverse, keep))
     assert got == want

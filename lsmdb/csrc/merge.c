@@ -11,8 +11,10 @@
  * first.  Each source yields chunks (keys, values): two lists of the same
  * length, keys bytes, in the scan's order; or (keys, values, tags), three,
  * whose entries go out as (key, value, tag).  For equal keys the newest
- * source wins, older versions are skipped, and tombstones (value None) are
- * hidden unless keep_tombstones.  The entries are walked in place (no
+ * version wins -- of (keys, values) chunks the newest source's, of tagged
+ * ones the highest sequence number's (tag >> 8; the newest source's among
+ * equal ones), so sources may overlap in age -- older versions are skipped,
+ * and tombstones (value None) are hidden unless keep_tombstones.  The entries are walked in place (no
  * per-entry tuple besides the pair returned).  A source is advanced only at
  * the next call after its entry went out, as a generator would; after an
  * error the iteration is over.
@@ -34,6 +36,7 @@ typedef struct {
     Py_ssize_t pos;
     Py_ssize_t len;
     Py_ssize_t src;    /* age: 0 = newest */
+    uint64_t seq;      /* tags[pos] >> 8 (0 without tags) */
 } Head;
 
 typedef struct {
@@ -60,6 +63,8 @@ head_less(const Merge *self, const Head *a, const Head *b)
     int c = bytes_cmp(a->key, b->key);
     if (c)
         return self->reverse ? c > 0 : c < 0;
+    if (a->seq != b->seq)
+        return a->seq > b->seq;
     return a->src < b->src;
 }
 
@@ -96,7 +101,9 @@ sift_up(Merge *self, Py_ssize_t i)
     self->heap[i] = h;
 }
 
-/* Point h at entry h->pos of its chunk; -1 (TypeError) when the key is not bytes. */
+/* Point h at entry h->pos of its chunk (its sequence number too, when
+ * tagged); -1 (TypeError) when the key is not bytes or a tag not an int of
+ * 64 bits. */
 static inline int
 head_load(Head *h)
 {
@@ -104,6 +111,16 @@ head_load(Head *h)
     if (!PyBytes_CheckExact(h->key)) {
         PyErr_SetString(PyExc_TypeError, "merge keys must be bytes");
         return -1;
+    }
+    if (h->tags != NULL) {
+        PyObject *t = PyList_GET_ITEM(h->tags, h->pos);
+        unsigned long long tag = PyLong_Check(t) ? PyLong_AsUnsignedLongLong(t) : 0;
+        if (!PyLong_Check(t) || (tag == (unsigned long long)-1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "merge tags must be ints of 64 bits");
+            return -1;
+        }
+        h->seq = tag >> 8;
     }
     return 0;
 }

@@ -1,8 +1,9 @@
 """Model-based test of compaction: a real lsmdb table against a dict, for both strategies.
 
-Hypothesis drives writes, reads, scans, flushes, full compactions, fp-chance
-changes, filter rebuilds, reopens and waits for the background compaction
-thread (which runs on its own after every flush).  Every read is compared
+Hypothesis drives writes (some with a time to live, on a clock it moves),
+reads, scans, flushes, full compactions, fp-chance changes, filter rebuilds,
+reopens and waits for the background compaction thread (which runs on its
+own after every flush, and so meets expired values above older data).  Every read is compared
 with the model; after every step the leveled invariant "levels >= 1 never
 overlap" is checked, and after a full compaction or a filter rebuild every
 file must carry a filter built at the table's current fp chance.
@@ -36,6 +37,17 @@ keys = st.one_of(
 values = st.builds(lambda tag, pad: tag + b"." * pad,
                    st.binary(max_size=6), st.sampled_from([0, 0, 1, 100, 700, 1500]))
 bounds = st.one_of(st.none(), keys)
+T0 = 1_700_000_000.0
+
+
+class Clock:
+    """The database's clock, moved by the test (halves of a second: exact floats)."""
+
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> float:
+        return self.t
 
 
 # fsync dominates the run time on a real disk (every flush and compaction fsyncs the
@@ -67,9 +79,11 @@ class CompactionMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="lsmdb-compaction-model-", dir=FAST_TMP)
-        self.db = lsmdb.open(self.dir)
+        self.clock = Clock()
+        self.db = lsmdb.open(self.dir, clock=self.clock)
         self.db.create_table(TABLE, compaction=self.STRATEGY, **OPTIONS)
         self.model: dict[bytes, bytes] = {}
+        self.expiry: dict[bytes, float] = {}  # when the model's expiring values expire
         self.fp = 0.1 if self.STRATEGY == "leveled" else 0.01
         assert self.t.options.bloom_filter_fp_chance == self.fp
 
@@ -88,6 +102,7 @@ class CompactionMachine(RuleBasedStateMachine):
     def put(self, key, value):
         self.t.put(key, value)
         self.model[key] = value
+        self.expiry.pop(key, None)
 
     @rule(start=st.integers(0, 400), n=st.integers(10, 120), step=st.sampled_from([1, 2, 5]),
           size=st.sampled_from([200, 1000, 2500]), tag=st.binary(max_size=3))
@@ -98,6 +113,26 @@ class CompactionMachine(RuleBasedStateMachine):
             value = tag + b"%d:" % i + b"#" * size
             self.t.put(key, value)
             self.model[key] = value
+            self.expiry.pop(key, None)
+
+    @rule(start=st.integers(0, 400), n=st.integers(1, 120), step=st.sampled_from([1, 3]),
+          size=st.sampled_from([200, 1000]), ttl=st.sampled_from([0.5, 1.0, 2.0]))
+    def put_range_expiring(self, start, n, step, size, ttl):
+        """Keys with a time to live, over older versions of theirs in files."""
+        for i in range(n):
+            key = b"r%04d" % (start + i * step)
+            value = b"ttl%d:" % i + b"#" * size
+            self.t.put(key, value, ttl=ttl)
+            self.model[key] = value
+            self.expiry[key] = self.clock.t + ttl
+
+    @rule(step=st.sampled_from([0.5, 1.0, 3.0]))
+    def time_passes(self, step):
+        self.clock.t += step
+        for key in [k for k, t in self.expiry.items() if self.clock.t >= t]:
+            del self.expiry[key]
+            self.model.pop(key, None)
+        self.check_all()
 
     @rule(start=st.integers(0, 400), n=st.integers(1, 120), step=st.sampled_from([1, 3]))
     def delete_range(self, start, n, step):
@@ -105,11 +140,13 @@ class CompactionMachine(RuleBasedStateMachine):
             key = b"r%04d" % (start + i * step)
             self.t.delete(key)
             self.model.pop(key, None)
+            self.expiry.pop(key, None)
 
     @rule(key=keys)
     def delete(self, key):
         self.t.delete(key)
         self.model.pop(key, None)
+        self.expiry.pop(key, None)
 
     @rule(data=st.data())
     def delete_existing(self, data):
@@ -118,6 +155,7 @@ class CompactionMachine(RuleBasedStateMachine):
         key = data.draw(st.sampled_from(sorted(self.model)), label="existing key")
         self.t.delete(key)
         del self.model[key]
+        self.expiry.pop(key, None)
 
     @rule(ops=st.lists(st.tuples(keys, st.one_of(st.none(), values)), max_size=8))
     def batch(self, ops):
@@ -128,6 +166,7 @@ class CompactionMachine(RuleBasedStateMachine):
                 else:
                     b.put(key, value, table=TABLE)
         for key, value in ops:
+            self.expiry.pop(key, None)
             if value is None:
                 self.model.pop(key, None)
             else:
@@ -212,7 +251,7 @@ class CompactionMachine(RuleBasedStateMachine):
     @rule()
     def reopen(self):
         self.db.close()
-        self.db = lsmdb.open(self.dir)
+        self.db = lsmdb.open(self.dir, clock=self.clock)
         assert self.t.options.bloom_filter_fp_chance == self.fp
         assert self.t.options.compaction == self.STRATEGY
         self.check_all()

@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     key_args(p)
     p = add("put", cmd_put, "set one key", "lsmdb put /tmp/new-db user:1 alice --create")
     key_args(p, value=True)
+    p.add_argument("--ttl", type=float, metavar="SECONDS",
+                   help="seconds until the value reads as absent (default: the table's "
+                        "default_time_to_live; 0: never)")
     create(p)
     p = add("delete", cmd_delete, "delete one key", "lsmdb delete /tmp/demo-db user:1")
     key_args(p)

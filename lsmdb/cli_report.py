@@ -243,8 +243,7 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         reader.close()
     if args.json:
         if args.keys:
-            report["entries"] = [{"key": k.hex(), "value": None if v is None else v.hex()}
-                                 for k, v in keys]
+            report["entries"] = [_entry_json(k, v) for k, v in keys]
         dump_json(report)
         return 0
     print(f"SSTable {args.file}")
@@ -264,8 +263,29 @@ def cmd_sstable(args: argparse.Namespace) -> int:
           f"FPR from fill {_fmt_rate(st['estimated_fpr_from_fill'])}  "
           f"keys from fill {st['estimated_keys_from_fill'] or 0:,.0f}")
     for key, value in keys:
-        print(f"  {key!r} -> {'<tombstone>' if value is None else repr(value)}")
+        if type(value) is tuple:  # an expiring value: (value, expires)
+            print(f"  {key!r} -> {value[0]!r} (expires {_expiry_text(value[1])})")
+        else:
+            print(f"  {key!r} -> {'<tombstone>' if value is None else repr(value)}")
     return 0
+
+
+def _entry_json(key: bytes, value: Any) -> dict[str, Any]:
+    """One entry of ``lsmdb sstable --keys --json``: hex key and value (None: a
+    tombstone), and for an expiring value ``expires`` (microseconds since the epoch)."""
+    if type(value) is tuple:
+        return {"key": key.hex(), "value": value[0].hex(), "expires": value[1]}
+    return {"key": key.hex(), "value": None if value is None else value.hex()}
+
+
+def _expiry_text(expires_us: int) -> str:
+    """An expiry as UTC time (microseconds since the epoch past what datetime holds: as is)."""
+    import datetime
+    try:
+        when = datetime.datetime.fromtimestamp(expires_us / 1e6, datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"at {expires_us} us since the epoch"
+    return when.isoformat(timespec="microseconds")
 
 
 def cmd_trace(args: argparse.Namespace) -> int:

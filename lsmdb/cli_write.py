@@ -23,6 +23,7 @@ from .db import DB
 from .db import open as open_db
 from .errors import NotADatabaseError
 from .options import OPTION_CHOICES, OPTION_HELP, TableOptions, validate_table_name
+from .ttl import validate_ttl
 
 builtins_open = builtins.open
 
@@ -115,8 +116,10 @@ def cmd_put(args: argparse.Namespace) -> int:
     """Set one key to a value (durable when the command returns)."""
     key = bytes_arg(args.key, args.hex, "KEY")
     value = bytes_arg(args.value, args.hex, "VALUE")
+    if args.ttl is not None:
+        validate_ttl(args.ttl, "--ttl")  # before anything is created
     with writable(args.path, create=args.create, hint=CREATE_HINT) as db:
-        db.table(args.table).put(key, value, sync=True)
+        db.table(args.table).put(key, value, sync=True, ttl=args.ttl)
     return 0
 
 

@@ -255,7 +255,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     state = job.state
     opts = state.options
     spec = target_spec(state, _output_in_last_level(job), hasher)
-    now_us = state.now_us()
+    now_us = state.now_us() if any(r.version >= 3 for r in job.inputs) else 0
     sources: list[Chunks] = [chunks(r, None, None, tagged=True) if r.version < 3 else
                              expired_as_tombstones(chunks(r, None, None, tagged=True), now_us)
                              for r in newest_first(job.inputs)]

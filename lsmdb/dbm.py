@@ -229,9 +229,12 @@ class Database(MutableMapping):
                 count = 0
                 for _key in self:
                     count += 1
-                self._count = count
-            else:
-                self._check_open()
+                # Kept while writes update it -- unless values may expire,
+                # which changes the count without a write.
+                expiring = self._db._default_state.may_expire()
+                self._count = None if expiring else count
+                return count
+            self._check_open()
             return self._count
 
     def __bool__(self) -> bool:

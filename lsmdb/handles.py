@@ -103,8 +103,10 @@ class Table(ScanMapping):
         """Every live entry, expiring values as (value, expires) tuples (an
         export's), and the clock when the scan's view was taken."""
         state = self._live()
-        it = scan(self._versions, state, None, None, None, False, keep_expiring=True)
-        return it, state.now_us()
+        now_us = state.now_us()
+        it = scan(self._versions, state, None, None, None, False, keep_expiring=True,
+                  now_us=now_us)
+        return it, now_us
 
     def flush(self) -> None:
         """Write this table's memtable to an SSTable now."""

@@ -28,6 +28,7 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from .sstable_format import KIND_BITS, KIND_EXPIRING, KIND_TOMBSTONE, KIND_VALUE, MISSING
+from .ttl import payload_len
 
 assert (KIND_BITS, KIND_TOMBSTONE, KIND_VALUE) == (8, 0, 1)  # apply's literals
 
@@ -117,7 +118,7 @@ class Memtable:
         else:
             old = data[key]
             if old is not None:
-                self.size_bytes -= len(old)  # (an expiring one's: 2, erring high)
+                self.size_bytes -= len(old) if type(old) is not tuple else len(old[0])
         if value is not None:
             if type(value) is tuple:  # an expiring value
                 self.size_bytes += len(value[0])
@@ -144,13 +145,13 @@ class Memtable:
         data = self.data
         # filter/map over the batch run in C, in time proportional to the batch.
         new_keys = list(filterfalse(data.__contains__, items))
-        # (An expiring value's len() is its tuple's, 2: corrected below for new
-        # values; an old one's leaving is then counted short, so the size errs high.)
+        # (An expiring value's len() is its tuple's, 2: new ones are corrected
+        # below, old ones counted by payload_len once the memtable holds one.)
         grow = (sum(map(len, new_keys)) + ENTRY_OVERHEAD_BYTES * len(new_keys)
                 + sum(map(len, filter(None, items.values()))))
         if len(new_keys) < len(items):  # overwrites: their old values leave
-            grow -= sum(map(len, filter(None, map(data.__getitem__,
-                                                  filter(data.__contains__, items)))))
+            grow -= sum(map(payload_len if self.expiring else len,
+                            filter(None, map(data.__getitem__, filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
         tags = self.tags

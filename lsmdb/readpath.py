@@ -246,7 +246,8 @@ def file_blocks(view: FastPath, p: FileProbe, keys: list[bytes], bound: int = LA
             if observer is None:
                 counts[hit if value is not MISSING else miss] += 1
             else:
-                observer.block(p, b if entry is not None else -1, cached, value)
+                observer.block(p, b if entry is not None else -1, cached,
+                               out[n] if value is not MISSING else MISSING)
         return found
 
     from_disk = []

@@ -42,13 +42,9 @@ if TYPE_CHECKING:
 
 
 def entry_lists(entry: bytes) -> Block:
-    """The (keys, values) of a cached block (lsmdb.block.entry_lists; C where built,
-    for the blocks it reads)."""
+    """The (keys, values) of a cached block (lsmdb.block.entry_lists; C where built)."""
     if _c_entry_lists is not None:
-        try:
-            return _c_entry_lists(entry)
-        except ValueError:
-            pass  # a block with expiries: Python reads those
+        return _c_entry_lists(entry)
     return _py_entry_lists(entry)
 
 
@@ -224,13 +220,15 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
 
 
 def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,
-         reverse: bool, keep_expiring: bool = False) -> ScanIterator:
+         reverse: bool, keep_expiring: bool = False, now_us: int | None = None) -> ScanIterator:
     """(key, value) pairs of ``state`` with start <= key < end (and ``prefix``), in key
     order (``reverse``: descending), over a view taken now: later writes,
     flushes and compactions do not change what it returns, and a value that
     expires later still comes out (``keep_expiring``: as a (value, expires)
-    tuple).  One data block per SSTable is in memory at a time; the view's
-    files stay on disk until the iterator is exhausted, closed or freed."""
+    tuple; ``now_us``: the moment expiry is read at, None: the clock's now,
+    asked only where a value may expire).  One data block per SSTable is in
+    memory at a time; the view's files stay on disk until the iterator is
+    exhausted, closed or freed."""
     versions.check_open()
     lo, hi = bounds_of(start, end, prefix)
     reverse = bool(reverse)
@@ -240,7 +238,8 @@ def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: An
         mem, imms, version = state.mem, state.imms, state.version.acquire()
         try:
             snapshot = mem.chunk_range(lo, hi)
-            now_us = state.now_us()
+            if now_us is None:
+                now_us = state.now_us() if state.may_expire() else 0
         except BaseException:
             version.release()
             raise

@@ -99,6 +99,13 @@ class TableState:
         if version is not old:
             old.release()
 
+    def may_expire(self) -> bool:
+        """Whether a value of the table may expire: its ``default_time_to_live``
+        is set, or a memtable or file holds an expiring value (lsmdb.ttl)."""
+        return bool(self.options.default_time_to_live or self.mem.expiring
+                    or any(m.expiring for m in self.imms)
+                    or any(r.expiring for r in self.files))
+
     def readers_in_order(self) -> list[SSTableReader]:
         """Every reader, newest data first (level 0 newest first, then by level and key)."""
         return self.version.in_read_order()

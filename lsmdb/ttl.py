@@ -104,10 +104,12 @@ def has_expiring(values: list[Any]) -> bool:
 
 def remaining_seconds(value: Any, now_us: int) -> float | None:
     """An expiring value's time left at ``now_us`` (seconds, at least a
-    microsecond: 0 would mean "never"), or None for one that never expires."""
+    microsecond -- 0 would mean "never" -- and at most MAX_TTL_SECONDS, what a
+    put takes: a clock set back since may make it more), or None for one
+    that never expires."""
     if type(value) is not tuple:
         return None
-    return max(value[1] - now_us, 1) / 1_000_000
+    return min(max(value[1] - now_us, 1) / 1_000_000, float(MAX_TTL_SECONDS))
 
 
 def payload_len(value: Any) -> int:

@@ -70,7 +70,7 @@ def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> I
             yield Problem(path, reader.filter_handle[0],
                           f"filter unusable, reads fail open to 'maybe': {handle.error}")
         flt = handle.active if handle.active.probe_spec().family else None
-        entries = tombstones = 0
+        entries = tombstones = expiring = 0
         for i in range(len(reader.index_keys)):
             try:  # the checksum, then the data block rule (lsmdb.block)
                 keys, values = reader.read_block(i)
@@ -79,6 +79,7 @@ def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> I
                 continue
             entries += len(keys)
             tombstones += sum(1 for v in values if v is None)
+            expiring += sum(1 for v in values if type(v) is tuple)
             if flt is not None:
                 hash_fn = handle.hash_fn or key_hash
                 for key in keys:
@@ -89,6 +90,10 @@ def verify_sstable(path: str, number: int = 0, keyed: Hasher | None = None) -> I
             yield Problem(path, reader.props_handle[0],
                           f"properties say {reader.entries} entries / {reader.tombstones} "
                           f"tombstones, data blocks hold {entries} / {tombstones}")
+        if expiring != reader.expiring:
+            yield Problem(path, reader.props_handle[0],
+                          f"properties say {reader.expiring} expiring entries, data blocks "
+                          f"hold {expiring}")
         if reader.index_keys and (reader.min_key > reader.max_key):
             yield Problem(path, reader.props_handle[0], "min_key > max_key")
     finally:

@@ -530,3 +530,167 @@ def test_a_wal_record_with_a_malformed_expiring_value_is_corruption(bad):
     payload = msgpack.packb([3, [[1, b"k", bad]]], use_bin_type=True)
     with pytest.raises(CorruptionError):
         logset.decode_record(payload, "wal", 0)
+
+
+# -- what an adversarial review found ------------------------------------------
+
+def test_get_many_with_a_clock_that_changes_the_keys_list_answers_not_crashes(tmp_path):
+    """A clock of the caller's runs Python code in the middle of the C get_many,
+    which must not read the caller's list after that code changed it (a
+    subprocess: the failure was a segfault)."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent(f"""
+        import lsmdb
+        keys, armed = [], [False]
+        def clock():
+            if armed[0]:
+                armed[0] = False
+                keys.clear()
+            return {T0}
+        db = lsmdb.open({str(tmp_path / 'db')!r}, clock=clock, auto_compaction=False)
+        db.put(b"k0000", b"v", ttl=100)
+        db.put(b"k0001", b"w")
+        keys[:] = [b"k%04d" % i for i in range(2000)]
+        armed[0] = True
+        out = db.get_many(keys)
+        assert out[:3] == [b"v", b"w", None] and len(out) == 2000, out[:3]
+        db.flush()
+        db.get(b"k0000")  # the block is cached
+        keys[:] = [b"k%04d" % i for i in range(2000)]
+        armed[0] = True
+        out = db.get_many(keys)
+        assert out[:3] == [b"v", b"w", None] and len(out) == 2000, out[:3]
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and "ok" in r.stdout, (r.returncode, r.stderr[-500:])
+
+
+def test_overwriting_expiring_values_keeps_the_memtable_size_honest(tmp_path, clock):
+    db = open_db(tmp_path / "db", clock, max_total_wal_size_bytes=1 << 30)
+    db.alter_table("default", memtable_size_bytes=4096)
+    state = db._default_state
+    for _ in range(5_000):
+        db.put(b"k", b"", ttl=30)       # the README's remembered miss, refreshed
+    assert state.mem.size_bytes == len(b"k") + 64  # one key, an empty value
+    with db.batch() as batch:
+        for _ in range(100):
+            batch.put(b"k", b"", ttl=30)
+    for _ in range(100):
+        with db.batch() as batch:
+            batch.put(b"k", b"x" * 10, ttl=30)
+    assert state.mem.size_bytes == len(b"k") + 64 + 10
+    n = 0
+    while not db.sstables():            # the memtable flushes at its size, not 16 times it
+        db.put(b"key%06d" % n, b"x" * 100)
+        n += 1
+    assert n * 109 < 2 * 4096, n
+    db.close()
+
+
+def test_a_hot_expiring_key_flushes_no_more_often_than_a_plain_one(tmp_path, clock):
+    files = {}
+    for ttl in (None, 100):
+        db = open_db(tmp_path / f"db{ttl}", clock)
+        db.alter_table("default", memtable_size_bytes=64 * 1024)
+        for _ in range(2000):
+            db.put(b"session", b"v" * 1000, ttl=ttl)
+        files[ttl] = len(db.sstables())
+        db.close()
+    assert files[100] == files[None], files
+
+
+def test_lsmdb_sstable_keys_shows_expiring_values(tmp_path, clock, lsmdb_cli):
+    import json
+    db = open_db(tmp_path / "db", clock)
+    db.put(b"a", b"1", ttl=10)
+    db.put(b"b", b"2")
+    db.flush()
+    path = db.sstables()[0].path
+    db.close()
+    r = lsmdb_cli("sstable", path, "--keys", "--json")
+    assert r.returncode == 0, r.stderr
+    entries = json.loads(r.stdout)["entries"]
+    assert entries == [{"key": "61", "value": "31", "expires": round((T0 + 10) * 1e6)},
+                       {"key": "62", "value": "32"}]
+    r = lsmdb_cli("sstable", path, "--keys")
+    assert r.returncode == 0 and "b'a' -> b'1' (expires 2023-11-14T22:13:30" in r.stdout
+
+
+def test_dbm_len_follows_expiry(tmp_path, clock):
+    import lsmdb.dbm
+    db = open_db(tmp_path / "db", clock)
+    db.alter_table("default", default_time_to_live=1)
+    d = lsmdb.dbm.Database(db, read_only=False)
+    assert len(d) == 0
+    d[b"a"] = b"1"
+    assert len(d) == 1
+    clock.t = T0 + 1
+    assert len(d) == 0 and d.keys() == []
+    d.close()
+
+
+def test_an_export_after_the_clock_went_back_still_imports(tmp_path, clock):
+    db = open_db(tmp_path / "a", clock)
+    db.put(b"k", b"v", ttl=MAX_TTL_SECONDS)
+    clock.t -= 1                         # the clock set back (NTP)
+    out = io.StringIO()
+    export_table(db, None, "jsonl", out, options=False)
+    assert f'"ttl": {float(MAX_TTL_SECONDS)}' in out.getvalue()
+    dst = open_db(tmp_path / "b", clock)
+    assert import_jsonl(dst, None, io.StringIO(out.getvalue())) == 1
+    db.close()
+    dst.close()
+
+
+def test_trace_of_an_expired_value_in_a_file_says_tombstone(tmp_path, clock, impl):
+    db = open_db(tmp_path / "db", clock)
+    db.put(b"k", b"new", ttl=10)
+    db.flush()
+    clock.t = T0 + 10
+    out = db.trace(b"k")
+    assert out["result"] == "deleted"
+    assert out["steps"][-1]["result"] == "tombstone", out["steps"]
+    db.close()
+
+
+def test_a_clock_that_fails_does_not_touch_a_database_without_ttl(tmp_path):
+    """Scans and compactions ask the clock only where a value may expire."""
+    def broken() -> float:
+        raise RuntimeError("no clock")
+    db = lsmdb.open(tmp_path / "db", clock=broken, auto_compaction=False)
+    for i in range(50):
+        db.put(b"k%02d" % i, b"v")
+        if i % 10 == 9:
+            db.flush()
+    assert len(list(db.scan())) == 50
+    db.compact()
+    assert db.get(b"k07") == b"v"
+    with pytest.raises(RuntimeError, match="no clock"):
+        db.put(b"t", b"v", ttl=5)
+    db.close()
+
+
+def test_verify_counts_the_expiring_entries_against_the_properties(tmp_path, clock):
+    from lsmdb.verify import verify_database
+    db = open_db(tmp_path / "db", clock)
+    db.put(b"a", b"1", ttl=10)
+    db.put(b"b", b"2")
+    db.flush()
+    db.close()
+    assert verify_database(str(tmp_path / "db")) == []
+
+
+def test_lsmdb_put_takes_a_ttl(tmp_path, lsmdb_cli):
+    path = str(tmp_path / "db")
+    assert lsmdb_cli("put", path, "k", "v", "--ttl", "3600", "--create").returncode == 0
+    assert lsmdb_cli("put", path, "plain", "v").returncode == 0
+    bad = lsmdb_cli("put", path, "k2", "v", "--ttl", "-1")
+    assert bad.returncode == 1 and "--ttl must be between 0" in bad.stderr
+    with lsmdb.open(path) as db:
+        assert (db.get(b"k"), db.get(b"plain"), db.get(b"k2")) == (b"v", b"v", None)
+        db.flush()
+        (info,) = db.sstables()
+        assert (info.entries, info.expiring_entries) == (2, 1)

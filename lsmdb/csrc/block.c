@@ -528,7 +528,7 @@ parsed_tags(const ParsedBlock *b)
     }
     return tags;
 bad:
-    PyErr_SetString(PyExc_ValueError, "not a format-2 block block_full reads");
+    PyErr_SetString(PyExc_ValueError, "not a block of format 2 or 3 block_full reads");
     return NULL;
 }
 
@@ -598,8 +598,8 @@ PyObject *
 speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     /* entry_find(entry, key, missing) -> key's value in a cached block, None
-     * for a tombstone, or missing; ValueError for an entry that does not hold
-     * together. */
+     * for a tombstone, (value, expires) for an expiring value, or missing;
+     * ValueError for an entry that does not hold together. */
     ParsedBlock b;
     if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "entry_find(entry: bytes, key: bytes, missing)");

@@ -467,6 +467,13 @@ speedups_set_system_clock(PyObject *Py_UNUSED(module), PyObject *clock)
     Py_RETURN_NONE;
 }
 
+/* Whether FastPath fast reads the system clock (in C: no Python code runs). */
+int
+view_clock_is_system(PyObject *fast)
+{
+    return PyTuple_GET_ITEM(fast, FAST_NOW_US) == system_clock;
+}
+
 /* The clock of FastPath fast in microseconds since the epoch (a clock
  * before it reads as 0): 0 and *now, or -1 with an exception set.  The
  * system clock is read as lsmdb.ttl.system_now_us reads it, time.time_ns()

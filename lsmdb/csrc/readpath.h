@@ -76,6 +76,7 @@ PyObject *hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
 PyObject *expiring_visible(PyObject *fast, PyObject *value);
 int view_now_us(PyObject *fast, uint64_t *now);
+int view_clock_is_system(PyObject *fast);
 PyObject *speedups_set_system_clock(PyObject *module, PyObject *clock);
 
 /* readpath_many.c */

@@ -473,7 +473,9 @@ Getter_many(Getter *self, PyObject *keys)
     m.mk.given = keys;
     m.mk.keys = Py_NewRef(keys);
     m.mk.gc_paused = PyGC_Disable();
-    if (!(all_short && m.nkf == 0) && own_keys(&m.mk) < 0)
+    /* A clock of the caller's runs Python code, which may change the caller's
+     * list while the loops below read it (the system clock is read in C). */
+    if (!(all_short && m.nkf == 0 && view_clock_is_system(m.fast)) && own_keys(&m.mk) < 0)
         goto done;
     size_t np = (size_t)(n ? n : 1);
     m.out = PyList_New(n);

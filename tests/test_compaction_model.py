@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import lsmdb
+from tests.support.clock import Clock
 
 TABLE = "t"
 OPTIONS = {"memtable_size_bytes": 4096, "block_size_bytes": 256,
@@ -37,17 +38,6 @@ keys = st.one_of(
 values = st.builds(lambda tag, pad: tag + b"." * pad,
                    st.binary(max_size=6), st.sampled_from([0, 0, 1, 100, 700, 1500]))
 bounds = st.one_of(st.none(), keys)
-T0 = 1_700_000_000.0
-
-
-class Clock:
-    """The database's clock, moved by the test (halves of a second: exact floats)."""
-
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 # fsync dominates the run time on a real disk (every flush and compaction fsyncs the

@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import lsmdb
 from tests.conftest import SMALL
+from tests.support.clock import Clock
 
 EXTRA_TABLES = ["t1", "t2", "t3"]
 
@@ -40,15 +41,6 @@ COMPRESSION = st.sampled_from(["lz4", "zstd", "none"])
 #: "expired" is the engine's to the microsecond.
 TTLS = st.sampled_from([0.5, 1.0, 2.0, 5.0])
 STEPS = st.sampled_from([0.5, 1.0, 3.0])
-T0 = 1_700_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = T0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class DBMachine(RuleBasedStateMachine):

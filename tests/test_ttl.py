@@ -22,18 +22,7 @@ from lsmdb.sstable_format import KIND_BITS, KIND_EXPIRING, KIND_TOMBSTONE, KIND_
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.transfer import export_table, export_tables, import_jsonl
 from lsmdb.ttl import MAX_EXPIRES, MAX_TTL_SECONDS
-
-T0 = 1_700_000_000.0
-
-
-class Clock:
-    """A clock the test sets: seconds since the epoch, as time.time returns."""
-
-    def __init__(self, t: float = T0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.clock import T0, Clock
 
 
 @pytest.fixture

@@ -28,7 +28,6 @@ from typing import Any
 from sortedcontainers import SortedList
 
 from .sstable_format import KIND_BITS, KIND_EXPIRING, KIND_TOMBSTONE, KIND_VALUE, MISSING
-from .ttl import payload_len
 
 assert (KIND_BITS, KIND_TOMBSTONE, KIND_VALUE) == (8, 0, 1)  # apply's literals
 
@@ -39,6 +38,15 @@ except ImportError:  # pragma: no cover - no C compiler when installed
 
 # Rough per-entry bookkeeping cost (dict slot, sorted-list slot, objects).
 ENTRY_OVERHEAD_BYTES = 64
+# What an expiring value holds besides its bytes: its tuple and its int.
+EXPIRING_OVERHEAD_BYTES = 88
+
+
+def value_size(value: Any) -> int:
+    """The bytes a value (not a tombstone) counts for in a memtable's size."""
+    if type(value) is tuple:
+        return len(value[0]) + EXPIRING_OVERHEAD_BYTES
+    return len(value)
 
 
 class Memtable:
@@ -118,10 +126,10 @@ class Memtable:
         else:
             old = data[key]
             if old is not None:
-                self.size_bytes -= len(old) if type(old) is not tuple else len(old[0])
+                self.size_bytes -= len(old) if type(old) is not tuple else value_size(old)
         if value is not None:
             if type(value) is tuple:  # an expiring value
-                self.size_bytes += len(value[0])
+                self.size_bytes += value_size(value)
                 self.expiring = True
                 tag |= KIND_EXPIRING
             else:
@@ -146,11 +154,11 @@ class Memtable:
         # filter/map over the batch run in C, in time proportional to the batch.
         new_keys = list(filterfalse(data.__contains__, items))
         # (An expiring value's len() is its tuple's, 2: new ones are corrected
-        # below, old ones counted by payload_len once the memtable holds one.)
+        # below, old ones counted by value_size once the memtable holds one.)
         grow = (sum(map(len, new_keys)) + ENTRY_OVERHEAD_BYTES * len(new_keys)
                 + sum(map(len, filter(None, items.values()))))
         if len(new_keys) < len(items):  # overwrites: their old values leave
-            grow -= sum(map(payload_len if self.expiring else len,
+            grow -= sum(map(value_size if self.expiring else len,
                             filter(None, map(data.__getitem__, filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
@@ -166,7 +174,7 @@ class Memtable:
             for key, value in items.items():
                 if type(value) is tuple:
                     tags[key] = exp_tag
-                    grow += len(value[0]) - 2
+                    grow += value_size(value) - 2
                     self.expiring = True
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:

@@ -64,7 +64,8 @@ class FileProbe(NamedTuple):
     index_offsets: list[int]       # where each data block starts in the file
     index_sizes: list[int]         # and its payload's size
     cache_base: int                # block i is cached under cache_base + i
-    format_version: int = 2        # the file's format (1 or 2): its blocks' trailer and shape
+    format_version: int = 2        # the file's format (1, 2 or 3): its blocks' trailer and shape
+    max_seq: int = 0               # the newest sequence number in the file
 
 
 class Level(NamedTuple):
@@ -90,6 +91,7 @@ class FastPath(NamedTuple):
     shadow: bool                                  # shadow mode: read what the filter rejects
     version: Version                              # the files, as lsmdb.version has them
     now_us: Callable[[], int]                     # the clock expiring values expire by
+    seq_overlap: bool = False                     # level-0 files overlap in sequence numbers
 
 
 def probe_of(reader: SSTableReader) -> FileProbe:
@@ -99,7 +101,7 @@ def probe_of(reader: SSTableReader) -> FileProbe:
     family, data, params = active.probe_spec()
     return FileProbe(reader, reader.min_key, reader.max_key, reader.counts, handle.hash_fn,
                      active, family, data, params, reader.index_keys, reader.index_offsets,
-                     reader.index_sizes, reader.cache_base, reader.version)
+                     reader.index_sizes, reader.cache_base, reader.version, reader.max_seq)
 
 
 def fast_path(mem: Memtable, imms: Sequence[Memtable], version: Version, cache: Any,
@@ -113,7 +115,17 @@ def fast_path(mem: Memtable, imms: Sequence[Memtable], version: Version, cache: 
     files = l0_probes + tuple(p for level in levels for p in level.files)
     return FastPath(mem.data, tuple(m.data for m in imms), l0_probes, levels,
                     _c_probes(l0_probes, levels) if with_c else None, files,
-                    (mem.filter, *(m.filter for m in imms)), cache, shadow, version, now_us)
+                    (mem.filter, *(m.filter for m in imms)), cache, shadow, version, now_us,
+                    seq_overlap(version.l0))
+
+
+def seq_overlap(l0: Sequence[SSTableReader]) -> bool:
+    """Whether level-0 files (newest first) overlap in sequence numbers -- what a
+    merge of files not adjacent in age leaves -- so that a key found in one
+    may have a newer version in a later one: a read then compares sequence
+    numbers (lsmdb.readpath).  Disjoint ranges, newest first, need only the
+    first file that holds a key."""
+    return any(a.min_seq <= b.max_seq for a, b in zip(l0, l0[1:], strict=False))
 
 
 def _c_probes(l0: tuple[FileProbe, ...], deeper: tuple[Level, ...]) -> Any:

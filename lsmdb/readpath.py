@@ -41,7 +41,7 @@ from . import table
 from .fastpath import C_READ_PATH, FastPath, FileProbe
 from .filters.hashing import key_hash
 from .keys import MAX_KEY_SIZE_BYTES, as_key
-from .sstable_format import MISSING
+from .sstable_format import KIND_BITS, MISSING
 from .stats import (
     BLOCK_CACHE_HITS,
     BLOCK_READS,
@@ -156,6 +156,8 @@ def lookup(view: FastPath, key: bytes, bound: int = LATEST,
     if observer is not None:
         observer.memtable(None, MISSING)
     hashes = KeyHashes(key)
+    if view.seq_overlap:
+        return lookup_by_seq(view, key, hashes, bound, observer)
     for p in files_for(view, key, observer):
         kind = file_filter(view, p, key, hashes, observer)
         if kind:
@@ -165,12 +167,60 @@ def lookup(view: FastPath, key: bytes, bound: int = LATEST,
     return MISSING
 
 
-def files_for(view: FastPath, key: bytes,
-              observer: ReadObserver | None = None) -> Iterator[FileProbe]:
+def lookup_by_seq(view: FastPath, key: bytes, hashes: KeyHashes, bound: int,
+                  observer: ReadObserver | None) -> Any:
+    """``lookup``'s files when level-0 files overlap in sequence numbers (a merge
+    of files not adjacent in age; FastPath.seq_overlap): of the level-0 files
+    that hold the key, the version with the highest sequence number answers.
+    The files are newest first by their highest sequence number, so the walk
+    stops at the first whose highest is not above the best found; only when
+    level 0 holds no version do the deeper levels answer, the first as ever."""
+    best: Any = MISSING
+    best_seq = -1
+    for p in view.l0:
+        if best is not MISSING and p.max_seq <= best_seq:
+            break
+        kind = file_filter(view, p, key, hashes, observer)
+        if kind:
+            value = file_blocks(view, p, [key], bound, observer, kind == SHADOW)[0]
+            if value is not MISSING:
+                seq = entry_seq(view, p, key)
+                if seq > best_seq:
+                    best, best_seq = value, seq
+    if best is not MISSING:
+        return best
+    for p in files_for(view, key, observer, deeper_only=True):
+        kind = file_filter(view, p, key, hashes, observer)
+        if kind:
+            value = file_blocks(view, p, [key], bound, observer, kind == SHADOW)[0]
+            if value is not MISSING:
+                return value
+    return MISSING
+
+
+def entry_seq(view: FastPath, p: FileProbe, key: bytes) -> int:
+    """The sequence number of ``key``'s entry in file ``p`` (which holds it): from
+    its block's tags, in the block cache or read again (not counted: the read
+    that found it was); a format-1 file's entries all take its ``max_seq``."""
+    reader = p.reader
+    if reader.version < 2:
+        return reader.max_seq
+    b = bisect_left(p.index_keys, key)
+    entry = view.cache.lookup(p.cache_base + b) if view.cache is not None else None
+    if entry is not None:
+        keys, _values, tags = blk.entry_tagged(entry)
+    else:
+        keys, _values, tags = reader.decode_full(b, reader.read_raw(b))
+    return int(tags[bisect_left(keys, key)]) >> KIND_BITS
+
+
+def files_for(view: FastPath, key: bytes, observer: ReadObserver | None = None,
+              deeper_only: bool = False) -> Iterator[FileProbe]:
     """The files a read of ``key`` consults, in order: every level-0 file, newest
-    first, then in each deeper level the first file whose max key is at or
-    above ``key`` (the only one that can hold it)."""
-    yield from view.l0
+    first (unless ``deeper_only``), then in each deeper level the first file
+    whose max key is at or above ``key`` (the only one that can hold it)."""
+    if not deeper_only:
+        yield from view.l0
     for level, lv in enumerate(view.deeper, 1):
         i = bisect_left(lv.max_keys, key)
         if i < len(lv.files):
@@ -349,6 +399,11 @@ def many_python(state: TableState, view: FastPath, ks: list[bytes]) -> list[Any]
     """get_many's reference in Python: the memtables for every key, then each
     file in read order for the keys still open (see :func:`get_many`)."""
     n = len(ks)
+    if view.seq_overlap:  # each key compares versions across files (lookup_by_seq)
+        answers = [lookup(view, k) for k in ks]
+        state.counts[GETS] += n
+        state.counts[GETS_ABSENT] += sum(v is MISSING or v is None for v in answers)
+        return [None if v is MISSING else v for v in answers]
     state.counts[GETS] += n
     out: list[Any] = [MISSING] * n
     for data in (view.data, *view.imm_datas):

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import block as blk
 from .block import Block, tags_for
 from .block import entry_lists as _py_entry_lists
+from .fastpath import seq_overlap
 from .keys import as_key
 from .merge import merge_newest
+from .sstable_format import KIND_BITS, KIND_VALUE, MAX_SEQ
 from .sstable_reader import READAHEAD_BLOCKS, SSTableReader
 from .stats import BLOCK_CACHE_HITS, BLOCK_READS
 from .ttl import resolve
@@ -61,14 +63,16 @@ def entry_tagged(reader: SSTableReader, entry: bytes) -> tuple[list[bytes], list
 
 def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
            reverse: bool = False, tagged: bool = False, now_us: int | None = None,
-           keep_expiring: bool = False) -> Iterator[Any]:
+           keep_expiring: bool = False, with_tags: bool = False) -> Iterator[Any]:
     """The entries of ``reader``'s file with start <= key < end as (keys, values)
     lists, a data block at a time, in key order (descending when ``reverse``):
     what :func:`lsmdb.merge.merge_newest` takes; (keys, values, tags) lists
     when ``tagged`` (a compaction's, whole blocks), expiring values as
     (value, expires) tuples.  With ``now_us``, a scan's: expiring values read
     as they are at that moment (lsmdb.ttl.resolve; ``keep_expiring``, the
-    live ones stay tuples).  See the module docstring."""
+    live ones stay tuples).  ``with_tags``: a scan's chunks with their tags,
+    (keys, values, tags), for a merge by sequence number.  See the module
+    docstring."""
     index_keys = reader.index_keys
     nblocks = len(index_keys)
     i = 0 if start is None else bisect_left(index_keys, start)
@@ -93,24 +97,37 @@ def chunks(reader: SSTableReader, start: bytes | None, end: bytes | None,
             if tagged:
                 yield reader.decode_full(b, raw)
                 continue
-            keys, values = reader.decode_raw(b, raw)
+            if with_tags:
+                keys, values, tags = reader.decode_full(b, raw)
+            else:
+                keys, values = reader.decode_raw(b, raw)
         else:
             counts[BLOCK_CACHE_HITS] += 1
             if tagged:
                 yield entry_tagged(reader, entry)
                 continue
-            keys, values = entry_lists(entry)
+            if with_tags:
+                keys, values, tags = entry_tagged(reader, entry)
+            else:
+                keys, values = entry_lists(entry)
         lo = 0 if start is None else bisect_left(keys, start)
         hi = len(keys) if end is None else bisect_left(keys, end)
         if lo >= hi:
             continue
         if lo or hi < len(keys):
             keys, values = keys[lo:hi], values[lo:hi]
+            if with_tags:
+                tags = tags[lo:hi]
         if reverse:
             keys, values = keys[::-1], values[::-1]
+            if with_tags:
+                tags = tags[::-1]
         if now_us is not None and reader.version >= 3:
             values = resolve(values, now_us, keep_expiring)
-        yield keys, values
+        if with_tags:
+            yield keys, values, tags
+        else:
+            yield keys, values
 
 
 def items(reader: SSTableReader, start: bytes | None = None, end: bytes | None = None,
@@ -174,6 +191,8 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
     expires) tuples, an export's).  ``seek`` starts the merge again from a key
     over the same view."""
 
+    by_seq = version is not None and seq_overlap(version.l0)
+
     def sources(a: bytes | None, b: bytes | None) -> list[Any]:
         out: list[Any] = []
         if mem:
@@ -191,11 +210,13 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
                         ks, vs = chunk[0]
                         chunk = [(ks, resolve(vs, now_us, keep_expiring))]
                     out.append(chunk)
+        if by_seq:  # the memtables' entries newer than any file's: the highest number
+            out = [[(ks, vs, [NEWER_THAN_FILES] * len(ks)) for ks, vs in src] for src in out]
         if version is not None:
             for r in version.in_read_order():  # newest first, as the merge wants them
                 if (b is None or r.min_key < b) and (a is None or r.max_key >= a):
                     out.append(chunks(r, a, b, reverse, now_us=now_us,
-                                      keep_expiring=keep_expiring))
+                                      keep_expiring=keep_expiring, with_tags=by_seq))
         return out
 
     def reseek(key: Any) -> list[Any]:
@@ -216,7 +237,36 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
         if version is not None:
             version.release()
         raise
-    return merge_newest(first, reverse, pin=version, reseek=reseek)  # type: ignore[return-value]
+    merged = merge_newest(first, reverse, pin=version, reseek=reseek)
+    return Untagged(merged) if by_seq else merged  # type: ignore[return-value]
+
+
+#: The tag a merge by sequence number gives memtable entries (lsmdb.merge):
+#: above every file's, a value's kind (the merge reads only the number).
+NEWER_THAN_FILES = MAX_SEQ << KIND_BITS | KIND_VALUE
+
+
+class Untagged:
+    """A merge of tagged chunks as a scan's iterator: its (key, value, tag)
+    entries as (key, value), ``seek`` and ``close`` passed on."""
+
+    __slots__ = ("_merge",)
+
+    def __init__(self, merge: Any) -> None:
+        self._merge = merge
+
+    def __iter__(self) -> Untagged:
+        return self
+
+    def __next__(self) -> tuple[bytes, bytes]:
+        key, value, _tag = next(self._merge)
+        return key, value
+
+    def seek(self, key: Any, /) -> None:
+        self._merge.seek(key)
+
+    def close(self) -> None:
+        self._merge.close()
 
 
 def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,

@@ -43,7 +43,8 @@
 #define FILE_INDEX_SIZES 11
 #define FILE_CACHE_BASE 12
 #define FILE_FORMAT_VERSION 13
-#define FILE_FIELDS 14
+#define FILE_MAX_SEQ 14
+#define FILE_FIELDS 15
 
 /* Level: one level below 0, its files' max keys and the files (Probes_init). */
 #define LEVEL_MAX_KEYS 0
@@ -63,6 +64,7 @@
 #define FAST_SHADOW 8
 #define FAST_VERSION 9
 #define FAST_NOW_US 10
-#define FAST_FIELDS 11
+#define FAST_SEQ_OVERLAP 11
+#define FAST_FIELDS 12
 
 #endif

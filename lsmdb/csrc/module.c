@@ -135,6 +135,7 @@ static const char *const file_probe_fields[FILE_FIELDS] = {
     [FILE_INDEX_SIZES] = "index_sizes",
     [FILE_CACHE_BASE] = "cache_base",
     [FILE_FORMAT_VERSION] = "format_version",
+    [FILE_MAX_SEQ] = "max_seq",
 };
 
 static const char *const level_fields[LEVEL_FIELDS] = {
@@ -154,6 +155,7 @@ static const char *const fast_path_fields[FAST_FIELDS] = {
     [FAST_SHADOW] = "shadow",
     [FAST_VERSION] = "version",
     [FAST_NOW_US] = "now_us",
+    [FAST_SEQ_OVERLAP] = "seq_overlap",
 };
 
 static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {

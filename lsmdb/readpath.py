@@ -58,7 +58,7 @@ from .ttl import system_now_us
 
 _c_entry_find: Callable[[bytes, bytes, object], Any] | None
 try:
-    from ._speedups import Cache, Getter, set_system_clock
+    from ._speedups import Cache, Getter, set_entry_seq, set_system_clock
     from ._speedups import entry_find as _c_entry_find
     set_system_clock(system_now_us)  # the C getter reads that clock itself (CLOCK_REALTIME)
     USE_C_GETTER = C_READ_PATH
@@ -212,6 +212,10 @@ def entry_seq(view: FastPath, p: FileProbe, key: bytes) -> int:
     else:
         keys, _values, tags = reader.decode_full(b, reader.read_raw(b))
     return int(tags[bisect_left(keys, key)]) >> KIND_BITS
+
+
+if USE_C_GETTER:
+    set_entry_seq(entry_seq)  # what the C getter asks of a block it handed over
 
 
 def files_for(view: FastPath, key: bytes, observer: ReadObserver | None = None,

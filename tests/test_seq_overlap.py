@@ -139,3 +139,41 @@ def test_a_merge_of_non_adjacent_files_is_seen_as_overlapping(tmp_path, pick):
     merge_by_hand(db, pick)
     assert db._default_state.fast.seq_overlap
     db.close()
+
+
+def _counters_after_gets(path, monkeypatch, python):
+    from tests.support.impls import use_python
+    with monkeypatch.context() as m:
+        if python:
+            use_python(m)
+        db = lsmdb.open(path, auto_compaction=False)
+        db.alter_table("default", bloom_filter_fp_chance=0.01)
+        for f in range(4):  # file f holds every (f + 1)th key: newer versions of older ones
+            for i in range(0, 200, f + 1):
+                db.put(b"k%03d" % i, b"v%d.%d" % (f, i))
+            db.flush()
+        before = [db.get(b"k%03d" % i) for i in range(400)]
+        merge_by_hand(db, [0, 2])  # older versions than file 1's now in a file read first
+        answers = [db.get(b"k%03d" % i) for i in range(400)]
+        assert answers == before
+        counters = [(s.range_skips, s.filter_negatives, s.true_positives, s.false_positives,
+                     s.block_reads, s.block_cache_hits) for s in db.sstables()]
+        stats = db.table_stats("default")
+        db.close()
+    return answers, counters, (stats["gets"], stats["gets_absent"])
+
+
+def test_the_c_getter_reads_overlapping_files_itself_and_counts_as_python_does(
+        tmp_path, monkeypatch):
+    pytest.importorskip("lsmdb._speedups")
+    if not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups")
+    py = _counters_after_gets(tmp_path / "py", monkeypatch, True)
+    c = _counters_after_gets(tmp_path / "c", monkeypatch, False)
+    assert py == c
+    assert py[0][:4] == [b"v3.0", b"v0.1", b"v1.2", b"v2.3"]  # the newest writes
+    db = lsmdb.open(tmp_path / "c", auto_compaction=False)
+    assert db._default_state.fast.seq_overlap
+    monkeypatch.setattr(lsmdb.readpath, "lookup", None)  # the C getter must not need it
+    assert db.get(b"k003") == b"v2.3" and db.get(b"k002") == b"v1.2" and db.get(b"k999") is None
+    db.close()

@@ -286,6 +286,50 @@ parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
     return 1;
 }
 
+/* The sequence number of key's entry in b, a block of format 2 or 3 that
+ * holds it (tag >> 8): 0 and *seq; -1 when the key is not there or an
+ * offset or header does not hold.  The tags follow the values' array: after
+ * the last value, an array header, then one shortest uint per entry, walked
+ * up to the entry's. */
+int
+parsed_seq(const ParsedBlock *b, const unsigned char *key, size_t klen, uint64_t *seq)
+{
+    const unsigned char *q;
+    uint64_t lo = 0, hi = b->count;
+    while (lo < hi) {
+        uint64_t mid = (lo + hi) / 2;
+        int64_t len = bin_at(b->payload, b->plen, rd32(b->offs + ENTRY_OFFSET * mid), &q);
+        if (len < 0)
+            return -1;
+        if (mem_order((const char *)q, (Py_ssize_t)len, (const char *)key, (Py_ssize_t)klen) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == b->count || b->count == 0)
+        return -1;
+    uint64_t at = rd32(b->offs + ENTRY_OFFSET * (2 * b->count - 1));  /* the last value */
+    const unsigned char *end = b->payload + b->plen;
+    if (at >= b->plen)
+        return -1;
+    if (b->payload[at] == 0xC0) {
+        q = b->payload + at + 1;
+    } else {
+        int64_t len = bin_at(b->payload, b->plen, at, &q);
+        if (len < 0)
+            return -1;
+        q += len;
+    }
+    if ((uint64_t)mp_array(&q, end) != b->count)
+        return -1;
+    uint64_t tag = 0;
+    for (uint64_t j = 0; j <= lo; j++)
+        if (mp_uint(&q, end, &tag) < 0)
+            return -1;
+    *seq = tag >> 8;
+    return 0;
+}
+
 /* An expiring value found: the tuple (vp[0:vlen] as bytes, expires), as
  * lsmdb.ttl carries one.  A new reference, or NULL with an exception set. */
 PyObject *

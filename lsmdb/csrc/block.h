@@ -61,6 +61,7 @@ int block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, uns
 int parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
                 const unsigned char **value, size_t *vlen, uint64_t *expires);
 PyObject *parsed_entry(const ParsedBlock *b);
+int parsed_seq(const ParsedBlock *b, const unsigned char *key, size_t klen, uint64_t *seq);
 int entry_parsed(const unsigned char *e, size_t n, ParsedBlock *b);
 PyObject *speedups_block_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_block_lists(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

@@ -79,6 +79,9 @@ static PyMethodDef speedups_functions[] = {
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
+    {"set_entry_seq", (PyCFunction)speedups_set_entry_seq, METH_O,
+     "set_entry_seq($module, fn, /)\n--\n\n"
+     "Register lsmdb.readpath.entry_seq: a handed-over block's entry's sequence number."},
     {"set_system_clock", (PyCFunction)speedups_set_system_clock, METH_O,
      "set_system_clock($module, clock, /)\n--\n\n"
      "Register lsmdb.ttl.system_now_us: reads on that clock take CLOCK_REALTIME in C."},

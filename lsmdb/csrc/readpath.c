@@ -237,7 +237,7 @@ cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry)
  * hold (nothing counted: the caller hands over); -1, error. */
 int
 parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyObject *key,
-              uint64_t bound, PyObject **value, int *present)
+              uint64_t bound, PyObject **value, int *present, uint64_t *seq)
 {
     const unsigned char *vp = NULL;
     size_t vlen = 0;
@@ -247,6 +247,13 @@ parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyOb
     *present = f > 0;
     if (f < 0)
         return 2;
+    if (f > 0 && seq != NULL) {  /* the entry's sequence number, asked for: from its tag */
+        if (e->format < 2)
+            *seq = e->max_seq;  /* a format-1 file's entries all take its max_seq */
+        else if (parsed_seq(b, (const unsigned char *)PyBytes_AS_STRING(key),
+                            (size_t)PyBytes_GET_SIZE(key), seq) < 0)
+            return 2;
+    }
     uint64_t *counts = (uint64_t *)e->counts.buf;
     if (f == 0) {
         counts[FALSE_POSITIVES]++;
@@ -279,14 +286,14 @@ parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyOb
  * counted; 2 (nothing counted) for an entry that does not hold together. */
 int
 entry_answer(Getter *self, PyObject *fast, Entry *e, PyObject *entry, PyObject *key,
-             uint64_t bound, PyObject **value)
+             uint64_t bound, PyObject **value, uint64_t *seq)
 {
     ParsedBlock b;
     int present;
     if (entry_parsed((const unsigned char *)PyBytes_AS_STRING(entry),
                      (size_t)PyBytes_GET_SIZE(entry), &b) < 0)
         return 2;
-    int r = parsed_answer(self, fast, e, &b, key, bound, value, &present);
+    int r = parsed_answer(self, fast, e, &b, key, bound, value, &present, seq);
     if (r == 0 || r == 1)
         ((uint64_t *)e->counts.buf)[BLOCK_CACHE_HITS]++;
     return r;
@@ -366,9 +373,11 @@ hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys)
 /* After a "maybe" from file f (entry e) for key: its value there.  1, found,
  * *value (a new reference; None for a tombstone); 0, not there; -1, error.
  * Counted as readpath.py's file_blocks counts a key. */
+static int handed_seq(PyObject *fast, Py_ssize_t f, PyObject *key, uint64_t *seq);
+
 NOINLINE static int
 file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, uint64_t bound,
-         PyObject **value)
+         PyObject **value, uint64_t *seq)
 {
     Py_ssize_t i = bisect_index(e, key);
     uint64_t *counts = (uint64_t *)e->counts.buf;
@@ -379,7 +388,7 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
     PyObject *entry;
     int r = 2;
     if (cached_entry(self, e, i, &entry)) {
-        r = entry_answer(self, fast, e, entry, key, bound, value);
+        r = entry_answer(self, fast, e, entry, key, bound, value, seq);
         Py_DECREF(entry);
         if (r != 2)
             return r;
@@ -390,7 +399,7 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
             return -1;
         if (r == 0) {
             int present;
-            r = parsed_answer(self, fast, e, &d.b, key, bound, value, &present);
+            r = parsed_answer(self, fast, e, &d.b, key, bound, value, &present, seq);
             if (r == 0 || r == 1) {
                 counts[BLOCK_READS]++;
                 if (offer_parsed(self, e, i, &d.b, present) < 0) {
@@ -420,8 +429,87 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
         Py_DECREF(v);
         return 0;
     }
+    if (seq != NULL && handed_seq(fast, f, key, seq) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
     *value = v;
     return 1;
+}
+
+/* lsmdb.readpath.entry_seq, registered at import (set_entry_seq): the
+ * sequence number of a key's entry in a file whose block the C path handed
+ * over. */
+static PyObject *entry_seq_fn = NULL;
+
+PyObject *
+speedups_set_entry_seq(PyObject *Py_UNUSED(module), PyObject *fn)
+{
+    Py_XSETREF(entry_seq_fn, Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
+/* entry_seq(fast, fast.files[f], key) into *seq: 0, or -1 with an error set. */
+static int
+handed_seq(PyObject *fast, Py_ssize_t f, PyObject *key, uint64_t *seq)
+{
+    if (entry_seq_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "lsmdb.readpath did not register entry_seq");
+        return -1;
+    }
+    PyObject *args[3] = {fast, PyTuple_GET_ITEM(PyTuple_GET_ITEM(fast, FAST_FILES), f), key};
+    PyObject *r = PyObject_Vectorcall(entry_seq_fn, args, 3, NULL);
+    if (r == NULL)
+        return -1;
+    unsigned long long s = PyLong_AsUnsignedLongLong(r);
+    Py_DECREF(r);
+    if (s == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *seq = s;
+    return 0;
+}
+
+/* Level 0's files when they overlap in sequence numbers (FastPath's
+ * seq_overlap; readpath.py's lookup_by_seq): of those that hold key, the
+ * version with the highest sequence number, the walk stopping at the first
+ * file whose max_seq is not above the best found.  1 and *value (a new
+ * reference; None for a tombstone), 0 when level 0 holds no version, -1 on
+ * error. */
+static int
+overlap_get(Getter *self, PyObject *fast, Probes *probes, PyObject *key, PyObject **value)
+{
+    PyObject *best = NULL;
+    uint64_t best_seq = 0;
+    for (Py_ssize_t i = 0; i < probes->n0; i++) {
+        Entry *e = &probes->e[i];
+        if (best != NULL && e->max_seq <= best_seq)
+            break;
+        int c = probes_check_l0(probes, i, key);
+        if (c < 0)
+            goto fail;
+        if (c == 0)
+            continue;
+        PyObject *v = NULL;
+        uint64_t seq = 0;
+        int r = file_get(self, fast, i, e, key, LATEST, &v, &seq);
+        if (r < 0)
+            goto fail;
+        if (r == 1) {
+            if (best == NULL || seq > best_seq) {
+                Py_XSETREF(best, v);
+                best_seq = seq;
+            } else {
+                Py_DECREF(v);
+            }
+        }
+    }
+    if (best == NULL)
+        return 0;
+    *value = best;
+    return 1;
+fail:
+    Py_XDECREF(best);
+    return -1;
 }
 
 /* ---- get ------------------------------------------------------------------ */
@@ -556,7 +644,8 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     /* The files' filter lines start loading before the memtables are asked:
      * the loads overlap that work. */
     Gather g;
-    int gathered = have_h && can_gather(probes, key);
+    int overlap = PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True;
+    int gathered = have_h && !overlap && can_gather(probes, key);
     if (gathered)
         gather_start(probes, key, h, &g);
     int m = mem_lookup(fast, key, h, have_h, &value);
@@ -578,9 +667,25 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             goto done;
         }
     }
-    Py_ssize_t f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
+    Py_ssize_t f;
+    if (overlap) {
+        int r = overlap_get(self, fast, probes, key, &value);
+        if (r < 0)
+            goto done;
+        if (r == 1) {
+            if (value == Py_None) {
+                Py_DECREF(value);
+                goto absent;
+            }
+            result = value;
+            goto done;
+        }
+        f = probes_first(probes, key, probes->n0);  /* the deeper levels, as ever */
+    } else {
+        f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
+    }
     while (f >= 0) {
-        int r = file_get(self, fast, f, &probes->e[f], key, LATEST, &value);
+        int r = file_get(self, fast, f, &probes->e[f], key, LATEST, &value, NULL);
         if (r < 0)
             goto done;
         if (r == 1) {

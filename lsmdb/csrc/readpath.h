@@ -66,11 +66,11 @@ Py_ssize_t bisect_index(const Entry *e, PyObject *key);
 int index_words_init(Entry *e);
 int cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry);
 int entry_answer(Getter *self, PyObject *fast, Entry *e, PyObject *entry, PyObject *key,
-                 uint64_t bound, PyObject **value);
+                 uint64_t bound, PyObject **value, uint64_t *seq);
 int disk_block(Entry *e, Py_ssize_t i, DiskBlock *d);
 void disk_block_free(DiskBlock *d);
 int parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyObject *key,
-                  uint64_t bound, PyObject **value, int *present);
+                  uint64_t bound, PyObject **value, int *present, uint64_t *seq);
 int offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, int found);
 PyObject *hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
@@ -78,6 +78,7 @@ PyObject *expiring_visible(PyObject *fast, PyObject *value);
 int view_now_us(PyObject *fast, uint64_t *now);
 int view_clock_is_system(PyObject *fast);
 PyObject *speedups_set_system_clock(PyObject *module, PyObject *clock);
+PyObject *speedups_set_entry_seq(PyObject *module, PyObject *fn);
 
 /* readpath_many.c */
 PyObject *Getter_many(Getter *self, PyObject *keys);
@@ -114,8 +115,7 @@ block_bounds(const Entry *e, Py_ssize_t i, BlockBounds *b)
 /* The state's fast tuple when the C path can serve: 1 and *fast (a new
  * reference); 0 when the Python getter must (closed database: its close
  * puts None in the cell; no C probes: shadow mode, or a filter family the C
- * path does not probe; level-0 files that overlap in sequence numbers, whose
- * reads compare them).  The tuple is taken out of the state's cell, a list
+ * path does not probe).  The tuple is taken out of the state's cell, a list
  * that TableState.publish and DB.close write: the attribute lookups of
  * db._closed and state.fast it replaced took 13-20% of an absent get
  * (paired, 2,000,000 and 200,000 keys). */
@@ -133,7 +133,7 @@ getter_fast(Getter *self, PyObject **fast)
         || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, FAST_FILTERS))
         || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, FAST_FILTERS))
                != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, FAST_IMM_DATAS)) + 1
-        || PyTuple_GET_ITEM(f, FAST_SEQ_OVERLAP) != Py_False)
+        || !PyBool_Check(PyTuple_GET_ITEM(f, FAST_SEQ_OVERLAP)))
         return 0;
     *fast = Py_NewRef(f);
     return 1;

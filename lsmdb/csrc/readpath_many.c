@@ -229,7 +229,7 @@ file_step(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, int whole,
         }
         PyObject *value = NULL;
         int r = entry_answer(m->self, m->fast, e, x->cached, PyList_GET_ITEM(m->mk.keys, x->i),
-                             LATEST, &value);
+                             LATEST, &value, NULL);
         Py_CLEAR(x->cached);
         if (r < 0)
             goto fail;
@@ -272,7 +272,7 @@ file_step(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, int whole,
             int present;
             r = parsed_answer(m->self, m->fast, e, &d.b,
                               PyList_GET_ITEM(m->mk.keys, m->cands[c].i), LATEST, &value,
-                              &present);
+                              &present, NULL);
             found |= present;
             if (r == 1) {
                 answer(m, m->cands[c].i, value);
@@ -448,6 +448,11 @@ Getter_many(Getter *self, PyObject *keys)
     int ok = getter_fast(self, &m.fast);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
+    if (PyTuple_GET_ITEM(m.fast, FAST_SEQ_OVERLAP) == Py_True) {
+        /* files overlapping in sequence numbers: the Python path compares them */
+        Py_DECREF(m.fast);
+        return Py_NewRef(Py_None);
+    }
     m.probes = (Probes *)PyTuple_GET_ITEM(m.fast, FAST_PROBES);
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys), total = 0;

@@ -120,6 +120,10 @@ entry_init(Entry *e, PyObject *item)
         return -1;
     }
     e->format = (unsigned char)format;
+    unsigned long long max_seq = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(item, FILE_MAX_SEQ));
+    if (max_seq == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    e->max_seq = max_seq;
     if (PyObject_GetBuffer(counts, &e->counts, PyBUF_WRITABLE | PyBUF_FORMAT) < 0)
         return -1;
     e->have_counts = 1;
@@ -537,6 +541,14 @@ probes_gather(Probes *self, PyObject *key)
     Gather g;
     gather_start(self, key, h, &g);
     return gather_finish(self, &g);
+}
+
+/* Whether level-0 file i may hold key (its range, then its filter, counted
+ * as probes_first counts them): 1, 0, or -1 with an error set. */
+int
+probes_check_l0(Probes *self, Py_ssize_t i, PyObject *key)
+{
+    return check(self, &self->e[i], key, 0);
 }
 
 /* The first file from `start` that may hold key (bytes); -1: none; -2: error set. */

@@ -32,12 +32,13 @@ typedef struct {
     uint64_t *boff;      /* NULL, or each data block's offset and size in the file */
     uint64_t *bsize;
     uint64_t cache_base; /* block i is cached under cache_base + i */
+    uint64_t max_seq;    /* the file's newest sequence number */
     int have_counts;
     unsigned char format; /* the file's format version: 1, 2 or 3 */
     /* To 320 bytes, five cache lines: the address of entry f is then f * 5
      * shifted (two instructions), where at 304 it took three, and an
      * absent get over three files six instructions more. */
-    char pad[11];
+    char pad[3];
 } Entry;
 
 #if defined(__x86_64__) || defined(__aarch64__)
@@ -94,6 +95,7 @@ Py_ssize_t level_pick(Probes *self, Py_ssize_t L, PyObject *key);
 void gather_start(Probes *self, PyObject *key, uint64_t h, Gather *g);
 Py_ssize_t gather_finish(Probes *self, const Gather *g);
 Py_ssize_t probes_first(Probes *self, PyObject *key, Py_ssize_t start);
+int probes_check_l0(Probes *self, Py_ssize_t i, PyObject *key);
 
 HIDDEN_END
 

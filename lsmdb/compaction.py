@@ -2,15 +2,16 @@
 
 Two strategies (table option ``compaction``):
 
-* ``size_tiered`` -- every file lives in level 0.  Files adjacent in age
-  whose sizes are within 0.5x-1.5x of their bucket's average (or all below
-  ``min_sstable_size_bytes``) form a bucket; a bucket of ``min_threshold``
-  files (at most ``max_threshold`` taken) is merged into one file.  Past
-  ``SIZE_TIERED_MAX_FILES`` files the cheapest adjacent run is merged
-  anyway.  Only files adjacent in age are merged, because a read stops at
-  the newest file holding a key: merging an old and a new file around a
-  middle one would let the old file's versions shadow the middle
-  one's.
+* ``size_tiered`` -- every file lives in level 0.  Files whose sizes are
+  within 0.5x-1.5x of their bucket's average (or all below
+  ``min_sstable_size_bytes``) form a bucket, whatever their age (as in
+  Cassandra); a bucket of ``min_threshold`` files (at most ``max_threshold``
+  taken) is merged into one file.  Past ``SIZE_TIERED_MAX_FILES`` files the
+  cheapest run adjacent in age is merged anyway.  The merge keeps each key's
+  version with the highest sequence number; a file merged from files not
+  adjacent in age overlaps the ones between them in sequence numbers, and
+  reads of the table then compare sequence numbers
+  (``FastPath.seq_overlap``).
 * ``leveled`` -- flushes land in L0; when L0 holds ``L0_COMPACTION_TRIGGER``
   files they are merged with the overlapping L1 files into L1.  Level L >= 1
   holds non-overlapping files of about ``target_file_size_bytes`` and at
@@ -19,7 +20,8 @@ Two strategies (table option ``compaction``):
 
 Every output gets a new filter sized from its exact entry count and the
 table's *current* ``bloom_filter_fp_chance``.  Tombstones are dropped only
-when the output is the bottom of the tree for its key range.  A value that
+when the output is the bottom of the tree for its key range (size_tiered:
+every file left out is newer than every input, ``is_bottom``).  A value that
 has expired when the compaction starts (lsmdb.ttl) becomes a tombstone
 first: dropped at the bottom, kept above it, where it still hides the key's
 older versions.
@@ -119,7 +121,9 @@ def _pick_size_tiered(state: TableState) -> CompactionJob | None:
     buckets: list[list[SSTableReader]] = []
     current: list[SSTableReader] = []
     total = 0
-    for reader in files:
+    # By size, whatever their age (Cassandra's buckets): reads compare sequence
+    # numbers where the merged file then overlaps others in age.
+    for reader in sorted(files, key=lambda r: (r.size_bytes, _age_key(r))):
         if current:
             avg = total / len(current)
             # Files below min_sstable_size_bytes all count as one size (as in
@@ -145,16 +149,24 @@ def _pick_size_tiered(state: TableState) -> CompactionJob | None:
         start = min(range(len(files) - width + 1),
                     key=lambda i: sum(r.size_bytes for r in files[i:i + width]))
         inputs = files[start:start + width]
-        return CompactionJob(state, inputs, 0, start == 0, None,
+        return CompactionJob(state, inputs, 0, is_bottom(files, inputs), None,
                              f"size_tiered: {len(files)} files, merging the {width} cheapest "
                              "adjacent ones")
     # The bucket of the smallest files first: it is the cheapest to merge and
     # removes the most files per byte written (as Cassandra prefers).
     bucket = min(eligible, key=lambda b: sum(r.size_bytes for r in b) / len(b))
-    inputs = bucket[:opts.max_threshold]
-    bottom = inputs[0] is files[0]
-    return CompactionJob(state, inputs, 0, bottom, None,
+    inputs = sorted(bucket[:opts.max_threshold], key=_age_key)
+    return CompactionJob(state, inputs, 0, is_bottom(files, inputs), None,
                          f"size_tiered: {len(inputs)} files of similar size")
+
+
+def is_bottom(files: list[SSTableReader], inputs: list[SSTableReader]) -> bool:
+    """Whether no older data than ``inputs``' can lie outside them: every other
+    file is newer than all of their entries (then a tombstone or an expired
+    value among them hides nothing that stays, and may go)."""
+    newest = max(r.max_seq for r in inputs)
+    chosen = set(map(id, inputs))
+    return all(r.min_seq > newest for r in files if id(r) not in chosen)
 
 
 def _overlapping(readers: list[SSTableReader], lo: bytes, hi: bytes) -> list[SSTableReader]:

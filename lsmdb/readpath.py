@@ -386,13 +386,16 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
     whatever the keys' order.
     """
     given = keys if type(keys) is list else list(keys)
-    many = getattr(state_getter(db, state), "many", None)
+    getter = state_getter(db, state)
+    many = getattr(getter, "many", None)
     if many is not None:  # the C getter: the whole call in C
         answers = many(given)
         if answers is None:  # C declines odd keys: as_key raises on a bad one
             answers = many([as_key(k) for k in given])
         if answers is not None:
             return answers
+        if state.fast.seq_overlap:  # files overlapping in age: the C get, key by key
+            return [getter(k) for k in given]
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db.closed:
         db.check_open()

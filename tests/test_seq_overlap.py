@@ -177,3 +177,40 @@ def test_the_c_getter_reads_overlapping_files_itself_and_counts_as_python_does(
     monkeypatch.setattr(lsmdb.readpath, "lookup", None)  # the C getter must not need it
     assert db.get(b"k003") == b"v2.3" and db.get(b"k002") == b"v1.2" and db.get(b"k999") is None
     db.close()
+
+
+def test_size_tiered_merges_files_of_similar_size_whatever_their_age(tmp_path, impl):
+    db = lsmdb.open(tmp_path / "db", auto_compaction=False)
+    db.alter_table("default", min_threshold=4, min_sstable_size_bytes=0)
+    model: dict[bytes, bytes] = {}
+
+    def file_of(n: int, tag: bytes, start: int = 0) -> None:
+        for i in range(start, start + n):
+            key = b"k%04d" % i
+            db.put(key, tag + b"%d" % i)
+            model[key] = tag + b"%d" % i
+        db.flush()
+
+    file_of(400, b"big1.")        # old and big
+    file_of(3, b"s1.")            # small
+    file_of(400, b"big2.", 100)   # big again, newer versions of 100..499
+    db.delete(b"k0000")           # small: a tombstone over big1's k0000
+    del model[b"k0000"]
+    file_of(2, b"s2.", 200)       # newer than big2 for 200, 201
+    file_of(2, b"s3.", 450)
+    file_of(2, b"s4.", 1)
+    state = db._default_state
+    assert len(state.files) == 6 and not state.fast.seq_overlap
+    job = compaction.pick(state)
+    assert job is not None and len(job.inputs) == 4 and not job.bottom  # big1 is older
+    db._compactor.run_pending(lambda: False)
+    assert len(state.files) == 3 and state.fast.seq_overlap
+    assert sum(s.tombstones for s in db.sstables()) == 1  # kept: big1's k0000 lies below
+    probe = [b"k%04d" % i for i in range(0, 520, 7)] + [b"k0000", b"k0001", b"k0200", b"k0450"]
+    assert [db.get(k) for k in probe] == [model.get(k) for k in probe]
+    assert db.get_many(probe) == [model.get(k) for k in probe]
+    assert list(db.scan()) == sorted(model.items())
+    db.compact()
+    assert not state.fast.seq_overlap and sum(s.tombstones for s in db.sstables()) == 0
+    assert list(db.scan()) == sorted(model.items())
+    db.close()

@@ -165,7 +165,6 @@ def _counters_after_gets(path, monkeypatch, python):
 
 def test_the_c_getter_reads_overlapping_files_itself_and_counts_as_python_does(
         tmp_path, monkeypatch):
-    pytest.importorskip("lsmdb._speedups")
     if not lsmdb.SPEEDUPS:
         pytest.skip("built without the C speedups")
     py = _counters_after_gets(tmp_path / "py", monkeypatch, True)

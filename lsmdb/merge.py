@@ -58,8 +58,8 @@ class Pin(Protocol):
 
 def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: bool = False,
                  pin: Pin | None = None,
-                 reseek: Callable[[bytes], list[Chunks]] | None = None
-                 ) -> Iterator[tuple[bytes, bytes | None]]:
+                 reseek: Callable[[bytes], list[Chunks]] | None = None,
+                 untag: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
     """Merge ``sources`` -- newest first, each yielding (keys, values) chunks in
     key order (descending when ``reverse``) -- into one stream of (key, value)
     pairs: the newest version of each key, tombstones hidden unless
@@ -67,18 +67,20 @@ def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: 
     With a pin, the stream has ``close()``.  With ``reseek``, it has
     ``seek(key)`` too: the merge starts again over the sources
     ``reseek(key)`` gives (those from ``key`` on), its pin kept; refused
-    (ValueError) once the merge has ended."""
+    (ValueError) once the merge has ended.  ``untag``: tagged entries come
+    out as (key, value) pairs too (a scan's merge by sequence number)."""
     if USE_SPEEDUPS:
-        return _CMerge(sources, reverse, keep_tombstones, pin, reseek)
+        return _CMerge(sources, reverse, keep_tombstones, pin, reseek, untag)
     if reseek is not None:
-        return SeekableMerge(sources, reverse, keep_tombstones, pin, reseek)
+        return SeekableMerge(sources, reverse, keep_tombstones, pin, reseek, untag)
     merged: Iterator[tuple[bytes, bytes | None]]
     if len(sources) == 1:
-        pairs = chain.from_iterable(zip(*chunk, strict=True) for chunk in sources[0])
+        pairs = chain.from_iterable(zip(*chunk[:2] if untag else chunk, strict=True)
+                                    for chunk in sources[0])
         merged = pairs if keep_tombstones else (e for e in pairs if e[1] is not None)
     else:
         tagged = [_tagged(src, tag_for(age, reverse), reverse) for age, src in enumerate(sources)]
-        merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones)
+        merged = _merge(heapq.merge(*tagged, reverse=reverse), keep_tombstones, untag)
     return merged if pin is None else pinned(merged, pin)
 
 
@@ -89,12 +91,15 @@ class SeekableMerge:
     another call of it runs refused (ValueError)."""
 
     def __init__(self, sources: list[Chunks], reverse: bool, keep_tombstones: bool,
-                 pin: Pin | None, reseek: Callable[[bytes], list[Chunks]]) -> None:
+                 pin: Pin | None, reseek: Callable[[bytes], list[Chunks]],
+                 untag: bool = False) -> None:
         self._reverse = reverse
         self._keep = keep_tombstones
+        self._untag = untag
         self._pin = pin
         self._reseek: Callable[[bytes], list[Chunks]] | None = reseek
-        self._it: Iterator[Any] | None = merge_newest(sources, reverse, keep_tombstones)
+        self._it: Iterator[Any] | None = merge_newest(sources, reverse, keep_tombstones,
+                                                      untag=untag)
         self._busy = threading.Lock()
 
     def __iter__(self) -> SeekableMerge:
@@ -123,7 +128,7 @@ class SeekableMerge:
             if self._it is None or self._reseek is None:
                 raise ValueError("the scan is over: it cannot seek")
             fresh = list(self._reseek(key))
-            self._it = merge_newest(fresh, self._reverse, self._keep)
+            self._it = merge_newest(fresh, self._reverse, self._keep, untag=self._untag)
         finally:
             self._busy.release()
 
@@ -180,7 +185,7 @@ def _tagged(chunks: Chunks, tag: int, reverse: bool = False) -> Iterator[tuple[A
         yield from zip(keys, orders, *chunk[1:], strict=True)
 
 
-def _merge(merged: Iterator[Any], keep_tombstones: bool) -> Iterator[Any]:
+def _merge(merged: Iterator[Any], keep_tombstones: bool, untag: bool = False) -> Iterator[Any]:
     last: Any = _NOTHING
     for entry in merged:
         key = entry[0]
@@ -189,4 +194,4 @@ def _merge(merged: Iterator[Any], keep_tombstones: bool) -> Iterator[Any]:
         last = key
         if entry[2] is None and not keep_tombstones:
             continue
-        yield (key, entry[2]) if len(entry) == 3 else (key, entry[2], entry[3])
+        yield (key, entry[2]) if len(entry) == 3 or untag else (key, entry[2], entry[3])

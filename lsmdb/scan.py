@@ -237,36 +237,14 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
         if version is not None:
             version.release()
         raise
-    merged = merge_newest(first, reverse, pin=version, reseek=reseek)
-    return Untagged(merged) if by_seq else merged  # type: ignore[return-value]
+    return merge_newest(first, reverse, pin=version, reseek=reseek,  # type: ignore[return-value]
+                        untag=by_seq)
 
 
 #: The tag a merge by sequence number gives memtable entries (lsmdb.merge):
 #: above every file's, a value's kind (the merge reads only the number).
 NEWER_THAN_FILES = MAX_SEQ << KIND_BITS | KIND_VALUE
 
-
-class Untagged:
-    """A merge of tagged chunks as a scan's iterator: its (key, value, tag)
-    entries as (key, value), ``seek`` and ``close`` passed on."""
-
-    __slots__ = ("_merge",)
-
-    def __init__(self, merge: Any) -> None:
-        self._merge = merge
-
-    def __iter__(self) -> Untagged:
-        return self
-
-    def __next__(self) -> tuple[bytes, bytes]:
-        key, value, _tag = next(self._merge)
-        return key, value
-
-    def seek(self, key: Any, /) -> None:
-        self._merge.seek(key)
-
-    def close(self) -> None:
-        self._merge.close()
 
 
 def scan(versions: Versions, state: TableState, start: Any, end: Any, prefix: Any,

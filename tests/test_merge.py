@@ -94,6 +94,17 @@ def test_an_older_source_with_the_newer_version_wins(use_c):
     assert list(merge_newest([newer_file, older_file])) == [(b"a", b"a@5", 5 << 8 | 1)]
 
 
+@pytest.mark.parametrize("seekable", [False, True])
+def test_untag_gives_pairs_of_a_merge_by_sequence_number(use_c, seekable):
+    newer_file = [([b"a", b"b"], [b"a@5", b"b@2"], [5 << 8 | 1, 2 << 8 | 1])]
+    older_file = [([b"a", b"b"], [b"a@3", b"b@4"], [3 << 8 | 1, 4 << 8 | 1])]
+    reseek = (lambda key: [[c for c in newer_file], [c for c in older_file]]) if seekable \
+        else None
+    merged = merge_newest([newer_file, older_file], untag=True, reseek=reseek)
+    assert list(merged) == [(b"a", b"a@5"), (b"b", b"b@4")]
+    assert list(merge_newest([older_file], untag=True)) == [(b"a", b"a@3"), (b"b", b"b@4")]
+
+
 def test_a_source_is_read_lazily_one_chunk_at_a_time(use_c):
     taken = []
 

@@ -14,7 +14,9 @@
  * version wins -- of (keys, values) chunks the newest source's, of tagged
  * ones the highest sequence number's (tag >> 8; the newest source's among
  * equal ones), so sources may overlap in age -- older versions are skipped,
- * and tombstones (value None) are hidden unless keep_tombstones.  The entries are walked in place (no
+ * and tombstones (value None) are hidden unless keep_tombstones; with
+ * untag, tagged entries go out as (key, value) too (a scan's merge by
+ * sequence number).  The entries are walked in place (no
  * per-entry tuple besides the pair returned).  A source is advanced only at
  * the next call after its entry went out, as a generator would; after an
  * error the iteration is over.
@@ -49,6 +51,7 @@ typedef struct {
     Head pending;       /* the head whose entry went out last (pending.chunk != NULL) */
     int reverse;
     int keep_tombstones;
+    int untag;          /* tagged entries go out as (key, value): a scan's merge by seq */
     int started;
     int failed;
     int running;        /* a next() of it is under way */
@@ -315,7 +318,7 @@ merge_step(Merge *self)
         PyObject *value = PyList_GET_ITEM(top.values, top.pos);
         if (value == Py_None && !self->keep_tombstones)
             continue;
-        if (top.tags != NULL)
+        if (top.tags != NULL && !self->untag)
             return PyTuple_Pack(3, key, value, PyList_GET_ITEM(top.tags, top.pos));
         return PyTuple_Pack(2, key, value);
     }
@@ -450,10 +453,11 @@ static int
 Merge_init(Merge *self, PyObject *args, PyObject *kwds)
 {
     PyObject *sources, *pin = Py_None, *reseek = Py_None;
-    int reverse = 0, keep = 0;
-    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", "pin", "reseek", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppOO:Merge", kwlist, &sources, &reverse,
-                                     &keep, &pin, &reseek))
+    int reverse = 0, keep = 0, untag = 0;
+    static char *kwlist[] = {"sources", "reverse", "keep_tombstones", "pin", "reseek", "untag",
+                             NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppOOp:Merge", kwlist, &sources, &reverse,
+                                     &keep, &pin, &reseek, &untag))
         return -1;
     if (reseek != Py_None && !PyCallable_Check(reseek)) {
         PyErr_SetString(PyExc_TypeError, "reseek must be callable or None");
@@ -468,6 +472,7 @@ Merge_init(Merge *self, PyObject *args, PyObject *kwds)
         return -1;
     self->reverse = reverse;
     self->keep_tombstones = keep;
+    self->untag = untag;
     if (pin != Py_None) {
         Py_INCREF(pin);
         self->pin = pin;

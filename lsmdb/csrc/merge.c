@@ -500,7 +500,7 @@ PyTypeObject MergeType = {
     .tp_traverse = (traverseproc)Merge_traverse,
     .tp_clear = (inquiry)Merge_clear,
     .tp_finalize = (destructor)Merge_finalize,
-    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None, reseek=None)\n"
+    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None, reseek=None, untag=False)\n"
               "--\n\n"
               "The newest version of each key from sorted sources of (keys, values) chunks,\n"
               "newest source first, tombstones hidden (see lsmdb.merge); pin.release() is\n"

@@ -29,13 +29,14 @@ older versions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .files import FileWriter, unlink_quietly
 from .filters import DEFAULT_FAMILY, FilterSpec
 from .filters.hashing import FAST_HASHER, Hasher
+from .history import HistoryWriter, keep_for_snapshots
 from .merge import Chunks, merge_newest
 from .scan import chunks
 from .sstable_format import KIND_BITS, KIND_TOMBSTONE
@@ -66,6 +67,7 @@ class CompactionJob:
     reason: str
     outputs: list[SSTableReader] = field(default_factory=list)
     pointer: tuple[int, bytes] | None = None  # leveled round robin: (level, last key)
+    history: list[SSTableReader] = field(default_factory=list)  # lsmdb.history
 
 
 def _age_key(r: SSTableReader) -> tuple[int, int]:
@@ -258,11 +260,16 @@ def expired_as_tombstones(source: Iterator[tuple[list[bytes], list[Any], list[in
 
 
 def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[[int], str],
-        hasher: Hasher = FAST_HASHER, db_id: str = "") -> list[SSTableReader]:
+        hasher: Hasher = FAST_HASHER, db_id: str = "",
+        snapshots: Sequence[int] = ()) -> list[SSTableReader]:
     """Merge ``job.inputs`` into new fsynced files; returns readers of the outputs.
 
-    Only reads the inputs and writes new files: nothing the database serves
-    changes until the caller installs the outputs through the manifest.
+    ``snapshots``: the sequence numbers of the live snapshots.  While any is
+    live, tombstones stay; the versions a snapshot older than some input needs
+    besides each key's newest go to history files, left in ``job.history``
+    (lsmdb.history).  Only reads the inputs and writes new files: nothing the
+    database serves changes until the caller installs the outputs through the
+    manifest.
     """
     state = job.state
     opts = state.options
@@ -271,13 +278,25 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     sources: list[Chunks] = [chunks(r, None, None, tagged=True) if r.version < 3 else
                              expired_as_tombstones(chunks(r, None, None, tagged=True), now_us)
                              for r in newest_first(job.inputs)]
-    merged = merge_newest(sources, keep_tombstones=not job.bottom)
     min_seq = min(r.min_seq for r in job.inputs)
     max_seq = max(r.max_seq for r in job.inputs)
+    older = [s for s in snapshots if min_seq <= s < max_seq]  # a stripe of their own
+
+    def make(f: FileWriter, number: int) -> SSTableBuilder:
+        return SSTableBuilder(f, fp_chance=spec.fp_chance, block_size=opts.block_size_bytes,
+                              table=state.name, hasher=hasher, family=spec.family,
+                              compression=opts.compression, file_number=number, db_id=db_id)
+
+    history = HistoryWriter(alloc_number, path_for, make,
+                            lambda b, f, p, n: _seal(b, f, p, n, job.output_level))
+    entries: Iterator[Any]
+    if older:
+        entries = keep_for_snapshots(sources, older, history)
+    else:
+        entries = iter(merge_newest(sources, keep_tombstones=not job.bottom or bool(snapshots)))
     outputs: list[SSTableReader] = []
     paths: list[str] = []
     f = None
-    entries: Iterator[Any] = iter(merged)
     keys: list[bytes] = []
     values: list[bytes | None] = []
     tags: list[int] = []
@@ -291,11 +310,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             path = path_for(number)
             paths.append(path)
             f = FileWriter(path, WRITE_BUFFER_BYTES)
-            builder = SSTableBuilder(f, fp_chance=spec.fp_chance,
-                                     block_size=opts.block_size_bytes, table=state.name,
-                                     hasher=hasher, family=spec.family,
-                                     compression=opts.compression, file_number=number,
-                                     db_id=db_id)
+            builder = make(f, number)
             builder.note_seq(min_seq, max_seq)
             while True:  # fill this output until it is full or the input ends
                 added = builder.add_chunk(keys, values, job.split_bytes, tags)
@@ -307,13 +322,17 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
                 if not keys:
                     break
             outputs.append(_seal(builder, f, path, number, job.output_level))
+            f = None
+        job.history = history.finish()
     except BaseException:
         if f is not None:
             f.close()
-        for r in outputs:
+        history.abandon()
+        for r in outputs + job.history:
             r.close()
         for p in paths:
             unlink_quietly(p)
+        job.history = []
         raise
     return outputs
 

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING
 from . import compaction as _compaction
 from .files import SwitchedButNotSynced, unlink_quietly
 from .filters import FilterSpec, is_stale
+from .history import HistoryFile
 from .sstable_reader import SSTableReader
 from .sstable_writer import rewrite_filter
 from .table import TableState
 
 if TYPE_CHECKING:
+    from .version import Version
     from .versions import Versions
 
 log = logging.getLogger("lsmdb")
@@ -105,51 +107,70 @@ class Compactor:
         """Run one compaction (the caller holds ``self.lock``)."""
         db = self._db
         started = time.monotonic()
+        with db.lock:
+            snapshots = sorted({snap.seq for snap in list(db.snapshots) if not snap.closed})
         outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, db.hasher_for(job.state),
-                                  db.db_id)
+                                  db.db_id, snapshots)
         try:
-            for reader in outputs:
+            for reader in outputs + job.history:
                 db.adopt(reader, job.output_level)
         except BaseException:
-            for reader in outputs:
+            for reader in outputs + job.history:
                 reader.close()
                 unlink_quietly(reader.path)
             raise
-        self.install(job, outputs)
+        self.install(job, outputs, snapshots)
         log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
                  job.state.name, len(outputs), job.output_level, time.monotonic() - started,
                  job.reason)
 
-    def install(self, job: _compaction.CompactionJob, outputs: list[SSTableReader]) -> None:
-        """Switch the manifest from the job's inputs to its outputs, then delete the inputs."""
+    def install(self, job: _compaction.CompactionJob, outputs: list[SSTableReader],
+                snapshots: list[int] | None = None) -> None:
+        """Switch the manifest from the job's inputs to its outputs, then delete
+        the inputs.  ``snapshots`` (a compaction's: the live snapshots' numbers
+        when it began): every live snapshot then reads the new files, and those
+        among them hold the job's history files (lsmdb.history)."""
         db = self._db
         state = job.state
-        with db.lock:
-            inputs = {id(r) for r in job.inputs}
-            if state.dropped or db.closed or not all(
-                    any(id(r) == i for r in state.files) for i in inputs):
-                for r in outputs:
-                    r.close()
-                    unlink_quietly(r.path)
-                return
-            old = state.files
-            state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
-            try:
-                db.write_manifest()
-            except SwitchedButNotSynced:
-                # The new manifest names the outputs: serve them, but keep the
-                # inputs on disk (the old manifest may come back after a crash;
-                # the next open sweeps them).
+        history = [HistoryFile(r) for r in job.history]
+        let_go: list[Version] = []
+        try:
+            with db.lock:
+                inputs = {id(r) for r in job.inputs}
+                if state.dropped or db.closed or not all(
+                        any(id(r) == i for r in state.files) for i in inputs):
+                    for r in outputs + job.history:
+                        r.close()
+                        unlink_quietly(r.path)
+                    return
+                old = state.files
+                state.files = tuple(r for r in state.files if id(r) not in inputs) + tuple(outputs)
+                try:
+                    db.write_manifest()
+                except SwitchedButNotSynced:
+                    # The new manifest names the outputs: serve them, but keep the
+                    # inputs on disk (the old manifest may come back after a crash;
+                    # the next open sweeps them).
+                    state.publish()
+                    raise
+                except BaseException:
+                    state.files = old
+                    for r in outputs:
+                        r.close()
+                        unlink_quietly(r.path)
+                    raise
                 state.publish()
-                raise
-            except BaseException:
-                state.files = old
-                for r in outputs:
-                    r.close()
-                    unlink_quietly(r.path)
-                raise
-            state.publish()
-            if job.pointer is not None:
-                state.compact_pointer[job.pointer[0]] = job.pointer[1]
+                if job.pointer is not None:
+                    state.compact_pointer[job.pointer[0]] = job.pointer[1]
+                if snapshots is not None:
+                    wanted = set(snapshots)
+                    for snap in list(db.snapshots):
+                        let_go += snap.follow(state, history if snap.seq in wanted else [])
+        finally:
+            for h in history:  # held by no snapshot (or the install failed)
+                if not h.holders:
+                    h.delete()
+        for version in let_go:
+            version.release()
         db.retire(job.inputs)
         self._installed()

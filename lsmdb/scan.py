@@ -181,7 +181,8 @@ class ScanIterator(Protocol):
 
 def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable],
               version: Version | None, lo: bytes | None, hi: bytes | None,
-              reverse: bool, now_us: int = 0, keep_expiring: bool = False) -> ScanIterator:
+              reverse: bool, now_us: int = 0, keep_expiring: bool = False,
+              bound: int | None = None, extra: Sequence[SSTableReader] = ()) -> ScanIterator:
     """A scan over a view: ``mem``, the active memtable's entries in [lo, hi)
     copied when the view was taken (one ascending (keys, values) chunk, or
     none), the frozen memtables ``imms`` (newest first), and ``version``'s
@@ -189,9 +190,12 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
     scan ends).  Expiring values read as they were at ``now_us``, the moment
     the view was taken (``keep_expiring``: the live ones come out as (value,
     expires) tuples, an export's).  ``seek`` starts the merge again from a key
-    over the same view."""
+    over the same view.  ``bound`` (a snapshot that followed a compaction,
+    lsmdb.history): the files' entries above that sequence number are passed
+    over, and the history files ``extra`` are read too; the merge takes each
+    key's highest number."""
 
-    by_seq = version is not None and seq_overlap(version.l0)
+    by_seq = version is not None and (bound is not None or seq_overlap(version.l0))
 
     def sources(a: bytes | None, b: bytes | None) -> list[Any]:
         out: list[Any] = []
@@ -213,10 +217,13 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
         if by_seq:  # the memtables' entries newer than any file's: the highest number
             out = [[(ks, vs, [NEWER_THAN_FILES] * len(ks)) for ks, vs in src] for src in out]
         if version is not None:
-            for r in version.in_read_order():  # newest first, as the merge wants them
-                if (b is None or r.min_key < b) and (a is None or r.max_key >= a):
-                    out.append(chunks(r, a, b, reverse, now_us=now_us,
-                                      keep_expiring=keep_expiring, with_tags=by_seq))
+            for r in (*version.in_read_order(), *extra):  # newest first, as the merge wants
+                if (b is None or r.min_key < b) and (a is None or r.max_key >= a) and (
+                        bound is None or r.min_seq <= bound):
+                    src = chunks(r, a, b, reverse, now_us=now_us,
+                                 keep_expiring=keep_expiring, with_tags=by_seq)
+                    out.append(src if bound is None or r.max_seq <= bound else
+                               not_above(src, bound))
         return out
 
     def reseek(key: Any) -> list[Any]:
@@ -239,6 +246,17 @@ def view_scan(mem: list[tuple[list[bytes], list[Any]]], imms: Sequence[Memtable]
         raise
     return merge_newest(first, reverse, pin=version, reseek=reseek,  # type: ignore[return-value]
                         untag=by_seq)
+
+
+def not_above(source: Iterator[Any], bound: int) -> Iterator[Any]:
+    """Tagged chunks of ``source`` without the entries whose sequence number is
+    above ``bound`` (what a snapshot does not see)."""
+    for keys, values, tags in source:
+        keep = [j for j, t in enumerate(tags) if t >> KIND_BITS <= bound]
+        if len(keep) == len(tags):
+            yield keys, values, tags
+        elif keep:
+            yield [keys[j] for j in keep], [values[j] for j in keep], [tags[j] for j in keep]
 
 
 #: The tag a merge by sequence number gives memtable entries (lsmdb.merge):

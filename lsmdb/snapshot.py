@@ -3,23 +3,30 @@
 ``db.snapshot()`` takes, under the database lock (which every write holds
 while it applies), each table's memtables and its current
 :class:`~lsmdb.version.Version` -- a reference that keeps the version's
-SSTables on disk and open, whatever flushes, compactions and ``drop_table``
-do meanwhile.  Frozen memtables and SSTables never change, so they are read
-as they are.  The one thing that does change is each table's active
-memtable: while a snapshot is live, a write to it first records in the
-snapshot's *undo* map what the key held before (its value, its tombstone, or
-that it was absent), once per key.  A snapshot's read of that memtable asks
-the undo map first.
+SSTables on disk and open while the snapshot reads them.  Frozen memtables
+never change, so they are read as they are.  The one thing that does change
+is each table's active memtable: while a snapshot is live, a write to it
+first records in the snapshot's *undo* map what the key held before (its
+value, its tombstone, or that it was absent), once per key.  A snapshot's
+read of that memtable asks the undo map first.
+
+Files change by compaction.  A compaction that runs while the snapshot is
+live keeps the versions the snapshot reads (lsmdb.history); once it is
+installed the snapshot *follows* (:meth:`Snapshot.follow`): it gives back
+the files it held and reads the table's current ones and the compaction's
+history files, each read taking, of the versions of a key not above the
+snapshot's sequence number, the highest (:func:`lsmdb.history.bounded_lookup`).
+Until then its point reads take the table's C getter over the files it
+holds, as any get does.
 
 The cost of a live snapshot: writes to a memtable it covers pay one dict
-lookup per key per live snapshot (the undo map's); it holds the old values and
-the memtables it covers in memory (after they are flushed too) and the
-SSTables it pins on disk until it is closed, even once compaction has replaced
-them (the database may hold up to both the old and the new files).  Reads
-and writes of tables no snapshot covers, and gets that do not use a
-snapshot, pay nothing.  Close snapshots you are done with
-(``with db.snapshot() as snap:``); one that is garbage collected is closed
-then.
+lookup per key per live snapshot (the undo map's); it holds the old values
+and the memtables it covers in memory (after they are flushed too) until it
+is closed; compactions keep its versions (and every tombstone) on disk, in
+their history files, until it is closed.  Reads and writes of tables no
+snapshot covers, and gets that do not use a snapshot, pay nothing.  Close
+snapshots you are done with (``with db.snapshot() as snap:``); one that is
+garbage collected is closed then.
 """
 
 from __future__ import annotations
@@ -29,7 +36,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import NoSuchTableError
-from .fastpath import fast_path
+from .fastpath import FileProbe, fast_path, probe_of
+from .history import HistoryFile, bounded_lookup, release_all
 from .keys import as_key
 from .mapping import ScanMapping
 from .memtable import Memtable
@@ -84,19 +92,35 @@ class MemView:
         return [(out_keys, out_values)] if out_keys else []
 
 
-class _Table:
-    """One table in a snapshot: its state object, what it held, its pinned files."""
+class _Files:
+    """The files one table of a snapshot reads, swapped whole when it follows a
+    compaction: a version it holds, the history files it holds, and whether
+    the version is the one it was taken with (then no file holds a version
+    above the snapshot, and reads take the newest version they find)."""
 
-    __slots__ = ("state", "mem", "imms", "version", "view", "getter")
+    __slots__ = ("version", "history", "exact", "view", "getter", "extra")
+
+    def __init__(self, version: Version, history: tuple[HistoryFile, ...] = (),
+                 exact: bool = True) -> None:
+        self.version = version
+        self.history = history
+        self.exact = exact
+        self.view: Any = None  # the FastPath its point reads walk, made at the first
+        self.getter: Any = None  # get(key, default) of its frozen memtables and files
+        self.extra: tuple[FileProbe, ...] = tuple(probe_of(h.reader) for h in history)
+
+
+class _Table:
+    """One table in a snapshot: its state object, what it held, the files it reads."""
+
+    __slots__ = ("state", "mem", "imms", "files")
 
     def __init__(self, state: TableState, mem: MemView, imms: tuple[Memtable, ...],
                  version: Version) -> None:
         self.state = state
         self.mem = mem
         self.imms = imms
-        self.version = version
-        self.view: Any = None  # the FastPath its point reads walk, made at the first
-        self.getter: Any = None  # get(key, default) of its frozen memtables and files
+        self.files = _Files(version)
 
 
 class _NoFilterMem:
@@ -159,22 +183,37 @@ class Snapshot(ScanMapping):
             raise NoSuchTableError(f"no table {name!r} in this snapshot")
         return t
 
-    def _view(self, t: _Table) -> Any:
-        view = t.view
+    def _view(self, t: _Table, files: _Files) -> Any:
+        """The Python view of ``t``: its memtables then (exact) or its files alone."""
+        view = files.view
         if view is None:
-            view = t.view = fast_path(_NoFilterMem(t.mem), t.imms,  # type: ignore[arg-type]
-                                      t.version, t.state.cache, False, False, t.state.now_us)
+            if files.exact:
+                view = fast_path(_NoFilterMem(t.mem), t.imms,  # type: ignore[arg-type]
+                                 files.version, t.state.cache, False, False, t.state.now_us)
+            else:
+                view = fast_path(_NoFilterMem({}), (),  # type: ignore[arg-type]
+                                 files.version, t.state.cache, False, False, t.state.now_us)
+            files.view = view
         return view
 
-    def _getter(self, t: _Table) -> Any:
-        """The getter of ``t``'s frozen memtables and files: the table's own kind
-        (the C getter where it serves) over a view of them alone."""
-        g = t.getter
+    def _getter(self, t: _Table, files: _Files) -> Any:
+        """The getter of ``t``'s frozen memtables and files (exact): the table's
+        own kind (the C getter where it serves) over a view of them alone."""
+        g = files.getter
         if g is None:
-            view = fast_path(_NoFilterMem({}), t.imms, t.version,  # type: ignore[arg-type]
+            view = fast_path(_NoFilterMem({}), t.imms, files.version,  # type: ignore[arg-type]
                              t.state.cache, False, USE_SPEEDUPS, t.state.now_us)
-            g = t.getter = make_getter(self._versions, _FrozenPart(view, t.state.counts))  # type: ignore[arg-type]
+            g = files.getter = make_getter(self._versions, _FrozenPart(view, t.state.counts))  # type: ignore[arg-type]
         return g
+
+    def _bounded(self, t: _Table, files: _Files, key: bytes) -> Any:
+        """``key`` in ``t``'s frozen memtables, then its files as of the snapshot's
+        number (a snapshot that followed a compaction): value, None or MISSING."""
+        for imm in t.imms:
+            value = imm.data.get(key, MISSING)
+            if value is not MISSING:
+                return value
+        return bounded_lookup(self._view(t, files), key, self.seq, files.extra)
 
     def get(self, key: Any, default: Any = None, table: str | None = None) -> Any:
         """``key``'s value in ``table`` as of the snapshot, or ``default``: the
@@ -185,12 +224,15 @@ class Snapshot(ScanMapping):
             key = as_key(key)
         value = t.mem.get(key, MISSING)
         if value is MISSING:
-            return self._getter(t)(key, default)
+            files = t.files
+            if files.exact:
+                return self._getter(t, files)(key, default)
+            value = self._bounded(t, files, key)
         if type(value) is tuple:  # an expiring value: read now (lsmdb.ttl)
             value = live(value, t.state.now_us())
         counts = t.state.counts
         counts[GETS] += 1
-        if value is None:
+        if value is None or value is MISSING:
             counts[GETS_ABSENT] += 1
             return default
         return value
@@ -198,7 +240,11 @@ class Snapshot(ScanMapping):
     def get_many(self, keys: Iterable[Any], table: str | None = None) -> list[bytes | None]:
         """The values of ``keys`` in ``table`` as of the snapshot (None where absent)."""
         t = self._table(table)
-        return many_python(t.state, self._view(t), [as_key(k) for k in keys])
+        ks = [as_key(k) for k in keys]
+        files = t.files
+        if files.exact:
+            return many_python(t.state, self._view(t, files), ks)
+        return [self.get(k, None, table) for k in ks]
 
     def __contains__(self, key: Any) -> bool:
         return self.get(key, MISSING) is not MISSING
@@ -223,14 +269,18 @@ class Snapshot(ScanMapping):
         with self._lock, self._versions.lock:  # not while it closes; the memtable may change
             if self._tables is None:
                 raise ValueError("the snapshot is closed")
-            version = t.version.acquire()
+            files = t.files
+            version = files.version.acquire()
             try:
                 first = t.mem.chunk_range(lo, hi)
                 now_us = t.state.now_us()
             except BaseException:
                 version.release()
                 raise
-        return view_scan(first, t.imms, version, lo, hi, reverse, now_us)
+        if files.exact:
+            return view_scan(first, t.imms, version, lo, hi, reverse, now_us)
+        return view_scan(first, t.imms, version, lo, hi, reverse, now_us,
+                         bound=self.seq, extra=[h.reader for h in files.history])
 
     def tables(self) -> list[str]:
         """The names of the tables in the snapshot, sorted."""
@@ -239,16 +289,34 @@ class Snapshot(ScanMapping):
             raise ValueError("the snapshot is closed")
         return sorted(tables)
 
+    # -- following compactions ---------------------------------------------------
+    def follow(self, state: TableState, history: list[HistoryFile]) -> list[Version]:
+        """A compaction of ``state`` was installed (the database lock held): read
+        its current files from now on, and hold ``history`` (the compaction's
+        history files, when the snapshot was live as it began).  Returns the
+        version given back, for the caller to release outside the lock."""
+        tables = self._tables
+        if tables is None:
+            return []
+        for t in tables.values():
+            if t.state is state:
+                old = t.files
+                for h in history:
+                    h.hold()
+                t.files = _Files(state.version.acquire(), old.history + tuple(history), False)
+                return [old.version]
+        return []
+
     # -- its end -----------------------------------------------------------------
     def close(self) -> None:
         """Release the snapshot: its undo maps stop growing, its files may go.
         Idempotent; scans already taken keep their own view."""
         with self._lock:
-            tables, self._tables = self._tables, None
-            if not tables:
-                return
-            self._versions.snapshots.discard(self)
-            with self._versions.lock:
+            with self._versions.lock:  # not while a compaction's install swaps its files
+                tables, self._tables = self._tables, None
+                if not tables:
+                    return
+                self._versions.snapshots.discard(self)
                 for t in tables.values():
                     undos = t.mem.mem.undos
                     for i, undo in enumerate(undos):
@@ -256,7 +324,8 @@ class Snapshot(ScanMapping):
                             del undos[i]
                             break
             for t in tables.values():
-                t.version.release()
+                t.files.version.release()
+                release_all(t.files.history)
 
     @property
     def closed(self) -> bool:

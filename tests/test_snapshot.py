@@ -68,7 +68,8 @@ def test_a_snapshot_keeps_its_view_through_writes_flushes_compactions_and_drops(
     write(800)  # some in the memtables, some flushed by the small memtable of "t"
     frozen = {t: dict(m) for t, m in model.items()}
     snaps = [db.snapshot()]
-    getter = snaps[0]._getter(snaps[0]._table(None))
+    t0 = snaps[0]._table(None)
+    getter = snaps[0]._getter(t0, t0.files)
     assert (type(getter).__name__ == "Getter") == (merge_impl == "c")
     probe = keys[::7] + [b"absent"]
     check(snaps[0], frozen, probe)
@@ -117,14 +118,26 @@ def test_closing_a_snapshot_releases_its_files_and_its_undo_maps(tmp_path):
     with db.snapshot() as snap:
         assert len(state.mem.undos) == 1
         db.put(b"k000", b"x")
+        it = snap.scan()
         db.compact()
-        assert sst_count(path) == 3  # the two files it holds, and the compaction's
+        # compact() flushed k000's x first.  The snapshot follows the compaction:
+        # it reads the output and a history file holding its k000 (w), and gives
+        # the inputs back; the scan taken before holds the two it read still
+        assert sst_count(path) == 4
         assert snap.get(b"k000") == b"w"
+        assert sum(1 for _ in it) == 500
+        del it
+        assert sst_count(path) == 2
+        assert dict(snap.scan()) == {b"k%03d" % i: b"w" for i in range(500)}
         it = snap.scan()
     assert snap.closed and state.mem.undos == []
+    assert sst_count(path) == 1  # the history file went with the snapshot
     with pytest.raises(ValueError, match="closed"):
         snap.get(b"k000")
-    assert sst_count(path) == 3  # the scan taken from it holds them still
+    db.put(b"k001", b"y")
+    db.flush()
+    db.compact()
+    assert sst_count(path) == 2  # the scan taken from it holds the file it read
     assert sum(1 for _ in it) == 500
     del it
     assert sst_count(path) == 1
@@ -302,5 +315,192 @@ def test_snapshot_gets_without_the_c_read_path(tmp_path, monkeypatch):
     with db.snapshot() as snap:
         db.put(b"a", b"2")
         assert snap.get(b"a") == b"1" and snap.get(b"b") is None
-        assert type(snap._getter(snap._table(None))).__name__ != "Getter"
+        t = snap._table(None)
+        assert type(snap._getter(t, t.files)).__name__ != "Getter"
     db.close()
+
+
+def test_compaction_keeps_each_snapshots_version_and_the_rest_goes(tmp_path, merge_impl):
+    """Three generations of every key, a snapshot after each of the first two:
+    a full compaction leaves one output and history files holding only the
+    versions the snapshots read; the inputs leave the disk at once, the
+    history files when the last snapshot goes, the tombstones at the next
+    compaction after that."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    keys = [b"k%04d" % i for i in range(400)]
+    for k in keys:
+        db.put(k, b"v1" + k)
+    db.flush()
+    s1 = db.snapshot()
+    want1 = {k: b"v1" + k for k in keys}
+    want2 = dict(want1)
+    for i, k in enumerate(keys):
+        if i % 5 == 0:
+            db.delete(k)
+            del want2[k]
+        elif i % 2:
+            db.put(k, b"v2" + k)
+            want2[k] = b"v2" + k
+    db.flush()
+    s2 = db.snapshot()
+    now = dict(want2)
+    for i, k in enumerate(keys):
+        if i % 3 == 0:
+            db.put(k, b"v3" + k)
+            now[k] = b"v3" + k
+        elif i % 7 == 0:
+            db.delete(k)
+            now.pop(k, None)
+    db.flush()
+    assert sst_count(path) == 3
+    db.compact()
+    outputs = len(db.sstables())
+    assert outputs == 1
+    # The second version kept of a key, and the third: two history files
+    assert sst_count(path) == outputs + 2
+    probe = keys + [b"absent", b"k9999"]
+    for snap, want in ((s1, want1), (s2, want2)):
+        assert dict(snap.scan()) == want
+        assert list(snap.scan(reverse=True)) == sorted(want.items(), reverse=True)
+        assert [snap.get(k) for k in probe] == [want.get(k) for k in probe]
+        assert snap.get_many(probe) == [want.get(k) for k in probe]
+        it = snap.scan()
+        it.seek(b"k0200")
+        assert next(it) == min((k, v) for k, v in want.items() if k >= b"k0200")
+    assert dict(db.scan()) == now
+    # The history holds no version no snapshot reads: at most one per snapshot per key
+    kept = sum(e.entries for e in db.sstables())
+    assert kept == len(keys)  # tombstones kept while snapshots live
+    s1.close()
+    assert dict(s2.scan()) == want2
+    s2.close()
+    assert sst_count(path) == outputs
+    db.compact()
+    assert sum(e.entries for e in db.sstables()) == len(now)
+    assert dict(db.scan()) == now
+    db.close()
+    with lsmdb.open(path) as db:
+        assert dict(db.scan()) == now
+
+
+def test_a_snapshot_reads_what_a_compaction_after_a_drop_left(tmp_path):
+    """A snapshot that followed a compaction keeps reading a table dropped later,
+    and one taken between the compaction's start and its install needs no
+    history (every input is older than it)."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    t = db.create_table("t")
+    for k in range(300):
+        t.put(b"%04d" % k, b"a")
+    db.flush()
+    snap = db.snapshot()
+    for k in range(0, 300, 2):
+        t.put(b"%04d" % k, b"b")
+    db.flush()
+    db.compact()
+    assert snap._table("t").files.exact is False
+    db.drop_table("t")
+    assert dict(snap.scan(table="t")) == {b"%04d" % k: b"a" for k in range(300)}
+    assert snap.get(b"0002", table="t") == b"a"
+    snap.close()
+    assert sst_count(path) == 0
+    db.close()
+
+
+@pytest.mark.parametrize("strategy", ["size_tiered", "leveled"])
+@pytest.mark.parametrize("seed", range(4))
+def test_snapshots_through_random_compactions_read_what_the_model_says(tmp_path, strategy,
+                                                                       seed):
+    """Random puts (some expiring), deletes, flushes, compactions (full and the
+    picker's) over a few hundred keys rewritten many times, with up to four
+    snapshots taken and closed among them: each live snapshot reads what the
+    model held when it was taken, every file on disk is a current one, held
+    by a snapshot or by nothing once every snapshot is closed."""
+    from tests.support.clock import Clock
+
+    rng = random.Random(seed)
+    clock = Clock()
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False, clock=clock)
+    db.alter_table("default", memtable_size_bytes=4096, block_size_bytes=512,
+                   compaction=strategy, min_threshold=2)
+    keys = [b"k%03d" % i for i in range(150)]
+    model: dict[bytes, tuple[bytes, float]] = {}  # key -> (value, expires at; inf: never)
+    snaps: list[tuple[lsmdb.Snapshot, dict[bytes, tuple[bytes, float]]]] = []
+
+    def live(m: dict[bytes, tuple[bytes, float]]) -> dict[bytes, bytes]:
+        return {k: v for k, (v, at) in m.items() if clock.t < at}
+
+    for step in range(700):
+        r = rng.random()
+        k = rng.choice(keys)
+        if r < 0.55:
+            v = b"%d-%d" % (step, rng.randrange(10**6))
+            if rng.random() < 0.15:
+                ttl = rng.choice([1, 3, 10])
+                db.put(k, v, ttl=ttl)
+                model[k] = (v, clock.t + ttl)
+            else:
+                db.put(k, v)
+                model[k] = (v, float("inf"))
+        elif r < 0.7:
+            db.delete(k)
+            model.pop(k, None)
+        elif r < 0.75:
+            db.flush()
+        elif r < 0.79:
+            db._compactor.run_pending(lambda: False)
+        elif r < 0.81:
+            db.compact()
+        elif r < 0.85 and len(snaps) < 4:
+            snaps.append((db.snapshot(), dict(model)))
+        elif r < 0.88 and snaps:
+            snaps.pop(rng.randrange(len(snaps)))[0].close()
+        elif r < 0.9:
+            clock.t += rng.choice([0.5, 1.0, 2.0])
+        if step % 25 == 0 or r >= 0.75:
+            for snap, m in snaps:
+                want = live(m)
+                assert dict(snap.scan()) == want
+                probe = rng.sample(keys, 20)
+                assert [snap.get(x) for x in probe] == [want.get(x) for x in probe]
+            assert dict(db.scan()) == live(model)
+    for snap, _m in snaps:
+        snap.close()
+    assert sst_count(path) == len(db.sstables())
+    db.compact()
+    assert dict(db.scan()) == live(model)
+    db.close()
+
+
+def test_history_files_a_crash_left_are_swept_at_open(tmp_path):
+    """History files are named by no MANIFEST: an open after a crash (the
+    directory copied while a snapshot held them) removes them, and reads the
+    newest versions, not theirs."""
+    import shutil
+
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    for i in range(200):
+        db.put(b"k%03d" % i, b"old")
+    db.flush()
+    snap = db.snapshot()
+    for i in range(0, 200, 2):
+        db.put(b"k%03d" % i, b"new")
+    db.delete(b"k001")
+    db.flush()
+    db.compact()
+    names = set(os.listdir(path))
+    live = {os.path.basename(i.file) for i in db.sstables()}
+    history = {n for n in names if n.endswith(".sst")} - live
+    assert len(history) == 1
+    crashed = str(tmp_path / "crashed")
+    shutil.copytree(path, crashed, ignore=shutil.ignore_patterns("LOCK"))
+    snap.close()
+    db.close()
+    with lsmdb.open(crashed) as again:
+        assert not history & set(os.listdir(crashed))
+        assert again.get(b"k000") == b"new" and again.get(b"k003") == b"old"
+        assert again.get(b"k001") is None
+        assert len(dict(again.scan())) == 199

@@ -1,0 +1,220 @@
+"""Versions kept for live snapshots: what a compaction keeps besides each key's
+newest version, where it keeps it, and how a snapshot reads it back.
+
+A snapshot (lsmdb.snapshot) reads the database as of its sequence number S:
+for each key, the version with the highest sequence number not above S --
+the snapshot's *stripe* of that key (RocksDB's word).  A compaction that
+merges files while snapshots are live keeps, for each key, its newest version
+(in its outputs, as ever) and, for each live snapshot, that snapshot's
+version where it differs (:func:`kept_versions`); every other version goes,
+as without snapshots.  So a snapshot no longer needs the files it started
+with: once the compaction is installed, each live snapshot reads the table's
+new files, skipping entries above its number, and gives the old ones back.
+
+**History files.**  The versions kept besides the newest go to the
+compaction's *history files*: the second version kept of a key to the first
+history file, the third to the second, and so on, so that each holds at most
+one version of a key, like any SSTable (the same format, filters and
+checksums).  No MANIFEST names them and no read but a snapshot's consults
+them: the snapshots live when the compaction started (and still live at its
+install) hold them (:class:`HistoryFile`), and the last one to let go
+deletes the file.  Nothing after a restart needs them -- snapshots end with
+their database -- so an open sweeps any a crash left behind, as it sweeps
+every file its MANIFEST does not name.
+
+**Tombstones.**  While any snapshot is live, compactions keep tombstones
+(an expired value, turned into one, too) even at the bottom of the tree: a
+snapshot whose version of a key is a delete must keep finding the delete, or
+an older version kept for an older snapshot would answer it instead.
+Released snapshots let the next compaction drop them as usual.
+
+Cost: a compaction with live snapshots older than some of its input merges
+in Python (:func:`versions_of`) and writes the kept versions once more;
+without such snapshots it runs exactly as before.  Reads that do not use a
+snapshot never consult history files.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+from .fastpath import FastPath, FileProbe
+from .files import FileWriter, unlink_quietly
+from .merge import Chunks, _tagged
+from .readpath import SHADOW, KeyHashes, entry_seq, file_blocks, file_filter, files_for
+from .sstable_format import KIND_BITS, MISSING
+from .sstable_writer import WRITE_BUFFER_BYTES
+
+if TYPE_CHECKING:
+    from .sstable_reader import SSTableReader
+    from .sstable_writer import SSTableBuilder
+
+
+def versions_of(sources: list[Chunks]) -> Iterator[tuple[bytes, list[tuple[Any, int]]]]:
+    """Each key of ``sources`` -- tagged (keys, values, tags) chunks in key order,
+    newest source first -- with all its versions, as (value, tag) pairs by
+    sequence number, highest first (of two with one number, the newest
+    source's alone).  O(N log S) for N entries over S sources."""
+    tagged = [_tagged(src, age) for age, src in enumerate(sources)]
+    key: Any = None
+    versions: list[tuple[Any, int]] = []
+    last_seq = -1
+    for entry in heapq.merge(*tagged):
+        k, _order, value, tag = entry
+        if k != key:
+            if versions:
+                yield key, versions
+            key, versions, last_seq = k, [], -1
+        seq = tag >> KIND_BITS
+        if seq != last_seq:
+            versions.append((value, tag))
+            last_seq = seq
+    if versions:
+        yield key, versions
+
+
+def kept_versions(versions: list[tuple[Any, int]], snapshots: Sequence[int]) -> list[int]:
+    """The indexes in ``versions`` (highest sequence number first) a compaction
+    keeps for live snapshots with sequence numbers ``snapshots`` (descending):
+    the newest, then each snapshot's own where it is another.  O(V + S)."""
+    kept = [0]
+    i = 0
+    n = len(versions)
+    for s in snapshots:
+        while i < n and versions[i][1] >> KIND_BITS > s:
+            i += 1
+        if i == n:
+            break
+        if i != kept[-1]:
+            kept.append(i)
+    return kept
+
+
+class HistoryWriter:
+    """The history files of one compaction, written as versions come
+    (:func:`keep_for_snapshots`): file ``d`` takes the ``d + 1``-th version kept
+    of each key.  ``make(number)`` gives a builder for a new file and its
+    writer; ``seal`` finishes one into a reader."""
+
+    def __init__(self, alloc_number: Callable[[], int], path_for: Callable[[int], str],
+                 make: Callable[[FileWriter, int], SSTableBuilder],
+                 seal: Callable[[SSTableBuilder, FileWriter, str, int], SSTableReader]) -> None:
+        self._alloc = alloc_number
+        self._path_for = path_for
+        self._make = make
+        self._seal = seal
+        self._open: list[tuple[SSTableBuilder, FileWriter, str, int, list[int]]] = []
+        self.paths: list[str] = []
+
+    def add(self, depth: int, key: bytes, value: Any, tag: int) -> None:
+        while len(self._open) <= depth:
+            number = self._alloc()
+            path = self._path_for(number)
+            self.paths.append(path)
+            f = FileWriter(path, WRITE_BUFFER_BYTES)
+            self._open.append((self._make(f, number), f, path, number, [tag >> KIND_BITS] * 2))
+        builder, _f, _path, _n, seqs = self._open[depth]
+        seq = tag >> KIND_BITS
+        seqs[0] = min(seqs[0], seq)
+        seqs[1] = max(seqs[1], seq)
+        builder.add(key, value, tag)
+
+    def finish(self) -> list[SSTableReader]:
+        """Seal every file; their readers."""
+        out = []
+        for builder, f, path, number, (lo, hi) in self._open:
+            builder.note_seq(lo, hi)
+            out.append(self._seal(builder, f, path, number))
+        self._open = []
+        return out
+
+    def abandon(self) -> None:
+        """A failed compaction: close and delete what was written."""
+        for _b, f, _p, _n, _s in self._open:
+            f.close()
+        self._open = []
+        for p in self.paths:
+            unlink_quietly(p)
+
+
+def keep_for_snapshots(sources: list[Chunks], snapshots: Sequence[int],
+                       history: HistoryWriter) -> Iterator[tuple[bytes, Any, int]]:
+    """A compaction's merge while snapshots ``snapshots`` (sequence numbers) are
+    live: the newest version of each key as (key, value, tag), tombstones
+    kept; the versions kept for the snapshots besides it go to ``history``."""
+    desc = sorted(set(snapshots), reverse=True)
+    for key, versions in versions_of(sources):
+        kept = kept_versions(versions, desc)
+        value, tag = versions[0]
+        yield key, value, tag
+        for depth, i in enumerate(kept[1:]):
+            value, tag = versions[i]
+            history.add(depth, key, value, tag)
+
+
+class HistoryFile:
+    """A history file and the snapshots holding it: deleted when the last of
+    them lets go (``release``).  Readers still in a read keep their open
+    descriptor (as for any file that leaves the disk)."""
+
+    __slots__ = ("reader", "_holders", "_lock")
+
+    def __init__(self, reader: SSTableReader) -> None:
+        self.reader = reader
+        self._holders = 0
+        self._lock = threading.Lock()
+
+    def hold(self) -> HistoryFile:
+        with self._lock:
+            self._holders += 1
+        return self
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders:
+                return
+        self.delete()
+
+    def delete(self) -> None:
+        self.reader.drop_cached()
+        unlink_quietly(self.reader.path)
+
+    @property
+    def holders(self) -> int:
+        return self._holders
+
+
+def release_all(files: Iterable[HistoryFile]) -> None:
+    for h in files:
+        h.release()
+
+
+def bounded_lookup(view: FastPath, key: bytes, bound: int,
+                   extra: Sequence[FileProbe] = ()) -> Any:
+    """The version of ``key`` a read as of sequence number ``bound`` finds in
+    ``view``'s files and the history files ``extra``: the one with the highest
+    number not above ``bound`` -- its value, None (a tombstone, or expired) or
+    MISSING (none).  Every file that may hold the key is consulted (O(files));
+    one whose entries all lie above ``bound``, or none above the best found,
+    is passed over.  Counted on the files as any read is."""
+    hashes = KeyHashes(key)
+    best: Any = MISSING
+    best_seq = -1
+    for p in chain(files_for(view, key), extra):
+        if p.max_seq <= best_seq or p.reader.min_seq > bound:
+            continue
+        kind = file_filter(view, p, key, hashes)
+        if not kind:
+            continue
+        value = file_blocks(view, p, [key], bound, None, kind == SHADOW)[0]
+        if value is MISSING:
+            continue
+        seq = entry_seq(view, p, key)
+        if best_seq < seq <= bound:
+            best, best_seq = value, seq
+    return best

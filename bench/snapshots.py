@@ -11,11 +11,22 @@ per-slice ratios.  Single puts run the same way, in 10 rounds taking turns
 (a memtable large enough that none is flushed meanwhile): into the database
 with no snapshot, and with one live (each put then records the old value
 once in the snapshot's undo map).
+
+Then compactions, each in a database of its own: N keys loaded and flushed, a
+quarter of them overwritten and flushed, and a full compaction timed -- with
+no snapshot, and with one taken before the overwrites, which the compaction
+keeps the old versions for (in history files; lsmdb.history), in 3 rounds
+taking turns.  Reported: the compaction's rate with over without, the bytes
+on disk while the snapshot lives against after it is closed, and the
+snapshot's gets of present keys before the compaction (its files as taken,
+the C getter) and after it (the current files and the history files, by
+sequence number).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import statistics
@@ -117,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      zip(rates[False], rates[True],
                                                          strict=True))}
         db.close()
+        report["compaction"] = compactions(root, args.keys, args.gets, progress)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
@@ -127,12 +139,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = report["puts"]
     rows.append(["single put", fmt_rate(p["without_snapshot"]), fmt_rate(p["with_snapshot"]),
                  fmt_ratio(p["ratio"])])
+    c = report["compaction"]
+    rows.append(["full compaction, 1/4 overwritten", f"{c['seconds_without']:.2f} s",
+                 f"{c['seconds_with']:.2f} s", fmt_ratio(c["ratio"])])
     print_section(f"A live snapshot: {args.keys:,} keys, 2,000 overwritten since it was taken",
                   ["workload", "no snapshot", "live snapshot", "with / without"], rows,
                   [describe_machine(report["machine"])])
+    print_section("A snapshot through a compaction (1/4 of the keys overwritten after it)",
+                  ["measure", "value"],
+                  [["bytes on disk, snapshot live / closed", fmt_ratio(c["disk_ratio"])],
+                   ["history files, bytes", f"{c['history_bytes']:,}"],
+                   ["snapshot present gets, its own files", fmt_rate(c["snap_get_before"])],
+                   ["snapshot present gets, after the compaction", fmt_rate(c["snap_get_after"])],
+                   ["db present gets (no snapshot)", fmt_rate(c["db_get"])]], [])
     if args.json:
         write_json(args.json, report)
     return 0
+
+
+def sst_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
+               if n.endswith(".sst"))
+
+
+def compactions(root: str, keys: int, gets: int, progress: Progress) -> dict[str, Any]:
+    """The compaction rounds of the module docstring."""
+    rng = random.Random(9)
+    order = list(range(keys))
+    rng.shuffle(order)
+    probe = [key_of(2 * rng.randrange(keys)) for _ in range(min(gets, 50_000))]
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    out: dict[str, Any] = {}
+
+    def get_rate(get: Any) -> float:
+        t0 = time.perf_counter()
+        for k in probe:
+            get(k)
+        return len(probe) / (time.perf_counter() - t0)
+
+    for r in range(3):
+        for live in ((False, True) if r % 2 == 0 else (True, False)):
+            progress(f"compaction round {r + 1}, {'with' if live else 'without'} a snapshot")
+            path = os.path.join(root, f"c{r}{int(live)}")
+            db = lsmdb.open(path, auto_compaction=False)
+            for chunk in range(0, keys, 10_000):
+                with db.batch() as b:
+                    for i in order[chunk:chunk + 10_000]:
+                        b.put(key_of(2 * i), value_of(2 * i))
+            db.flush()
+            db.compact()
+            snap = db.snapshot() if live else None
+            for chunk in range(0, keys // 4, 10_000):
+                with db.batch() as b:
+                    for i in order[chunk:min(chunk + 10_000, keys // 4)]:
+                        b.put(key_of(2 * i), b"new" + value_of(2 * i))
+            db.flush()
+            if snap is not None:
+                out["snap_get_before"] = get_rate(snap.get)
+            t0 = time.perf_counter()
+            db.compact()
+            seconds[live].append(time.perf_counter() - t0)
+            if snap is not None:
+                out["snap_get_after"] = get_rate(snap.get)
+                out["db_get"] = get_rate(db.get)
+                live_bytes = sst_bytes(path)
+                current = sum(i.size_bytes for i in db.sstables())
+                out["history_bytes"] = live_bytes - current
+                snap.close()
+                out["disk_ratio"] = live_bytes / sst_bytes(path)
+            db.close()
+            shutil.rmtree(path, ignore_errors=True)
+    out["seconds_without"] = statistics.median(seconds[False])
+    out["seconds_with"] = statistics.median(seconds[True])
+    out["ratio"] = out["seconds_without"] / out["seconds_with"]  # of rates, as the others
+    return out
 
 
 if __name__ == "__main__":

@@ -288,7 +288,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
                               compression=opts.compression, file_number=number, db_id=db_id)
 
     history = HistoryWriter(alloc_number, path_for, make,
-                            lambda b, f, p, n: _seal(b, f, p, n, job.output_level))
+                            lambda b, f, p, n: _seal(b, f, p, n, 0))
     entries: Iterator[Any]
     if older:
         entries = keep_for_snapshots(sources, older, history)

@@ -112,8 +112,10 @@ class Compactor:
         outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, db.hasher_for(job.state),
                                   db.db_id, snapshots)
         try:
-            for reader in outputs + job.history:
+            for reader in outputs:
                 db.adopt(reader, job.output_level)
+            for reader in job.history:  # level 0 of the snapshots' views (lsmdb.history)
+                db.adopt(reader, 0)
         except BaseException:
             for reader in outputs + job.history:
                 reader.close()

@@ -76,6 +76,10 @@ class Level(NamedTuple):
     files: tuple[FileProbe, ...]
 
 
+#: The read bound of a read that sees every write (the largest sequence number).
+LATEST = (1 << 64) - 1
+
+
 class FastPath(NamedTuple):
     """A table's read state, newest data first (``fast_path``): what
     ``lsmdb.readpath.lookup`` reads (its view)."""
@@ -92,6 +96,7 @@ class FastPath(NamedTuple):
     version: Version                              # the files, as lsmdb.version has them
     now_us: Callable[[], int]                     # the clock expiring values expire by
     seq_overlap: bool = False                     # level-0 files overlap in sequence numbers
+    bound: int = LATEST                           # a snapshot's: no entry above this number
 
 
 def probe_of(reader: SSTableReader) -> FileProbe:

@@ -9,18 +9,21 @@ merges files while snapshots are live keeps, for each key, its newest version
 version where it differs (:func:`kept_versions`); every other version goes,
 as without snapshots.  So a snapshot no longer needs the files it started
 with: once the compaction is installed, each live snapshot reads the table's
-new files, skipping entries above its number, and gives the old ones back.
+new files and the history files, taking of each key the version with the
+highest number not above its own (``FastPath.bound``: lsmdb.readpath's
+``lookup_by_seq``, and the C getter), and gives the old files back.
 
 **History files.**  The versions kept besides the newest go to the
 compaction's *history files*: the second version kept of a key to the first
 history file, the third to the second, and so on, so that each holds at most
 one version of a key, like any SSTable (the same format, filters and
-checksums).  No MANIFEST names them and no read but a snapshot's consults
-them: the snapshots live when the compaction started (and still live at its
-install) hold them (:class:`HistoryFile`), and the last one to let go
-deletes the file.  Nothing after a restart needs them -- snapshots end with
-their database -- so an open sweeps any a crash left behind, as it sweeps
-every file its MANIFEST does not name.
+checksums), in level 0 whatever the strategy.  No MANIFEST names them and
+no read but a snapshot's consults them: the snapshots live when the
+compaction started (and still live at its install) hold them
+(:class:`HistoryFile`), and the last one to let go deletes the file.
+Nothing after a restart needs them -- snapshots end with their database --
+so an open sweeps any a crash left behind, as it sweeps every file its
+MANIFEST does not name.
 
 **Tombstones.**  While any snapshot is live, compactions keep tombstones
 (an expired value, turned into one, too) even at the bottom of the tree: a
@@ -39,14 +42,11 @@ from __future__ import annotations
 import heapq
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain
 from typing import TYPE_CHECKING, Any
 
-from .fastpath import FastPath, FileProbe
 from .files import FileWriter, unlink_quietly
 from .merge import Chunks, _tagged
-from .readpath import SHADOW, KeyHashes, entry_seq, file_blocks, file_filter, files_for
-from .sstable_format import KIND_BITS, MISSING
+from .sstable_format import KIND_BITS
 from .sstable_writer import WRITE_BUFFER_BYTES
 
 if TYPE_CHECKING:
@@ -192,29 +192,3 @@ class HistoryFile:
 def release_all(files: Iterable[HistoryFile]) -> None:
     for h in files:
         h.release()
-
-
-def bounded_lookup(view: FastPath, key: bytes, bound: int,
-                   extra: Sequence[FileProbe] = ()) -> Any:
-    """The version of ``key`` a read as of sequence number ``bound`` finds in
-    ``view``'s files and the history files ``extra``: the one with the highest
-    number not above ``bound`` -- its value, None (a tombstone, or expired) or
-    MISSING (none).  Every file that may hold the key is consulted (O(files));
-    one whose entries all lie above ``bound``, or none above the best found,
-    is passed over.  Counted on the files as any read is."""
-    hashes = KeyHashes(key)
-    best: Any = MISSING
-    best_seq = -1
-    for p in chain(files_for(view, key), extra):
-        if p.max_seq <= best_seq or p.reader.min_seq > bound:
-            continue
-        kind = file_filter(view, p, key, hashes)
-        if not kind:
-            continue
-        value = file_blocks(view, p, [key], bound, None, kind == SHADOW)[0]
-        if value is MISSING:
-            continue
-        seq = entry_seq(view, p, key)
-        if best_seq < seq <= bound:
-            best, best_seq = value, seq
-    return best

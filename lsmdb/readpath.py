@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import block as blk
 from . import table
-from .fastpath import C_READ_PATH, FastPath, FileProbe
+from .fastpath import C_READ_PATH, LATEST, FastPath, FileProbe
 from .filters.hashing import key_hash
 from .keys import MAX_KEY_SIZE_BYTES, as_key
 from .sstable_format import KIND_BITS, MISSING
@@ -70,9 +70,6 @@ if TYPE_CHECKING:
     from .versions import Versions
 
 log = logging.getLogger("lsmdb")
-
-#: The read bound of a read that sees every write (the largest sequence number).
-LATEST = (1 << 64) - 1
 
 
 def visible(value: Any, bound: int, view: FastPath) -> Any:
@@ -157,7 +154,7 @@ def lookup(view: FastPath, key: bytes, bound: int = LATEST,
         observer.memtable(None, MISSING)
     hashes = KeyHashes(key)
     if view.seq_overlap:
-        return lookup_by_seq(view, key, hashes, bound, observer)
+        return lookup_by_seq(view, key, hashes, min(bound, view.bound), observer)
     for p in files_for(view, key, observer):
         kind = file_filter(view, p, key, hashes, observer)
         if kind:
@@ -171,10 +168,12 @@ def lookup_by_seq(view: FastPath, key: bytes, hashes: KeyHashes, bound: int,
                   observer: ReadObserver | None) -> Any:
     """``lookup``'s files when level-0 files overlap in sequence numbers (a merge
     of files not adjacent in age; FastPath.seq_overlap): of the level-0 files
-    that hold the key, the version with the highest sequence number answers.
-    The files are newest first by their highest sequence number, so the walk
-    stops at the first whose highest is not above the best found; only when
-    level 0 holds no version do the deeper levels answer, the first as ever."""
+    that hold the key, the version with the highest sequence number not above
+    ``bound`` answers.  The files are newest first by their highest sequence
+    number, so the walk stops at the first whose highest is not above the best
+    found; only when level 0 holds no version do the deeper levels answer, the
+    first as ever -- unless the read is bounded (a snapshot's view,
+    lsmdb.history): then every level's file is compared the same way."""
     best: Any = MISSING
     best_seq = -1
     for p in view.l0:
@@ -185,17 +184,21 @@ def lookup_by_seq(view: FastPath, key: bytes, hashes: KeyHashes, bound: int,
             value = file_blocks(view, p, [key], bound, observer, kind == SHADOW)[0]
             if value is not MISSING:
                 seq = entry_seq(view, p, key)
-                if seq > best_seq:
+                if best_seq < seq <= bound:
                     best, best_seq = value, seq
-    if best is not MISSING:
+    if best is not MISSING and bound == LATEST:
         return best
     for p in files_for(view, key, observer, deeper_only=True):
         kind = file_filter(view, p, key, hashes, observer)
-        if kind:
+        if kind and (best is MISSING or p.max_seq > best_seq):
             value = file_blocks(view, p, [key], bound, observer, kind == SHADOW)[0]
             if value is not MISSING:
-                return value
-    return MISSING
+                if bound == LATEST:
+                    return value
+                seq = entry_seq(view, p, key)
+                if best_seq < seq <= bound:
+                    best, best_seq = value, seq
+    return best
 
 
 def entry_seq(view: FastPath, p: FileProbe, key: bytes) -> int:

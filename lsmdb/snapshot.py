@@ -15,8 +15,8 @@ live keeps the versions the snapshot reads (lsmdb.history); once it is
 installed the snapshot *follows* (:meth:`Snapshot.follow`): it gives back
 the files it held and reads the table's current ones and the compaction's
 history files, each read taking, of the versions of a key not above the
-snapshot's sequence number, the highest (:func:`lsmdb.history.bounded_lookup`).
-Until then its point reads take the table's C getter over the files it
+snapshot's sequence number, the highest (``FastPath.bound``).  Its point
+reads take the table's getter (the C one where it serves) over the files it
 holds, as any get does.
 
 The cost of a live snapshot: writes to a memtable it covers pay one dict
@@ -36,8 +36,8 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .errors import NoSuchTableError
-from .fastpath import FileProbe, fast_path, probe_of
-from .history import HistoryFile, bounded_lookup, release_all
+from .fastpath import fast_path
+from .history import HistoryFile, release_all
 from .keys import as_key
 from .mapping import ScanMapping
 from .memtable import Memtable
@@ -47,10 +47,10 @@ from .sstable_format import MISSING
 from .stats import GETS, GETS_ABSENT
 from .table import USE_SPEEDUPS
 from .ttl import live
+from .version import Version
 
 if TYPE_CHECKING:
     from .table import TableState
-    from .version import Version
     from .versions import Versions
 
 
@@ -98,7 +98,7 @@ class _Files:
     the version is the one it was taken with (then no file holds a version
     above the snapshot, and reads take the newest version they find)."""
 
-    __slots__ = ("version", "history", "exact", "view", "getter", "extra")
+    __slots__ = ("version", "history", "exact", "view", "getter")
 
     def __init__(self, version: Version, history: tuple[HistoryFile, ...] = (),
                  exact: bool = True) -> None:
@@ -107,7 +107,13 @@ class _Files:
         self.exact = exact
         self.view: Any = None  # the FastPath its point reads walk, made at the first
         self.getter: Any = None  # get(key, default) of its frozen memtables and files
-        self.extra: tuple[FileProbe, ...] = tuple(probe_of(h.reader) for h in history)
+
+    def files(self) -> Version:
+        """What its reads walk: the version, with the history files in level 0
+        (not counted: the version and the history files are held already)."""
+        if not self.history:
+            return self.version
+        return Version((*self.version.files, *(h.reader for h in self.history)))
 
 
 class _Table:
@@ -183,37 +189,29 @@ class Snapshot(ScanMapping):
             raise NoSuchTableError(f"no table {name!r} in this snapshot")
         return t
 
+    def _fast(self, t: _Table, files: _Files, mem: Any, with_c: bool) -> Any:
+        """A view of ``mem``, ``t``'s frozen memtables and ``files``; once the
+        snapshot followed a compaction, bounded by its sequence number."""
+        view = fast_path(mem, t.imms, files.files(), t.state.cache, False, with_c,
+                         t.state.now_us)
+        return view if files.exact else view._replace(seq_overlap=True, bound=self.seq)
+
     def _view(self, t: _Table, files: _Files) -> Any:
-        """The Python view of ``t``: its memtables then (exact) or its files alone."""
+        """The Python view of ``t``: the active memtable as it was, the frozen ones,
+        the files."""
         view = files.view
         if view is None:
-            if files.exact:
-                view = fast_path(_NoFilterMem(t.mem), t.imms,  # type: ignore[arg-type]
-                                 files.version, t.state.cache, False, False, t.state.now_us)
-            else:
-                view = fast_path(_NoFilterMem({}), (),  # type: ignore[arg-type]
-                                 files.version, t.state.cache, False, False, t.state.now_us)
-            files.view = view
+            view = files.view = self._fast(t, files, _NoFilterMem(t.mem), False)
         return view
 
     def _getter(self, t: _Table, files: _Files) -> Any:
-        """The getter of ``t``'s frozen memtables and files (exact): the table's
-        own kind (the C getter where it serves) over a view of them alone."""
+        """The getter of ``t``'s frozen memtables and files: the table's own kind
+        (the C getter where it serves) over a view of them alone."""
         g = files.getter
         if g is None:
-            view = fast_path(_NoFilterMem({}), t.imms, files.version,  # type: ignore[arg-type]
-                             t.state.cache, False, USE_SPEEDUPS, t.state.now_us)
+            view = self._fast(t, files, _NoFilterMem({}), USE_SPEEDUPS)
             g = files.getter = make_getter(self._versions, _FrozenPart(view, t.state.counts))  # type: ignore[arg-type]
         return g
-
-    def _bounded(self, t: _Table, files: _Files, key: bytes) -> Any:
-        """``key`` in ``t``'s frozen memtables, then its files as of the snapshot's
-        number (a snapshot that followed a compaction): value, None or MISSING."""
-        for imm in t.imms:
-            value = imm.data.get(key, MISSING)
-            if value is not MISSING:
-                return value
-        return bounded_lookup(self._view(t, files), key, self.seq, files.extra)
 
     def get(self, key: Any, default: Any = None, table: str | None = None) -> Any:
         """``key``'s value in ``table`` as of the snapshot, or ``default``: the
@@ -224,15 +222,12 @@ class Snapshot(ScanMapping):
             key = as_key(key)
         value = t.mem.get(key, MISSING)
         if value is MISSING:
-            files = t.files
-            if files.exact:
-                return self._getter(t, files)(key, default)
-            value = self._bounded(t, files, key)
+            return self._getter(t, t.files)(key, default)
         if type(value) is tuple:  # an expiring value: read now (lsmdb.ttl)
             value = live(value, t.state.now_us())
         counts = t.state.counts
         counts[GETS] += 1
-        if value is None or value is MISSING:
+        if value is None:
             counts[GETS_ABSENT] += 1
             return default
         return value
@@ -240,11 +235,7 @@ class Snapshot(ScanMapping):
     def get_many(self, keys: Iterable[Any], table: str | None = None) -> list[bytes | None]:
         """The values of ``keys`` in ``table`` as of the snapshot (None where absent)."""
         t = self._table(table)
-        ks = [as_key(k) for k in keys]
-        files = t.files
-        if files.exact:
-            return many_python(t.state, self._view(t, files), ks)
-        return [self.get(k, None, table) for k in ks]
+        return many_python(t.state, self._view(t, t.files), [as_key(k) for k in keys])
 
     def __contains__(self, key: Any) -> bool:
         return self.get(key, MISSING) is not MISSING

@@ -411,7 +411,7 @@ def test_a_snapshot_reads_what_a_compaction_after_a_drop_left(tmp_path):
 @pytest.mark.parametrize("strategy", ["size_tiered", "leveled"])
 @pytest.mark.parametrize("seed", range(4))
 def test_snapshots_through_random_compactions_read_what_the_model_says(tmp_path, strategy,
-                                                                       seed):
+                                                                       seed, merge_impl):
     """Random puts (some expiring), deletes, flushes, compactions (full and the
     picker's) over a few hundred keys rewritten many times, with up to four
     snapshots taken and closed among them: each live snapshot reads what the
@@ -504,3 +504,55 @@ def test_history_files_a_crash_left_are_swept_at_open(tmp_path):
         assert again.get(b"k000") == b"new" and again.get(b"k003") == b"old"
         assert again.get(b"k001") is None
         assert len(dict(again.scan())) == 199
+
+
+def _followed_snapshots(path: str, python: bool, monkeypatch) -> tuple[list, list]:
+    """Leveled files and a few snapshots that followed compactions (history files
+    among their files): each snapshot's answers for every key, then the counters
+    of every file its reads walked."""
+    if python:
+        monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", compaction="leveled", memtable_size_bytes=4096,
+                   block_size_bytes=512, bloom_filter_fp_chance=0.1)
+    rng = random.Random(11)
+    keys = [b"k%04d" % i for i in range(400)]
+    snaps = []
+    for round_ in range(5):
+        for k in rng.sample(keys, 150):
+            if rng.random() < 0.2:
+                db.delete(k)
+            else:
+                db.put(k, b"%d:%s" % (round_, k))
+        db.flush()
+        if round_ % 2 == 0:
+            snaps.append(db.snapshot())
+        db._compactor.run_pending(lambda: False)
+        for k in rng.sample(keys, 40):
+            db.put(k, b"late")
+        db.flush()
+    db.compact()
+    answers = []
+    walked = []
+    probe = keys + [b"k9999", b"a", b"k0100x"]
+    for snap in snaps:
+        t = snap._table(None)
+        assert not t.files.exact and t.files.history
+        getter = snap._getter(t, t.files)
+        assert (type(getter).__name__ == "Getter") == (not python)
+        answers.append([snap.get(k) for k in probe])
+        walked.append([tuple(r.counts) for r in t.files.files().files])
+    for snap in snaps:
+        snap.close()
+    db.close()
+    return answers, walked
+
+
+def test_the_c_getter_reads_a_followed_snapshot_as_python_does(tmp_path, monkeypatch):
+    if not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups")
+    py = _followed_snapshots(str(tmp_path / "py"), True, monkeypatch)
+    monkeypatch.undo()
+    c = _followed_snapshots(str(tmp_path / "c"), False, monkeypatch)
+    assert py == c
+    assert any(a is not None for a in py[0][0])

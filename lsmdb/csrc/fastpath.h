@@ -65,6 +65,7 @@
 #define FAST_VERSION 9
 #define FAST_NOW_US 10
 #define FAST_SEQ_OVERLAP 11
-#define FAST_FIELDS 12
+#define FAST_BOUND 12
+#define FAST_FIELDS 13
 
 #endif

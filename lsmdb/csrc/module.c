@@ -159,6 +159,7 @@ static const char *const fast_path_fields[FAST_FIELDS] = {
     [FAST_VERSION] = "version",
     [FAST_NOW_US] = "now_us",
     [FAST_SEQ_OVERLAP] = "seq_overlap",
+    [FAST_BOUND] = "bound",
 };
 
 static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {

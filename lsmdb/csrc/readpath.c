@@ -471,16 +471,20 @@ handed_seq(PyObject *fast, Py_ssize_t f, PyObject *key, uint64_t *seq)
 
 /* Level 0's files when they overlap in sequence numbers (FastPath's
  * seq_overlap; readpath.py's lookup_by_seq): of those that hold key, the
- * version with the highest sequence number, the walk stopping at the first
- * file whose max_seq is not above the best found.  1 and *value (a new
- * reference; None for a tombstone), 0 when level 0 holds no version, -1 on
+ * version with the highest sequence number not above bound, the walk
+ * stopping at the first file whose max_seq is not above the best found; with
+ * a bound below LATEST (a snapshot's view) the deeper levels' files are
+ * compared the same way.  1 and *value (a new reference; None for a
+ * tombstone), 0 when level 0 (bounded: any level) holds no version, -1 on
  * error. */
 static int
-overlap_get(Getter *self, PyObject *fast, Probes *probes, PyObject *key, PyObject **value)
+overlap_get(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t bound,
+            PyObject **value)
 {
     PyObject *best = NULL;
     uint64_t best_seq = 0;
-    for (Py_ssize_t i = 0; i < probes->n0; i++) {
+    Py_ssize_t i = 0;
+    for (; i < probes->n0; i++) {
         Entry *e = &probes->e[i];
         if (best != NULL && e->max_seq <= best_seq)
             break;
@@ -491,11 +495,30 @@ overlap_get(Getter *self, PyObject *fast, Probes *probes, PyObject *key, PyObjec
             continue;
         PyObject *v = NULL;
         uint64_t seq = 0;
-        int r = file_get(self, fast, i, e, key, LATEST, &v, &seq);
+        int r = file_get(self, fast, i, e, key, bound, &v, &seq);
         if (r < 0)
             goto fail;
         if (r == 1) {
-            if (best == NULL || seq > best_seq) {
+            if (seq <= bound && (best == NULL || seq > best_seq)) {
+                Py_XSETREF(best, v);
+                best_seq = seq;
+            } else {
+                Py_DECREF(v);
+            }
+        }
+    }
+    for (i = bound == LATEST ? -1 : probes_first(probes, key, probes->n0); i >= 0;
+         i = probes_first(probes, key, i + 1)) {
+        Entry *e = &probes->e[i];
+        if (best != NULL && e->max_seq <= best_seq)
+            continue;
+        PyObject *v = NULL;
+        uint64_t seq = 0;
+        int r = file_get(self, fast, i, e, key, bound, &v, &seq);
+        if (r < 0)
+            goto fail;
+        if (r == 1) {
+            if (seq <= bound && (best == NULL || seq > best_seq)) {
                 Py_XSETREF(best, v);
                 best_seq = seq;
             } else {
@@ -669,7 +692,10 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     }
     Py_ssize_t f;
     if (overlap) {
-        int r = overlap_get(self, fast, probes, key, &value);
+        uint64_t bound = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, FAST_BOUND));
+        if (bound == (uint64_t)-1 && PyErr_Occurred())
+            goto done;
+        int r = overlap_get(self, fast, probes, key, bound, &value);
         if (r < 0)
             goto done;
         if (r == 1) {
@@ -680,6 +706,8 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
             result = value;
             goto done;
         }
+        if (bound != LATEST)  /* every level was compared */
+            goto absent;
         f = probes_first(probes, key, probes->n0);  /* the deeper levels, as ever */
     } else {
         f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);

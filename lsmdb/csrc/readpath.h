@@ -133,7 +133,8 @@ getter_fast(Getter *self, PyObject **fast)
         || !PyTuple_CheckExact(PyTuple_GET_ITEM(f, FAST_FILTERS))
         || PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, FAST_FILTERS))
                != PyTuple_GET_SIZE(PyTuple_GET_ITEM(f, FAST_IMM_DATAS)) + 1
-        || !PyBool_Check(PyTuple_GET_ITEM(f, FAST_SEQ_OVERLAP)))
+        || !PyBool_Check(PyTuple_GET_ITEM(f, FAST_SEQ_OVERLAP))
+        || !PyLong_CheckExact(PyTuple_GET_ITEM(f, FAST_BOUND)))
         return 0;
     *fast = Py_NewRef(f);
     return 1;

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from .files import FileWriter, unlink_quietly
 from .filters import DEFAULT_FAMILY, FilterSpec
 from .filters.hashing import FAST_HASHER, Hasher
-from .history import HistoryWriter, keep_for_snapshots
+from .history import HistoryWriter
 from .merge import Chunks, merge_newest
 from .scan import chunks
 from .sstable_format import KIND_BITS, KIND_TOMBSTONE
@@ -289,11 +289,11 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
 
     history = HistoryWriter(alloc_number, path_for, make,
                             lambda b, f, p, n: _seal(b, f, p, n, 0))
-    entries: Iterator[Any]
-    if older:
-        entries = keep_for_snapshots(sources, older, history)
-    else:
-        entries = iter(merge_newest(sources, keep_tombstones=not job.bottom or bool(snapshots)))
+    kept: list[tuple[int, bytes, Any, int]] = []  # versions kept for the snapshots
+    entries: Iterator[Any] = iter(merge_newest(
+        sources, keep_tombstones=not job.bottom or bool(snapshots),
+        snapshots=sorted(set(older), reverse=True) if older else None,
+        kept=kept if older else None))
     outputs: list[SSTableReader] = []
     paths: list[str] = []
     f = None
@@ -304,6 +304,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
         while True:
             if not keys:  # the next chunk of the merged stream
                 keys, values, tags = take_tagged(entries)
+                history.take(kept)
                 if not keys:
                     break
             number = alloc_number()
@@ -319,6 +320,7 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
                             and builder.file_size >= job.split_bytes):
                     break  # full: the rest starts the next file
                 keys, values, tags = take_tagged(entries)
+                history.take(kept)
                 if not keys:
                     break
             outputs.append(_seal(builder, f, path, number, job.output_level))

@@ -6,7 +6,7 @@ for each key, the version with the highest sequence number not above S --
 the snapshot's *stripe* of that key (RocksDB's word).  A compaction that
 merges files while snapshots are live keeps, for each key, its newest version
 (in its outputs, as ever) and, for each live snapshot, that snapshot's
-version where it differs (:func:`kept_versions`); every other version goes,
+version where it differs (``kept_versions`` in lsmdb.merge); every other version goes,
 as without snapshots.  So a snapshot no longer needs the files it started
 with: once the compaction is installed, each live snapshot reads the table's
 new files and the history files, taking of each key the version with the
@@ -31,22 +31,21 @@ snapshot whose version of a key is a delete must keep finding the delete, or
 an older version kept for an older snapshot would answer it instead.
 Released snapshots let the next compaction drop them as usual.
 
-Cost: a compaction with live snapshots older than some of its input merges
-in Python (:func:`versions_of`) and writes the kept versions once more;
-without such snapshots it runs exactly as before.  Reads that do not use a
-snapshot never consult history files.
+Cost: a compaction with live snapshots older than some of its input keeps
+each such version once more, in a history file; its merge is the same one
+(lsmdb.merge, ``snapshots=`` and ``kept=``), which tells the kept versions
+apart as it passes them.  Reads that do not use a snapshot never consult
+history files.
 """
 
 from __future__ import annotations
 
-import heapq
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .files import FileWriter, unlink_quietly
-from .merge import Chunks, _tagged
-from .sstable_format import KIND_BITS
+from .sstable_format import KIND_BITS, MAX_SEQ
 from .sstable_writer import WRITE_BUFFER_BYTES
 
 if TYPE_CHECKING:
@@ -54,49 +53,9 @@ if TYPE_CHECKING:
     from .sstable_writer import SSTableBuilder
 
 
-def versions_of(sources: list[Chunks]) -> Iterator[tuple[bytes, list[tuple[Any, int]]]]:
-    """Each key of ``sources`` -- tagged (keys, values, tags) chunks in key order,
-    newest source first -- with all its versions, as (value, tag) pairs by
-    sequence number, highest first (of two with one number, the newest
-    source's alone).  O(N log S) for N entries over S sources."""
-    tagged = [_tagged(src, age) for age, src in enumerate(sources)]
-    key: Any = None
-    versions: list[tuple[Any, int]] = []
-    last_seq = -1
-    for entry in heapq.merge(*tagged):
-        k, _order, value, tag = entry
-        if k != key:
-            if versions:
-                yield key, versions
-            key, versions, last_seq = k, [], -1
-        seq = tag >> KIND_BITS
-        if seq != last_seq:
-            versions.append((value, tag))
-            last_seq = seq
-    if versions:
-        yield key, versions
-
-
-def kept_versions(versions: list[tuple[Any, int]], snapshots: Sequence[int]) -> list[int]:
-    """The indexes in ``versions`` (highest sequence number first) a compaction
-    keeps for live snapshots with sequence numbers ``snapshots`` (descending):
-    the newest, then each snapshot's own where it is another.  O(V + S)."""
-    kept = [0]
-    i = 0
-    n = len(versions)
-    for s in snapshots:
-        while i < n and versions[i][1] >> KIND_BITS > s:
-            i += 1
-        if i == n:
-            break
-        if i != kept[-1]:
-            kept.append(i)
-    return kept
-
-
 class HistoryWriter:
-    """The history files of one compaction, written as versions come
-    (:func:`keep_for_snapshots`): file ``d`` takes the ``d + 1``-th version kept
+    """The history files of one compaction, written as a merge keeps versions
+    for snapshots (lsmdb.merge): file ``d`` takes the ``d + 2``-th version kept
     of each key.  ``make(number)`` gives a builder for a new file and its
     writer; ``seal`` finishes one into a reader."""
 
@@ -110,18 +69,30 @@ class HistoryWriter:
         self._open: list[tuple[SSTableBuilder, FileWriter, str, int, list[int]]] = []
         self.paths: list[str] = []
 
-    def add(self, depth: int, key: bytes, value: Any, tag: int) -> None:
-        while len(self._open) <= depth:
-            number = self._alloc()
-            path = self._path_for(number)
-            self.paths.append(path)
-            f = FileWriter(path, WRITE_BUFFER_BYTES)
-            self._open.append((self._make(f, number), f, path, number, [tag >> KIND_BITS] * 2))
-        builder, _f, _path, _n, seqs = self._open[depth]
-        seq = tag >> KIND_BITS
-        seqs[0] = min(seqs[0], seq)
-        seqs[1] = max(seqs[1], seq)
-        builder.add(key, value, tag)
+    def take(self, kept: list[tuple[int, bytes, Any, int]]) -> None:
+        """Write the versions a merge kept, (depth, key, value, tag) in key order
+        per depth, and empty the list."""
+        by_depth: dict[int, tuple[list[bytes], list[Any], list[int]]] = {}
+        for depth, key, value, tag in kept:
+            part = by_depth.get(depth)
+            if part is None:
+                part = by_depth[depth] = ([], [], [])
+            part[0].append(key)
+            part[1].append(value)
+            part[2].append(tag)
+        kept.clear()
+        for depth in sorted(by_depth):
+            while len(self._open) <= depth:
+                number = self._alloc()
+                path = self._path_for(number)
+                self.paths.append(path)
+                f = FileWriter(path, WRITE_BUFFER_BYTES)
+                self._open.append((self._make(f, number), f, path, number, [MAX_SEQ, 0]))
+            builder, _f, _path, _n, seqs = self._open[depth]
+            keys, values, tags = by_depth[depth]
+            seqs[0] = min(seqs[0], min(tags) >> KIND_BITS)
+            seqs[1] = max(seqs[1], max(tags) >> KIND_BITS)
+            builder.add_chunk(keys, values, None, tags)
 
     def finish(self) -> list[SSTableReader]:
         """Seal every file; their readers."""
@@ -139,21 +110,6 @@ class HistoryWriter:
         self._open = []
         for p in self.paths:
             unlink_quietly(p)
-
-
-def keep_for_snapshots(sources: list[Chunks], snapshots: Sequence[int],
-                       history: HistoryWriter) -> Iterator[tuple[bytes, Any, int]]:
-    """A compaction's merge while snapshots ``snapshots`` (sequence numbers) are
-    live: the newest version of each key as (key, value, tag), tombstones
-    kept; the versions kept for the snapshots besides it go to ``history``."""
-    desc = sorted(set(snapshots), reverse=True)
-    for key, versions in versions_of(sources):
-        kept = kept_versions(versions, desc)
-        value, tag = versions[0]
-        yield key, value, tag
-        for depth, i in enumerate(kept[1:]):
-            value, tag = versions[i]
-            history.add(depth, key, value, tag)
 
 
 class HistoryFile:

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from itertools import chain, repeat
 from typing import Any, Protocol
+
+from .sstable_format import KIND_BITS
 
 try:  # the same merge with the heap in C (lsmdb/csrc/merge.c)
     from ._speedups import Merge as _CMerge
@@ -59,7 +61,9 @@ class Pin(Protocol):
 def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: bool = False,
                  pin: Pin | None = None,
                  reseek: Callable[[bytes], list[Chunks]] | None = None,
-                 untag: bool = False) -> Iterator[tuple[bytes, bytes | None]]:
+                 untag: bool = False, snapshots: Sequence[int] | None = None,
+                 kept: list[tuple[int, bytes, Any, int]] | None = None
+                 ) -> Iterator[tuple[bytes, bytes | None]]:
     """Merge ``sources`` -- newest first, each yielding (keys, values) chunks in
     key order (descending when ``reverse``) -- into one stream of (key, value)
     pairs: the newest version of each key, tombstones hidden unless
@@ -68,9 +72,16 @@ def merge_newest(sources: list[Chunks], reverse: bool = False, keep_tombstones: 
     ``seek(key)`` too: the merge starts again over the sources
     ``reseek(key)`` gives (those from ``key`` on), its pin kept; refused
     (ValueError) once the merge has ended.  ``untag``: tagged entries come
-    out as (key, value) pairs too (a scan's merge by sequence number)."""
+    out as (key, value) pairs too (a scan's merge by sequence number).
+    ``snapshots`` (sequence numbers, descending) and ``kept`` (a list): a
+    compaction's merge of tagged sources while snapshots live -- of each
+    key's older versions, the one each snapshot reads where it is not the
+    newest is appended to ``kept`` as (depth, key, value, tag), depth 0 for
+    the second version kept, 1 for the third (lsmdb.history)."""
     if USE_SPEEDUPS:
-        return _CMerge(sources, reverse, keep_tombstones, pin, reseek, untag)
+        return _CMerge(sources, reverse, keep_tombstones, pin, reseek, untag, snapshots, kept)
+    if snapshots is not None and kept is not None:
+        return _keeping(sources, snapshots, kept, keep_tombstones)  # type: ignore[return-value]
     if reseek is not None:
         return SeekableMerge(sources, reverse, keep_tombstones, pin, reseek, untag)
     merged: Iterator[tuple[bytes, bytes | None]]
@@ -195,3 +206,56 @@ def _merge(merged: Iterator[Any], keep_tombstones: bool, untag: bool = False) ->
         if entry[2] is None and not keep_tombstones:
             continue
         yield (key, entry[2]) if len(entry) == 3 or untag else (key, entry[2], entry[3])
+
+
+def versions_of(sources: list[Chunks]) -> Iterator[tuple[bytes, list[tuple[Any, int]]]]:
+    """Each key of ``sources`` -- tagged (keys, values, tags) chunks in key order,
+    newest source first -- with all its versions, as (value, tag) pairs by
+    sequence number, highest first (of two with one number, the newest
+    source's alone).  O(N log S) for N entries over S sources."""
+    tagged = [_tagged(src, age) for age, src in enumerate(sources)]
+    key: Any = None
+    versions: list[tuple[Any, int]] = []
+    last_seq = -1
+    for entry in heapq.merge(*tagged):
+        k, _order, value, tag = entry
+        if k != key:
+            if versions:
+                yield key, versions
+            key, versions, last_seq = k, [], -1
+        seq = tag >> KIND_BITS
+        if seq != last_seq:
+            versions.append((value, tag))
+            last_seq = seq
+    if versions:
+        yield key, versions
+
+
+def kept_versions(versions: list[tuple[Any, int]], snapshots: Sequence[int]) -> list[int]:
+    """The indexes in ``versions`` (highest sequence number first) a compaction
+    keeps for live snapshots with sequence numbers ``snapshots`` (descending):
+    the newest, then each snapshot's own where it is another.  O(V + S)."""
+    kept = [0]
+    i = 0
+    n = len(versions)
+    for s in snapshots:
+        while i < n and versions[i][1] >> KIND_BITS > s:
+            i += 1
+        if i == n:
+            break
+        if i != kept[-1]:
+            kept.append(i)
+    return kept
+
+
+def _keeping(sources: list[Chunks], snapshots: Sequence[int],
+             kept: list[tuple[int, bytes, Any, int]],
+             keep_tombstones: bool) -> Iterator[tuple[bytes, Any, int]]:
+    """merge_newest with ``snapshots`` and ``kept``, in Python."""
+    for key, versions in versions_of(sources):
+        keep = kept_versions(versions, snapshots)
+        for depth, i in enumerate(keep[1:]):
+            kept.append((depth, key, *versions[i]))
+        value, tag = versions[0]
+        if value is not None or keep_tombstones:
+            yield key, value, tag

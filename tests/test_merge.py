@@ -86,6 +86,61 @@ def test_of_tagged_chunks_the_highest_sequence_number_wins_whatever_the_source(
     assert list(merge_newest(chunks, reverse=reverse, keep_tombstones=keep)) == want
 
 
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sources=st.lists(tagged_source, max_size=5), cuts=st.lists(st.integers(0, 30),
+                                                                   max_size=3),
+       snapshots=st.sets(st.integers(0, 65), min_size=1, max_size=5), keep=st.booleans())
+def test_a_merge_for_snapshots_keeps_the_version_each_one_reads(use_c, sources, cuts,
+                                                                snapshots, keep):
+    """With snapshots: the newest version of each key comes out as ever; of the
+    older ones, exactly those some snapshot reads (the highest not above it,
+    when that is not the newest) go to ``kept``, by depth, in key order."""
+    seen: set[tuple[bytes, int]] = set()
+    clean = []
+    for src in sources:  # one version per (key, seq): a sequence number is one write
+        kept = {k: (seq, v) for k, (seq, v) in src.items() if (k, seq) not in seen}
+        seen.update((k, seq) for k, (seq, _v) in kept.items())
+        clean.append(kept)
+    every: dict[bytes, list[tuple[int, bytes | None]]] = {}
+    for src in clean:
+        for k, (seq, v) in src.items():
+            every.setdefault(k, []).append((seq, v))
+
+    def tag(seq: int, v: bytes | None) -> int:
+        return seq << 8 | (0 if v is None else 1)
+
+    want_main, want_kept = [], []
+    for k in sorted(every):
+        versions = sorted(every[k], reverse=True)
+        seq, v = versions[0]
+        if keep or v is not None:
+            want_main.append((k, v, tag(seq, v)))
+        reads = {max(x for x in versions if x[0] <= s) for s in snapshots
+                 if any(x[0] <= s for x in versions)}
+        extra = sorted(reads - {versions[0]}, reverse=True)
+        want_kept += [(d, k, v2, tag(s2, v2)) for d, (s2, v2) in enumerate(extra)]
+    chunks = []
+    for src in clean:
+        rows = sorted(src.items())
+        parts = chunked([(k, v) for k, (_s, v) in rows], cuts)
+        tags = iter([tag(seq, v) for _k, (seq, v) in rows])
+        chunks.append([(ks, vs, [next(tags) for _ in ks]) for ks, vs in parts])
+    got_kept: list = []
+    got = list(merge_newest(chunks, keep_tombstones=keep,
+                            snapshots=sorted(snapshots, reverse=True), kept=got_kept))
+    assert got == want_main
+    assert got_kept == want_kept
+
+
+@pytest.mark.skipif(merge_mod._CMerge is None, reason="built without a C compiler")
+def test_the_c_merge_for_snapshots_refuses_an_unsorted_list():
+    with pytest.raises(ValueError, match="descending"):
+        merge_mod._CMerge([], snapshots=[3, 5], kept=[])
+    with pytest.raises(TypeError, match="together"):
+        merge_mod._CMerge([], snapshots=[3])
+
+
 def test_an_older_source_with_the_newer_version_wins(use_c):
     newer_file = [([b"a", b"b"], [b"a@5", b"b@2"], [5 << 8 | 1, 2 << 8 | 1])]
     older_file = [([b"a", b"b"], [b"a@3", None], [3 << 8 | 1, 4 << 8 | 0])]

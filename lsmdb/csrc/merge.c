@@ -16,7 +16,12 @@
  * equal ones), so sources may overlap in age -- older versions are skipped,
  * and tombstones (value None) are hidden unless keep_tombstones; with
  * untag, tagged entries go out as (key, value) too (a scan's merge by
- * sequence number).  The entries are walked in place (no
+ * sequence number).  With snapshots (sequence numbers, descending) and
+ * kept (a list), a compaction's merge while snapshots live: of each key's
+ * older versions (tagged), the one each snapshot reads where it is not the
+ * newest -- the first not above it -- is appended to kept as (depth, key,
+ * value, tag), depth 0 for the second version kept of the key, 1 for the
+ * third... (lsmdb.history).  The entries are walked in place (no
  * per-entry tuple besides the pair returned).  A source is advanced only at
  * the next call after its entry went out, as a generator would; after an
  * error the iteration is over.
@@ -58,6 +63,11 @@ typedef struct {
     PyObject *last_key;
     PyObject *pin;      /* released (pin.release()) once, when the merge ends */
     PyObject *reseek;   /* reseek(key) -> the sources from key on (seek), or NULL */
+    uint64_t *snaps;    /* the live snapshots' sequence numbers, descending, or NULL */
+    Py_ssize_t nsnaps;
+    Py_ssize_t snap_j;  /* the first snapshot the current key's kept versions do not serve */
+    Py_ssize_t depth;   /* the current key's versions kept besides the newest */
+    PyObject *kept;     /* (depth, key, value, tag) of each one, appended; or NULL */
 } Merge;
 
 static inline int
@@ -311,10 +321,32 @@ merge_step(Merge *self)
             sift_down(self, 0);
         self->pending = top;  /* advanced at the next call */
         PyObject *key = top.key;
-        if (self->last_key != NULL && bytes_cmp(key, self->last_key) == 0)
-            continue;  /* an older version of a key already decided */
+        if (self->last_key != NULL && bytes_cmp(key, self->last_key) == 0) {
+            /* an older version of a key already decided: kept for a snapshot? */
+            if (self->kept != NULL && top.tags != NULL && self->snap_j < self->nsnaps
+                && self->snaps[self->snap_j] >= top.seq) {
+                PyObject *item = Py_BuildValue("(nOOO)", self->depth++, key,
+                                               PyList_GET_ITEM(top.values, top.pos),
+                                               PyList_GET_ITEM(top.tags, top.pos));
+                if (item == NULL || PyList_Append(self->kept, item) < 0) {
+                    Py_XDECREF(item);
+                    merge_fail(self);
+                    return NULL;
+                }
+                Py_DECREF(item);
+                while (self->snap_j < self->nsnaps && self->snaps[self->snap_j] >= top.seq)
+                    self->snap_j++;
+            }
+            continue;
+        }
         Py_INCREF(key);
         Py_XSETREF(self->last_key, key);
+        if (self->kept != NULL) {  /* the snapshots that read the newest version */
+            self->snap_j = 0;
+            self->depth = 0;
+            while (self->snap_j < self->nsnaps && self->snaps[self->snap_j] >= top.seq)
+                self->snap_j++;
+        }
         PyObject *value = PyList_GET_ITEM(top.values, top.pos);
         if (value == Py_None && !self->keep_tombstones)
             continue;
@@ -423,6 +455,7 @@ Merge_traverse(Merge *self, visitproc visit, void *arg)
     Py_VISIT(self->last_key);
     Py_VISIT(self->pin);
     Py_VISIT(self->reseek);
+    Py_VISIT(self->kept);
     return 0;
 }
 
@@ -434,6 +467,7 @@ Merge_clear(Merge *self)
     merge_drop_sources(self);
     Py_CLEAR(self->last_key);
     Py_CLEAR(self->pin);
+    Py_CLEAR(self->kept);
     return 0;
 }
 
@@ -446,19 +480,25 @@ Merge_dealloc(Merge *self)
     Merge_clear(self);
     PyMem_Free(self->iters);
     PyMem_Free(self->heap);
+    PyMem_Free(self->snaps);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int
 Merge_init(Merge *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *sources, *pin = Py_None, *reseek = Py_None;
+    PyObject *sources, *pin = Py_None, *reseek = Py_None, *snapshots = Py_None;
+    PyObject *kept = Py_None;
     int reverse = 0, keep = 0, untag = 0;
     static char *kwlist[] = {"sources", "reverse", "keep_tombstones", "pin", "reseek", "untag",
-                             NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppOOp:Merge", kwlist, &sources, &reverse,
-                                     &keep, &pin, &reseek, &untag))
+                             "snapshots", "kept", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|ppOOpOO:Merge", kwlist, &sources, &reverse,
+                                     &keep, &pin, &reseek, &untag, &snapshots, &kept))
         return -1;
+    if ((snapshots == Py_None) != (kept == Py_None) || (kept != Py_None && !PyList_Check(kept))) {
+        PyErr_SetString(PyExc_TypeError, "snapshots and kept (a list) go together");
+        return -1;
+    }
     if (reseek != Py_None && !PyCallable_Check(reseek)) {
         PyErr_SetString(PyExc_TypeError, "reseek must be callable or None");
         return -1;
@@ -470,6 +510,32 @@ Merge_init(Merge *self, PyObject *args, PyObject *kwds)
     self->sources = PySequence_Tuple(sources);
     if (self->sources == NULL)
         return -1;
+    if (snapshots != Py_None) {
+        PyObject *seq = PySequence_Tuple(snapshots);
+        if (seq == NULL)
+            return -1;
+        Py_ssize_t n = PyTuple_GET_SIZE(seq);
+        self->snaps = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+        if (self->snaps == NULL) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            unsigned long long s = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(seq, i));
+            if ((s == (unsigned long long)-1 && PyErr_Occurred())
+                || (i && s >= self->snaps[i - 1])) {
+                Py_DECREF(seq);
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_ValueError, "snapshots must be strictly descending");
+                return -1;
+            }
+            self->snaps[i] = s;
+        }
+        Py_DECREF(seq);
+        self->nsnaps = n;
+        self->kept = Py_NewRef(kept);
+    }
     self->reverse = reverse;
     self->keep_tombstones = keep;
     self->untag = untag;
@@ -500,7 +566,8 @@ PyTypeObject MergeType = {
     .tp_traverse = (traverseproc)Merge_traverse,
     .tp_clear = (inquiry)Merge_clear,
     .tp_finalize = (destructor)Merge_finalize,
-    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None, reseek=None, untag=False)\n"
+    .tp_doc = "Merge(sources, reverse=False, keep_tombstones=False, pin=None, reseek=None, "
+              "untag=False, snapshots=None, kept=None)\n"
               "--\n\n"
               "The newest version of each key from sorted sources of (keys, values) chunks,\n"
               "newest source first, tombstones hidden (see lsmdb.merge); pin.release() is\n"

@@ -232,7 +232,8 @@ def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
         m, w = SST_RE.match(name), WAL_RE.match(name)
         if m and int(m.group(1)) not in named_ssts:
             yield Problem(full, None, "orphan SSTable: the manifest does not name it (a crash "
-                          "left it; the next read-write open deletes it)", "warning")
+                          "left it, or it is a history file a live snapshot of the writing "
+                          "process holds; the next read-write open deletes it)", "warning")
         elif w and int(w.group(1)) not in named_wals:
             number = int(w.group(1))
             if manifest.wal is not None and number >= manifest.next_file_number:

@@ -95,12 +95,19 @@ class HistoryWriter:
             builder.add_chunk(keys, values, None, tags)
 
     def finish(self) -> list[SSTableReader]:
-        """Seal every file; their readers."""
-        out = []
-        for builder, f, path, number, (lo, hi) in self._open:
-            builder.note_seq(lo, hi)
-            out.append(self._seal(builder, f, path, number))
-        self._open = []
+        """Seal every file; their readers (on an error, those sealed are closed
+        and ``abandon`` deletes every file)."""
+        out: list[SSTableReader] = []
+        try:
+            while self._open:
+                builder, f, path, number, (lo, hi) = self._open[0]
+                builder.note_seq(lo, hi)
+                out.append(self._seal(builder, f, path, number))
+                del self._open[0]
+        except BaseException:
+            for r in out:
+                r.close()
+            raise
         return out
 
     def abandon(self) -> None:

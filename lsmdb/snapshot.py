@@ -23,7 +23,9 @@ The cost of a live snapshot: writes to a memtable it covers pay one dict
 lookup per key per live snapshot (the undo map's); it holds the old values
 and the memtables it covers in memory (after they are flushed too) until it
 is closed; compactions keep its versions (and every tombstone) on disk, in
-their history files, until it is closed.  Reads and writes of tables no
+their history files, until it is closed, and its own reads consult each of
+those files (one or more per compaction it lived through: a snapshot held
+across many compactions reads slower).  Reads and writes of tables no
 snapshot covers, and gets that do not use a snapshot, pay nothing.  Close
 snapshots you are done with (``with db.snapshot() as snap:``); one that is
 garbage collected is closed then.

@@ -605,3 +605,31 @@ def test_stats_with_fewer_counters_still_load():
     reader.block_cache_hits = 0
     apply_file_counters(reader, files[7])
     assert (reader.range_skips, reader.block_reads, reader.block_cache_hits) == (1, 6, 0)
+
+
+def test_format3_golden_file_is_rebuilt_and_read_back_exactly():
+    """Format 3: the format-2 golden entries with three expiring values (kind 2,
+    the expiries list), LZ4 blocks."""
+    path = make_golden.golden_f3_path()
+    with open(path, "rb") as f:
+        data = f.read()
+    assert len(data) == 868
+    assert make_golden.build_golden_f3() == data, "format-3 SSTable bytes changed"
+    want = dict(make_golden.golden_f3_items())
+    for reader in (SSTableReader(path, 7), SSTableReader("golden.sst", 7, data=data)):
+        assert reader.version == 3 and reader.compression == "lz4"
+        assert reader.properties["expiring_entries"] == 3
+        assert reader.properties["format_version"] == 3
+        got = {}
+        for i in range(len(reader.index_keys)):
+            keys, values, tags = reader.decode_full(i, reader.read_raw(i))
+            for k, v, t in zip(keys, values, tags, strict=True):
+                n = int(k[3:])
+                kind = 0 if v is None else 2 if n in make_golden.GOLDEN_EXPIRING else 1
+                assert t == (1000 + n) << 8 | kind, k
+                got[k] = v
+        assert got == want
+        assert got[b"key008"] == (want[b"key008"][0], 1_700_000_000_000_008)
+        for k, v in want.items():
+            assert find(reader, k) == v
+        reader.close()

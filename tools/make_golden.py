@@ -7,11 +7,12 @@ them only for a deliberate, versioned format change -- never to make a
 failing golden test pass.  ``tests/data/golden.sst`` is format 1 (what the
 previous release wrote; still read); ``golden_f2_none.sst``,
 ``golden_f2_lz4.sst`` and ``golden_f2_zstd.sst`` are format 2, one per
-compression kind.
+compression kind; ``golden_f3_lz4.sst`` is format 3, the same entries with
+three of them expiring values.
 
     python tools/make_golden.py            # write the golden files
     python tools/make_golden.py --check    # exit 1 if a committed file differs
-    python tools/make_golden.py --dump golden|example|f2-none|f2-lz4|f2-zstd
+    python tools/make_golden.py --dump golden|example|f2-none|f2-lz4|f2-zstd|f3-lz4
                                            # annotated hex dump (docs/FORMAT.md)
 
 The contents are fixed here and nowhere else: 20 keys ``key000``..``key019``
@@ -20,7 +21,9 @@ whose values have assorted lengths, ``key005`` and ``key013`` deleted
 ``fp_chance`` 0.01, table name ``golden``, WAL sequence range 1000..1019.  In
 format 2 entry ``i`` has sequence number ``1000 + i``, the file records number
 7 and database id ``GOLDEN_DB_ID``, and the blocks are 256 bytes (so that
-LZ4 and Zstandard find something to save).
+LZ4 and Zstandard find something to save).  In format 3, ``key003``,
+``key008`` and ``key017`` are expiring values, each expiring at
+``GOLDEN_EXPIRES_US`` plus its index.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import io
 import os
 import struct
 import sys
+from typing import Any
 
 import msgpack
 
@@ -51,6 +55,8 @@ GOLDEN_F2_BLOCK_SIZE = 256
 GOLDEN_NUMBER = 7
 GOLDEN_DB_ID = "00112233445566778899aabbccddeeff"
 GOLDEN_F2_KINDS = ("none", "lz4", "zstd")
+GOLDEN_EXPIRING = (3, 8, 17)
+GOLDEN_EXPIRES_US = 1_700_000_000_000_000
 
 
 def golden_f2_path(kind: str) -> str:
@@ -67,7 +73,7 @@ def golden_items() -> list[tuple[bytes, bytes | None]]:
     return items
 
 
-def build(items: list[tuple[bytes, bytes | None]], *, block_size: int, fp_chance: float,
+def build(items: list[tuple[bytes, Any]], *, block_size: int, fp_chance: float,
           table: str, min_seq: int, max_seq: int, version: int = 1,
           compression: str = "none") -> bytes:
     """An SSTable of ``items``; in format 2 entry ``i`` written at ``min_seq + i``."""
@@ -83,9 +89,26 @@ def build(items: list[tuple[bytes, bytes | None]], *, block_size: int, fp_chance
     return out.getvalue()
 
 
-def golden_tag(seq: int, value: bytes | None) -> int:
+def golden_tag(seq: int, value: bytes | tuple[bytes, int] | None) -> int:
     """The tag of an entry written at ``seq``: ``seq << 8 | kind``."""
-    return seq << 8 | (0 if value is None else 1)
+    return seq << 8 | (0 if value is None else 2 if type(value) is tuple else 1)
+
+
+def golden_f3_path() -> str:
+    return os.path.join(ROOT, "tests", "data", "golden_f3_lz4.sst")
+
+
+def golden_f3_items() -> list[tuple[bytes, Any]]:
+    """The golden items with three expiring values (lsmdb.ttl's (value, expires))."""
+    return [(k, (v, GOLDEN_EXPIRES_US + i) if i in GOLDEN_EXPIRING else v)
+            for i, (k, v) in enumerate(golden_items())]
+
+
+def build_golden_f3() -> bytes:
+    """The bytes of tests/data/golden_f3_lz4.sst as the current code writes them."""
+    return build(golden_f3_items(), block_size=GOLDEN_F2_BLOCK_SIZE,
+                 fp_chance=GOLDEN_FP_CHANCE, table=GOLDEN_TABLE, min_seq=GOLDEN_MIN_SEQ,
+                 max_seq=GOLDEN_MAX_SEQ, version=2, compression="lz4")
 
 
 def build_golden() -> bytes:
@@ -104,7 +127,8 @@ def build_golden_f2(kind: str) -> bytes:
 def golden_files() -> dict[str, bytes]:
     """Every golden file by path, as the current code writes it."""
     return {GOLDEN_PATH: build_golden(),
-            **{golden_f2_path(k): build_golden_f2(k) for k in GOLDEN_F2_KINDS}}
+            **{golden_f2_path(k): build_golden_f2(k) for k in GOLDEN_F2_KINDS},
+            golden_f3_path(): build_golden_f3()}
 
 
 def build_example(version: int = 1) -> bytes:
@@ -189,13 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--check", action="store_true",
                        help="compare with the committed file instead of writing it")
     group.add_argument("--dump", choices=("golden", "example", "example-f2",
-                                          *(f"f2-{k}" for k in GOLDEN_F2_KINDS)),
+                                          *(f"f2-{k}" for k in GOLDEN_F2_KINDS), "f3-lz4"),
                        help="print an annotated hex dump and exit")
     args = parser.parse_args(argv)
     if args.dump:
         data = (build_golden() if args.dump == "golden" else build_example()
                 if args.dump == "example" else build_example(2)
-                if args.dump == "example-f2" else build_golden_f2(args.dump[3:]))
+                if args.dump == "example-f2" else build_golden_f3()
+                if args.dump == "f3-lz4" else build_golden_f2(args.dump[3:]))
         print(dump(data))
         return 0
     status = 0

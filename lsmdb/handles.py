@@ -71,16 +71,29 @@ class Table(ScanMapping):
         seconds until it reads as absent (None: the table's
         ``default_time_to_live``; 0: never)."""
         state = self._live()
-        stored = as_value(value)
+        if type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES:
+            value = as_value(value)
+        if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
+            key = as_key(key)
+        writes = self._writes
         if ttl is not None or state.options.default_time_to_live:
-            stored = with_ttl(state, stored, ttl)
-            self._writes.write_columns(state, [as_key(key)], [stored], sync, True)
-            return
-        self._writes.write_columns(state, [as_key(key)], [stored], sync)
+            stored = with_ttl(state, value, ttl)
+            writes.write_columns(state, [key], [stored], sync, True)
+        elif sync or (sync is None and writes.sync_default):
+            writes.write_columns(state, [key], [value], sync)
+        else:
+            writes.put(state, key, value)
 
     def delete(self, key: Any, sync: bool | None = None) -> None:
         """Delete ``key`` (a tombstone; no error when it is absent)."""
-        self._writes.write_columns(self._live(), [as_key(key)], [None], sync)
+        state = self._live()
+        if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES:
+            key = as_key(key)
+        writes = self._writes
+        if sync or (sync is None and writes.sync_default):
+            writes.write_columns(state, [key], [None], sync)
+        else:
+            writes.put(state, key, None)
 
     def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default`` when it is absent."""

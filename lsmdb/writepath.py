@@ -35,10 +35,56 @@ log = logging.getLogger("lsmdb")
 MAX_FROZEN_MEMTABLES = 2
 #: ``max_total_wal_size_bytes=None``: this many times the memtables' total size.
 WAL_SIZE_MEMTABLE_MULTIPLE = 4
+#: What put_locked answers: bits (the memtable it wrote is full; the WAL is past
+#: its limit), or PUT_DECLINED (not its case: nothing was done).
+PUT_FULL = 1
+PUT_WAL_OVER = 2
+PUT_DECLINED = -1
 
 _first = itemgetter(0)
 _second = itemgetter(1)
 _third = itemgetter(2)
+
+
+def put_locked(versions: Versions, state: TableState, key: bytes, value: bytes | None,
+               wal_limit: int) -> int:
+    """The part under the database lock (held by the caller) of one put of
+    ``key`` (``value`` None: a delete) in ``state``, in its common case -- the
+    database open for writes, the table live, the log healthy, no snapshot
+    covering the memtable, the record one fragment of the live segment: the
+    next sequence number, its WAL record appended (no fsync), the memtable
+    applied.  What :meth:`WritePath.commit` does for one op, its steps in
+    line; the C twin (``lsmdb._speedups.put_locked``) does the same in one
+    call.  Returns PUT_FULL | PUT_WAL_OVER bits, or PUT_DECLINED (nothing
+    done) in any other case: the caller then takes ``commit``."""
+    if versions.closed or versions.read_only or state.dropped:
+        return PUT_DECLINED
+    wal = versions.log
+    writer, live, mem = wal.writer, wal.live, state.mem
+    if wal.failed is not None or writer is None or live is None or mem.undos:
+        return PUT_DECLINED
+    seq = versions.last_seq + 1
+    payload = encode_table_record(seq, state.id, [key], [value])
+    if not writer.fits_one_fragment(len(payload)):
+        return PUT_DECLINED
+    versions.last_seq = seq
+    wal.append(seq, payload, False)  # OSError: the log is failed, nothing applied
+    if wal.promoted:
+        versions.promote_segments()
+    mem.apply(seq, key, value)
+    out = PUT_FULL if mem.size_bytes >= state.options.memtable_size_bytes else 0
+    if wal.total_bytes > wal_limit:
+        out |= PUT_WAL_OVER
+    return out
+
+
+try:  # the same in C (lsmdb/csrc/writepath.c)
+    from ._speedups import put_locked as _c_put_locked  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - built without a C compiler
+    _c_put_locked = None
+
+#: Whether single puts take put_locked's C twin (tests switch it off to compare).
+USE_SPEEDUPS = _c_put_locked is not None
 
 
 def check_batch_size(keys: Iterable[bytes], values: Iterable[Any], expiring: bool = False) -> None:
@@ -100,6 +146,28 @@ class WritePath:
 
         self.commit(states, encode, apply, sync)
 
+    def put(self, state: TableState, key: bytes, value: bytes | None) -> None:
+        """One put (``value`` None: a delete) of a checked key and value, not
+        synced: :func:`put_locked` (C where built) under the lock, then the
+        flushes it calls for -- or ``write_columns`` where that is not its case
+        (a stall, frozen memtables piling up, a failed log, a live snapshot)."""
+        if (self.stall is not None and len(state.version.l0) >= _compaction.L0_STALL_FILES) \
+                or len(state.imms) >= MAX_FROZEN_MEMTABLES \
+                or len(key) + (len(value) if value is not None else 0) > MAX_BATCH_SIZE_BYTES:
+            self.write_columns(state, [key], [value], False)
+            return
+        versions = self.versions
+        with versions.lock:
+            done = (_c_put_locked if USE_SPEEDUPS else put_locked)(
+                versions, state, key, value, self.wal_limit)
+        if done == PUT_DECLINED:
+            self.write_columns(state, [key], [value], False)
+            return
+        if done & PUT_FULL:
+            self._flush_full([state])
+        if done & PUT_WAL_OVER:
+            self._flush_wal_pinners()
+
     def write_columns(self, state: TableState, keys: list[bytes], values: list[Any],
                       sync: bool | None, expiring: bool = False) -> None:
         """Set keys[i] to values[i] (None: delete; where ``expiring``, maybe an
@@ -153,15 +221,18 @@ class WritePath:
                     wal_over = wal.total_bytes > self.wal_limit
                     break
             flusher.recover_log()  # outside the lock: it writes SSTables
+        self._flush_full(full)
+        if wal_over:
+            self._flush_wal_pinners()
+
+    def _flush_full(self, full: list[TableState]) -> None:
         for state in full:  # outside the lock: the SSTable is written without it
             try:
-                flusher.flush_table(state)
+                self.flusher.flush_table(state)
             except OSError as exc:
                 # The write itself is applied (and in the WAL); the flush is
                 # retried by the next write (or an explicit flush()).
                 log.error("automatic flush of table %r failed: %s", state.name, exc)
-        if wal_over:
-            self._flush_wal_pinners()
 
     def _flush_wal_pinners(self) -> None:
         """The WAL is past ``max_total_wal_size_bytes``: flush every table whose

@@ -93,11 +93,6 @@ class LogWriter:
         self._fd = self._file.fd
         self.size = SEGMENT_HEADER_SIZE
 
-    def fits_one_fragment(self, n: int) -> bool:
-        """Whether a record of ``n`` bytes goes out as one fragment of the current
-        block (``add_record``'s common case, the one the C put writes)."""
-        return 0 < n and n + FRAGMENT_HEADER_SIZE <= BLOCK_SIZE_BYTES - self.size % BLOCK_SIZE_BYTES
-
     def add_record(self, payload: bytes) -> None:
         n = len(payload)
         if not n:

@@ -50,41 +50,25 @@ def put_locked(versions: Versions, state: TableState, key: bytes, value: bytes |
                wal_limit: int) -> int:
     """The part under the database lock (held by the caller) of one put of
     ``key`` (``value`` None: a delete) in ``state``, in its common case -- the
-    database open for writes, the table live, the log healthy, no snapshot
-    covering the memtable, the record one fragment of the live segment: the
-    next sequence number, its WAL record appended (no fsync), the memtable
+    database open for writes, the table live, the log healthy: the next
+    sequence number, its WAL record appended (no fsync), the memtable
     applied.  What :meth:`WritePath.commit` does for one op, its steps in
-    line; the C twin (``lsmdb._speedups.put_locked``) does the same in one
-    call.  Returns PUT_FULL | PUT_WAL_OVER bits, or PUT_DECLINED (nothing
-    done) in any other case: the caller then takes ``commit``."""
-    if versions.closed or versions.read_only or state.dropped:
-        return PUT_DECLINED
+    line (no closures, no per-op lists).  Returns PUT_FULL | PUT_WAL_OVER
+    bits, or PUT_DECLINED (nothing done) in any other case: the caller then
+    takes ``commit``, which raises or mends the log."""
     wal = versions.log
-    writer, live, mem = wal.writer, wal.live, state.mem
-    if wal.failed is not None or writer is None or live is None or mem.undos:
+    if versions.closed or versions.read_only or state.dropped or wal.failed is not None:
         return PUT_DECLINED
-    seq = versions.last_seq + 1
-    payload = encode_table_record(seq, state.id, [key], [value])
-    if not writer.fits_one_fragment(len(payload)):
-        return PUT_DECLINED
-    versions.last_seq = seq
-    wal.append(seq, payload, False)  # OSError: the log is failed, nothing applied
+    seq = versions.last_seq = versions.last_seq + 1
+    wal.append(seq, encode_table_record(seq, state.id, [key], [value]), False)
     if wal.promoted:
         versions.promote_segments()
+    mem = state.mem
     mem.apply(seq, key, value)
     out = PUT_FULL if mem.size_bytes >= state.options.memtable_size_bytes else 0
     if wal.total_bytes > wal_limit:
         out |= PUT_WAL_OVER
     return out
-
-
-try:  # the same in C (lsmdb/csrc/writepath.c)
-    from ._speedups import put_locked as _c_put_locked  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - built without a C compiler
-    _c_put_locked = None
-
-#: Whether single puts take put_locked's C twin (tests switch it off to compare).
-USE_SPEEDUPS = _c_put_locked is not None
 
 
 def check_batch_size(keys: Iterable[bytes], values: Iterable[Any], expiring: bool = False) -> None:
@@ -148,9 +132,9 @@ class WritePath:
 
     def put(self, state: TableState, key: bytes, value: bytes | None) -> None:
         """One put (``value`` None: a delete) of a checked key and value, not
-        synced: :func:`put_locked` (C where built) under the lock, then the
-        flushes it calls for -- or ``write_columns`` where that is not its case
-        (a stall, frozen memtables piling up, a failed log, a live snapshot)."""
+        synced: :func:`put_locked` under the lock, then the flushes it calls
+        for -- or ``write_columns`` where that is not its case (a stall, frozen
+        memtables piling up, a failed log, a closed database or table)."""
         if (self.stall is not None and len(state.version.l0) >= _compaction.L0_STALL_FILES) \
                 or len(state.imms) >= MAX_FROZEN_MEMTABLES \
                 or len(key) + (len(value) if value is not None else 0) > MAX_BATCH_SIZE_BYTES:
@@ -158,8 +142,7 @@ class WritePath:
             return
         versions = self.versions
         with versions.lock:
-            done = (_c_put_locked if USE_SPEEDUPS else put_locked)(
-                versions, state, key, value, self.wal_limit)
+            done = put_locked(versions, state, key, value, self.wal_limit)
         if done == PUT_DECLINED:
             self.write_columns(state, [key], [value], False)
             return

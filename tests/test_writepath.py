@@ -1,0 +1,67 @@
+"""The write path: a single put's line under the lock (put_locked) against commit."""
+
+from __future__ import annotations
+
+import os
+
+import lsmdb
+from lsmdb import writepath
+
+
+def _wal_bytes(path: str) -> bytes:
+    names = sorted(n for n in os.listdir(path) if n.startswith("wal-"))
+    out = b""
+    for n in names:
+        with open(os.path.join(path, n), "rb") as f:
+            out += f.read()
+    return out
+
+
+def _run(path: str, single: bool) -> tuple[bytes, dict, dict, int, int | None, int]:
+    db = lsmdb.open(path, auto_compaction=False)
+    db.alter_table("default", memtable_size_bytes=1 << 24)
+    state = db._versions.tables["default"]
+    writes = db._writes
+    ops = [(b"k%03d" % (i % 150), None if i % 7 == 3 else b"v%d" % i * (i % 5))
+           for i in range(600)]
+    with db.snapshot() as snap:  # its undo map takes the old values either way
+        for key, value in ops:
+            if single:
+                writes.put(state, key, value)
+            else:
+                writes.write_columns(state, [key], [value], False)
+        assert snap.get(b"k001") is None
+    mem = state.mem
+    out = (dict(mem.data), dict(mem.tags), mem.size_bytes, mem.min_seq, mem.max_seq)
+    db.close()
+    return (_wal_bytes(path), *out)
+
+
+def test_a_single_put_writes_what_commit_writes(tmp_path, fixed_db_id):
+    """The same ops one at a time through put_locked and through commit: the
+    same WAL bytes, the same memtable (values, tags, size, sequence range)."""
+    assert _run(str(tmp_path / "a"), True) == _run(str(tmp_path / "b"), False)
+
+
+def test_put_locked_declines_what_is_not_its_case(tmp_path):
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    versions = db._versions
+    state = versions.tables["default"]
+    with versions.lock:
+        seq = versions.last_seq
+        versions.log.failed = OSError("test: a failed log")
+        try:
+            assert writepath.put_locked(versions, state, b"k", b"v", 1 << 40) == \
+                writepath.PUT_DECLINED
+        finally:
+            versions.log.failed = None
+        assert versions.last_seq == seq  # nothing done
+        assert writepath.put_locked(versions, state, b"k", b"v", 0) == writepath.PUT_WAL_OVER
+        assert versions.last_seq == seq + 1
+    db.alter_table("default", memtable_size_bytes=4096)
+    with versions.lock:
+        assert writepath.put_locked(versions, state, b"k2", b"x" * 5000, 1 << 40) == \
+            writepath.PUT_FULL
+    db.close()
+    with lsmdb.open(str(tmp_path / "db")) as again:
+        assert again.get(b"k") == b"v" and again.get(b"k2") == b"x" * 5000

@@ -124,10 +124,15 @@ class DB(ScanMapping):
         self._default_state = versions.tables[DEFAULT_TABLE]
         # The hot path: an instance attribute, so db.get(k) is one closure call.
         setattr(self, "get", state_getter(versions, self._default_state))
+        self._flush_bg: Background | None = None
         if not self._read_only:
             self._bg = Background("lsmdb-background", self._background)
             if self._auto_compaction:
                 self._writes.stall = self._bg
+                # Full memtables are written off the writers' threads.
+                self._flush_bg = Background("lsmdb-flush", self._flush_round)
+                self._writes.flush_thread = self._flush_bg
+                self._flush_bg.start()
             self._bg.start()
 
     def _handle(self, state: TableState) -> Table:
@@ -140,6 +145,7 @@ class DB(ScanMapping):
         versions.forked = True
         versions.closed = True
         self._bg = None
+        self._flush_bg = None
         # Another thread may have held them at the fork.
         versions.lock = threading.RLock()
         self._flusher.mutex = threading.Lock()
@@ -376,6 +382,16 @@ class DB(ScanMapping):
             error = bg.take_error()
             if error is not None:
                 raise error
+            fbg = self._flush_bg
+            if fbg is not None:
+                error = fbg.take_error()
+                if error is not None:
+                    raise error
+                if fbg.busy or any(s.imms for s in list(self._versions.tables.values())):
+                    fbg.wait_round(0.05)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError("flushes still running")
+                    continue
             if not bg.busy and not self._compactor.pending():
                 return
             bg.wait_round(0.05)
@@ -403,6 +419,11 @@ class DB(ScanMapping):
         self._save_counters()
         if self._bg is not None:
             self._bg.wake()
+
+    def _flush_round(self, should_stop: Callable[[], bool]) -> None:
+        """One round of the flush thread: every frozen memtable written."""
+        if not should_stop():
+            self._flusher.flush_frozen()
 
     def _background(self, should_stop: Callable[[], bool]) -> None:
         """One background round: counters when due, then every pending compaction."""
@@ -432,6 +453,10 @@ class DB(ScanMapping):
         flushed), the error is raised once the database is closed: the writes
         since the last successful fsync may not be durable.  Idempotent.
         """
+        if self._writes.flush_thread is not None:
+            self._writes.flush_thread = None  # writers flush on their own thread from here
+            if self._flush_bg is not None:
+                self._flush_bg.stop()
         if self._bg is not None:
             self._bg.stop()
         versions = self._versions

@@ -66,6 +66,35 @@ class Flusher:
             for mem in pending:
                 self._flush_frozen(state, mem, opening)
 
+    def freeze_table(self, state: TableState) -> bool:
+        """The first half of ``flush_table``, for a flush that runs later (the
+        flush thread's, lsmdb.db): the WAL rotated and the table's memtable
+        frozen, under the database's lock alone -- not the mutex, so a writer
+        does not wait for a flush in progress.  Whether frozen memtables wait
+        for a flush.  Nothing is frozen while the log is failed (the next
+        write mends it) or the database is closed."""
+        versions = self.versions
+        with versions.lock:
+            if versions.closed or state.dropped or versions.log.failed is not None:
+                return False
+            if len(state.mem):
+                versions.rotate_wal(flushing=state)
+                self.freeze(state)
+            return bool(state.imms)
+
+    def flush_frozen(self) -> None:
+        """Write every table's frozen memtables, oldest first (the flush thread's
+        round); raises the first error, the others tried first."""
+        error: BaseException | None = None
+        for state in list(self.versions.tables.values()):
+            if state.imms and not state.dropped:
+                try:
+                    self.flush_table(state, freeze=False)
+                except OSError as exc:
+                    error = error or exc
+        if error is not None:
+            raise error
+
     def freeze(self, state: TableState) -> None:
         """Make the table's memtable a frozen one and give it a new, empty one (lock held)."""
         mem = state.mem

@@ -94,6 +94,9 @@ class WritePath:
         self.max_wal = max_total_wal_size_bytes
         self.wal_limit = 0
         self.stall: Any = None
+        #: The flush thread (lsmdb.db), woken after a memtable is frozen for it;
+        #: None: a full memtable is flushed on the writer's thread.
+        self.flush_thread: Any = None
         self.update_wal_limit()
 
     def update_wal_limit(self) -> None:
@@ -209,9 +212,16 @@ class WritePath:
             self._flush_wal_pinners()
 
     def _flush_full(self, full: list[TableState]) -> None:
-        for state in full:  # outside the lock: the SSTable is written without it
+        """Flush the full memtables: frozen here and written by the flush thread
+        where there is one (a writer then waits only once MAX_FROZEN_MEMTABLES
+        pile up), else written here, outside the lock."""
+        thread = self.flush_thread
+        for state in full:
             try:
-                self.flusher.flush_table(state)
+                if thread is None:
+                    self.flusher.flush_table(state)
+                elif self.flusher.freeze_table(state):
+                    thread.wake()
             except OSError as exc:
                 # The write itself is applied (and in the WAL); the flush is
                 # retried by the next write (or an explicit flush()).

@@ -65,3 +65,51 @@ def test_put_locked_declines_what_is_not_its_case(tmp_path):
     db.close()
     with lsmdb.open(str(tmp_path / "db")) as again:
         assert again.get(b"k") == b"v" and again.get(b"k2") == b"x" * 5000
+
+
+def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(tmp_path):
+    """With auto_compaction, a put that fills the memtable freezes it and returns;
+    the flush thread writes it.  While that thread is held, frozen memtables pile
+    up to two; the next write then flushes them itself.  Nothing is lost."""
+    import threading
+
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.alter_table("default", memtable_size_bytes=4096)
+    state = db._versions.tables["default"]
+    release = threading.Event()
+    entered = threading.Event()
+    real = db._flusher.flush_frozen
+
+    def held() -> None:
+        entered.set()
+        release.wait(30)
+        real()
+
+    db._flusher.flush_frozen = held  # type: ignore[method-assign]
+    written = {}
+    i = 0
+    while not state.imms:  # the first full memtable: frozen, not written
+        written[b"k%05d" % i] = b"v" * 100
+        db.put(b"k%05d" % i, b"v" * 100)
+        i += 1
+    assert entered.wait(10) and not db.sstables()
+    while len(state.imms) < 2:
+        written[b"k%05d" % i] = b"v" * 100
+        db.put(b"k%05d" % i, b"v" * 100)
+        i += 1
+    assert not db.sstables()
+    db.put(b"last", b"x")  # two wait: this writer flushes them itself
+    written[b"last"] = b"x"
+    assert len(db.sstables()) == 2 and not state.imms
+    while not state.imms:
+        written[b"k%05d" % i] = b"w"
+        db.put(b"k%05d" % i, b"w")
+        i += 1
+    release.set()
+    db.wait_for_compactions()
+    assert not state.imms and len(db.sstables()) >= 2
+    assert dict(db.scan()) == written
+    db.close()
+    with lsmdb.open(path) as again:
+        assert dict(again.scan()) == written

@@ -204,6 +204,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"{totals['reads_skipped']:,}; false positives {totals['false_positives']:,}\n"
               f"          measured FPR {_fmt_rate(totals['measured_fpr'])}; point reads "
               f"{totals['gets']:,}, absent share {_fmt_rate(share)}")
+        if totals["write_stalls"]:
+            print(f"  write stalls: {totals['write_stalls']:,}, "
+                  f"{totals['write_stall_seconds']:.3f} s in all (level 0 full)")
         if totals["false_negatives"]:
             print(f"  ERROR: {totals['false_negatives']} false negatives measured in shadow mode")
         if share is not None and share < 0.05:

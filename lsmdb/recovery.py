@@ -226,8 +226,8 @@ def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, Replaye
 def load_counters(db: Versions) -> None:
     files, tables = _stats.load_stats(db.path)
     for state in db.tables.values():
-        if state.id in tables and len(tables[state.id]) == 2:
-            state.gets, state.gets_absent = tables[state.id]
+        for name, value in zip(_stats.TABLE_COUNTERS, tables.get(state.id, ())):  # noqa: B905
+            setattr(state, name, value)  # older files: fewer counters
         for reader in state.files:
             if reader.number in files:
                 _stats.apply_file_counters(reader, files[reader.number])

@@ -49,6 +49,8 @@ class TableState:
 
     gets = ArrayCounter(TABLE_COUNTERS)
     gets_absent = ArrayCounter(TABLE_COUNTERS)
+    write_stalls = ArrayCounter(TABLE_COUNTERS)
+    write_stall_us = ArrayCounter(TABLE_COUNTERS)
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any],
                  versions: VersionSet | None = None, cache: Any = None,

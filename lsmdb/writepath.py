@@ -15,6 +15,7 @@ whole again (:meth:`lsmdb.flush.Flusher.recover_log`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 from typing import Any
@@ -24,6 +25,7 @@ from .errors import LsmdbError, NoSuchTableError
 from .flush import Flusher
 from .keys import MAX_BATCH_SIZE_BYTES
 from .logset import encode_record, encode_table_record
+from .stats import WRITE_STALL_US, WRITE_STALLS
 from .table import TableState
 from .versions import Versions
 
@@ -250,17 +252,24 @@ class WritePath:
         bg = self.stall
         for state in states:
             announced = False
-            while (len(state.version.l0) >= _compaction.L0_STALL_FILES and not state.dropped
-                   and _compaction.pick(state) is not None):
-                self.versions.check_writable()
-                if bg.error is not None:
-                    raise LsmdbError(f"writes to table {state.name!r} are stalled and background "
-                                     f"compaction is failing: {bg.error}")
-                if not announced:
-                    log.warning("write stall: table %r has %d files in level 0; waiting for "
-                                "compaction", state.name, len(state.version.l0))
-                    announced = True
-                bg.wait_round(0.05)
+            started = 0.0
+            try:
+                while (len(state.version.l0) >= _compaction.L0_STALL_FILES
+                       and not state.dropped and _compaction.pick(state) is not None):
+                    self.versions.check_writable()
+                    if bg.error is not None:
+                        raise LsmdbError(f"writes to table {state.name!r} are stalled and "
+                                         f"background compaction is failing: {bg.error}")
+                    if not announced:
+                        log.warning("write stall: table %r has %d files in level 0; waiting "
+                                    "for compaction", state.name, len(state.version.l0))
+                        announced = True
+                        started = time.monotonic()
+                    bg.wait_round(0.05)
+            finally:
+                if announced:  # counted (lsmdb.stats: write_stalls, write_stall_us)
+                    state.counts[WRITE_STALLS] += 1
+                    state.counts[WRITE_STALL_US] += int((time.monotonic() - started) * 1e6)
 
 
 __all__ = ["WritePath", "MAX_FROZEN_MEMTABLES", "WAL_SIZE_MEMTABLE_MULTIPLE"]

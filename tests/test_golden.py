@@ -567,12 +567,18 @@ class _FakeReader:
 
 
 class _FakeTable:
-    id, gets, gets_absent = 1, 10, 4
+    id, gets, gets_absent, write_stalls, write_stall_us = 1, 10, 4, 2, 300000
 
 
-# magic "LSMDBSTA" | version 1 | crc32 | length 29 |
-# {"files": {7: [1, 2, 3, 4, 5, 6, 7]}, "tables": {1: [10, 4]}}
+# magic "LSMDBSTA" | version 1 | crc32 | length 35 |
+# {"files": {7: [1, 2, 3, 4, 5, 6, 7]}, "tables": {1: [10, 4, 2, 300000]}}
 GOLDEN_STATS = bytes.fromhex(
+    "4c534d4442535441" "01000000" "9eda17f5" "23000000"
+    "82a566696c657381079701020304050607a67461626c65738101940a0402ce000493e0")
+
+# The same file as written before the write-stall counters were appended to the
+# per-table counters: {"tables": {1: [10, 4]}}.
+GOLDEN_STATS_2_TABLE_COUNTERS = bytes.fromhex(
     "4c534d4442535441" "01000000" "498b3fc5" "1d000000"
     "82a566696c657381079701020304050607a67461626c65738101920a04")
 
@@ -590,7 +596,24 @@ def test_stats_encoding():
                                  "false_positives", "false_negatives", "block_reads",
                                  "block_cache_hits")
     assert encode_stats([_FakeReader()], [_FakeTable()]) == GOLDEN_STATS
-    assert decode_stats(GOLDEN_STATS) == ({7: [1, 2, 3, 4, 5, 6, 7]}, {1: [10, 4]})
+    assert decode_stats(GOLDEN_STATS) == ({7: [1, 2, 3, 4, 5, 6, 7]}, {1: [10, 4, 2, 300000]})
+    assert decode_stats(GOLDEN_STATS_2_TABLE_COUNTERS)[1] == {1: [10, 4]}
+
+
+def test_stats_with_fewer_table_counters_still_load(tmp_path):
+    """A STATS written before the write-stall counters: gets load, stalls start at 0."""
+    db = lsmdb.open(str(tmp_path / "db"))
+    table_id = db._versions.tables["default"].id
+    db.close()
+    payload = bytes.fromhex("82a566696c657380a67461626c657381") + bytes([table_id]) + \
+        bytes.fromhex("920a04")
+    from lsmdb.coding import crc32
+    from lsmdb.stats import STATS_HEADER, STATS_MAGIC
+    with open(tmp_path / "db" / "STATS", "wb") as f:
+        f.write(STATS_HEADER.pack(STATS_MAGIC, 1, crc32(payload), len(payload)) + payload)
+    with lsmdb.open(str(tmp_path / "db"), read_only=True) as again:
+        stats = again.table_stats()
+        assert (stats["gets"], stats["gets_absent"], stats["write_stalls"]) == (10, 4, 0)
 
 
 def test_stats_with_fewer_counters_still_load():

@@ -447,7 +447,7 @@ def test_counters_equal_after_close_and_reopen_and_keep_growing(dbpath):
                  for n, v in files.items()}
     for name, c in snap.items():
         assert by_number[name] == c
-    assert [st["gets"], st["gets_absent"]] in tables.values()
+    assert [st["gets"], st["gets_absent"]] in [v[:2] for v in tables.values()]
 
     db = open_db(dbpath, auto_compaction=False)
     try:
@@ -511,7 +511,7 @@ def test_counters_persisted_by_periodic_save_without_close(dbpath, monkeypatch):
         while True:
             files, tables = stats_on_disk(dbpath)
             ok = all(files.get(name) == v for name, v in want_files.items()) \
-                and want_table in tables.values()
+                and want_table in [v[:2] for v in tables.values()]
             if ok or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -533,7 +533,7 @@ def test_counters_persisted_at_flush(db, dbpath):
     files, tables = stats_on_disk(dbpath)
     for name, v in want.items():
         assert files[name] == v
-    assert [st["gets"], st["gets_absent"]] in tables.values()
+    assert [st["gets"], st["gets_absent"]] in [v[:2] for v in tables.values()]
 
 
 def test_counters_persisted_at_compaction(db, dbpath):
@@ -546,7 +546,7 @@ def test_counters_persisted_at_compaction(db, dbpath):
     new = {i.file for i in db.sstables(TABLE)}
     assert new and not (new & old)
     files, tables = stats_on_disk(dbpath)
-    assert [st["gets"], st["gets_absent"]] in tables.values()
+    assert [st["gets"], st["gets_absent"]] in [v[:2] for v in tables.values()]
     for name in new:
         assert files[name] == [0] * len(lsmdb.stats.FILE_COUNTERS)
     # a compaction output starts from zero; the table's read counters carry on

@@ -113,3 +113,39 @@ def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(
     db.close()
     with lsmdb.open(path) as again:
         assert dict(again.scan()) == written
+
+
+def test_write_stalls_are_counted_timed_and_shown_by_inspect(tmp_path, monkeypatch, lsmdb_cli):
+    """Writes held while level 0 is full (a compaction held back here) are
+    counted and timed in table_stats, kept in STATS, shown by lsmdb inspect."""
+    import threading
+
+    from lsmdb import compaction
+
+    monkeypatch.setattr(compaction, "L0_STALL_FILES", 2)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.alter_table("default", min_threshold=2)
+    go = threading.Event()
+    real = db._compactor.run_pending
+
+    def held(should_stop):
+        go.wait(30)
+        real(should_stop)
+
+    db._compactor.run_pending = held  # type: ignore[method-assign]
+    db.put(b"a", b"1")
+    db.flush()
+    db.put(b"b", b"2")
+    db.flush()  # two files in level 0: the next write stalls until compaction runs
+    threading.Timer(0.3, go.set).start()
+    db.put(b"c", b"3")
+    stats = db.table_stats()
+    assert stats["write_stalls"] == 1 and 0.2 <= stats["write_stall_seconds"] < 10
+    db.put(b"d", b"4")  # the compaction ran: no stall
+    assert db.table_stats()["write_stalls"] == 1
+    db.close()
+    out = lsmdb_cli("inspect", path)
+    assert out.returncode == 0 and "write stalls: 1," in out.stdout
+    with lsmdb.open(path, read_only=True) as again:
+        assert again.table_stats()["write_stalls"] == 1

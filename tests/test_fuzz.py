@@ -141,7 +141,8 @@ STATS = [
     encode_stats([SimpleNamespace(number=n, range_skips=1, filter_negatives=2, true_positives=3,
                                   false_positives=4, false_negatives=0, block_reads=5,
                                   block_cache_hits=6) for n in (3, 4)],
-                 [SimpleNamespace(id=1, gets=10, gets_absent=7)]),
+                 [SimpleNamespace(id=1, gets=10, gets_absent=7, write_stalls=2,
+                                  write_stall_us=900)]),
 ]
 
 FILTERS = [BloomFilter(100, 0.01), BloomFilter(3, 0.5), BloomFilter(0, 1.0)]

@@ -23,10 +23,13 @@
 #define BLOCK_CACHE_HITS 6
 #define FILE_COUNTER_SLOTS 7
 
-/* Slots of a table's read counters (state.counts, stats.py's TABLE_COUNTERS). */
+/* Slots of a table's counters (state.counts, stats.py's TABLE_COUNTERS); the
+ * getter counts the first two, the write path (in Python) the stalls. */
 #define GETS 0
 #define GETS_ABSENT 1
-#define TABLE_COUNTER_SLOTS 2
+#define WRITE_STALLS 2
+#define WRITE_STALL_US 3
+#define TABLE_COUNTER_SLOTS 4
 
 /* FileProbe: what a point read needs of one SSTable (entry_init reads it). */
 #define FILE_READER 0

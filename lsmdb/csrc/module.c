@@ -175,6 +175,8 @@ static const char *const file_counter_names[FILE_COUNTER_SLOTS] = {
 static const char *const table_counter_names[TABLE_COUNTER_SLOTS] = {
     [GETS] = "gets",
     [GETS_ABSENT] = "gets_absent",
+    [WRITE_STALLS] = "write_stalls",
+    [WRITE_STALL_US] = "write_stall_us",
 };
 
 /* names[0:n] as a tuple of str; SystemError for a slot no macro named (two

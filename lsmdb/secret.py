@@ -44,14 +44,41 @@ def load_secret(directory: str) -> Hasher | None:
     return keyed_hasher(secret)
 
 
+#: Read errors that say nothing about the file itself (an I/O error, no
+#: descriptors or memory left): the secret is not replaced for them.
+TRANSIENT_ERRNOS = frozenset({errno.EIO, errno.EMFILE, errno.ENFILE, errno.ENOMEM,
+                              errno.EAGAIN, errno.EINTR, errno.ENOSPC})
+
+
 def create_secret(directory: str) -> Hasher:
-    """Create ``FILTER_KEY`` (mode 0600, fsynced) and return its hasher.
+    """The hasher of ``FILTER_KEY``: the one there if it reads now (an open that
+    could not read it, on a transient error, left the database without it),
+    else a new one, created (mode 0600, fsynced).
 
     An unusable one already there is moved aside to ``FILTER_KEY.damaged``
     first (into ``lost/`` when that name cannot take it): filters built with it
-    fail open either way, and the old bytes are kept.
+    fail open either way, and the old bytes are kept.  A transient error
+    reading it (TRANSIENT_ERRNOS) is raised: a secret that filters were built
+    with is never replaced for one.
     """
     path = os.path.join(directory, SECRET_NAME)
+    try:
+        secret = read_file(path)
+    except FileNotFoundError:
+        secret = None
+    except OSError as exc:
+        if exc.errno in TRANSIENT_ERRNOS:
+            raise
+        secret = None
+    if secret is not None and len(secret) == SECRET_SIZE_BYTES:
+        # An earlier try may have failed before its fsyncs: make it durable now.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(directory)
+        return keyed_hasher(secret)
     if os.path.lexists(path):
         log.warning("%s: replacing an unusable filter secret (kept as %s.damaged)", path,
                     SECRET_NAME)

@@ -394,3 +394,42 @@ def test_report_the_cost_of_each_hash(path):
     print(f"get of an absent key: fast table {fast_get * 1e6:.2f} us, keyed table "
           f"{keyed_get * 1e6:.2f} us")
     assert fast_hash > 0 and keyed_hash > 0
+
+
+def test_a_secret_an_open_could_not_read_is_kept_not_replaced(path, monkeypatch):
+    """An I/O error reading FILTER_KEY at open leaves the database without it for
+    a while (keyed filters fail open); the next file written needs it and reads
+    it again: the same secret, never a new one that would leave every filter
+    built before failing open for good.  A transient error at that point is
+    raised (the flush fails and is retried), not taken for damage."""
+    import errno
+
+    db = lsmdb.open(path)
+    db.create_table("k", bloom_filter_hash="keyed")
+    db.table("k").put(b"a", b"1")
+    db.flush()
+    db.close()
+    with open(os.path.join(path, SECRET_NAME), "rb") as f:
+        before = f.read()
+    real = lsmdb.secret.read_file
+    fail = {"n": 1}
+
+    def flaky(p: str) -> bytes:
+        if p.endswith(SECRET_NAME) and fail["n"]:
+            fail["n"] -= 1
+            raise OSError(errno.EIO, "injected: a transient read error")
+        return real(p)
+
+    monkeypatch.setattr(lsmdb.secret, "read_file", flaky)
+    db = lsmdb.open(path, auto_compaction=False)
+    assert db._versions.keyed is None  # the open could not read it
+    fail["n"] = 1
+    db.table("k").put(b"b", b"2")
+    with pytest.raises(OSError, match="transient"):
+        db.flush("k")  # the secret could not be read again: nothing replaced
+    db.flush("k")
+    db.close()
+    with open(os.path.join(path, SECRET_NAME), "rb") as f:
+        assert f.read() == before
+    assert not os.path.exists(os.path.join(path, SECRET_NAME + ".damaged"))
+    assert [p for p in verify_database(path) if p.severity == "error"] == []

@@ -3,7 +3,9 @@
     python -m bench.peers [--keys N] [--stores NAME ...] [--json PATH]
 
 Every store gets the same N keys (``b"user:%010d" % 2i``, 100-byte values)
-in the same random order, loaded 3 times into a new directory (each load alone
+in the same random order, written one put each (not synced) 3 times into a new
+directory, the stores taking turns as below (``single_put``), then loaded 3
+times into a new directory (each load alone
 on the machine, the stores taking turns round by round, the order reversed
 every other round; a store's load rate is the median of its rounds and its
 ratio to lsmdb the median of the per-round ratios), is closed and reopened,
@@ -65,9 +67,10 @@ SEED = 7
 T = TypeVar("T")
 SCAN_ROUNDS = 3              # full ordered scans per store, the stores taking turns
 LOAD_ROUNDS = 3              # loads per store, the stores taking turns
-WORKLOADS = ("bulk_load", "get_present", "get_absent_in_range", "get_absent_out_of_range",
-             "scan")
-WORKLOAD_TITLES = {"bulk_load": "bulk load", "get_present": "get present",
+WORKLOADS = ("bulk_load", "single_put", "get_present", "get_absent_in_range",
+             "get_absent_out_of_range", "scan")
+WORKLOAD_TITLES = {"bulk_load": "bulk load", "single_put": "single put",
+                   "get_present": "get present",
                    "get_absent_in_range": "get absent in range",
                    "get_absent_out_of_range": "get absent out of range",
                    "scan": "ordered scan"}
@@ -282,6 +285,7 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
                                      "skipped": None, "notes": [], "workloads": {}}
             entries.append(entry)
             pending.append((cls, entry))
+        timed_single_puts(pending, data, root, progress)
         live = timed_loads(pending, data, root, progress)
         try:
             for name, keys, expected in data.get_sets():
@@ -309,6 +313,44 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
                 if check:
                     run.entry["notes"].append(check)
     return entries
+
+
+def timed_single_puts(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data,
+                      root: str, progress: Progress, rounds: int = LOAD_ROUNDS) -> None:
+    """Every store writes the keys in their random order, one put each (not
+    synced), into a new directory, ``rounds`` times, the stores taking turns
+    as in :func:`timed_loads`; its ``single_put`` is the median of its rounds,
+    its ``ratio_to_lsmdb`` the median of the per-round ratios.  The copies are
+    deleted; what they hold is checked by the loads' reads, not here."""
+    seconds: dict[str, list[float]] = {cls.name: [] for cls, _ in pending}
+    for r in range(rounds):
+        order = [p for p in pending if p[1]["available"]]
+        for cls, entry in order if r % 2 == 0 else order[::-1]:
+            path = os.path.join(root, f"{cls.name}.puts{r}")
+            os.mkdir(path)
+            store = cls(path, data.keys)
+            try:
+                start = time.perf_counter()
+                store.put_each(data.items)
+                seconds[cls.name].append(time.perf_counter() - start)
+            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+                progress(failed_entry(entry, exc))
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+            if seconds[cls.name]:
+                progress(f"{cls.label}: {data.keys:,} single puts in {seconds[cls.name][-1]:.1f}s "
+                         f"(round {r + 1} of {rounds})")
+    base = seconds.get("lsmdb", [])
+    for cls, entry in pending:
+        secs = seconds[cls.name]
+        if not entry["available"] or not secs:
+            continue
+        puts = result(data.keys, statistics.median(secs), data.keys, data.keys)
+        puts["round_seconds"] = secs
+        if len(base) == len(secs):
+            puts["ratio_to_lsmdb"] = statistics.median(
+                b / t for b, t in zip(base, secs, strict=True))
+        entry["workloads"]["single_put"] = puts
 
 
 def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data, root: str,

@@ -24,7 +24,8 @@ QUERIES = 1_000
 PRICE_LIST_FP_CHANCES = [1.0, 0.1, 0.01, 0.001, 0.0001]
 K_SWEEP = [1, 2, 4, 6, 8, 12, 20]
 ABSENT_SHARES = [0.0, 0.5, 0.9, 0.99]
-WORKLOADS = ["bulk_load", "get_present", "get_absent_in_range", "get_absent_out_of_range", "scan"]
+WORKLOADS = ["bulk_load", "single_put", "get_present", "get_absent_in_range",
+             "get_absent_out_of_range", "scan"]
 STORES = ["lsmdb", "sqlite3", "leveldb", "rocksdb", "lmdb"]
 
 

@@ -57,6 +57,17 @@ tagged_source = st.dictionaries(st.binary(max_size=3),
                                 max_size=20)
 
 
+def one_version_per_write(sources: list[dict]) -> list[dict]:
+    """``sources`` without a second version of a (key, seq): a sequence number is one write."""
+    seen: set[tuple[bytes, int]] = set()
+    clean = []
+    for src in sources:
+        kept = {k: (seq, v) for k, (seq, v) in src.items() if (k, seq) not in seen}
+        seen.update((k, seq) for k, (seq, _v) in kept.items())
+        clean.append(kept)
+    return clean
+
+
 @settings(max_examples=200, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sources=st.lists(tagged_source, max_size=5), cuts=st.lists(st.integers(0, 30),
@@ -64,12 +75,7 @@ tagged_source = st.dictionaries(st.binary(max_size=3),
        reverse=st.booleans(), keep=st.booleans())
 def test_of_tagged_chunks_the_highest_sequence_number_wins_whatever_the_source(
         use_c, sources, cuts, reverse, keep):
-    seen: set[tuple[bytes, int]] = set()
-    clean = []
-    for src in sources:  # one version per (key, seq): a sequence number is one write
-        kept = {k: (seq, v) for k, (seq, v) in src.items() if (k, seq) not in seen}
-        seen.update((k, seq) for k, (seq, _v) in kept.items())
-        clean.append(kept)
+    clean = one_version_per_write(sources)
     newest: dict[bytes, tuple[int, bytes | None]] = {}
     for src in clean:
         for k, (seq, v) in src.items():
@@ -96,12 +102,7 @@ def test_a_merge_for_snapshots_keeps_the_version_each_one_reads(use_c, sources, 
     """With snapshots: the newest version of each key comes out as ever; of the
     older ones, exactly those some snapshot reads (the highest not above it,
     when that is not the newest) go to ``kept``, by depth, in key order."""
-    seen: set[tuple[bytes, int]] = set()
-    clean = []
-    for src in sources:  # one version per (key, seq): a sequence number is one write
-        kept = {k: (seq, v) for k, (seq, v) in src.items() if (k, seq) not in seen}
-        seen.update((k, seq) for k, (seq, _v) in kept.items())
-        clean.append(kept)
+    clean = one_version_per_write(sources)
     every: dict[bytes, list[tuple[int, bytes | None]]] = {}
     for src in clean:
         for k, (seq, v) in src.items():

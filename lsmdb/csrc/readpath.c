@@ -469,6 +469,30 @@ handed_seq(PyObject *fast, Py_ssize_t f, PyObject *key, uint64_t *seq)
     return 0;
 }
 
+/* File i's version of key, if it has one, taken as *best (a new reference)
+ * when its sequence number is not above bound and above *best_seq: 0, or -1
+ * on error. */
+static int
+best_of_file(Getter *self, PyObject *fast, Py_ssize_t i, PyObject *key, uint64_t bound,
+             PyObject **best, uint64_t *best_seq)
+{
+    PyObject *v = NULL;
+    uint64_t seq = 0;
+    int r = file_get(self, fast, i, &((Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES))->e[i],
+                     key, bound, &v, &seq);
+    if (r < 0)
+        return -1;
+    if (r == 1) {
+        if (seq <= bound && (*best == NULL || seq > *best_seq)) {
+            Py_XSETREF(*best, v);
+            *best_seq = seq;
+        } else {
+            Py_DECREF(v);
+        }
+    }
+    return 0;
+}
+
 /* Level 0's files when they overlap in sequence numbers (FastPath's
  * seq_overlap; readpath.py's lookup_by_seq): of those that hold key, the
  * version with the highest sequence number not above bound, the walk
@@ -485,46 +509,17 @@ overlap_get(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_
     uint64_t best_seq = 0;
     Py_ssize_t i = 0;
     for (; i < probes->n0; i++) {
-        Entry *e = &probes->e[i];
-        if (best != NULL && e->max_seq <= best_seq)
+        if (best != NULL && probes->e[i].max_seq <= best_seq)
             break;
         int c = probes_check_l0(probes, i, key);
-        if (c < 0)
+        if (c < 0 || (c > 0 && best_of_file(self, fast, i, key, bound, &best, &best_seq) < 0))
             goto fail;
-        if (c == 0)
-            continue;
-        PyObject *v = NULL;
-        uint64_t seq = 0;
-        int r = file_get(self, fast, i, e, key, bound, &v, &seq);
-        if (r < 0)
-            goto fail;
-        if (r == 1) {
-            if (seq <= bound && (best == NULL || seq > best_seq)) {
-                Py_XSETREF(best, v);
-                best_seq = seq;
-            } else {
-                Py_DECREF(v);
-            }
-        }
     }
     for (i = bound == LATEST ? -1 : probes_first(probes, key, probes->n0); i >= 0;
          i = probes_first(probes, key, i + 1)) {
-        Entry *e = &probes->e[i];
-        if (best != NULL && e->max_seq <= best_seq)
-            continue;
-        PyObject *v = NULL;
-        uint64_t seq = 0;
-        int r = file_get(self, fast, i, e, key, bound, &v, &seq);
-        if (r < 0)
+        if ((best == NULL || probes->e[i].max_seq > best_seq)
+            && best_of_file(self, fast, i, key, bound, &best, &best_seq) < 0)
             goto fail;
-        if (r == 1) {
-            if (seq <= bound && (best == NULL || seq > best_seq)) {
-                Py_XSETREF(best, v);
-                best_seq = seq;
-            } else {
-                Py_DECREF(v);
-            }
-        }
     }
     if (best == NULL)
         return 0;

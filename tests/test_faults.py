@@ -679,7 +679,7 @@ def test_background_compaction_error_is_reported_and_retried(tmp_path, caplog, f
     path = str(tmp_path / "db")
 
     def background(thread: threading.Thread) -> bool:
-        return thread is not threading.main_thread()
+        return thread.name == "lsmdb-background"  # the compaction thread, not the flush one
 
     with lsmdb.open(path) as db:
         db.create_table("t", min_threshold=2, **SMALL)
@@ -708,3 +708,29 @@ def test_background_compaction_error_is_reported_and_retried(tmp_path, caplog, f
     assert errors_of(path) == []
     with lsmdb.open(path) as db:
         assert_rows(db, "t", {**rows, **more})
+
+
+def test_a_flush_threads_error_is_reported_and_retried(tmp_path, caplog):
+    """A flush that fails on the flush thread: the memtable stays frozen and
+    served, wait_for_compactions raises the error, the next round writes it."""
+    path = str(tmp_path / "db")
+
+    def flush_thread(thread: threading.Thread) -> bool:
+        return thread.name == "lsmdb-flush"
+
+    with lsmdb.open(path) as db:
+        db.create_table("t", **SMALL)
+        with IOFaults(path) as faults:
+            faults.fail_write(is_sst, errno.ENOSPC, after_bytes=500, thread=flush_thread)
+            with caplog.at_level(logging.ERROR, logger="lsmdb"):
+                rows = fill(db, "t", b"k", 60, size=150)      # a flush or more
+                with pytest.raises(OSError) as info:
+                    db.wait_for_compactions(timeout=30)
+            assert info.value.errno == errno.ENOSPC and faults.hits == 1
+            assert_rows(db, "t", rows)
+        db.wait_for_compactions(timeout=30)               # retried, succeeds
+        assert not db._versions.tables["t"].imms and db.sstables("t")
+        assert_rows(db, "t", rows)
+    assert errors_of(path) == []
+    with lsmdb.open(path) as db:
+        assert_rows(db, "t", rows)

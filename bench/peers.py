@@ -315,6 +315,18 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
     return entries
 
 
+def rounds_result(data: Data, seconds: dict[str, list[float]], name: str) -> dict[str, Any]:
+    """A timed-rounds workload's entry for store ``name``: the median of its
+    rounds, all of them (``round_seconds``), and the median of the per-round
+    ratios of lsmdb's time to its own."""
+    secs, base = seconds[name], seconds.get("lsmdb", [])
+    r = result(data.keys, statistics.median(secs), data.keys, data.keys)
+    r["round_seconds"] = secs
+    if len(base) == len(secs):
+        r["ratio_to_lsmdb"] = statistics.median(b / t for b, t in zip(base, secs, strict=True))
+    return r
+
+
 def timed_single_puts(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data,
                       root: str, progress: Progress, rounds: int = LOAD_ROUNDS) -> None:
     """Every store writes the keys in their random order, one put each (not
@@ -340,17 +352,9 @@ def timed_single_puts(pending: Sequence[tuple[type[Store], dict[str, Any]]], dat
             if seconds[cls.name]:
                 progress(f"{cls.label}: {data.keys:,} single puts in {seconds[cls.name][-1]:.1f}s "
                          f"(round {r + 1} of {rounds})")
-    base = seconds.get("lsmdb", [])
     for cls, entry in pending:
-        secs = seconds[cls.name]
-        if not entry["available"] or not secs:
-            continue
-        puts = result(data.keys, statistics.median(secs), data.keys, data.keys)
-        puts["round_seconds"] = secs
-        if len(base) == len(secs):
-            puts["ratio_to_lsmdb"] = statistics.median(
-                b / t for b, t in zip(base, secs, strict=True))
-        entry["workloads"]["single_put"] = puts
+        if entry["available"] and seconds[cls.name]:
+            entry["workloads"]["single_put"] = rounds_result(data, seconds, cls.name)
 
 
 def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data, root: str,
@@ -389,18 +393,11 @@ def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Dat
                 stores[cls.name] = store
             else:
                 shutil.rmtree(path)
-    base = seconds.get("lsmdb", [])
     live: list[Running] = []
     for cls, entry in pending:
         if not entry["available"]:
             continue
-        secs = seconds[cls.name]
-        load = result(data.keys, statistics.median(secs), data.keys, data.keys)
-        load["round_seconds"] = secs
-        if len(base) == len(secs):
-            load["ratio_to_lsmdb"] = statistics.median(
-                b / t for b, t in zip(base, secs, strict=True))
-        entry["workloads"]["bulk_load"] = load
+        entry["workloads"]["bulk_load"] = rounds_result(data, seconds, cls.name)
         try:
             stores[cls.name].open()
         except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others

@@ -29,6 +29,16 @@ def batches(items: Sequence[tuple[bytes, bytes]]) -> Iterator[Sequence[tuple[byt
         yield items[lo:lo + BATCH_KEYS]
 
 
+def put_all(db: Any, items: Sequence[tuple[bytes, bytes]]) -> None:
+    """``db.put(key, value)`` for each item, one call each, then ``db.close()``."""
+    try:
+        put = db.put
+        for key, value in items:
+            put(key, value)
+    finally:
+        db.close()
+
+
 def package_version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -119,13 +129,7 @@ class LsmdbStore(Store):
             db.close()
 
     def put_each(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        db = lsmdb.open(self.path)
-        try:
-            put = db.put
-            for key, value in items:
-                put(key, value)
-        finally:
-            db.close()
+        put_all(lsmdb.open(self.path), items)
 
     def open(self) -> None:
         self.db = lsmdb.open(self.path)
@@ -226,13 +230,7 @@ class LevelDBStore(Store):
             db.close()
 
     def put_each(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        db = self._open(create=True)
-        try:
-            put = db.put
-            for key, value in items:
-                put(key, value)
-        finally:
-            db.close()
+        put_all(self._open(create=True), items)
 
     def open(self) -> None:
         self.db = self._open(create=False)
@@ -290,13 +288,7 @@ class RocksDBStore(Store):
             db.close()
 
     def put_each(self, items: Sequence[tuple[bytes, bytes]]) -> None:
-        db, _ = self._open()
-        try:
-            put = db.put
-            for key, value in items:
-                put(key, value)
-        finally:
-            db.close()
+        put_all(self._open()[0], items)
 
     def open(self) -> None:
         self.db, _ = self._open()

@@ -29,6 +29,7 @@ older versions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -259,10 +260,62 @@ def expired_as_tombstones(source: Iterator[tuple[list[bytes], list[Any], list[in
         yield keys, values, tags
 
 
+@dataclass(frozen=True)
+class MergeSpec:
+    """Everything a compaction's merge needs besides its input files, in plain
+    values: a worker process (lsmdb.worker) runs it as this process would."""
+
+    table: str
+    directory: str
+    #: (path, file number, level) of each input, in the order a read consults them.
+    inputs: tuple[tuple[str, int, int], ...]
+    output_level: int
+    keep_tombstones: bool
+    split_bytes: int | None
+    fp_chance: float
+    family: int
+    hash_algorithm: int
+    hash_key_id: int
+    block_size: int
+    compression: str
+    db_id: str
+    #: What expiring values expire by (0: no input can hold one).
+    now_us: int
+    #: The live snapshots older than some input, newest first: each keeps a
+    #: version of its own of every key (lsmdb.history).
+    stripes: tuple[int, ...]
+    min_seq: int
+    max_seq: int
+
+
+def merge_spec(job: CompactionJob, directory: str, hasher: Hasher = FAST_HASHER,
+               db_id: str = "", snapshots: Sequence[int] = ()) -> MergeSpec:
+    """The merge ``job`` stands for, as of now (its clock, the live snapshots'
+    numbers ``snapshots``)."""
+    state = job.state
+    opts = state.options
+    spec = target_spec(state, _output_in_last_level(job), hasher)
+    min_seq = min(r.min_seq for r in job.inputs)
+    max_seq = max(r.max_seq for r in job.inputs)
+    return MergeSpec(
+        table=state.name, directory=directory,
+        inputs=tuple((r.path, r.number, r.level) for r in newest_first(job.inputs)),
+        output_level=job.output_level,
+        # While any snapshot lives, tombstones stay (lsmdb.history).
+        keep_tombstones=not job.bottom or bool(snapshots),
+        split_bytes=job.split_bytes, fp_chance=spec.fp_chance, family=spec.family,
+        hash_algorithm=hasher.algorithm, hash_key_id=hasher.key_id,
+        block_size=opts.block_size_bytes, compression=opts.compression, db_id=db_id,
+        now_us=state.now_us() if any(r.version >= 3 for r in job.inputs) else 0,
+        stripes=tuple(sorted({s for s in snapshots if min_seq <= s < max_seq}, reverse=True)),
+        min_seq=min_seq, max_seq=max_seq)
+
+
 def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[[int], str],
         hasher: Hasher = FAST_HASHER, db_id: str = "",
         snapshots: Sequence[int] = ()) -> list[SSTableReader]:
-    """Merge ``job.inputs`` into new fsynced files; returns readers of the outputs.
+    """Merge ``job.inputs`` into new fsynced files, in this process; returns
+    readers of the outputs.
 
     ``snapshots``: the sequence numbers of the live snapshots.  While any is
     live, tombstones stay; the versions a snapshot older than some input needs
@@ -271,30 +324,48 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     database serves changes until the caller installs the outputs through the
     manifest.
     """
-    state = job.state
-    opts = state.options
-    spec = target_spec(state, _output_in_last_level(job), hasher)
-    now_us = state.now_us() if any(r.version >= 3 for r in job.inputs) else 0
-    sources: list[Chunks] = [chunks(r, None, None, tagged=True) if r.version < 3 else
-                             expired_as_tombstones(chunks(r, None, None, tagged=True), now_us)
-                             for r in newest_first(job.inputs)]
-    min_seq = min(r.min_seq for r in job.inputs)
-    max_seq = max(r.max_seq for r in job.inputs)
-    older = [s for s in snapshots if min_seq <= s < max_seq]  # a stripe of their own
+    spec = merge_spec(job, os.path.dirname(path_for(0)), hasher, db_id, snapshots)
+    outputs, job.history = write_merged(spec, newest_first(job.inputs), alloc_number, path_for,
+                                        hasher, open_output)
+    return outputs
+
+
+def write_merged(spec: MergeSpec, readers: list[SSTableReader],
+                 alloc_number: Callable[[], int], path_for: Callable[[int], str],
+                 hasher: Hasher, seal: Callable[[str, int, int], Any]
+                 ) -> tuple[list[Any], list[Any]]:
+    """Merge ``readers`` (``spec.inputs``, opened) into new fsynced files: the
+    outputs and the history files, each as ``seal(path, number, level)`` gives
+    it once the file is complete and fsynced (an object with ``close()``).  On
+    an error, everything written is closed and deleted."""
+    sources: list[Chunks] = [
+        chunks(r, None, None, tagged=True) if r.version < 3 else
+        expired_as_tombstones(chunks(r, None, None, tagged=True), spec.now_us)
+        for r in readers]
 
     def make(f: FileWriter, number: int) -> SSTableBuilder:
-        return SSTableBuilder(f, fp_chance=spec.fp_chance, block_size=opts.block_size_bytes,
-                              table=state.name, hasher=hasher, family=spec.family,
-                              compression=opts.compression, file_number=number, db_id=db_id)
+        return SSTableBuilder(f, fp_chance=spec.fp_chance, block_size=spec.block_size,
+                              table=spec.table, hasher=hasher, family=spec.family,
+                              compression=spec.compression, file_number=number,
+                              db_id=spec.db_id)
+
+    def finish(builder: SSTableBuilder, f: FileWriter, path: str, number: int,
+               level: int) -> Any:
+        builder.finish()
+        f.sync()
+        f.close()
+        return seal(path, number, level)
 
     history = HistoryWriter(alloc_number, path_for, make,
-                            lambda b, f, p, n: _seal(b, f, p, n, 0))
+                            lambda b, f, p, n: finish(b, f, p, n, 0))
     kept: list[tuple[int, bytes, Any, int]] = []  # versions kept for the snapshots
     entries: Iterator[Any] = iter(merge_newest(
-        sources, keep_tombstones=not job.bottom or bool(snapshots),
-        snapshots=sorted(set(older), reverse=True) if older else None,
-        kept=kept if older else None))
-    outputs: list[SSTableReader] = []
+        sources, keep_tombstones=spec.keep_tombstones,
+        snapshots=list(spec.stripes) if spec.stripes else None,
+        kept=kept if spec.stripes else None))
+    split_bytes = spec.split_bytes
+    outputs: list[Any] = []
+    held: list[Any] = []
     paths: list[str] = []
     f = None
     keys: list[bytes] = []
@@ -312,38 +383,33 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
             paths.append(path)
             f = FileWriter(path, WRITE_BUFFER_BYTES)
             builder = make(f, number)
-            builder.note_seq(min_seq, max_seq)
+            builder.note_seq(spec.min_seq, spec.max_seq)
             while True:  # fill this output until it is full or the input ends
-                added = builder.add_chunk(keys, values, job.split_bytes, tags)
+                added = builder.add_chunk(keys, values, split_bytes, tags)
                 keys, values, tags = keys[added:], values[added:], tags[added:]
-                if keys or (job.split_bytes is not None
-                            and builder.file_size >= job.split_bytes):
+                if keys or (split_bytes is not None and builder.file_size >= split_bytes):
                     break  # full: the rest starts the next file
                 keys, values, tags = take_tagged(entries)
                 history.take(kept)
                 if not keys:
                     break
-            outputs.append(_seal(builder, f, path, number, job.output_level))
+            outputs.append(finish(builder, f, path, number, spec.output_level))
             f = None
-        job.history = history.finish()
+        held = history.finish()
     except BaseException:
         if f is not None:
             f.close()
         history.abandon()
-        for r in outputs + job.history:
+        for r in outputs:
             r.close()
         for p in paths:
             unlink_quietly(p)
-        job.history = []
         raise
-    return outputs
+    return outputs, held
 
 
-def _seal(builder: SSTableBuilder, f: FileWriter, path: str, number: int,
-          level: int) -> SSTableReader:
-    builder.finish()
-    f.sync()
-    f.close()
+def open_output(path: str, number: int, level: int) -> SSTableReader:
+    """A reader of a compaction's complete output file, in ``level``."""
     reader = SSTableReader(path, number)
     reader.level = level
     return reader

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import compaction as _compaction
-from .files import SwitchedButNotSynced, unlink_quietly
+from . import worker as _worker
+from .files import SwitchedButNotSynced, fsync_file, unlink_quietly
 from .filters import FilterSpec, is_stale
 from .history import HistoryFile
 from .sstable_reader import SSTableReader
@@ -109,8 +110,16 @@ class Compactor:
         started = time.monotonic()
         with db.lock:
             snapshots = sorted({snap.seq for snap in list(db.snapshots) if not snap.closed})
-        outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, db.hasher_for(job.state),
-                                  db.db_id, snapshots)
+        hasher = db.hasher_for(job.state)
+        done = None
+        if db.compaction_process and _worker.available():
+            done = _worker.merge(_compaction.merge_spec(job, db.path, hasher, db.db_id, snapshots),
+                                 db.alloc_file_number, db.sst_path)
+        if done is None:
+            outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, hasher, db.db_id,
+                                      snapshots)
+        else:
+            outputs, job.history = self._open_written(*done)
         try:
             for reader in outputs:
                 db.adopt(reader, job.output_level)
@@ -125,6 +134,26 @@ class Compactor:
         log.info("compacted %d files of %r into %d (L%d) in %.2fs: %s", len(job.inputs),
                  job.state.name, len(outputs), job.output_level, time.monotonic() - started,
                  job.reason)
+
+    @staticmethod
+    def _open_written(outputs: list[tuple[str, int, int]], history: list[tuple[str, int, int]]
+                      ) -> tuple[list[SSTableReader], list[SSTableReader]]:
+        """Readers of the files a worker process wrote, each fsynced here first
+        (durable before any manifest names it, whoever wrote it); on an error,
+        every file is closed and deleted."""
+        opened: list[SSTableReader] = []
+        try:
+            for path, _number, _level in outputs + history:
+                fsync_file(path)
+            for path, number, level in outputs + history:
+                opened.append(_compaction.open_output(path, number, level))
+        except BaseException:
+            for reader in opened:
+                reader.close()
+            for path, _number, _level in outputs + history:
+                unlink_quietly(path)
+            raise
+        return opened[:len(outputs)], opened[len(outputs):]
 
     def install(self, job: _compaction.CompactionJob, outputs: list[SSTableReader],
                 snapshots: list[int] | None = None) -> None:

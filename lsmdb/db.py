@@ -91,10 +91,12 @@ class DB(ScanMapping):
                  auto_compaction: bool = True,
                  block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
                  mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None,
+                 compaction_process: bool = True) -> None:
         for name, flag in (("create_if_missing", create_if_missing), ("sync", sync),
                            ("read_only", read_only), ("auto_compaction", auto_compaction),
-                           ("mmap_reads", mmap_reads)):
+                           ("mmap_reads", mmap_reads),
+                           ("compaction_process", compaction_process)):
             validate_bool(name, flag, "option")
         self.path = os.path.abspath(os.fsdecode(os.fspath(path)))
         max_wal = validate_max_total_wal_size(max_total_wal_size_bytes)
@@ -108,6 +110,7 @@ class DB(ScanMapping):
         versions = self._versions = Versions(self.path, read_only=self._read_only,
                                              block_cache=cache, mmap_reads=mmap_reads,
                                              now_us=clock_us(clock))
+        versions.compaction_process = compaction_process
         self._flusher = Flusher(versions, self._flushed)
         self._compactor = Compactor(versions, self._save_counters)
         self._stats_lock = threading.Lock()
@@ -531,7 +534,7 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
          read_only: bool = False, auto_compaction: bool = True,
          block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
          mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None,
-         clock: Callable[[], float] | None = None) -> DB:
+         clock: Callable[[], float] | None = None, compaction_process: bool = True) -> DB:
     """Open (or create) the database in directory ``path``.
 
     ``sync=True`` fsyncs the WAL before every write returns (per call:
@@ -551,12 +554,18 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
     records of the oldest segment are flushed.  None: four times the sum of
     every table's ``memtable_size_bytes``.  ``clock``, what expiring values
     (``put(..., ttl=...)``) expire by: a callable returning seconds since the
-    epoch (None: ``time.time``; tests give their own).
+    epoch (None: ``time.time``; tests give their own).  ``compaction_process``
+    runs each compaction's merge -- reading its inputs, writing and fsyncing
+    its outputs -- in a worker process (a Python started from
+    ``sys.executable``, shared by the process's databases), so that it does
+    not hold this process's interpreter lock while writers and readers run;
+    False merges on the compacting thread.  Either way the outputs are
+    installed here, through the manifest.
     """
     return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
               auto_compaction=auto_compaction, block_cache_size_bytes=block_cache_size_bytes,
               mmap_reads=mmap_reads, max_total_wal_size_bytes=max_total_wal_size_bytes,
-              clock=clock)
+              clock=clock, compaction_process=compaction_process)
 
 
 __all__ = ["DB", "open", "LsmdbError"]

@@ -24,8 +24,12 @@ class CorruptionError(LsmdbError):
         if path is not None:
             where = f" [{path}" + (f" @ offset {offset}" if offset is not None else "") + "]"
         super().__init__(message + where)
+        self.message = message
         self.path = path
         self.offset = offset
+
+    def __reduce__(self) -> tuple[type, tuple[str, str | None, int | None]]:
+        return (type(self), (self.message, self.path, self.offset))
 
 
 class UnsupportedFormatError(LsmdbError):

@@ -189,6 +189,15 @@ def unlink_quietly(path: str) -> None:
         log.warning("could not remove %s: %s (a later open removes it)", path, exc)
 
 
+def fsync_file(path: str) -> None:
+    """fsync the regular file ``path`` (one another process wrote)."""
+    fd = open_for_reading(path)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: str) -> None:
     """fsync a directory so that entries created, renamed or removed in it persist."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

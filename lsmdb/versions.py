@@ -68,6 +68,8 @@ class Versions:
         self.manifest_unsynced = False
         self.block_cache = block_cache
         self.mmap_reads = mmap_reads
+        #: Merges of compactions run in a worker process (lsmdb.worker).
+        self.compaction_process = True
         #: The live versions of every table, and the files retired from them.
         self.version_set = VersionSet(remove=not read_only)
         #: The live snapshots (lsmdb.snapshot), closed with the database.

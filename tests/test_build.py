@@ -164,10 +164,10 @@ def test_import_warns_once_without_the_c_speedups(blocked):
 
 #: The suites that also run on the Python path alone: the database, its model,
 #: the formats, corruption, crashes and power losses, snapshots, expiring values, reads
-#: across files that overlap in age.
+#: across files that overlap in age, compactions in the worker process.
 CORE_SUITES = ["test_db.py", "test_db_model.py", "test_golden.py", "test_corruption.py",
                "test_crash.py", "test_powerloss.py", "test_format2.py", "test_snapshot.py",
-               "test_ttl.py", "test_seq_overlap.py"]
+               "test_ttl.py", "test_seq_overlap.py", "test_worker.py"]
 
 
 def test_the_core_suites_pass_without_the_c_extension(tmp_path):

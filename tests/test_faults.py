@@ -638,7 +638,9 @@ def test_compaction_error_keeps_the_database_consistent(tmp_path, fault, strateg
     options = {"compaction": strategy, "block_size_bytes": 1024, "compression": "none"}
     if strategy == "leveled":
         options["target_file_size_bytes"] = 65536
-    with lsmdb.open(path, auto_compaction=False) as db:
+    # The faults reach this process's calls: the merge runs here (the worker
+    # process's failures: tests/test_worker.py).
+    with lsmdb.open(path, auto_compaction=False, compaction_process=False) as db:
         db.create_table("t", **options)
         rows: dict[bytes, bytes] = {}
         for part in range(4):        # > 64 KiB after the merge: two leveled outputs
@@ -681,7 +683,7 @@ def test_background_compaction_error_is_reported_and_retried(tmp_path, caplog, f
     def background(thread: threading.Thread) -> bool:
         return thread.name == "lsmdb-background"  # the compaction thread, not the flush one
 
-    with lsmdb.open(path) as db:
+    with lsmdb.open(path, compaction_process=fault == "fsync") as db:  # writes: merged here
         db.create_table("t", min_threshold=2, **SMALL)
         with IOFaults(path) as faults:
             if fault == "write":

@@ -124,6 +124,7 @@ class Plan:
     auto_compaction: bool    # background compaction on
     concurrent: bool         # ... and not waited for after each operation
     ops: list[Op]
+    compaction_process: bool = True  # merges in lsmdb's worker process
 
 
 def generate(seed: int, n_ops: int, sync_writes: bool = False) -> Plan:
@@ -184,7 +185,8 @@ def generate(seed: int, n_ops: int, sync_writes: bool = False) -> Plan:
             ops.append(Op(kind))
     ops.append(Op("close"))
     auto = rng.random() < 0.6
-    return Plan(seed, auto, auto and rng.random() < 0.4, ops)
+    concurrent = auto and rng.random() < 0.4
+    return Plan(seed, auto, concurrent, ops, rng.random() < 0.5)
 
 
 def value_of(op_index: int, item: int, size: int) -> bytes:
@@ -397,7 +399,8 @@ class _Runner:
         return self.result
 
     def _open(self) -> lsmdb.DB:
-        return lsmdb.open(self.path, sync=False, auto_compaction=self.plan.auto_compaction)
+        return lsmdb.open(self.path, sync=False, auto_compaction=self.plan.auto_compaction,
+                          compaction_process=self.plan.compaction_process)
 
     def _power_cut(self, db: lsmdb.DB, i: int) -> lsmdb.DB:
         """Replace the database by one of its crash images that passes its check, as a
@@ -642,7 +645,8 @@ def main(argv: list[str] | None = None) -> int:
             failing = run_seed(seed, plan=plan, images_per_point=args.images_per_point,
                                scratch=args.scratch, stop=functools.partial(_in_group, group))
             print(f"  shrunk to {len(plan.ops)} operations (auto_compaction="
-                  f"{plan.auto_compaction}, concurrent={plan.concurrent}) still failing with "
+                  f"{plan.auto_compaction}, concurrent={plan.concurrent}, compaction_process="
+                  f"{plan.compaction_process}) still failing with "
                   f"{group}:")
             for i, op in enumerate(plan.ops):
                 print(f"    {i}: {op}")

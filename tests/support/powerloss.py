@@ -37,7 +37,9 @@ belongs to the directory when ``os.fstat`` says it is the directory itself
 ``os.fsync``) or an inode of it (a kept inode, or ``/proc/self/fd/N``
 pointing into it).  One ``threading.RLock`` serialises the layer: an
 operation on the directory and the image taken are never interleaved.
-Linux only (``/proc/self/fd``).
+A file another process created (lsmdb's compaction worker) is recorded as
+created at the first fsync of it this process makes.  Linux only
+(``/proc/self/fd``).
 
 Each fsync of the directory or of one of its files is an *fsync point*:
 ``count`` counts them, ``labels`` names them (``"dir"``, ``"file
@@ -373,6 +375,10 @@ class PowerLoss:
             assert not self.crashed, "the real directory moved on after the crash"
             real = {e.name: e.inode() for e in os.scandir(self.directory)
                     if e.is_file(follow_symlinks=False)}
+            for name, ino in list(real.items()):
+                # An SSTable another process is writing, not yet fsynced here (_foreign).
+                if name.endswith(".sst") and name not in self._names and ino not in self._kept:
+                    del real[name]
             assert real == self._names, f"listing {real} != model {self._names}"
             listing = dict(self._durable)
             for op in self._ops:
@@ -559,6 +565,8 @@ class PowerLoss:
             with self._lock:
                 if self.crashed:
                     raise Crash("fsync after the simulated power loss")
+                if not is_dir and st.st_ino not in self._names.values():
+                    self._foreign(fd, st.st_ino)
                 self.count += 1
                 self.labels.append("dir" if is_dir else "file " + self._label(fd, st.st_ino))
                 if self.observer is not None:
@@ -579,6 +587,20 @@ class PowerLoss:
                     self._crash()
             return None
         return fsync
+
+    def _foreign(self, fd: int, ino: int) -> None:
+        """A file of the directory this process did not create (another process
+        wrote it, as lsmdb's compaction worker does): its creation is recorded
+        now, the first moment this process can know of it."""
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            return
+        if path.endswith(" (deleted)") or os.path.dirname(path) not in self._aliases:
+            return
+        name = os.path.basename(path)
+        if self._names.get(name) is None and self._keep_fd(ino, fd):
+            self._record(DirOp("create", name, ino))
 
     def _fd_in_directory(self, fd: int) -> bool:
         try:

@@ -1,0 +1,218 @@
+"""Compactions merged in a worker process (lsmdb.worker): same files as a merge
+in this process, errors and deaths of the worker, a parent that dies first."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import lsmdb
+import lsmdb.worker
+from lsmdb.errors import CorruptionError
+from lsmdb.verify import verify_database
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fill(db: lsmdb.DB, table: str, rounds: int = 4, n: int = 3000) -> dict[bytes, bytes | None]:
+    """``rounds`` flushed files of overwrites and deletes; the rows they leave."""
+    rows: dict[bytes, bytes | None] = {}
+    t = db.table(table)
+    for r in range(rounds):
+        for i in range(r, n, 1 + r):
+            key = b"key%06d" % i
+            value = b"%d-%d-" % (r, i) * 8
+            t.put(key, value)
+            rows[key] = value
+        for i in range(r, n, 7 + r):
+            t.delete(b"key%06d" % i)
+            rows[b"key%06d" % i] = None
+        db.flush(table)
+    return rows
+
+
+def check(db: lsmdb.DB, table: str, rows: dict[bytes, bytes | None]) -> None:
+    t = db.table(table)
+    for key, value in rows.items():
+        assert t.get(key) == value, key
+    assert [k for k, _ in t.scan()] == sorted(k for k, v in rows.items() if v is not None)
+
+
+def sst_names(path: str) -> set[str]:
+    return {n for n in os.listdir(path) if n.endswith(".sst")}
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("strategy", ["size_tiered", "leveled"])
+def test_the_worker_writes_the_files_this_process_would(tmp_path, strategy):
+    """The same database compacted with and without the worker: the same files,
+    byte for byte (history files of a live snapshot included)."""
+    options = {"compaction": strategy, "block_size_bytes": 1024, "target_file_size_bytes": 65536}
+    made = {}
+    for mode in (True, False):
+        path = str(tmp_path / f"db-{mode}")
+        if made:
+            shutil.copytree(str(tmp_path / "db-True-before"), path)
+        else:
+            with lsmdb.open(path, auto_compaction=False) as db:
+                db.create_table("t", **options)
+                fill(db, "t", rounds=3)
+            shutil.copytree(path, str(tmp_path / "db-True-before"))
+        with lsmdb.open(path, auto_compaction=False, compaction_process=mode) as db:
+            rows = fill(db, "t", rounds=1)   # newer than the snapshot
+            with db.snapshot() as snap:
+                before = {k: snap.get(k, table="t") for k in rows}
+                db.table("t").put(b"key000001", b"after")
+                db.compact("t")
+                assert {k: snap.get(k, table="t") for k in rows} == before
+                made[mode] = {n: open(os.path.join(path, n), "rb").read()
+                              for n in sst_names(path)}
+    assert len(made[True]) >= 2   # outputs and at least one history file
+    assert made[True] == made[False]
+
+
+def test_an_error_in_the_worker_is_raised_here_and_leaves_the_database_unchanged(tmp_path):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path, auto_compaction=False) as db:
+        db.create_table("t", compression="none", block_size_bytes=1024)
+        rows = fill(db, "t")
+        victim = db.sstables("t")[-1].path
+        with open(victim, "r+b") as f:   # a byte of the first data block
+            f.seek(40)
+            byte = f.read(1)
+            f.seek(40)
+            f.write(bytes([byte[0] ^ 0x55]))
+        files = sst_names(path)
+        with pytest.raises(CorruptionError) as info:
+            db.compact("t")
+        assert info.value.path == victim   # named across the process boundary
+        assert sst_names(path) == files    # nothing left behind, nothing replaced
+        assert len(db.sstables("t")) == 4
+        with open(victim, "r+b") as f:     # repaired: the next compaction goes through
+            f.seek(40)
+            f.write(byte)
+        db.compact("t")
+        assert len(db.sstables("t")) == 1
+        check(db, "t", rows)
+    assert [p for p in verify_database(path) if p.severity == "error"] == []
+
+
+def test_a_worker_killed_mid_merge_fails_that_compaction_only(tmp_path):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path, auto_compaction=False) as db:
+        db.create_table("t")
+        rows = fill(db, "t")
+        files = sst_names(path)
+        versions = db._versions
+        real_alloc = versions.alloc_file_number
+        killed = []
+
+        def alloc() -> int:   # the worker waits for this answer: kill it now
+            if not killed:
+                for pid in children_of(os.getpid()):
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+            return real_alloc()
+
+        versions.alloc_file_number = alloc  # type: ignore[method-assign]
+        with pytest.raises(lsmdb.worker.WorkerError, match="exited mid-merge"):
+            db.compact("t")
+        assert killed
+        assert sst_names(path) == files
+        check(db, "t", rows)
+        versions.alloc_file_number = real_alloc  # type: ignore[method-assign]
+        db.compact("t")                     # a new worker
+        assert len(db.sstables("t")) == 1
+        check(db, "t", rows)
+        assert lsmdb.worker.available()
+
+
+def test_without_a_worker_compactions_run_here(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(sys, "executable", "")
+    monkeypatch.setattr(lsmdb.worker, "_idle", [])
+    monkeypatch.setattr(lsmdb.worker, "_broken", None)
+    path = str(tmp_path / "db")
+    with lsmdb.open(path, auto_compaction=False) as db:
+        db.create_table("t")
+        rows = fill(db, "t")
+        with caplog.at_level(logging.WARNING, logger="lsmdb"):
+            db.compact("t")
+        assert len(db.sstables("t")) == 1
+        check(db, "t", rows)
+    assert not lsmdb.worker.available()
+    assert any("compactions run in this process" in r.getMessage() for r in caplog.records)
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    import lsmdb
+    db = lsmdb.open(sys.argv[1], auto_compaction=False)
+    db.create_table("t")
+    t = db.table("t")
+    for r in range(4):
+        for i in range(2000):
+            t.put(b"key%06d" % i, b"v%d" % r * 20)
+        db.flush("t")
+    versions = db._versions
+    real = versions.alloc_file_number
+    def alloc():
+        number = real()
+        print("merging", file=sys.stdout, flush=True)
+        time.sleep(60)   # killed here, the worker waiting for this number
+        return number
+    versions.alloc_file_number = alloc
+    db.compact("t")
+""")
+
+
+def test_the_worker_exits_with_its_parent_and_touches_nothing(tmp_path):
+    path = str(tmp_path / "db")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = subprocess.Popen([sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE,
+                             env=env)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"merging\n"
+        workers = children_of(child.pid)
+        assert len(workers) == 1
+        child.kill()
+        child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{workers[0]}"):
+        with open(f"/proc/{workers[0]}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                break   # exited (a zombie until init reaps it)
+        time.sleep(0.01)
+    else:
+        assert not os.path.exists(f"/proc/{workers[0]}"), "the worker outlived its parent"
+    with lsmdb.open(path, auto_compaction=False) as db:
+        assert len(db.sstables("t")) == 4
+        for i in range(0, 2000, 97):
+            assert db.table("t").get(b"key%06d" % i) == b"v3" * 20
+        db.compact("t")
+        assert len(db.sstables("t")) == 1
+    assert [p for p in verify_database(path) if p.severity == "error"] == []

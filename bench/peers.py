@@ -25,6 +25,13 @@ primary key, WAL, one transaction for the load) and, when installed with
 ``pip install 'lsmdb[peers]'``, LevelDB (plyvel, 10 bits/key filter), RocksDB
 (rocksdict, 10 bits/key filter, options passed again at reopen) and lmdb.
 A store that is not installed is skipped with a line saying so.
+
+Between the single puts and the loads, each store with a compaction to run
+(lsmdb, LevelDB, RocksDB) is loaded with N keys of its own (``zz-background:``
+keys; lsmdb: another table), then takes single puts while it compacts them
+(lsmdb ``db.compact``, the others ``compact_range``) on a thread, against
+the same puts with none running: ``puts_during_compaction``, twice per
+store, the stores taking turns.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -57,7 +65,15 @@ from .common import (
 )
 from .keys import KEY_FORMAT, VALUE_BYTES, key_of, value_of
 from .many import CHUNK_KEYS, time_get_many
-from .stores import BATCH_KEYS, FILTER_BITS_PER_KEY, STORE_NAMES, STORES, LsmdbStore, Store
+from .stores import (
+    BATCH_KEYS,
+    FILTER_BITS_PER_KEY,
+    STORE_NAMES,
+    STORES,
+    Compacting,
+    LsmdbStore,
+    Store,
+)
 from .stores import Getter as Getter  # re-exported: tests wrap a store's getter
 from .stores import SqliteStore as SqliteStore  # re-exported: tests subclass it
 
@@ -67,6 +83,9 @@ SEED = 7
 T = TypeVar("T")
 SCAN_ROUNDS = 3              # full ordered scans per store, the stores taking turns
 LOAD_ROUNDS = 3              # loads per store, the stores taking turns
+COMPACTION_ROUNDS = 2        # puts during a compaction, per store, the stores taking turns
+PUT_SLICE = 1_000            # single puts timed together while a compaction runs
+BACKGROUND_KEY = b"zz-background:%010d"
 WORKLOADS = ("bulk_load", "single_put", "get_present", "get_absent_in_range",
              "get_absent_out_of_range", "scan")
 WORKLOAD_TITLES = {"bulk_load": "bulk load", "single_put": "single put",
@@ -95,6 +114,9 @@ class Data:
         rng.shuffle(absent_out)
         self.absent_out_of_range = absent_out
         self.sample = rng.sample(range(keys), min(keys, VALUE_SAMPLE))
+        #: Data of its own that a store compacts while single puts go on
+        #: (timed_puts_during_compaction): keys that sort after every other.
+        self.background = [(BACKGROUND_KEY % i, value_of(i)) for i in order]
 
     def get_sets(self) -> list[tuple[str, list[bytes], int]]:
         """(workload, keys, how many of them must be found)."""
@@ -157,7 +179,7 @@ class Running:
 def failed_entry(entry: dict[str, Any], exc: BaseException) -> str:
     """Turn entry into a skipped one for a store that raised; the reason."""
     reason = f"{entry['label']}: FAILED: {type(exc).__name__}: {exc}"
-    for key in ("config", "notes", "workloads", "get_many"):
+    for key in ("config", "notes", "workloads", "get_many", "puts_during_compaction"):
         entry.pop(key, None)
     entry.update(available=False, skipped=reason, failed=True)
     return reason
@@ -286,6 +308,7 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
             entries.append(entry)
             pending.append((cls, entry))
         timed_single_puts(pending, data, root, progress)
+        timed_puts_during_compaction(pending, data, root, progress)
         live = timed_loads(pending, data, root, progress)
         try:
             for name, keys, expected in data.get_sets():
@@ -355,6 +378,100 @@ def timed_single_puts(pending: Sequence[tuple[type[Store], dict[str, Any]]], dat
     for cls, entry in pending:
         if entry["available"] and seconds[cls.name]:
             entry["workloads"]["single_put"] = rounds_result(data, seconds, cls.name)
+
+
+def puts_during_compaction(c: Compacting, items: Sequence[tuple[bytes, bytes]]
+                           ) -> dict[str, Any]:
+    """Single puts of ``items`` before, during and after ``c.compact()``
+    (run on a thread): the rates (puts/s) idle (before and after, together)
+    and during (slices of PUT_SLICE puts that ended before the compaction
+    did), and the compaction's seconds.  Keys: a quarter of ``items`` idle
+    before, the same ones after, the rest during (again from their start if
+    the compaction outlasts them)."""
+    quarter = max(1, len(items) // 4)
+    idle_items, during_items = items[:quarter], items[quarter:] or items
+    put = c.put
+
+    def timed(part: Sequence[tuple[bytes, bytes]]) -> float:
+        start = time.perf_counter()
+        for key, value in part:
+            put(key, value)
+        return time.perf_counter() - start
+
+    before = timed(idle_items)
+    done = threading.Event()
+    took: list[float] = []
+
+    def compact() -> None:
+        start = time.perf_counter()
+        try:
+            c.compact()
+        finally:
+            took.append(time.perf_counter() - start)
+            done.set()
+
+    thread = threading.Thread(target=compact, name="bench-compaction")
+    thread.start()
+    puts, seconds, at = 0, 0.0, 0
+    try:
+        while not done.is_set():
+            part = during_items[at:at + PUT_SLICE]
+            at = at + PUT_SLICE if at + PUT_SLICE < len(during_items) else 0
+            spent = timed(part)
+            if not done.is_set():
+                puts += len(part)
+                seconds += spent
+    finally:
+        thread.join()
+    after = timed(idle_items)
+    idle = 2 * len(idle_items) / (before + after)
+    during = puts / seconds if puts else None   # None: over before a slice ended
+    return {"idle_ops_per_s": idle, "during_ops_per_s": during,
+            "ratio_to_idle": during / idle if during else None,
+            "compaction_seconds": took[0], "during_puts": puts}
+
+
+def timed_puts_during_compaction(pending: Sequence[tuple[type[Store], dict[str, Any]]],
+                                 data: Data, root: str, progress: Progress,
+                                 rounds: int = COMPACTION_ROUNDS) -> None:
+    """For each store with a compaction to run (lsmdb, LevelDB, RocksDB):
+    ``data.background`` loaded into a new directory, then single puts of the
+    keys while a compaction of the background data runs, against the same
+    puts with none running (:func:`puts_during_compaction`), ``rounds``
+    times, the stores taking turns.  The store's ``puts_during_compaction``:
+    the median of its rounds' ratios and rates."""
+    results: dict[str, list[dict[str, Any]]] = {cls.name: [] for cls, _ in pending}
+    for r in range(rounds):
+        order = [p for p in pending if p[1]["available"]]
+        for cls, entry in order if r % 2 == 0 else order[::-1]:
+            path = os.path.join(root, f"{cls.name}.compacting{r}")
+            os.mkdir(path)
+            store = cls(path, data.keys)
+            try:
+                c = store.compacting(data.background)
+                if c is None:
+                    continue
+                try:
+                    results[cls.name].append(puts_during_compaction(c, data.items))
+                finally:
+                    c.close()
+            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+                progress(failed_entry(entry, exc))
+                continue
+            finally:
+                shutil.rmtree(path, ignore_errors=True)
+            last = results[cls.name][-1]
+            progress(f"{cls.label}: puts during a compaction of {last['compaction_seconds']:.1f}s"
+                     f" at {fmt_ratio(last['ratio_to_idle'])} of idle (round {r + 1} of {rounds})")
+    for cls, entry in pending:
+        got = results[cls.name]
+        if entry["available"] and got:
+            summary: dict[str, Any] = {}
+            for name in got[0]:
+                values = [g[name] for g in got if g[name] is not None]
+                summary[name] = statistics.median(values) if values else None
+            summary["rounds"] = got
+            entry["puts_during_compaction"] = summary
 
 
 def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data, root: str,
@@ -486,6 +603,17 @@ def print_report(report: dict[str, Any]) -> None:
     for e in ran:
         for note in e["notes"]:
             print(f"  {note}")
+    during = [e for e in ran if "puts_during_compaction" in e]
+    if during:
+        print_section(f"single puts while the store compacts {report['config']['keys']:,} "
+                      "keys of its own (lsmdb: db.compact of another table; LevelDB, RocksDB: "
+                      f"compact_range of their key range), median of {COMPACTION_ROUNDS} rounds",
+                      ["store", "idle puts/s", "puts/s during", "during / idle",
+                       "compaction s"],
+                      [[e["label"], fmt_rate(d["idle_ops_per_s"]),
+                        fmt_rate(d["during_ops_per_s"]), fmt_ratio(d["ratio_to_idle"]),
+                        f"{d['compaction_seconds']:.2f}"]
+                       for e in during for d in [e["puts_during_compaction"]]])
     many = next((e["get_many"] for e in ran if "get_many" in e), None)
     if many:
         print_section(f"lsmdb get_many (chunks of {CHUNK_KEYS:,} keys) against a loop of get, "

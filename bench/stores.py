@@ -46,6 +46,18 @@ def package_version(dist: str) -> str:
         return "?"
 
 
+class Compacting:
+    """A store holding data of its own to compact: ``compact()`` compacts all
+    of it (returns when done); ``put(key, value)`` is the store's single put,
+    into other keys (or another table)."""
+
+    def __init__(self, put: Callable[[bytes, bytes], object], compact: Callable[[], object],
+                 close: Callable[[], object]) -> None:
+        self.put = put
+        self.compact = compact
+        self.close = close
+
+
 class Store:
     """One store under test: ``load`` into a fresh directory, then ``open`` for reads.
 
@@ -103,6 +115,11 @@ class Store:
         """A store-specific check after the timed runs (None: nothing to say)."""
         return None
 
+    def compacting(self, background: Sequence[tuple[bytes, bytes]]) -> Compacting | None:
+        """Create the store holding ``background`` (keys of their own), ready
+        to compact it (None: the store has no compaction to run)."""
+        return None
+
 
 class LsmdbStore(Store):
     name = "lsmdb"
@@ -130,6 +147,16 @@ class LsmdbStore(Store):
 
     def put_each(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         put_all(lsmdb.open(self.path), items)
+
+    def compacting(self, background: Sequence[tuple[bytes, bytes]]) -> Compacting | None:
+        db = lsmdb.open(self.path)
+        db.create_table("background")
+        for chunk in batches(background):
+            with db.batch() as batch:
+                for key, value in chunk:
+                    batch.put(key, value, table="background")
+        db.wait_for_compactions()
+        return Compacting(db.put, lambda: db.compact("background"), db.close)
 
     def open(self) -> None:
         self.db = lsmdb.open(self.path)
@@ -232,6 +259,16 @@ class LevelDBStore(Store):
     def put_each(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         put_all(self._open(create=True), items)
 
+    def compacting(self, background: Sequence[tuple[bytes, bytes]]) -> Compacting | None:
+        db = self._open(create=True)
+        for chunk in batches(background):
+            with db.write_batch() as batch:
+                for key, value in chunk:
+                    batch.put(key, value)
+        lo, hi = min(k for k, _ in background), max(k for k, _ in background)
+        return Compacting(db.put, lambda: db.compact_range(start=lo, stop=hi + b"\0"),
+                          db.close)
+
     def open(self) -> None:
         self.db = self._open(create=False)
 
@@ -289,6 +326,17 @@ class RocksDBStore(Store):
 
     def put_each(self, items: Sequence[tuple[bytes, bytes]]) -> None:
         put_all(self._open()[0], items)
+
+    def compacting(self, background: Sequence[tuple[bytes, bytes]]) -> Compacting | None:
+        from rocksdict import WriteBatch
+        db, _ = self._open()
+        for chunk in batches(background):
+            batch = WriteBatch(raw_mode=True)
+            for key, value in chunk:
+                batch.put(key, value)
+            db.write(batch)
+        lo, hi = min(k for k, _ in background), max(k for k, _ in background)
+        return Compacting(db.put, lambda: db.compact_range(lo, hi + b"\0"), db.close)
 
     def open(self) -> None:
         self.db, _ = self._open()

@@ -72,3 +72,34 @@ def write_plot(path: str, price: dict[str, Any]) -> None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
+
+
+def write_peers_plot(path: str, report: dict[str, Any]) -> None:
+    """bench.peers' table as grouped bars: per workload, lsmdb's rate over each
+    peer's (log scale; above the line at 1, lsmdb is faster)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    peers = [e for e in report["stores"] if e["available"] and e["store"] != "lsmdb"]
+    workloads = list(report["workload_titles"])
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    width = 0.8 / max(1, len(peers))
+    for i, e in enumerate(peers):
+        xs, ys = [], []
+        for j, w in enumerate(workloads):
+            r = e["workloads"].get(w)
+            if r and r.get("lsmdb_over_store"):
+                xs.append(j + (i - (len(peers) - 1) / 2) * width)
+                ys.append(r["lsmdb_over_store"])
+        ax.bar(xs, ys, width, label=e["label"])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(workloads)), [report["workload_titles"][w] for w in workloads],
+                  rotation=15, fontsize=8)
+    config = report["config"]
+    finish_log_axes(ax, "", "lsmdb's rate / the store's (above 1: lsmdb faster)",
+                    f"lsmdb against its peers, {config['keys']:,} keys "
+                    f"({config['value_bytes']}-byte values)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

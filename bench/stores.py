@@ -239,7 +239,8 @@ class LevelDBStore(Store):
 
     def describe(self) -> str:
         return (f"LevelDB via plyvel {package_version('plyvel')}, {FILTER_BITS_PER_KEY} bits/key "
-                f"filter (given again at reopen); loaded through batches of {BATCH_KEYS:,}")
+                f"filter (given again at reopen); loaded through batches of {BATCH_KEYS:,}, "
+                "then compact_range() (compactions settled, as lsmdb's load waits for them)")
 
     def _open(self, create: bool) -> Any:
         plyvel = importlib.import_module("plyvel")  # ships no type information for mypy
@@ -253,6 +254,7 @@ class LevelDBStore(Store):
                 with db.write_batch() as batch:
                     for key, value in chunk:
                         batch.put(key, value)
+            db.compact_range()
         finally:
             db.close()
 
@@ -291,7 +293,8 @@ class RocksDBStore(Store):
     def describe(self) -> str:
         return (f"RocksDB via rocksdict {package_version('rocksdict')}, {FILTER_BITS_PER_KEY} "
                 f"bits/key full filter, options passed again per column family at reopen; "
-                f"loaded through batches of {BATCH_KEYS:,}")
+                f"loaded through batches of {BATCH_KEYS:,}, then compact_range() (compactions "
+                "settled)")
 
     @staticmethod
     def _options(statistics: bool = False) -> Any:
@@ -321,6 +324,7 @@ class RocksDBStore(Store):
                 for key, value in chunk:
                     batch.put(key, value)
                 db.write(batch)
+            db.compact_range(None, None)
         finally:
             db.close()
 

@@ -6,6 +6,7 @@ shared and noisy.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -166,7 +167,11 @@ def test_absent_keys_plot(tmp_path: Path) -> None:
 
 def test_peers(tmp_path: Path) -> None:
     out = tmp_path / "peers.json"
-    done = run_module("bench.peers", "--keys", "3000", "--json", str(out))
+    png = tmp_path / "peers.png"
+    plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
+    done = run_module("bench.peers", "--keys", "3000", "--json", str(out), *plot)
+    if plot:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
     assert [e["store"] for e in report["stores"]] == STORES
     by_name = {e["store"]: e for e in report["stores"]}
@@ -186,6 +191,13 @@ def test_peers(tmp_path: Path) -> None:
         assert entry["workloads"]["get_absent_out_of_range"]["found"] == 0
         assert entry["workloads"]["scan"]["found"] == 3000
     assert by_name["lsmdb"]["workloads"]["get_present"]["ratio_to_lsmdb"] == 1.0
+    for entry in report["stores"]:
+        for w in entry.get("workloads", {}).values():
+            assert w["lsmdb_over_store"] == pytest.approx(1 / w["ratio_to_lsmdb"])
+    # Puts while a compaction runs: the stores that compact, not the others.
+    assert "puts_during_compaction" in by_name["lsmdb"]
+    assert "puts_during_compaction" not in by_name["sqlite3"]
+    assert "idle puts/s" in done.stdout
     many = by_name["lsmdb"]["get_many"]  # get_many against a loop of get, same keys
     assert list(many) == ["get_present", "get_absent_in_range", "get_absent_out_of_range"]
     for r in many.values():
@@ -194,6 +206,24 @@ def test_peers(tmp_path: Path) -> None:
     assert "get_many" in done.stdout
     if by_name["rocksdb"]["available"]:
         assert any("filter in use after reopen" in n for n in by_name["rocksdb"]["notes"])
+
+
+def test_puts_during_compaction_counts_only_the_slices_a_compaction_overlaps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO_ROOT))
+    from bench import peers
+    from bench.stores import Compacting
+    written: dict[bytes, bytes] = {}
+    items = [(b"%06d" % i, b"v") for i in range(40_000)]
+    compacting = Compacting(written.__setitem__, lambda: time.sleep(0.3), lambda: None)
+    got = peers.puts_during_compaction(compacting, items)
+    assert written == dict(items)   # the quarter idle, the rest during (cycled if need be)
+    assert got["during_puts"] > 0 and got["during_puts"] % peers.PUT_SLICE == 0
+    assert got["ratio_to_idle"] == pytest.approx(got["during_ops_per_s"] / got["idle_ops_per_s"])
+    assert got["compaction_seconds"] >= 0.3
+    quick = Compacting(written.__setitem__, lambda: None, lambda: None)
+    done = peers.puts_during_compaction(quick, items[:100])
+    assert done["during_ops_per_s"] is None or done["during_puts"] > 0
 
 
 def test_peers_only_some_stores(tmp_path: Path) -> None:

@@ -217,7 +217,10 @@ def merge(spec: Any, alloc_number: Callable[[], int],
 
 @atexit.register
 def close_idle() -> None:
-    """Let every idle worker go (at exit)."""
+    """Let every idle worker go; none starts after this (at exit: what is
+    compacted then is merged in this process)."""
+    global _broken
+    _broken = _broken or "the interpreter is exiting"
     with _lock:
         workers = _idle[:] if _owner == os.getpid() else []
         _idle.clear()

@@ -2,6 +2,9 @@
 
     python -m bench.scale [--small N] [--large N] [--queries Q] [--compaction NAME ...]
                           [--peers NAME ...]
+    python -m bench.scale --sizes N [N ...] [--queries Q] [--json PATH] [--plot PATH]
+
+(The second form: bench/scale_ladder.py.)
 
 For each compaction strategy (default: size_tiered, the default, then
 leveled), loads two lsmdb databases the way ``bench.peers`` does (keys
@@ -49,6 +52,7 @@ from typing import Any, overload
 
 import lsmdb
 
+from . import scale_ladder
 from .common import (
     SLICES,
     DeviceReads,
@@ -353,7 +357,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{', '.join(PEER_NAMES)} (default: every one installed; none if given "
                         "without names)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--sizes", type=int, nargs="+", metavar="N",
+                        help="instead: load lsmdb to each of these sizes and report load, "
+                             "stalls, settling, disk, open time, memory and warm and cold get "
+                             "rates (bench/scale_ladder.py), e.g. 1000000 10000000 50000000")
+    parser.add_argument("--plot", metavar="PATH",
+                        help="with --sizes: draw rates and memory against the key count, a PNG "
+                             "(needs matplotlib: pip install 'lsmdb[plot]')")
     args = parser.parse_args(argv)
+    if args.sizes is not None:
+        if min(args.sizes) < 2 or args.queries < 8:
+            parser.error("sizes must be at least 2 and queries at least 8")
+        return scale_ladder.main(args.sizes, args.queries, args.json, args.plot)
+    if args.plot:
+        parser.error("--plot draws a --sizes run")
     if min(args.small, args.large) < 2 or args.queries < PRESENT_SHARE * SLICES:
         parser.error(f"sizes must be at least 2 and queries at least {PRESENT_SHARE * SLICES}")
     progress = Progress()

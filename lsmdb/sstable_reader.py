@@ -259,6 +259,7 @@ class SSTableReader:
             if prev is not None and key <= prev:
                 raise CorruptionError("index block keys out of order", path, idx_off)
             prev = key
+        self._index_memory: int | None = None
         if not self.index_keys or self.index_keys[-1] != self.max_key:
             raise CorruptionError("index block does not match the key range", path, idx_off)
 
@@ -446,6 +447,16 @@ class SSTableReader:
             log.warning("%s: not mapped (%s); reading with pread", self.path, exc)
             return False
         return True
+
+    @property
+    def index_memory_bytes(self) -> int:
+        """Bytes the index takes in memory: its three lists and their items
+        (measured once; the index never changes)."""
+        if self._index_memory is None:
+            size = sys.getsizeof
+            self._index_memory = sum(size(part) + sum(map(size, part)) for part in
+                                     (self.index_keys, self.index_offsets, self.index_sizes))
+        return self._index_memory
 
     def close(self) -> None:
         """Stop reading the file.  Its descriptor's number stays taken, now

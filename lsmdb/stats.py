@@ -167,6 +167,7 @@ def table_totals(state: Any, infos: list[Any]) -> dict[str, Any]:
         "size_bytes": sum(i.size_bytes for i in infos),
         "filter_bytes_on_disk": sum(i.filter_bytes for i in infos),
         "filter_bytes_in_memory": sum(r.filter.active.memory_bytes for r in state.files),
+        "index_bytes_in_memory": sum(r.index_memory_bytes for r in state.files),
         "range_skips": sum(i.range_skips for i in infos),
         "reads_skipped": tn,
         "filter_negatives": tn,

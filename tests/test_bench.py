@@ -570,3 +570,34 @@ def test_compression_bench_runs_and_reports_every_kind(tmp_path: Path) -> None:
     assert stores["lsmdb zstd"]["sstable_bytes"] < stores["lsmdb lz4"]["sstable_bytes"] \
         < 0.8 * stores["lsmdb none"]["sstable_bytes"]
     assert "Bytes on disk" in run.stdout and "vs none" in run.stdout
+
+
+def test_scale_sizes(tmp_path: Path) -> None:
+    out = tmp_path / "sizes.json"
+    png = tmp_path / "sizes.png"
+    plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
+    done = run_module("bench.scale", "--sizes", "30000", "12000", "--queries", "400",
+                      "--json", str(out), *plot)
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [r["keys"] for r in rows] == [12000, 30000]   # ascending
+    for r in rows:
+        assert r["load_per_s"] > 0 and r["bytes_on_disk"] > 0 and r["open_seconds"] > 0
+        assert r["rss_anon_after_gets"] > 0 and r["write_stalls"] == 0
+        assert r["memory_budget_bytes"] == (r["filter_bytes_in_memory"]
+                                            + r["index_bytes_in_memory"]
+                                            + r["block_cache_bytes"] + (150 << 20))
+        for name in ("warm_absent", "cold_absent", "warm_present", "cold_present"):
+            assert r[name + "_per_s"] > 0
+    assert rows[0]["warm_absent_slowdown"] == 1.0
+    assert "RssAnon" in done.stdout
+    if plot:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scale_order_is_a_permutation() -> None:
+    from bench.scale_ladder import scrambled
+    for n in (2, 3, 10, 1000, 12345):
+        order = list(scrambled(n, seed=n))
+        assert sorted(order) == list(range(n))
+        assert n < 10 or order[:10] != list(range(10))

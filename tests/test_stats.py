@@ -730,3 +730,22 @@ def test_fp_chance_one_means_no_filter_and_every_in_range_get_reads_a_block(tmp_
         assert info.true_positives == n // 2
         assert info.range_skips == len(outside)
         assert info.measured_fpr == 1.0
+
+
+def test_index_bytes_in_memory_grow_with_the_index(tmp_path):
+    """A table's index memory: the sum over its files, each at least the bytes
+    of its index keys, and about twice as large for twice the blocks."""
+    sizes = []
+    for n in (4000, 8000):
+        with lsmdb.open(str(tmp_path / str(n)), auto_compaction=False) as db:
+            db.create_table("t", block_size_bytes=512, compression="none")
+            t = db.table("t")
+            for i in range(n):
+                t.put(b"key%08d" % i, b"v" * 40)
+            db.flush("t")
+            reader = db._versions.tables["t"].files[0]
+            st = db.table_stats("t")
+            assert st["index_bytes_in_memory"] == reader.index_memory_bytes
+            assert st["index_bytes_in_memory"] > sum(map(len, reader.index_keys))
+            sizes.append(st["index_bytes_in_memory"])
+    assert 1.8 < sizes[1] / sizes[0] < 2.2

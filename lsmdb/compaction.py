@@ -101,23 +101,31 @@ def reader_is_bottom(state: TableState, reader: SSTableReader) -> bool:
     return oldest is reader
 
 
-def pick(state: TableState) -> CompactionJob | None:
-    """The next compaction this table needs, or None."""
+def pick(state: TableState, busy: frozenset[int] = frozenset()) -> CompactionJob | None:
+    """The next compaction this table needs, or None.  ``busy``: the ids of
+    files other compactions are merging: a size_tiered job then takes its
+    inputs among the others (leveled: none while any is busy)."""
     if state.options.compaction == "leveled":
+        if busy and any(id(r) in busy for r in state.files):
+            return None
         return _pick_leveled(state)
-    return _pick_size_tiered(state)
+    return _pick_size_tiered(state, busy)
 
 
-def _pick_size_tiered(state: TableState) -> CompactionJob | None:
+def _pick_size_tiered(state: TableState, busy: frozenset[int] = frozenset()
+                      ) -> CompactionJob | None:
     opts = state.options
     deeper = [r for r in state.files if r.level > 0]
+    if deeper and busy and any(id(r) in busy for r in state.files):
+        return None
     if deeper:
         # Levels left by a switch from leveled: their data is older than every
         # L0 file, but their seq ranges interleave, so they cannot be ordered
         # by age among themselves.  Merge them all into one oldest L0 file.
         return CompactionJob(state, deeper, 0, True, None,
                              f"size_tiered: merging {len(deeper)} files left in levels >= 1")
-    files = sorted(state.files, key=_age_key)  # oldest first
+    every = sorted(state.files, key=_age_key)  # oldest first
+    files = [r for r in every if id(r) not in busy]
     if len(files) < opts.min_threshold:
         return None
     small = opts.min_sstable_size_bytes
@@ -143,7 +151,7 @@ def _pick_size_tiered(state: TableState) -> CompactionJob | None:
         buckets.append(current)
     eligible = [b for b in buckets if len(b) >= opts.min_threshold]
     if not eligible:
-        if len(files) < SIZE_TIERED_MAX_FILES:
+        if len(every) < SIZE_TIERED_MAX_FILES or len(files) < opts.min_threshold:
             return None
         # Sizes interleave so that no bucket fills: merge the cheapest run of
         # adjacent files anyway, so the file count (and the filters an absent
@@ -152,14 +160,14 @@ def _pick_size_tiered(state: TableState) -> CompactionJob | None:
         start = min(range(len(files) - width + 1),
                     key=lambda i: sum(r.size_bytes for r in files[i:i + width]))
         inputs = files[start:start + width]
-        return CompactionJob(state, inputs, 0, is_bottom(files, inputs), None,
+        return CompactionJob(state, inputs, 0, is_bottom(every, inputs), None,
                              f"size_tiered: {len(files)} files, merging the {width} cheapest "
                              "adjacent ones")
     # The bucket of the smallest files first: it is the cheapest to merge and
     # removes the most files per byte written (as Cassandra prefers).
     bucket = min(eligible, key=lambda b: sum(r.size_bytes for r in b) / len(b))
     inputs = sorted(bucket[:opts.max_threshold], key=_age_key)
-    return CompactionJob(state, inputs, 0, is_bottom(files, inputs), None,
+    return CompactionJob(state, inputs, 0, is_bottom(every, inputs), None,
                          f"size_tiered: {len(inputs)} files of similar size")
 
 

@@ -32,6 +32,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lsmdb")
 
+#: Background compactions running at once per database (on disjoint files).
+MAX_CONCURRENT_COMPACTIONS = 2
+#: A compaction starts beside a running one only if its inputs are at most
+#: this large: flushes piling up are merged while a large merge runs, but two
+#: large merges do not share the machine with the writers.
+BESIDE_MAX_INPUT_BYTES = 64 << 20
+
 
 class Compactor:
     """Compactions, filter rebuilds and their installation for one :class:`DB`."""
@@ -39,11 +46,23 @@ class Compactor:
     def __init__(self, versions: Versions, installed: Callable[[], None]) -> None:
         self._db = versions
         self._installed = installed  # after each installed job (counters)
-        self.lock = threading.Lock()   # one compaction (or rebuild) at a time
+        #: Held to pick a job, and by the work that needs a table's files to
+        #: itself (a full compaction, a filter rebuild) for all of it.
+        self.lock = threading.Lock()
+        self._done = threading.Condition(self.lock)   # notified as a job finishes
+        #: ids of the files the running background jobs merge.
+        self._busy: set[int] = set()
 
     # -- what is due ------------------------------------------------------
     def pending(self) -> bool:
-        return any(_compaction.pick(s) is not None for s in list(self._db.tables.values()))
+        busy = frozenset(self._busy)
+        return bool(busy) or any(_compaction.pick(s, busy) is not None
+                                 for s in list(self._db.tables.values()))
+
+    def _wait_idle(self, state: TableState) -> None:
+        """With ``self.lock`` held: until no background job merges ``state``'s files."""
+        while any(id(r) in self._busy for r in state.files):
+            self._done.wait()
 
     def filter_spec(self, state: TableState, reader: SSTableReader) -> FilterSpec:
         """The filter a file written now in ``reader``'s place gets."""
@@ -59,6 +78,7 @@ class Compactor:
     def compact_all(self, state: TableState) -> None:
         """Full compaction of one table (synchronous)."""
         with self.lock:
+            self._wait_idle(state)
             if state.dropped:
                 return
             job = _compaction.full_compaction(state)
@@ -66,28 +86,67 @@ class Compactor:
                 self.run(job)
 
     def run_pending(self, should_stop: Callable[[], bool]) -> None:
-        """Every compaction the tables need, until none is due (background thread)."""
-        while not should_stop():
-            did = False
+        """Every compaction the tables need, until none is due (background
+        thread): up to MAX_CONCURRENT_COMPACTIONS at once, each on a thread of
+        its own, on files no other is merging, the second a small one -- so
+        flushes piling up are merged while a large merge runs.  Returns once none runs and none
+        is due (or ``should_stop``); raises the first error a job met."""
+        running: list[threading.Thread] = []
+        errors: list[BaseException] = []
+        try:
+            while not should_stop() and not errors:
+                running = [t for t in running if t.is_alive()]
+                job = self._pick_free() if len(running) < MAX_CONCURRENT_COMPACTIONS else None
+                if job is None:
+                    if not running:
+                        return
+                    with self._done:  # a job finishing may free files or make work
+                        self._done.wait(0.05)
+                    continue
+                thread = threading.Thread(target=self._run_job, args=(job, errors),
+                                          name="lsmdb-compaction", daemon=True)
+                thread.start()
+                running.append(thread)
+        finally:
+            for thread in running:
+                thread.join()
+            if errors:
+                raise errors[0]
+
+    def _pick_free(self) -> _compaction.CompactionJob | None:
+        """The next job on files no running job merges, marked busy; or None.
+        Beside a running job, only a small one (BESIDE_MAX_INPUT_BYTES)."""
+        with self.lock:
+            busy = frozenset(self._busy)
             for state in list(self._db.tables.values()):
-                if should_stop():
-                    return
-                with self.lock:
-                    if state.dropped:
-                        continue
-                    job = _compaction.pick(state)
-                    if job is None:
-                        continue
-                    self.run(job)
-                    did = True
-            if not did:
-                return
+                if state.dropped:
+                    continue
+                job = _compaction.pick(state, busy)
+                if job is not None and busy and \
+                        sum(r.size_bytes for r in job.inputs) > BESIDE_MAX_INPUT_BYTES:
+                    continue
+                if job is not None:
+                    self._busy.update(id(r) for r in job.inputs)
+                    return job
+        return None
+
+    def _run_job(self, job: _compaction.CompactionJob, errors: list[BaseException]) -> None:
+        try:
+            if not job.state.dropped:
+                self.run(job)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the background thread
+            errors.append(exc)
+        finally:
+            with self._done:
+                self._busy.difference_update(id(r) for r in job.inputs)
+                self._done.notify_all()
 
     def rebuild_filters(self, state: TableState, only_stale: bool) -> int:
         """Rewrite the filters of ``state``'s files (see ``DB.rebuild_filters``)."""
         db = self._db
         count = 0
         with self.lock:
+            self._wait_idle(state)
             for reader in list(state.files):
                 if state.dropped:
                     break
@@ -105,7 +164,8 @@ class Compactor:
         return count
 
     def run(self, job: _compaction.CompactionJob) -> None:
-        """Run one compaction (the caller holds ``self.lock``)."""
+        """Run one compaction (the caller holds ``self.lock``, or has marked the
+        job's inputs busy)."""
         db = self._db
         started = time.monotonic()
         with db.lock:

@@ -849,3 +849,59 @@ def test_leftover_sstable_is_removed_at_open(path):
     db.close()
     with lsmdb.open(path) as db:
         check_content(db.table("t"), model)
+
+
+@pytest.mark.parametrize("process", [False, True])
+def test_small_files_merge_while_a_large_merge_runs(tmp_path, monkeypatch, process):
+    """Size-tiered: while the background merges two large files, a second job
+    merges the flushes that pile up meanwhile, on other files; both install."""
+    import lsmdb.compaction as compaction
+    import lsmdb.worker as worker
+    gate = threading.Event()
+    big_started = threading.Event()
+    started: list[int] = []
+
+    def held(inputs_bytes: int) -> None:
+        started.append(inputs_bytes)
+        if inputs_bytes > 200_000:   # the large merge waits for the test
+            big_started.set()
+            assert gate.wait(30)
+
+    real_run, real_merge = compaction.run, worker.merge
+
+    def run(job, *args, **kwargs):
+        held(sum(r.size_bytes for r in job.inputs))
+        return real_run(job, *args, **kwargs)
+
+    def merge(spec, *args, **kwargs):
+        held(sum(os.path.getsize(p) for p, _n, _l in spec.inputs))
+        return real_merge(spec, *args, **kwargs)
+
+    monkeypatch.setattr(compaction, "run", run)
+    monkeypatch.setattr(worker, "merge", merge)
+    model: dict[bytes, bytes] = {}
+    with lsmdb.open(str(tmp_path / "db"), compaction_process=process) as db:
+        db.create_table("t", min_threshold=2, compression="none",
+                        min_sstable_size_bytes=1 << 20)
+        t = db.table("t")
+        for part in range(2):           # two large files (~300 KB), similar sizes
+            for i in range(2500):
+                key = b"big%06d" % i
+                model[key] = b"%d" % part * 100
+                t.put(key, model[key])
+            db.flush("t")
+        assert big_started.wait(30)
+        for part in range(2):           # two small flushes while the large merge waits
+            key = b"small%d" % part
+            model[key] = b"s"
+            t.put(key, b"s")
+            db.flush("t")
+        deadline = time.monotonic() + 30
+        while len(db.sstables("t")) > 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(db.sstables("t")) == 3     # the small ones merged; the large wait
+        assert len(started) == 2 and started[1] < 200_000
+        gate.set()
+        db.wait_for_compactions()
+        assert len(db.sstables("t")) == 1
+        check_content(t, model)

@@ -430,7 +430,7 @@ def test_workload_covers_every_kind_of_fsync(points):
     kinds = {label.rsplit(".", 1)[-1] for label in labels}
     assert {"dir", "sst", "tmp", "log"} <= kinds
     assert {"file FILTER_KEY", "file MANIFEST.tmp", "file STATS.tmp"} <= set(labels)
-    assert any(p.thread == "lsmdb-background" and p.label.endswith(".sst") for p in points), \
+    assert any(p.thread == "lsmdb-compaction" and p.label.endswith(".sst") for p in points), \
         "no background compaction"
     assert 100 < len(labels) < 300
 
@@ -681,7 +681,7 @@ def test_background_compaction_error_is_reported_and_retried(tmp_path, caplog, f
     path = str(tmp_path / "db")
 
     def background(thread: threading.Thread) -> bool:
-        return thread.name == "lsmdb-background"  # the compaction thread, not the flush one
+        return thread.name == "lsmdb-compaction"  # a compaction's thread, not the flush one
 
     with lsmdb.open(path, compaction_process=fault == "fsync") as db:  # writes: merged here
         db.create_table("t", min_threshold=2, **SMALL)

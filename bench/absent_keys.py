@@ -58,7 +58,7 @@ from .filter_db import (
     pick_queries,
 )
 from .keys import KEY_FORMAT, VALUE_BYTES
-from .plot import write_plot
+from .plot import require_matplotlib, write_plot
 from .standalone_parts import part_k_sweep, part_overfill, print_k_sweep, print_overfill
 
 DEFAULT_KEYS = 1_000_000
@@ -109,11 +109,7 @@ def parse_args(argv: Sequence[str] | None) -> Config:
                         help="also draw measured vs predicted as a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            parser.error("--plot needs matplotlib, which is not installed: "
-                         "pip install 'lsmdb[plot]'")
+        require_matplotlib(parser)
     keys = args.keys or (QUICK_KEYS if args.quick else DEFAULT_KEYS)
     if keys < 10 * args.sstables:
         parser.error(f"--keys {keys} is too few for {args.sstables} SSTables "

@@ -65,7 +65,7 @@ from .common import (
 )
 from .keys import KEY_FORMAT, VALUE_BYTES, key_of, value_of
 from .many import CHUNK_KEYS, time_get_many
-from .plot import write_peers_plot
+from .plot import require_matplotlib, write_peers_plot
 from .stores import (
     BATCH_KEYS,
     FILTER_BITS_PER_KEY,
@@ -647,6 +647,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="also draw lsmdb's rate over each peer's as grouped bars, a PNG "
                              "(needs matplotlib: pip install 'lsmdb[plot]')")
     args = parser.parse_args(argv)
+    if args.plot:
+        require_matplotlib(parser)
     if args.keys < 2:
         parser.error("--keys must be at least 2")
     return args

@@ -9,6 +9,14 @@ import math
 from typing import Any
 
 
+def require_matplotlib(parser: Any) -> None:
+    """``--plot`` given: stop before any work if matplotlib is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        parser.error("--plot needs matplotlib, which is not installed: pip install 'lsmdb[plot]'")
+
+
 def finish_log_axes(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
     """Log y axis, labels, title, grid and legend: the same for both panels."""
     ax.set_yscale("log")

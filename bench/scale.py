@@ -64,6 +64,7 @@ from .common import (
     write_json,
 )
 from .keys import key_of, value_of
+from .plot import require_matplotlib
 from .stores import BATCH_KEYS, STORES, Store
 
 PEERS = tuple(s for s in STORES if s.name != "lsmdb")
@@ -365,6 +366,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="with --sizes: draw rates and memory against the key count, a PNG "
                              "(needs matplotlib: pip install 'lsmdb[plot]')")
     args = parser.parse_args(argv)
+    if args.plot:
+        require_matplotlib(parser)
     if args.sizes is not None:
         if min(args.sizes) < 2 or args.queries < 8:
             parser.error("sizes must be at least 2 and queries at least 8")

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .common import (
@@ -359,26 +359,39 @@ def timed_single_puts(pending: Sequence[tuple[type[Store], dict[str, Any]]], dat
     its ``ratio_to_lsmdb`` the median of the per-round ratios.  The copies are
     deleted; what they hold is checked by the loads' reads, not here."""
     seconds: dict[str, list[float]] = {cls.name: [] for cls, _ in pending}
-    for r in range(rounds):
-        order = [p for p in pending if p[1]["available"]]
-        for cls, entry in order if r % 2 == 0 else order[::-1]:
-            path = os.path.join(root, f"{cls.name}.puts{r}")
-            os.mkdir(path)
-            store = cls(path, data.keys)
-            try:
-                start = time.perf_counter()
-                store.put_each(data.items)
-                seconds[cls.name].append(time.perf_counter() - start)
-            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
-                progress(failed_entry(entry, exc))
-            finally:
-                shutil.rmtree(path, ignore_errors=True)
-            if seconds[cls.name]:
-                progress(f"{cls.label}: {data.keys:,} single puts in {seconds[cls.name][-1]:.1f}s "
-                         f"(round {r + 1} of {rounds})")
+    for r, cls, entry in taking_turns(pending, rounds):
+        path, store = new_store(cls, root, f"puts{r}", data)
+        try:
+            start = time.perf_counter()
+            store.put_each(data.items)
+            seconds[cls.name].append(time.perf_counter() - start)
+        except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+            progress(failed_entry(entry, exc))
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+        if seconds[cls.name]:
+            progress(f"{cls.label}: {data.keys:,} single puts in {seconds[cls.name][-1]:.1f}s "
+                     f"(round {r + 1} of {rounds})")
     for cls, entry in pending:
         if entry["available"] and seconds[cls.name]:
             entry["workloads"]["single_put"] = rounds_result(data, seconds, cls.name)
+
+
+def taking_turns(pending: Sequence[tuple[type[Store], dict[str, Any]]], rounds: int
+                 ) -> Iterator[tuple[int, type[Store], dict[str, Any]]]:
+    """(round, store class, entry) of every store still available, ``rounds``
+    times, the order reversed every other round."""
+    for r in range(rounds):
+        order = [p for p in pending if p[1]["available"]]
+        for cls, entry in order if r % 2 == 0 else order[::-1]:
+            yield r, cls, entry
+
+
+def new_store(cls: type[Store], root: str, name: str, data: Data) -> tuple[str, Store]:
+    """A store of ``cls`` over a new directory ``root/<store>.<name>``."""
+    path = os.path.join(root, f"{cls.name}.{name}")
+    os.mkdir(path)
+    return path, cls(path, data.keys)
 
 
 def puts_during_compaction(c: Compacting, items: Sequence[tuple[bytes, bytes]]
@@ -442,28 +455,24 @@ def timed_puts_during_compaction(pending: Sequence[tuple[type[Store], dict[str, 
     times, the stores taking turns.  The store's ``puts_during_compaction``:
     the median of its rounds' ratios and rates."""
     results: dict[str, list[dict[str, Any]]] = {cls.name: [] for cls, _ in pending}
-    for r in range(rounds):
-        order = [p for p in pending if p[1]["available"]]
-        for cls, entry in order if r % 2 == 0 else order[::-1]:
-            path = os.path.join(root, f"{cls.name}.compacting{r}")
-            os.mkdir(path)
-            store = cls(path, data.keys)
-            try:
-                c = store.compacting(data.background)
-                if c is None:
-                    continue
-                try:
-                    results[cls.name].append(puts_during_compaction(c, data.items))
-                finally:
-                    c.close()
-            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
-                progress(failed_entry(entry, exc))
+    for r, cls, entry in taking_turns(pending, rounds):
+        path, store = new_store(cls, root, f"compacting{r}", data)
+        try:
+            c = store.compacting(data.background)
+            if c is None:
                 continue
+            try:
+                results[cls.name].append(puts_during_compaction(c, data.items))
             finally:
-                shutil.rmtree(path, ignore_errors=True)
-            last = results[cls.name][-1]
-            progress(f"{cls.label}: puts during a compaction of {last['compaction_seconds']:.1f}s"
-                     f" at {fmt_ratio(last['ratio_to_idle'])} of idle (round {r + 1} of {rounds})")
+                c.close()
+        except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+            progress(failed_entry(entry, exc))
+            continue
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+        last = results[cls.name][-1]
+        progress(f"{cls.label}: puts during a compaction of {last['compaction_seconds']:.1f}s"
+                 f" at {fmt_ratio(last['ratio_to_idle'])} of idle (round {r + 1} of {rounds})")
     for cls, entry in pending:
         got = results[cls.name]
         if entry["available"] and got:
@@ -488,29 +497,25 @@ def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Dat
     failed and leaves the rounds."""
     stores: dict[str, Store] = {}
     seconds: dict[str, list[float]] = {cls.name: [] for cls, _ in pending}
-    for r in range(rounds):
-        order = [p for p in pending if p[1]["available"]]
-        for cls, entry in order if r % 2 == 0 else order[::-1]:
-            path = os.path.join(root, f"{cls.name}.{r}")
-            os.mkdir(path)
-            store = cls(path, data.keys)
-            try:
-                if "config" not in entry:
-                    entry["config"] = store.describe()
-                start = time.perf_counter()
-                store.load(data.items)
-                load_seconds = time.perf_counter() - start
-            except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
-                progress(failed_entry(entry, exc))
-                shutil.rmtree(path, ignore_errors=True)
-                continue
-            progress(f"{cls.label}: loaded {data.keys:,} keys in {load_seconds:.1f}s "
-                     f"(round {r + 1} of {rounds})")
-            seconds[cls.name].append(load_seconds)
-            if r == rounds - 1:
-                stores[cls.name] = store
-            else:
-                shutil.rmtree(path)
+    for r, cls, entry in taking_turns(pending, rounds):
+        path, store = new_store(cls, root, str(r), data)
+        try:
+            if "config" not in entry:
+                entry["config"] = store.describe()
+            start = time.perf_counter()
+            store.load(data.items)
+            load_seconds = time.perf_counter() - start
+        except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+            progress(failed_entry(entry, exc))
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        progress(f"{cls.label}: loaded {data.keys:,} keys in {load_seconds:.1f}s "
+                 f"(round {r + 1} of {rounds})")
+        seconds[cls.name].append(load_seconds)
+        if r == rounds - 1:
+            stores[cls.name] = store
+        else:
+            shutil.rmtree(path)
     live: list[Running] = []
     for cls, entry in pending:
         if not entry["available"]:

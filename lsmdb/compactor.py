@@ -1,10 +1,13 @@
 """Running compactions and filter rebuilds for one database, and installing their outputs.
 
 :mod:`lsmdb.compaction` decides *what* to merge and writes the new files;
-the :class:`Compactor` serialises jobs (one at a time per database), hands
-the outputs to the database and switches the manifest from inputs to
-outputs.  Inputs are retired only after the switch is durable, and leave the
-disk once no version names them (:mod:`lsmdb.version`: a scan still reading
+the :class:`Compactor` runs jobs -- in the background up to two at once on
+disjoint files (the second a small one), a full compaction or a filter
+rebuild alone on its table -- hands the outputs to the database and switches
+the manifest from inputs to outputs; the merge itself runs in a worker
+process (:mod:`lsmdb.worker`) unless ``compaction_process=False``.  Inputs
+are retired only after the switch is durable, and leave the disk once no
+version names them (:mod:`lsmdb.version`: a scan still reading
 them keeps them); point reads that still hold an input keep reading it
 through its open descriptor.
 """

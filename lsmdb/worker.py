@@ -124,19 +124,22 @@ class Worker:
         file the merge was numbered is deleted and the error raised."""
         numbers: list[int] = []
         try:
-            _send(self._out, ("merge", spec))
-            while True:
-                message = _recv(self._in)
-                if message is None:
-                    raise WorkerError(f"the compaction worker (pid {self.proc.pid}) exited "
-                                      f"mid-merge (status {self.proc.wait()})")
-                if message[0] == "alloc":
-                    numbers.append(alloc_number())
-                    _send(self._out, ("number", numbers[-1]))
-                elif message[0] == "done":
-                    return message[1], message[2]
-                else:
-                    raise message[1]
+            try:
+                _send(self._out, ("merge", spec))
+                while True:
+                    message = _recv(self._in)
+                    if message is None:
+                        raise BrokenPipeError
+                    if message[0] == "alloc":
+                        numbers.append(alloc_number())
+                        _send(self._out, ("number", numbers[-1]))
+                    elif message[0] == "done":
+                        return message[1], message[2]
+                    else:
+                        raise message[1]
+            except BrokenPipeError:  # its end of a pipe closed: it is gone
+                raise WorkerError(f"the compaction worker (pid {self.proc.pid}) exited "
+                                  f"mid-merge (status {self.proc.wait()})") from None
         except BaseException:
             for number in numbers:
                 try:
@@ -189,6 +192,9 @@ def merge(spec: Any, alloc_number: Callable[[], int],
             _idle.clear()
             _owner = os.getpid()
         worker = _idle.pop() if _idle else None
+    if worker is not None and not worker.alive:  # it died while idle
+        worker.close()
+        worker = None
     if worker is None:
         try:
             worker = Worker()

@@ -216,3 +216,20 @@ def test_the_worker_exits_with_its_parent_and_touches_nothing(tmp_path):
         db.compact("t")
         assert len(db.sstables("t")) == 1
     assert [p for p in verify_database(path) if p.severity == "error"] == []
+
+
+def test_an_idle_worker_that_died_is_replaced(tmp_path):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path, auto_compaction=False) as db:
+        db.create_table("t")
+        rows = fill(db, "t", rounds=2)
+        db.compact("t")                       # leaves a worker idle
+        assert lsmdb.worker._idle
+        for pid in children_of(os.getpid()):
+            os.kill(pid, signal.SIGKILL)
+        for w in lsmdb.worker._idle:
+            w.proc.wait()
+        rows.update(fill(db, "t", rounds=2))
+        db.compact("t")                       # a new worker, no error
+        assert len(db.sstables("t")) == 1
+        check(db, "t", rows)

@@ -31,7 +31,9 @@ Between the single puts and the loads, each store with a compaction to run
 keys; lsmdb: another table), then takes single puts while it compacts them
 (lsmdb ``db.compact``, the others ``compact_range``) on a thread, against
 the same puts with none running: ``puts_during_compaction``, twice per
-store, the stores taking turns.
+store, the stores taking turns.  Then the same stores, loaded again, commit
+20 write batches of 5,000 updates and 1,000 deletes each, built first
+(``batch_commit``: the commits' total time, twice per store).
 """
 
 from __future__ import annotations
@@ -86,6 +88,9 @@ SCAN_ROUNDS = 3              # full ordered scans per store, the stores taking t
 LOAD_ROUNDS = 3              # loads per store, the stores taking turns
 COMPACTION_ROUNDS = 2        # puts during a compaction, per store, the stores taking turns
 PUT_SLICE = 1_000            # single puts timed together while a compaction runs
+BATCH_COMMITS = 20           # batches of updates and deletes (timed_batch_commits)
+BATCH_UPDATES = 5_000
+BATCH_DELETES = 1_000
 BACKGROUND_KEY = b"zz-background:%010d"
 WORKLOADS = ("bulk_load", "single_put", "get_present", "get_absent_in_range",
              "get_absent_out_of_range", "scan")
@@ -180,7 +185,8 @@ class Running:
 def failed_entry(entry: dict[str, Any], exc: BaseException) -> str:
     """Turn entry into a skipped one for a store that raised; the reason."""
     reason = f"{entry['label']}: FAILED: {type(exc).__name__}: {exc}"
-    for key in ("config", "notes", "workloads", "get_many", "puts_during_compaction"):
+    for key in ("config", "notes", "workloads", "get_many", "puts_during_compaction",
+                "batch_commit"):
         entry.pop(key, None)
     entry.update(available=False, skipped=reason, failed=True)
     return reason
@@ -310,6 +316,7 @@ def bench_stores(classes: Sequence[type[Store]], data: Data,
             pending.append((cls, entry))
         timed_single_puts(pending, data, root, progress)
         timed_puts_during_compaction(pending, data, root, progress)
+        timed_batch_commits(pending, data, root, progress)
         live = timed_loads(pending, data, root, progress)
         try:
             for name, keys, expected in data.get_sets():
@@ -484,6 +491,75 @@ def timed_puts_during_compaction(pending: Sequence[tuple[type[Store], dict[str, 
             entry["puts_during_compaction"] = summary
 
 
+def commit_workload(data: Data) -> list[list[tuple[bytes, bytes | None]]]:
+    """BATCH_COMMITS batches of BATCH_UPDATES updates and BATCH_DELETES deletes
+    of loaded keys, mixed in each batch (the same for every store)."""
+    rng = random.Random(SEED + 1)
+    keys = [key for key, _ in data.items]
+    out: list[list[tuple[bytes, bytes | None]]] = []
+    for b in range(BATCH_COMMITS):
+        ops: list[tuple[bytes, bytes | None]] = [
+            (key, b"%d-" % b + value[3:]) for key, value in
+            (data.items[rng.randrange(len(keys))] for _ in range(BATCH_UPDATES))]
+        ops += [(keys[rng.randrange(len(keys))], None) for _ in range(BATCH_DELETES)]
+        rng.shuffle(ops)
+        out.append(ops)
+    return out
+
+
+def timed_batch_commits(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data,
+                        root: str, progress: Progress, rounds: int = COMPACTION_ROUNDS) -> None:
+    """For each store with write batches (lsmdb, LevelDB, RocksDB): the keys
+    loaded (untimed), reopened, :func:`commit_workload`'s batches built, then
+    committed, the commits timed in total (flushes they set off included), ``rounds``
+    times, the stores taking turns.  ``batch_commit``: ops/s, the median of the
+    rounds, and ``lsmdb_over_store``, the median of the per-round ratios."""
+    batches = commit_workload(data)
+    ops = sum(map(len, batches))
+    expected: dict[bytes, bytes | None] = dict(data.items[i] for i in data.sample)
+    for batch in batches:
+        for key, value in batch:
+            if key in expected:
+                expected[key] = value
+    seconds: dict[str, list[float]] = {cls.name: [] for cls, _ in pending}
+    wrong: dict[str, str] = {}
+    for r, cls, entry in taking_turns(pending, rounds):
+        path, store = new_store(cls, root, f"batches{r}", data)
+        try:
+            store.load(data.items)
+            took = store.commit_batches(batches)
+            if took is None:
+                continue
+            seconds[cls.name].append(took)
+            store.open()   # untimed: the sampled keys read back as the batches left them
+            try:
+                get = store.getter()
+                bad = [k for k, v in expected.items() if get(k) != v]
+            finally:
+                store.close()
+            if bad:
+                wrong[cls.name] = (f"{len(bad)} of {len(expected)} sampled keys wrong, "
+                                   f"e.g. {bad[0]!r}")
+        except Exception as exc:  # noqa: BLE001 -- one store failing must not hide the others
+            progress(failed_entry(entry, exc))
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+    base = seconds.get("lsmdb", [])
+    for cls, entry in pending:
+        got = seconds[cls.name]
+        if entry["available"] and cls.name in wrong:
+            entry["notes"].append(f"{entry['label']}: WRONG ANSWER after the batch commits: "
+                                  f"{wrong[cls.name]} (not timed)")
+        elif entry["available"] and got:
+            entry["batch_commit"] = {
+                "ops": ops, "ops_per_s": ops / statistics.median(got), "round_seconds": got,
+                "lsmdb_over_store": statistics.median(t / b for b, t in zip(base, got,
+                                                                            strict=True))
+                if len(base) == len(got) else None}
+            progress(f"{cls.label}: {len(batches)} batch commits of {ops // len(batches):,} "
+                     f"ops at {entry['batch_commit']['ops_per_s'] / 1e3:,.0f}k ops/s")
+
+
 def timed_loads(pending: Sequence[tuple[type[Store], dict[str, Any]]], data: Data, root: str,
                 progress: Progress, rounds: int = LOAD_ROUNDS) -> list[Running]:
     """Load each store ``rounds`` times, each time into a new directory under
@@ -623,6 +699,14 @@ def print_report(report: dict[str, Any]) -> None:
                         fmt_rate(d["during_ops_per_s"]), fmt_ratio(d["ratio_to_idle"]),
                         f"{d['compaction_seconds']:.2f}"]
                        for e in during for d in [e["puts_during_compaction"]]])
+    commits = [e for e in ran if "batch_commit" in e]
+    if commits:
+        print_section(f"batch commits: {BATCH_COMMITS} batches of {BATCH_UPDATES:,} updates and "
+                      f"{BATCH_DELETES:,} deletes of loaded keys, built first, the commits' "
+                      "total time, median of "
+                      f"{COMPACTION_ROUNDS} rounds", ["store", "ops/s", "lsmdb's rate over it"],
+                      [[e["label"], fmt_rate(e["batch_commit"]["ops_per_s"]),
+                        fmt_ratio(e["batch_commit"]["lsmdb_over_store"])] for e in commits])
     many = next((e["get_many"] for e in ran if "get_many" in e), None)
     if many:
         print_section(f"lsmdb get_many (chunks of {CHUNK_KEYS:,} keys) against a loop of get, "

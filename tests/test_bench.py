@@ -198,6 +198,13 @@ def test_peers(tmp_path: Path) -> None:
     assert "puts_during_compaction" in by_name["lsmdb"]
     assert "puts_during_compaction" not in by_name["sqlite3"]
     assert "idle puts/s" in done.stdout
+    # Batch commits: lsmdb and the peers with write batches, read back right.
+    commit = by_name["lsmdb"]["batch_commit"]
+    assert commit["ops"] == 20 * 6000 and commit["ops_per_s"] > 0
+    assert commit["lsmdb_over_store"] == 1.0
+    assert "batch_commit" not in by_name["sqlite3"]
+    assert not any("WRONG" in n for e in report["stores"] for n in e.get("notes", []))
+    assert "batch commits" in done.stdout
     many = by_name["lsmdb"]["get_many"]  # get_many against a loop of get, same keys
     assert list(many) == ["get_present", "get_absent_in_range", "get_absent_out_of_range"]
     for r in many.values():

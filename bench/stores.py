@@ -40,6 +40,26 @@ def put_all(db: Any, items: Sequence[tuple[bytes, bytes]]) -> None:
         db.close()
 
 
+def timed_commits(batches: Sequence[Sequence[tuple[bytes, bytes | None]]],
+                  new_batch: Callable[[], Any], commit: Callable[[Any], object]) -> float:
+    """Build one write batch per item of ``batches`` (``new_batch()``, its
+    ``put`` and ``delete``; value None: a delete), then ``commit`` each in
+    order: the seconds the commits took."""
+    built = []
+    for ops in batches:
+        batch = new_batch()
+        for key, value in ops:
+            if value is None:
+                batch.delete(key)
+            else:
+                batch.put(key, value)
+        built.append(batch)
+    start = time.perf_counter()
+    for batch in built:
+        commit(batch)
+    return time.perf_counter() - start
+
+
 def package_version(dist: str) -> str:
     try:
         return importlib.metadata.version(dist)
@@ -171,19 +191,7 @@ class LsmdbStore(Store):
                        ) -> float | None:
         db = lsmdb.open(self.path)
         try:
-            built = []
-            for ops in batches:
-                batch = db.batch()
-                for key, value in ops:
-                    if value is None:
-                        batch.delete(key)
-                    else:
-                        batch.put(key, value)
-                built.append(batch)
-            start = time.perf_counter()
-            for batch in built:
-                batch.commit()
-            return time.perf_counter() - start
+            return timed_commits(batches, db.batch, lambda batch: batch.commit())
         finally:
             db.close()
 
@@ -304,19 +312,7 @@ class LevelDBStore(Store):
                        ) -> float | None:
         db = self._open(create=False)
         try:
-            built = []
-            for ops in batches:
-                batch = db.write_batch()
-                for key, value in ops:
-                    if value is None:
-                        batch.delete(key)
-                    else:
-                        batch.put(key, value)
-                built.append(batch)
-            start = time.perf_counter()
-            for batch in built:
-                batch.write()
-            return time.perf_counter() - start
+            return timed_commits(batches, db.write_batch, lambda batch: batch.write())
         finally:
             db.close()
 
@@ -396,19 +392,7 @@ class RocksDBStore(Store):
         from rocksdict import WriteBatch
         db, _ = self._open()
         try:
-            built = []
-            for ops in batches:
-                batch = WriteBatch(raw_mode=True)
-                for key, value in ops:
-                    if value is None:
-                        batch.delete(key)
-                    else:
-                        batch.put(key, value)
-                built.append(batch)
-            start = time.perf_counter()
-            for batch in built:
-                db.write(batch)
-            return time.perf_counter() - start
+            return timed_commits(batches, lambda: WriteBatch(raw_mode=True), db.write)
         finally:
             db.close()
 

@@ -109,8 +109,8 @@ class DB(ScanMapping):
         self._auto_compaction = auto_compaction
         versions = self._versions = Versions(self.path, read_only=self._read_only,
                                              block_cache=cache, mmap_reads=mmap_reads,
-                                             now_us=clock_us(clock))
-        versions.compaction_process = compaction_process
+                                             now_us=clock_us(clock),
+                                             compaction_process=compaction_process)
         self._flusher = Flusher(versions, self._flushed)
         self._compactor = Compactor(versions, self._save_counters)
         self._stats_lock = threading.Lock()

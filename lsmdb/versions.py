@@ -42,7 +42,8 @@ class Versions:
     """The tables, their files and numbers, and the manifest (see the module docstring)."""
 
     def __init__(self, path: str, *, read_only: bool = False, block_cache: Any = None,
-                 mmap_reads: bool = True, now_us: Callable[[], int] = system_now_us) -> None:
+                 mmap_reads: bool = True, now_us: Callable[[], int] = system_now_us,
+                 compaction_process: bool = True) -> None:
         self.path = path
         #: The database's clock in microseconds (lsmdb.ttl): what expiring values expire by.
         self.now_us = now_us
@@ -69,7 +70,7 @@ class Versions:
         self.block_cache = block_cache
         self.mmap_reads = mmap_reads
         #: Merges of compactions run in a worker process (lsmdb.worker).
-        self.compaction_process = True
+        self.compaction_process = compaction_process
         #: The live versions of every table, and the files retired from them.
         self.version_set = VersionSet(remove=not read_only)
         #: The live snapshots (lsmdb.snapshot), closed with the database.

@@ -207,10 +207,8 @@ def merge(spec: Any, alloc_number: Callable[[], int],
         result = worker.merge(spec, alloc_number, path_for)
         ok = True
         return result
-    except WorkerError:
-        raise
     except BaseException:
-        ok = worker.alive
+        ok = worker.alive  # an error it reported leaves it usable; a death does not
         raise
     finally:
         with _lock:

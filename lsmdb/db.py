@@ -125,6 +125,7 @@ class DB(ScanMapping):
         _OPEN_DBS.add(self)
         self._default = self._handles[DEFAULT_TABLE]
         self._default_state = versions.tables[DEFAULT_TABLE]
+        self._put_one = self._default._put_one
         # The hot path: an instance attribute, so db.get(k) is one closure call.
         setattr(self, "get", state_getter(versions, self._default_state))
         self._flush_bg: Background | None = None
@@ -181,6 +182,8 @@ class DB(ScanMapping):
         """Set ``key`` to ``value`` in the default table (fsync first if ``sync``).
         ``ttl``: seconds until it reads as absent everywhere (None: the table's
         ``default_time_to_live``; 0: never expires)."""
+        if sync is None and ttl is None and self._put_one(key, value):
+            return
         self._default.put(key, value, sync, ttl)
 
     def delete(self, key: Any, sync: bool | None = None) -> None:

@@ -45,7 +45,7 @@ class Table(ScanMapping):
         (b'1', False, [b'alice'], 1)
     """
 
-    __slots__ = ("_state", "_versions", "_writes", "_flush", "name")
+    __slots__ = ("_state", "_versions", "_writes", "_flush", "name", "_put_one")
 
     def __init__(self, state: TableState, versions: Versions, writes: WritePath,
                  flush: Callable[[str], None]) -> None:
@@ -54,6 +54,8 @@ class Table(ScanMapping):
         self._writes = writes
         self._flush = flush
         self.name = state.name
+        #: A put's common case whole (WritePath.put_one): False where it is not.
+        self._put_one = writes.bind_put(state)
 
     def _live(self) -> TableState:
         state = self._state
@@ -70,6 +72,8 @@ class Table(ScanMapping):
         """Set ``key`` to ``value`` (fsync the WAL first if ``sync``).  ``ttl``:
         seconds until it reads as absent (None: the table's
         ``default_time_to_live``; 0: never)."""
+        if sync is None and ttl is None and self._put_one(key, value):
+            return
         state = self._live()
         if type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES:
             value = as_value(value)

@@ -106,7 +106,7 @@ def decode_record(payload: bytes, path: str, offset: int) -> tuple[int, list[Op]
     return seq, decoded
 
 
-@dataclass
+@dataclass(slots=True)  # slots: the C put (lsmdb/csrc/writepath.c) writes them at their offsets
 class Segment:
     """One segment as the log keeps it."""
 
@@ -186,6 +186,10 @@ def read_unsynced_segment(path: str, number: int, size: int) -> LogReadResult:
 
 class LogSet:
     """Owns the WAL segments of one database directory (see the module docstring)."""
+
+    # (slots: the C put, lsmdb/csrc/writepath.c, reads them at their offsets)
+    __slots__ = ("directory", "writer", "live", "closed", "unsynced", "failed", "promoted",
+                 "_closed_bytes")
 
     def __init__(self, directory: str) -> None:
         self.directory = directory

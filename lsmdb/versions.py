@@ -41,6 +41,10 @@ log = logging.getLogger("lsmdb")
 class Versions:
     """The tables, their files and numbers, and the manifest (see the module docstring)."""
 
+    # What a put reads, in slots (the C put, lsmdb/csrc/writepath.c, reads them
+    # at their offsets); the rest in the instance's dict.
+    __slots__ = ("log", "closed", "read_only", "last_seq", "lock", "__dict__")
+
     def __init__(self, path: str, *, read_only: bool = False, block_cache: Any = None,
                  mmap_reads: bool = True, now_us: Callable[[], int] = system_now_us,
                  compaction_process: bool = True) -> None:

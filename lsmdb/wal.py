@@ -78,6 +78,9 @@ class LogWriter:
     it, and the segment must not be appended to again.
     """
 
+    # (slots: the C put, lsmdb/csrc/writepath.c, reads them at their offsets)
+    __slots__ = ("path", "number", "_seeds", "_file", "_fd", "size")
+
     def __init__(self, path: str, number: int) -> None:
         self.path = path
         self.number = number

@@ -17,17 +17,29 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
 from . import compaction as _compaction
 from .errors import LsmdbError, NoSuchTableError
 from .flush import Flusher
-from .keys import MAX_BATCH_SIZE_BYTES
+from .keys import MAX_BATCH_SIZE_BYTES, MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .logset import encode_record, encode_table_record
+from .memtable import ENTRY_OVERHEAD_BYTES, EXPIRING_OVERHEAD_BYTES
+from .sstable_format import KIND_VALUE, MAX_SEQ
 from .stats import WRITE_STALL_US, WRITE_STALLS
 from .table import TableState
 from .versions import Versions
+from .wal import BLOCK_SIZE_BYTES, FRAGMENT_HEADER_SIZE, FULL
+
+try:  # optional C speedups (lsmdb/csrc/writepath.c): put_locked's twin
+    from ._speedups import WRITE_PATH_CONSTANTS as _C_CONSTANTS
+    from ._speedups import put_locked as _c_put_locked
+    from ._speedups import put_one as _c_put_one
+except ImportError:  # pragma: no cover - no C compiler when installed
+    _c_put_one = _c_put_locked = None  # type: ignore[assignment]
+    _C_CONSTANTS = {}
 
 log = logging.getLogger("lsmdb")
 
@@ -73,6 +85,27 @@ def put_locked(versions: Versions, state: TableState, key: bytes, value: bytes |
     return out
 
 
+#: What the C put_locked was built with, against this Python's definitions.
+WRITE_PATH_CONSTANTS = {
+    "BLOCK_SIZE_BYTES": BLOCK_SIZE_BYTES, "FRAGMENT_HEADER_SIZE": FRAGMENT_HEADER_SIZE,
+    "FULL": FULL, "ENTRY_OVERHEAD_BYTES": ENTRY_OVERHEAD_BYTES,
+    "EXPIRING_OVERHEAD_BYTES": EXPIRING_OVERHEAD_BYTES, "KIND_VALUE": KIND_VALUE,
+    "MAX_SEQ": MAX_SEQ, "PUT_FULL": PUT_FULL, "PUT_WAL_OVER": PUT_WAL_OVER,
+    "PUT_DECLINED": PUT_DECLINED, "MAX_FROZEN_MEMTABLES": MAX_FROZEN_MEMTABLES,
+    "MAX_BATCH_SIZE_BYTES": MAX_BATCH_SIZE_BYTES, "MAX_KEY_SIZE_BYTES": MAX_KEY_SIZE_BYTES,
+    "MAX_VALUE_SIZE_BYTES": MAX_VALUE_SIZE_BYTES}
+#: Why the C put_locked is not used ([] when it is, or when it is not built).
+WRITE_PATH_ERRORS = [f"{name} is {_C_CONSTANTS.get(name)} in C, {value} here"
+                     for name, value in WRITE_PATH_CONSTANTS.items()
+                     if _c_put_locked is not None and _C_CONSTANTS.get(name) != value]
+if WRITE_PATH_ERRORS:
+    log.warning("lsmdb._speedups does not match this lsmdb (%s): puts take the Python "
+                "path; rebuild the extension (pip install .)", "; ".join(WRITE_PATH_ERRORS))
+#: Whether databases opened from now on put through the C put_locked (tests
+#: switch it off to compare the two).
+USE_SPEEDUPS = _c_put_locked is not None and not WRITE_PATH_ERRORS
+
+
 def check_batch_size(keys: Iterable[bytes], values: Iterable[Any], expiring: bool = False) -> None:
     if expiring:
         values = [v[0] if type(v) is tuple else v for v in values]
@@ -88,6 +121,10 @@ class WritePath:
     full (None: no background compaction).
     """
 
+    # What a put reads, in slots (the C put, lsmdb/csrc/writepath.c, reads them
+    # at their offsets); the rest in the instance's dict.
+    __slots__ = ("stall", "versions", "wal_limit", "sync_default", "__dict__")
+
     def __init__(self, versions: Versions, flusher: Flusher, *, sync: bool,
                  max_total_wal_size_bytes: int | None) -> None:
         self.versions = versions
@@ -99,6 +136,9 @@ class WritePath:
         #: The flush thread (lsmdb.db), woken after a memtable is frozen for it;
         #: None: a full memtable is flushed on the writer's thread.
         self.flush_thread: Any = None
+        #: put_locked, or its C twin
+        self.put_locked: Callable[..., int] = _c_put_locked if USE_SPEEDUPS else put_locked
+        self._c_put_one = USE_SPEEDUPS
         self.update_wal_limit()
 
     def update_wal_limit(self) -> None:
@@ -135,6 +175,26 @@ class WritePath:
 
         self.commit(states, encode, apply, sync)
 
+    def bind_put(self, state: TableState) -> Callable[[Any, Any], bool]:
+        """``put_one`` with this WritePath and ``state`` bound: what a handle's
+        put calls first -- the C twin (lsmdb/csrc/writepath.c) where it is built."""
+        if self._c_put_one:
+            return partial(_c_put_one, self, state)
+        return partial(self.put_one, state)
+
+    def put_one(self, state: TableState, key: Any, value: Any) -> bool:
+        """A put in its common case, whole: ``key`` and ``value`` bytes within
+        their limits, the table live with no default time to live, writes not
+        synced by default -- then :meth:`put`, and True.  Otherwise False,
+        nothing done: the caller takes the general path, which checks,
+        converts or raises."""
+        if type(key) is not bytes or len(key) > MAX_KEY_SIZE_BYTES \
+                or type(value) is not bytes or len(value) > MAX_VALUE_SIZE_BYTES \
+                or state.dropped or state.options.default_time_to_live or self.sync_default:
+            return False
+        self.put(state, key, value)
+        return True
+
     def put(self, state: TableState, key: bytes, value: bytes | None) -> None:
         """One put (``value`` None: a delete) of a checked key and value, not
         synced: :func:`put_locked` under the lock, then the flushes it calls
@@ -147,7 +207,7 @@ class WritePath:
             return
         versions = self.versions
         with versions.lock:
-            done = put_locked(versions, state, key, value, self.wal_limit)
+            done = self.put_locked(versions, state, key, value, self.wal_limit)
         if done == PUT_DECLINED:
             self.write_columns(state, [key], [value], False)
             return

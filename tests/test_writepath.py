@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 import lsmdb
 from lsmdb import writepath
 
@@ -149,3 +151,132 @@ def test_write_stalls_are_counted_timed_and_shown_by_inspect(tmp_path, monkeypat
     assert out.returncode == 0 and "write stalls: 1," in out.stdout
     with lsmdb.open(path, read_only=True) as again:
         assert again.table_stats()["write_stalls"] == 1
+
+
+# -- the C put (lsmdb/csrc/writepath.c) against its Python twin -----------------
+
+def _put_workload(path: str, c: bool, monkeypatch) -> tuple:
+    """Single puts and deletes through put_one's common case and every case it
+    hands on (a live snapshot, a record in fragments, an expiring value
+    overwritten, a bytearray key); what they leave: WAL bytes, memtable, log state."""
+    import random
+
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    rng = random.Random(5)
+    db = lsmdb.open(path, auto_compaction=False, clock=lambda: 1000.0)
+    db.alter_table("default", memtable_size_bytes=1 << 26)
+    assert (db._writes.put_locked is not writepath.put_locked) == c
+    sizes = [0, 1, 100, 255, 256, 4000, 65535, 65536, 70000]
+    for i in range(900):
+        key = b"k%04d" % rng.randrange(300) + bytes(rng.randrange(3) * 100)
+        if i == 300:
+            snap = db.snapshot()      # its undo map: the Python apply
+        if i == 500:
+            snap.close()
+        if i % 97 == 5:
+            db.put(key, b"e" * 20, ttl=60)          # an expiring value, overwritten later
+        elif i % 11 == 0:
+            db.delete(key)
+        elif i % 53 == 0:
+            db.put(bytearray(key), b"x")  # not bytes: the general path converts it
+        else:
+            db.put(key, bytes([i % 256]) * rng.choice(sizes))
+    db.table("default").put(b"via-table", b"t")
+    versions = db._versions
+    state = versions.tables["default"]
+    mem, log = state.mem, versions.log
+    out = (dict(mem.data), dict(mem.tags), mem.size_bytes, mem.min_seq, mem.max_seq,
+           sorted(mem.keys), versions.last_seq, log.writer.size, log.live.min_seq,
+           log.live.max_seq, log.total_bytes)
+    db.close()
+    return (_wal_bytes(path), *out)
+
+
+def test_the_c_put_leaves_what_the_python_put_leaves(tmp_path, fixed_db_id, monkeypatch):
+    if not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    c = _put_workload(str(tmp_path / "c"), True, monkeypatch)
+    py = _put_workload(str(tmp_path / "py"), False, monkeypatch)
+    assert c == py
+    assert len(c[0]) > 3 * 32768  # records crossed WAL blocks (fragments)
+
+
+@pytest.mark.parametrize("c", [False, True])
+def test_put_one_declines_what_is_not_its_case(tmp_path, c, monkeypatch):
+    """put_one does nothing and answers False where the general path must
+    check, convert or raise; the handle's put then does what it always did."""
+    if c and not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    from lsmdb.keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
+
+    db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
+    state = db._versions.tables["default"]
+    put_one = db._writes.bind_put(state)
+    seq = db._versions.last_seq
+    for key, value in [("k", b"v"), (b"k", "v"), (bytearray(b"k"), b"v"), (b"k", None),
+                       (b"k" * (MAX_KEY_SIZE_BYTES + 1), b"v"), (b"k", memoryview(b"v"))]:
+        assert put_one(key, value) is False
+    big = b"v" * (MAX_VALUE_SIZE_BYTES + 1)
+    assert put_one(b"k", big) is False
+    assert db._versions.last_seq == seq and not state.mem.data
+    with pytest.raises(TypeError):
+        db.put("k", b"v")
+    with pytest.raises(ValueError):
+        db.put(b"k", big)
+    assert put_one(b"k", b"v") is True and db.get(b"k") == b"v"
+    t = db.create_table("t", default_time_to_live=60)
+    t_state = db._versions.tables["t"]
+    assert db._writes.bind_put(t_state)(b"k", b"v") is False  # expiring: the general path
+    t.put(b"k", b"v")
+    assert t.get(b"k") == b"v" and type(t_state.mem.data[b"k"]) is tuple
+    db.drop_table("t")
+    assert db._writes.bind_put(t_state)(b"k", b"v") is False
+    with pytest.raises(lsmdb.NoSuchTableError):
+        t.put(b"k", b"v")
+    db.close()
+    with lsmdb.open(str(tmp_path / "s"), sync=True) as synced:
+        s_state = synced._versions.tables["default"]
+        assert synced._writes.bind_put(s_state)(b"k", b"v") is False
+        synced.put(b"k", b"v")
+        assert synced.get(b"k") == b"v"
+
+
+@pytest.mark.parametrize("c", [False, True])
+def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monkeypatch):
+    """os.write raising (looked up at each put, so this wrapper sees the C
+    put's writes too): the put raises it, the log is failed, the memtable
+    untouched; the next put mends the log.  A short write writes the rest."""
+    if c and not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    state = db._versions.tables["default"]
+    db.put(b"a", b"1")
+    real_write = os.write
+    calls = []
+
+    def failing(fd, data):
+        calls.append(len(data))
+        raise OSError(5, "test: EIO")
+
+    monkeypatch.setattr(os, "write", failing)
+    with pytest.raises(OSError, match="EIO"):
+        db.put(b"b", b"2")
+    monkeypatch.setattr(os, "write", real_write)
+    assert calls and isinstance(db._versions.log.failed, OSError)
+    assert b"b" not in state.mem.data and db.get(b"b") is None
+
+    def short(fd, data):
+        return real_write(fd, bytes(data)[:3])
+
+    monkeypatch.setattr(os, "write", short)
+    db.put(b"c", b"3" * 50)       # mends the log, then writes 3 bytes at a time
+    db.put(b"d", b"4" * 50)
+    monkeypatch.setattr(os, "write", real_write)
+    assert db._versions.log.failed is None
+    db.close()
+    with lsmdb.open(path) as again:
+        assert [again.get(k) for k in (b"a", b"b", b"c", b"d")] == \
+            [b"1", None, b"3" * 50, b"4" * 50]

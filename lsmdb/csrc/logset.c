@@ -1,5 +1,6 @@
 /* logset.c: encode_ops, the WAL record payload of a batch that goes to one
- * table, byte for byte what msgpack writes.  Python twin: lsmdb/logset.py's
+ * table, byte for byte what msgpack writes, and encode_one, that of a single
+ * put or delete (the C put, writepath.c).  Python twin: lsmdb/logset.py's
  * encode_record (encode_table_record calls this where it is built). */
 
 #include "logset.h"
@@ -149,4 +150,42 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     if (_PyBytes_Resize(&out, (Py_ssize_t)(p - start)) < 0)
         return NULL;
     return out;
+}
+
+/* ---- encode_one: the payload of one put or delete ------------------------ */
+
+static size_t
+mp_uint_size(uint64_t v)
+{
+    return v <= 0x7F ? 1 : v <= 0xFF ? 2 : v <= 0xFFFF ? 3 : v <= 0xFFFFFFFFu ? 5 : 9;
+}
+
+static size_t
+mp_bin_size(size_t n)
+{
+    return n + (n <= 0xFF ? 2 : n <= 0xFFFF ? 3 : 5);
+}
+
+size_t
+encode_one_size(uint64_t seq, uint64_t tid, PyObject *key, PyObject *value)
+{
+    /* [seq, [[tid, key, value]]]: 0x92, seq, 0x91, 0x93, tid, key, value */
+    return 3 + mp_uint_size(seq) + mp_uint_size(tid) + mp_bin_size((size_t)PyBytes_GET_SIZE(key))
+           + (value == Py_None ? 1 : mp_bin_size((size_t)PyBytes_GET_SIZE(value)));
+}
+
+unsigned char *
+encode_one(unsigned char *p, uint64_t seq, uint64_t tid, PyObject *key, PyObject *value)
+{
+    *p++ = 0x92;
+    p = mp_uint(p, seq);
+    *p++ = 0x91;
+    *p++ = 0x93;
+    p = mp_uint(p, tid);
+    p = mp_bin(p, key);
+    if (value == Py_None)
+        *p++ = 0xC0;
+    else
+        p = mp_bin(p, value);
+    return p;
 }

@@ -104,7 +104,7 @@ MemFilter_dealloc(MemFilter *self)
 
 /* The n keys of items (bytes, checked first: a bad one adds nothing) are
  * about to enter the dict.  0, or -1 with an exception set. */
-static int
+int
 mf_add(MemFilter *self, PyObject *const *items, Py_ssize_t n)
 {
     if (self->lines == NULL) {

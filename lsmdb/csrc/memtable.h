@@ -25,6 +25,10 @@ HIDDEN_BEGIN
 
 extern PyTypeObject MemFilterType;
 
+/* The n keys of items (bytes) are about to enter the filter's dict: 0, or -1
+ * with an exception set (a key not bytes: nothing added). */
+int mf_add(MemFilter *self, PyObject *const *items, Py_ssize_t n);
+
 HIDDEN_END
 
 static inline uint64_t *

@@ -26,7 +26,10 @@
  *                     data block rule in one walk of a block's bytes, the
  *                     block cache's form of a block and a lookup in it
  *   merge.c           Merge: the k-way merge of scans and compactions
- *   logset.c          encode_ops: a one-table WAL record
+ *   logset.c          encode_ops: a one-table WAL record; encode_one: a
+ *                     one-op record
+ *   writepath.c       put_locked: one put's step under the database lock (its
+ *                     sequence number, its WAL record, the memtable)
  *   coding.c          crc32: zlib's CRC-32, folded with PCLMULQDQ where the
  *                     CPU has it
  *
@@ -48,6 +51,7 @@
 #include "readpath_probes.h"
 #include "sstable_format.h"
 #include "sstable_reader.h"
+#include "writepath.h"
 
 static PyObject *
 speedups_cmp(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -79,6 +83,12 @@ static PyMethodDef speedups_functions[] = {
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
+    {"put_locked", (PyCFunction)(void (*)(void))speedups_put_locked, METH_FASTCALL,
+     "put_locked($module, versions, state, key, value, wal_limit, /)\n--\n\n"
+     "lsmdb.writepath.put_locked: one put's step under the database lock."},
+    {"put_one", (PyCFunction)(void (*)(void))speedups_put_one, METH_FASTCALL,
+     "put_one($module, writes, state, key, value, /)\n--\n\n"
+     "lsmdb.writepath.WritePath.put_one: a put in its common case, or False (nothing done)."},
     {"set_entry_seq", (PyCFunction)speedups_set_entry_seq, METH_O,
      "set_entry_seq($module, fn, /)\n--\n\n"
      "Register lsmdb.readpath.entry_seq: a handed-over block's entry's sequence number."},
@@ -258,6 +268,8 @@ PyInit__speedups(void)
     if (hashing_init() < 0)
         return NULL;
     readpath_probes_init();
+    if (writepath_init() < 0)
+        return NULL;
     PyObject *mod = PyModule_Create(&speedups_module);
     if (mod == NULL)
         return NULL;
@@ -283,7 +295,18 @@ PyInit__speedups(void)
                "CRC32_RESIDUE", (unsigned long long)CRC32_RESIDUE,
                "CACHE_ENTRY_TAIL", ENTRY_TAIL, "CACHE_ENTRY_OFFSET", ENTRY_OFFSET,
                "ADMISSION_BITS_PER_KEY", (unsigned long long)ADMISSION_BITS_PER_KEY,
-               "ADMISSION_MAX_BITS", (unsigned long long)ADMISSION_MAX_BITS)) < 0) {
+               "ADMISSION_MAX_BITS", (unsigned long long)ADMISSION_MAX_BITS)) < 0
+        || add_new(mod, "WRITE_PATH_CONSTANTS", Py_BuildValue(
+               "{sisisisisisisLsisisisisLsisL}", "BLOCK_SIZE_BYTES", WAL_BLOCK_SIZE_BYTES,
+               "FRAGMENT_HEADER_SIZE", WAL_FRAGMENT_HEADER_SIZE, "FULL", WAL_FULL,
+               "ENTRY_OVERHEAD_BYTES", MEM_ENTRY_OVERHEAD_BYTES,
+               "EXPIRING_OVERHEAD_BYTES", MEM_EXPIRING_OVERHEAD_BYTES,
+               "KIND_VALUE", MEM_KIND_VALUE, "MAX_SEQ", (long long)WRITE_MAX_SEQ,
+               "PUT_FULL", PUT_FULL, "PUT_WAL_OVER", PUT_WAL_OVER,
+               "PUT_DECLINED", PUT_DECLINED, "MAX_FROZEN_MEMTABLES", MAX_FROZEN_MEMTABLES,
+               "MAX_BATCH_SIZE_BYTES", MAX_BATCH_SIZE_BYTES,
+               "MAX_KEY_SIZE_BYTES", MAX_KEY_SIZE_BYTES,
+               "MAX_VALUE_SIZE_BYTES", MAX_VALUE_SIZE_BYTES)) < 0) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -4,9 +4,10 @@ Python is the reference and C the accelerator; a concept test takes the
 ``impl`` fixture (tests/conftest.py) and runs once per implementation, as
 msgpack's suite does.  ``use_python`` switches every C twin of the read path
 off in this process -- the C getter and probes, the C block cache's books,
-the C data block rule and cached-block lookups, the C merge -- so that what
-runs is the Python reference alone (the hashes and CRC-32 stay: they compute
-the same numbers either way).  tests/no_speedups/ blocks the extension for
+the C data block rule and cached-block lookups, the C merge -- and the C
+single put (lsmdb/csrc/writepath.c), so that what runs is the Python
+reference alone (the hashes and CRC-32 stay: they compute the same numbers
+either way).  tests/no_speedups/ blocks the extension for
 whole processes.
 """
 
@@ -21,6 +22,7 @@ import lsmdb.readpath
 import lsmdb.scan
 import lsmdb.sstable_reader
 import lsmdb.table
+import lsmdb.writepath
 from lsmdb.cache import PyBlockCache
 
 #: The implementations this build has: Python always, C where it was built.
@@ -28,8 +30,9 @@ IMPLEMENTATIONS = ["python"] + (["c"] if lsmdb.SPEEDUPS else [])
 
 
 def use_python(monkeypatch: Any) -> None:
-    """Take the Python reference for every read step from now on (undone with
-    ``monkeypatch``): databases opened after this read in Python only."""
+    """Take the Python reference for every read step and the single put from
+    now on (undone with ``monkeypatch``): databases opened after this read and
+    put in Python only."""
     monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
     monkeypatch.setattr(lsmdb.table, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.db, "BlockCache", PyBlockCache)
@@ -39,3 +42,4 @@ def use_python(monkeypatch: Any) -> None:
     monkeypatch.setattr(lsmdb.readpath, "_c_entry_find", None)
     monkeypatch.setattr(lsmdb.scan, "_c_entry_lists", None)
     monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", False)
+    monkeypatch.setattr(lsmdb.writepath, "USE_SPEEDUPS", False)

@@ -1,0 +1,670 @@
+/* writepath.c: put_locked, the part of one put under the database lock --
+ * the next sequence number, the WAL record appended, the memtable applied --
+ * in one C call instead of six Python frames.  Python twin:
+ * lsmdb/writepath.py's put_locked, with lsmdb/logset.py's LogSet.append,
+ * lsmdb/wal.py's LogWriter.add_record and lsmdb/memtable.py's
+ * Memtable.apply in line; step for step the same reads and writes of the
+ * same attributes, so that either leaves the same objects and the same
+ * bytes on disk (tests/test_writepath.py compares them).
+ *
+ * The record reaches the file through os.write, looked up at each call as
+ * the Python twin does, so that whatever wraps os.write (the I/O-fault tests)
+ * sees the C path's writes too.  A record that does not fit in what is left
+ * of the WAL block, a memtable with live snapshots (undo maps) and an
+ * expiring value go to the Python methods that handle them. */
+
+#include "writepath.h"
+#include "coding.h"
+#include "logset.h"
+#include "memtable.h"
+
+static PyObject *os_module;
+static PyObject *compaction_module;  /* lsmdb.compaction, imported at the first stall check */
+static PyObject *s_log, *s_closed, *s_read_only, *s_dropped, *s_failed, *s_last_seq, *s_writer,
+    *s_live, *s_fd, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
+    *s_promote_segments, *s_mem, *s_undos, *s_data, *s_filter, *s_size_bytes, *s_pending,
+    *s_tags, *s_options, *s_memtable_size_bytes, *s_closed_bytes, *s_id, *s_add_record,
+    *s_apply, *s_write, *s_l0_stall_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions, *s_lock,
+    *s_wal_limit, *s_acquire, *s_release, *s_write_columns, *s_flush_full,
+    *s_flush_wal_pinners, *s_sync_default, *s_default_time_to_live;
+
+int
+writepath_init(void)
+{
+    os_module = PyImport_ImportModule("os");
+    if (os_module == NULL)
+        return -1;
+#define INTERN(var, name) \
+    if ((var = PyUnicode_InternFromString(name)) == NULL) \
+        return -1;
+    INTERN(s_log, "log")
+    INTERN(s_closed, "closed")
+    INTERN(s_read_only, "read_only")
+    INTERN(s_dropped, "dropped")
+    INTERN(s_failed, "failed")
+    INTERN(s_last_seq, "last_seq")
+    INTERN(s_writer, "writer")
+    INTERN(s_live, "live")
+    INTERN(s_fd, "_fd")
+    INTERN(s_size, "size")
+    INTERN(s_seeds, "_seeds")
+    INTERN(s_max_seq, "max_seq")
+    INTERN(s_min_seq, "min_seq")
+    INTERN(s_promoted, "promoted")
+    INTERN(s_promote_segments, "promote_segments")
+    INTERN(s_mem, "mem")
+    INTERN(s_undos, "undos")
+    INTERN(s_data, "data")
+    INTERN(s_filter, "filter")
+    INTERN(s_size_bytes, "size_bytes")
+    INTERN(s_pending, "_pending")
+    INTERN(s_tags, "tags")
+    INTERN(s_options, "options")
+    INTERN(s_memtable_size_bytes, "memtable_size_bytes")
+    INTERN(s_closed_bytes, "_closed_bytes")
+    INTERN(s_id, "id")
+    INTERN(s_add_record, "add_record")
+    INTERN(s_apply, "apply")
+    INTERN(s_write, "write")
+    INTERN(s_l0_stall_files, "L0_STALL_FILES")
+    INTERN(s_stall, "stall")
+    INTERN(s_version, "version")
+    INTERN(s_l0, "l0")
+    INTERN(s_imms, "imms")
+    INTERN(s_versions, "versions")
+    INTERN(s_lock, "lock")
+    INTERN(s_wal_limit, "wal_limit")
+    INTERN(s_acquire, "acquire")
+    INTERN(s_release, "release")
+    INTERN(s_write_columns, "write_columns")
+    INTERN(s_flush_full, "_flush_full")
+    INTERN(s_flush_wal_pinners, "_flush_wal_pinners")
+    INTERN(s_sync_default, "sync_default")
+    INTERN(s_default_time_to_live, "default_time_to_live")
+#undef INTERN
+    return 0;
+}
+
+/* ---- attributes at their slots ---------------------------------------------
+ *
+ * A put reads and writes some 35 attributes of lsmdb's objects; through
+ * PyObject_GetAttr each costs a type lookup and a descriptor or dict lookup.
+ * Where an object's type keeps the attribute in a __slots__ slot (a member
+ * descriptor, as lsmdb's write-path classes do), a SlotRef remembers the
+ * slot's offset for that type and the C put reads and writes it there --
+ * what the member descriptor itself would do.  Any other type (a subclass
+ * with other descriptors, a test's stand-in) takes PyObject_GetAttr and
+ * PyObject_SetAttr, so the answers are the same either way. */
+
+typedef struct {
+    PyTypeObject *type;  /* the type the offset is for (NULL: none yet) */
+    Py_ssize_t offset;   /* the slot's offset in an instance; -1: not a plain slot */
+} SlotRef;
+
+static void
+slot_resolve(SlotRef *ref, PyTypeObject *type, PyObject *name)
+{
+    PyObject *descr = _PyType_Lookup(type, name);  /* borrowed */
+    ref->type = type;
+    ref->offset = -1;
+    if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
+            ref->offset = m->offset;
+    }
+}
+
+/* obj.name, a new reference (NULL with an exception set). */
+static inline PyObject *
+get_attr(PyObject *obj, PyObject *name, SlotRef *ref)
+{
+    if (Py_TYPE(obj) != ref->type)
+        slot_resolve(ref, Py_TYPE(obj), name);
+    if (ref->offset >= 0) {
+        PyObject *v = *(PyObject **)((char *)obj + ref->offset);
+        if (v != NULL)
+            return Py_NewRef(v);
+    }
+    return PyObject_GetAttr(obj, name);  /* unset (AttributeError) or not a slot */
+}
+
+/* obj.name = value: 0, or -1 with an exception set. */
+static inline int
+set_attr(PyObject *obj, PyObject *name, SlotRef *ref, PyObject *value)
+{
+    if (Py_TYPE(obj) != ref->type)
+        slot_resolve(ref, Py_TYPE(obj), name);
+    if (ref->offset >= 0) {
+        PyObject **slot = (PyObject **)((char *)obj + ref->offset);
+        Py_XSETREF(*slot, Py_NewRef(value));
+        return 0;
+    }
+    return PyObject_SetAttr(obj, name, value);
+}
+
+/* One SlotRef per (class, attribute) the put touches. */
+#define REF(var) static SlotRef var
+REF(r_versions_log); REF(r_versions_closed); REF(r_versions_read_only);
+REF(r_versions_last_seq); REF(r_versions_lock);
+REF(r_state_dropped); REF(r_state_id); REF(r_state_mem); REF(r_state_options);
+REF(r_state_imms); REF(r_state_version); REF(r_version_l0);
+REF(r_log_writer); REF(r_log_live); REF(r_log_failed); REF(r_log_promoted);
+REF(r_log_closed_bytes);
+REF(r_writer_size); REF(r_writer_seeds); REF(r_writer_fd);
+REF(r_seg_max_seq); REF(r_seg_min_seq);
+REF(r_mem_undos); REF(r_mem_data); REF(r_mem_filter); REF(r_mem_size_bytes);
+REF(r_mem_pending); REF(r_mem_tags); REF(r_mem_min_seq); REF(r_mem_max_seq);
+REF(r_options_memtable_size_bytes);
+REF(r_writes_stall); REF(r_writes_versions); REF(r_writes_wal_limit);
+REF(r_writes_sync_default); REF(r_options_default_time_to_live);
+#undef REF
+
+/* obj.name's truth: 1, 0, or -1 with an exception set. */
+static int
+attr_true(PyObject *obj, PyObject *name, SlotRef *ref)
+{
+    PyObject *v = get_attr(obj, name, ref);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* obj.name as a C integer (it must be an int): 0, or -1 with an exception set. */
+static int
+attr_ll(PyObject *obj, PyObject *name, SlotRef *ref, long long *out)
+{
+    PyObject *v = get_attr(obj, name, ref);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* obj.name = v (a C integer): 0, or -1 with an exception set. */
+static int
+set_ll(PyObject *obj, PyObject *name, SlotRef *ref, long long v)
+{
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL)
+        return -1;
+    int r = set_attr(obj, name, ref, o);
+    Py_DECREF(o);
+    return r;
+}
+
+/* os.write(fd, data) until every byte is written (lsmdb.files.write_all).
+ * 0, or -1 with the OSError set. */
+static int
+write_record(PyObject *fd, PyObject *data)
+{
+    Py_ssize_t done = 0, n = PyBytes_GET_SIZE(data);
+    Py_INCREF(data);
+    while (1) {
+        PyObject *write = PyObject_GetAttr(os_module, s_write);
+        if (write == NULL)
+            goto fail;
+        PyObject *args[2] = {fd, data};
+        PyObject *r = PyObject_Vectorcall(write, args, 2, NULL);
+        Py_DECREF(write);
+        if (r == NULL)
+            goto fail;
+        Py_ssize_t w = PyLong_AsSsize_t(r);
+        Py_DECREF(r);
+        if (w == -1 && PyErr_Occurred())
+            goto fail;
+        done += w;
+        if (done >= n)
+            break;
+        /* a short write: the rest */
+        PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + w,
+                                                   PyBytes_GET_SIZE(data) - w);
+        if (rest == NULL)
+            goto fail;
+        Py_SETREF(data, rest);
+    }
+    Py_DECREF(data);
+    return 0;
+fail:
+    Py_DECREF(data);
+    return -1;
+}
+
+/* LogSet.append's error path: an OSError fails the log (wal.failed = it) and
+ * is raised again. */
+static void
+fail_log(PyObject *wal)
+{
+    if (!PyErr_ExceptionMatches(PyExc_OSError))
+        return;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL)
+        PyException_SetTraceback(value, tb);
+    if (set_attr(wal, s_failed, &r_log_failed, value) < 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return;
+    }
+    PyErr_Restore(type, value, tb);
+}
+
+/* LogSet.append(seq, payload of (tid, key, value), False), the record written
+ * as one FULL fragment where it fits.  0, or -1 with an exception set. */
+static int
+log_append(PyObject *wal, long long seq, long long tid, PyObject *key, PyObject *value)
+{
+    PyObject *writer = NULL, *live = NULL, *failed = NULL, *fd = NULL, *seeds = NULL;
+    PyObject *data = NULL;
+    int rc = -1;
+    if ((writer = get_attr(wal, s_writer, &r_log_writer)) == NULL
+        || (live = get_attr(wal, s_live, &r_log_live)) == NULL
+        || (failed = get_attr(wal, s_failed, &r_log_failed)) == NULL)
+        goto done;
+    if (writer == Py_None || live == Py_None || failed != Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "no WAL segment open for appends");
+        goto done;
+    }
+    long long size;
+    if (attr_ll(writer, s_size, &r_writer_size, &size) < 0)
+        goto done;
+    size_t n = encode_one_size((uint64_t)seq, (uint64_t)tid, key, value);
+    long long left = WAL_BLOCK_SIZE_BYTES - size % WAL_BLOCK_SIZE_BYTES;
+    if ((long long)n + WAL_FRAGMENT_HEADER_SIZE > left) {
+        /* fragments: LogWriter.add_record cuts them */
+        if ((data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n)) == NULL)
+            goto done;
+        encode_one((unsigned char *)PyBytes_AS_STRING(data), (uint64_t)seq, (uint64_t)tid,
+                   key, value);
+        PyObject *r = PyObject_CallMethodOneArg(writer, s_add_record, data);
+        if (r == NULL) {
+            fail_log(wal);
+            goto done;
+        }
+        Py_DECREF(r);
+    } else {
+        if ((seeds = get_attr(writer, s_seeds, &r_writer_seeds)) == NULL)
+            goto done;
+        if (!PyTuple_CheckExact(seeds) || PyTuple_GET_SIZE(seeds) <= WAL_FULL) {
+            PyErr_SetString(PyExc_TypeError, "a LogWriter's _seeds is a tuple of ints");
+            goto done;
+        }
+        unsigned long seed = PyLong_AsUnsignedLongMask(PyTuple_GET_ITEM(seeds, WAL_FULL));
+        if (seed == (unsigned long)-1 && PyErr_Occurred())
+            goto done;
+        Py_ssize_t total = (Py_ssize_t)n + WAL_FRAGMENT_HEADER_SIZE;
+        if ((data = PyBytes_FromStringAndSize(NULL, total)) == NULL)
+            goto done;
+        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data);
+        encode_one(p + WAL_FRAGMENT_HEADER_SIZE, (uint64_t)seq, (uint64_t)tid, key, value);
+        put_le32(p, crc32_update((uint32_t)seed, p + WAL_FRAGMENT_HEADER_SIZE, n));
+        p[4] = (unsigned char)(n & 0xFF);
+        p[5] = (unsigned char)(n >> 8);
+        p[6] = WAL_FULL;
+        if ((fd = get_attr(writer, s_fd, &r_writer_fd)) == NULL)
+            goto done;
+        if (write_record(fd, data) < 0) {
+            fail_log(wal);
+            goto done;
+        }
+        if (set_ll(writer, s_size, &r_writer_size, size + total) < 0)
+            goto done;
+    }
+    if (set_ll(live, s_max_seq, &r_seg_max_seq, seq) < 0)
+        goto done;
+    int has_min = attr_true(live, s_min_seq, &r_seg_min_seq);
+    if (has_min < 0 || (!has_min && set_ll(live, s_min_seq, &r_seg_min_seq, seq) < 0))
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(writer);
+    Py_XDECREF(live);
+    Py_XDECREF(failed);
+    Py_XDECREF(fd);
+    Py_XDECREF(seeds);
+    Py_XDECREF(data);
+    return rc;
+}
+
+/* Memtable.apply(seq, key, value) for bytes or None, no live snapshot.
+ * 0, or -1 with an exception set. */
+static int
+mem_apply(PyObject *mem, long long seq, PyObject *key, PyObject *value)
+{
+    PyObject *data = NULL, *filter = NULL, *pending = NULL, *tags = NULL, *tag = NULL;
+    int rc = -1;
+    long long size;
+    if ((data = get_attr(mem, s_data, &r_mem_data)) == NULL || !PyDict_CheckExact(data)) {
+        if (data != NULL)
+            PyErr_SetString(PyExc_TypeError, "a memtable's data is a dict");
+        goto done;
+    }
+    if (attr_ll(mem, s_size_bytes, &r_mem_size_bytes, &size) < 0)
+        goto done;
+    PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
+    if (old == NULL) {
+        if (PyErr_Occurred())
+            goto done;
+        if ((filter = get_attr(mem, s_filter, &r_mem_filter)) == NULL)
+            goto done;
+        if (filter != Py_None) {  /* before the dict: see lsmdb/memtable.py */
+            if (Py_TYPE(filter) == &MemFilterType) {
+                if (mf_add((MemFilter *)filter, &key, 1) < 0)
+                    goto done;
+            } else {
+                PyErr_SetString(PyExc_TypeError, "a memtable's filter is a MemFilter");
+                goto done;
+            }
+        }
+        size += PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;
+        if ((pending = get_attr(mem, s_pending, &r_mem_pending)) == NULL)
+            goto done;
+        if (!PyList_CheckExact(pending)) {
+            PyErr_SetString(PyExc_TypeError, "a memtable's _pending is a list");
+            goto done;
+        }
+        if (PyList_Append(pending, key) < 0)
+            goto done;
+    } else if (old != Py_None) {
+        if (PyBytes_CheckExact(old)) {
+            size -= PyBytes_GET_SIZE(old);
+        } else if (PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 2
+                   && PyBytes_CheckExact(PyTuple_GET_ITEM(old, 0))) {
+            size -= PyBytes_GET_SIZE(PyTuple_GET_ITEM(old, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+        } else {
+            PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
+            goto done;
+        }
+    }
+    uint64_t t = (uint64_t)seq << 8;  /* seq << KIND_BITS | KIND_TOMBSTONE: up to 2**64 - 1 */
+    if (value != Py_None) {
+        size += PyBytes_GET_SIZE(value);
+        t |= MEM_KIND_VALUE;
+    }
+    if ((tags = get_attr(mem, s_tags, &r_mem_tags)) == NULL || (tag = PyLong_FromUnsignedLongLong(t)) == NULL)
+        goto done;
+    if (PyObject_SetItem(tags, key, tag) < 0 || PyDict_SetItem(data, key, value) < 0)
+        goto done;
+    if (set_ll(mem, s_size_bytes, &r_mem_size_bytes, size) < 0)
+        goto done;
+    PyObject *min_seq = get_attr(mem, s_min_seq, &r_mem_min_seq);
+    if (min_seq == NULL)
+        goto done;
+    int none = min_seq == Py_None;
+    Py_DECREF(min_seq);
+    if (none && set_ll(mem, s_min_seq, &r_mem_min_seq, seq) < 0)
+        goto done;
+    long long max_seq;
+    if (attr_ll(mem, s_max_seq, &r_mem_max_seq, &max_seq) < 0 || (seq > max_seq && set_ll(mem, s_max_seq, &r_mem_max_seq, seq) < 0))
+        goto done;
+    rc = 0;
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(filter);
+    Py_XDECREF(pending);
+    Py_XDECREF(tags);
+    Py_XDECREF(tag);
+    return rc;
+}
+
+PyObject *
+speedups_put_locked(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* put_locked(versions, state, key, value, wal_limit) -> PUT_FULL |
+     * PUT_WAL_OVER bits, or PUT_DECLINED: lsmdb.writepath.put_locked. */
+    if (nargs != 5 || !PyBytes_CheckExact(args[2])
+        || (args[3] != Py_None && !PyBytes_CheckExact(args[3]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "put_locked(versions, state, key: bytes, value: bytes | None, wal_limit)");
+        return NULL;
+    }
+    PyObject *versions = args[0], *state = args[1], *key = args[2], *value = args[3];
+    if (PyBytes_GET_SIZE(key) > 0xFFFFFFFFLL
+        || (value != Py_None && PyBytes_GET_SIZE(value) > 0xFFFFFFFFLL)) {
+        PyErr_SetString(PyExc_ValueError, "a key or value too long for a WAL record");
+        return NULL;
+    }
+    long long wal_limit = PyLong_AsLongLong(args[4]);
+    if (wal_limit == -1 && PyErr_Occurred())
+        return NULL;
+    PyObject *wal = NULL, *mem = NULL, *undos = NULL, *options = NULL, *writer = NULL;
+    PyObject *result = NULL;
+    int t;
+    if ((wal = get_attr(versions, s_log, &r_versions_log)) == NULL)
+        goto done;
+    if ((t = attr_true(versions, s_closed, &r_versions_closed)) != 0 || (t = attr_true(versions, s_read_only, &r_versions_read_only)) != 0
+        || (t = attr_true(state, s_dropped, &r_state_dropped)) != 0) {
+        if (t > 0)
+            result = PyLong_FromLong(PUT_DECLINED);
+        goto done;
+    }
+    PyObject *failed = get_attr(wal, s_failed, &r_log_failed);
+    if (failed == NULL)
+        goto done;
+    Py_DECREF(failed);
+    if (failed != Py_None) {
+        result = PyLong_FromLong(PUT_DECLINED);
+        goto done;
+    }
+    long long seq, tid;
+    if (attr_ll(versions, s_last_seq, &r_versions_last_seq, &seq) < 0 || attr_ll(state, s_id, &r_state_id, &tid) < 0)
+        goto done;
+    if (tid < 0 || seq < 0 || seq >= WRITE_MAX_SEQ) {  /* not its case: the Python path's */
+        result = PyLong_FromLong(PUT_DECLINED);
+        goto done;
+    }
+    seq += 1;
+    if (set_ll(versions, s_last_seq, &r_versions_last_seq, seq) < 0 || log_append(wal, seq, tid, key, value) < 0)
+        goto done;
+    if ((t = attr_true(wal, s_promoted, &r_log_promoted)) < 0)
+        goto done;
+    if (t) {
+        PyObject *r = PyObject_CallMethodNoArgs(versions, s_promote_segments);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    }
+    if ((mem = get_attr(state, s_mem, &r_state_mem)) == NULL
+        || (undos = get_attr(mem, s_undos, &r_mem_undos)) == NULL)
+        goto done;
+    if ((t = PyObject_IsTrue(undos)) < 0)
+        goto done;
+    if (t) {  /* live snapshots: the Python apply keeps their undo maps */
+        PyObject *seq_obj = PyLong_FromLongLong(seq);
+        if (seq_obj == NULL)
+            goto done;
+        PyObject *r = PyObject_CallMethodObjArgs(mem, s_apply, seq_obj, key, value, NULL);
+        Py_DECREF(seq_obj);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+    } else if (mem_apply(mem, seq, key, value) < 0) {
+        goto done;
+    }
+    long long size_bytes, limit, closed_bytes, wal_size = 0;
+    if ((options = get_attr(state, s_options, &r_state_options)) == NULL
+        || attr_ll(mem, s_size_bytes, &r_mem_size_bytes, &size_bytes) < 0
+        || attr_ll(options, s_memtable_size_bytes, &r_options_memtable_size_bytes, &limit) < 0
+        || attr_ll(wal, s_closed_bytes, &r_log_closed_bytes, &closed_bytes) < 0
+        || (writer = get_attr(wal, s_writer, &r_log_writer)) == NULL
+        || (writer != Py_None && attr_ll(writer, s_size, &r_writer_size, &wal_size) < 0))
+        goto done;
+    long out = size_bytes >= limit ? PUT_FULL : 0;
+    if (closed_bytes + wal_size > wal_limit)  /* LogSet.total_bytes */
+        out |= PUT_WAL_OVER;
+    result = PyLong_FromLong(out);
+done:
+    Py_XDECREF(wal);
+    Py_XDECREF(mem);
+    Py_XDECREF(undos);
+    Py_XDECREF(options);
+    Py_XDECREF(writer);
+    return result;
+}
+
+/* obj.name(*args) (at most 4), its result dropped: 0, or -1 with an exception set. */
+static int
+call_method(PyObject *obj, PyObject *name, PyObject *const *args, size_t nargs)
+{
+    PyObject *stack[5] = {obj, NULL, NULL, NULL, NULL};
+    for (size_t i = 0; i < nargs; i++)
+        stack[i + 1] = args[i];
+    PyObject *r = PyObject_VectorcallMethod(name, stack, nargs + 1, NULL);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* writes.write_columns(state, [key], [value], False): the general path. */
+static int
+write_columns(PyObject *writes, PyObject *state, PyObject *key, PyObject *value)
+{
+    PyObject *keys = PyList_New(1), *values = PyList_New(1);
+    if (keys == NULL || values == NULL) {
+        Py_XDECREF(keys);
+        Py_XDECREF(values);
+        return -1;
+    }
+    Py_INCREF(key);
+    PyList_SET_ITEM(keys, 0, key);
+    Py_INCREF(value);
+    PyList_SET_ITEM(values, 0, value);
+    PyObject *args[4] = {state, keys, values, Py_False};
+    int r = call_method(writes, s_write_columns, args, 4);
+    Py_DECREF(keys);
+    Py_DECREF(values);
+    return r;
+}
+
+/* put_one's common case: 1 (a put of those), 0 (not its case: nothing done),
+ * -1 with an exception set. */
+static int
+put_case(PyObject *writes, PyObject *state, PyObject *key, PyObject *value)
+{
+    if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > MAX_KEY_SIZE_BYTES
+        || !PyBytes_CheckExact(value) || PyBytes_GET_SIZE(value) > MAX_VALUE_SIZE_BYTES)
+        return 0;
+    int t;
+    if ((t = attr_true(state, s_dropped, &r_state_dropped)) != 0
+        || (t = attr_true(writes, s_sync_default, &r_writes_sync_default)) != 0)
+        return t < 0 ? -1 : 0;
+    PyObject *options = get_attr(state, s_options, &r_state_options);
+    if (options == NULL)
+        return -1;
+    t = attr_true(options, s_default_time_to_live, &r_options_default_time_to_live);
+    Py_DECREF(options);
+    return t < 0 ? -1 : !t;
+}
+
+PyObject *
+speedups_put_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* put_one(writes, state, key, value) -> bool: lsmdb.writepath.WritePath.put_one,
+     * its put (WritePath.put) in line. */
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "put_one(writes, state, key, value)");
+        return NULL;
+    }
+    PyObject *writes = args[0], *state = args[1], *key = args[2], *value = args[3];
+    int t = put_case(writes, state, key, value);
+    if (t <= 0)
+        return t < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *stall = NULL, *imms = NULL, *versions = NULL, *lock = NULL, *limit = NULL;
+    PyObject *done = NULL, *result = NULL;
+    int slow = 0;
+    if ((stall = get_attr(writes, s_stall, &r_writes_stall)) == NULL)
+        goto out;
+    if (stall != Py_None) {  /* level 0 at its stall bound: the general path waits */
+        PyObject *version = get_attr(state, s_version, &r_state_version);
+        if (version == NULL)
+            goto out;
+        PyObject *l0 = get_attr(version, s_l0, &r_version_l0);
+        Py_DECREF(version);
+        if (l0 == NULL)
+            goto out;
+        Py_ssize_t n = PyObject_Length(l0);
+        Py_DECREF(l0);
+        if (n < 0)
+            goto out;
+        /* read at each put, as the Python twin does (tests lower it) */
+        if (compaction_module == NULL
+            && (compaction_module = PyImport_ImportModule("lsmdb.compaction")) == NULL)
+            goto out;
+        PyObject *bound = PyObject_GetAttr(compaction_module, s_l0_stall_files);
+        if (bound == NULL)
+            goto out;
+        Py_ssize_t stall_files = PyLong_AsSsize_t(bound);
+        Py_DECREF(bound);
+        if (stall_files == -1 && PyErr_Occurred())
+            goto out;
+        slow = n >= stall_files;
+    }
+    if (!slow) {
+        if ((imms = get_attr(state, s_imms, &r_state_imms)) == NULL)
+            goto out;
+        Py_ssize_t n = PyObject_Length(imms);
+        if (n < 0)
+            goto out;
+        slow = n >= MAX_FROZEN_MEMTABLES
+               || PyBytes_GET_SIZE(key) + (value == Py_None ? 0 : PyBytes_GET_SIZE(value))
+                      > MAX_BATCH_SIZE_BYTES;
+    }
+    if (!slow) {
+        if ((versions = get_attr(writes, s_versions, &r_writes_versions)) == NULL
+            || (lock = get_attr(versions, s_lock, &r_versions_lock)) == NULL
+            || (limit = get_attr(writes, s_wal_limit, &r_writes_wal_limit)) == NULL)
+            goto out;
+        PyObject *r = PyObject_CallMethodNoArgs(lock, s_acquire);
+        if (r == NULL)
+            goto out;
+        Py_DECREF(r);
+        PyObject *call[5] = {versions, state, key, value, limit};
+        done = speedups_put_locked(NULL, call, 5);
+        PyObject *type, *exc, *tb;
+        PyErr_Fetch(&type, &exc, &tb);  /* the lock is released whatever happened */
+        r = PyObject_CallMethodNoArgs(lock, s_release);
+        if (r == NULL) {
+            Py_XDECREF(type);
+            Py_XDECREF(exc);
+            Py_XDECREF(tb);
+            goto out;
+        }
+        Py_DECREF(r);
+        PyErr_Restore(type, exc, tb);
+        if (done == NULL)
+            goto out;
+    }
+    long flags = done == NULL ? PUT_DECLINED : PyLong_AsLong(done);
+    if (flags == PUT_DECLINED) {
+        if (write_columns(writes, state, key, value) < 0)
+            goto out;
+    } else {
+        if (flags & PUT_FULL) {
+            PyObject *full = PyList_New(1);
+            if (full == NULL)
+                goto out;
+            Py_INCREF(state);
+            PyList_SET_ITEM(full, 0, state);
+            int r = call_method(writes, s_flush_full, &full, 1);
+            Py_DECREF(full);
+            if (r < 0)
+                goto out;
+        }
+        if ((flags & PUT_WAL_OVER) && call_method(writes, s_flush_wal_pinners, NULL, 0) < 0)
+            goto out;
+    }
+    result = Py_NewRef(Py_True);
+out:
+    Py_XDECREF(stall);
+    Py_XDECREF(imms);
+    Py_XDECREF(versions);
+    Py_XDECREF(lock);
+    Py_XDECREF(limit);
+    Py_XDECREF(done);
+    return result;
+}

@@ -35,6 +35,17 @@ from .sstable_format import (
 from .sstable_reader import SSTableReader
 from .ttl import has_expiring, payload_len
 
+try:  # optional C speedups: block_cuts' twin (csrc/sstable_writer.c), and a
+    # data block's payload written (csrc/block.c, block.encode_data_payload's twin)
+    from ._speedups import block_cuts as _c_block_cuts
+    from ._speedups import data_payload as _c_data_payload
+except ImportError:  # pragma: no cover - no C compiler when installed
+    _c_block_cuts = _c_data_payload = None  # type: ignore[assignment]
+
+#: Whether builders made from now on cut and encode blocks in C (tests switch
+#: it off to compare the two).
+USE_SPEEDUPS = _c_block_cuts is not None
+
 
 class Sink(Protocol):
     """Where a builder writes its bytes: a FileWriter, a file, an ``io.BytesIO``."""
@@ -50,6 +61,48 @@ _second = itemgetter(1)
 
 
 _third = itemgetter(2)
+
+
+def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int
+               ) -> tuple[list[int], list[int], int]:
+    """Where a chunk of sorted entries is cut into data blocks: a block ends
+    once its estimated size -- each entry's key and value bytes (an expiring
+    value's bytes) plus _ENTRY_OVERHEAD -- reaches ``block_size``, the first
+    after ``need`` more bytes (what completes the block pending before the
+    chunk).  Returns (cuts, bases, total): each block ends before entry
+    ``cuts[i]``, ``bases[i]`` the estimate of the chunk's entries up to there,
+    ``total`` that of the whole chunk.  ValueError unless the keys are strictly
+    increasing.
+
+    >>> block_cuts([b"a", b"b", b"c"], [b"1", b"2", None], 7, 12)
+    ([2], [12], 17)
+    """
+    n = len(keys)
+    if n != len(values):
+        raise ValueError("block_cuts: keys and values differ in length")
+    if n > 1 and not all(map(lt, keys, islice(keys, 1, None))):
+        raise ValueError("SSTable keys must be added in strictly increasing order")
+    if has_expiring(values):
+        value_lens: Iterable[int] = list(map(payload_len, values))
+    else:
+        try:
+            value_lens = list(map(len, values))
+        except TypeError:  # tombstones
+            value_lens = [0 if v is None else len(v) for v in values]
+    # cum[j]: the estimate of the first j entries; a cut is the first j past
+    # the last cut whose estimate reaches it (a bisect per block, not per entry)
+    cum = list(accumulate(map(add, map(add, map(len, keys), value_lens),
+                              repeat(_ENTRY_OVERHEAD, n)), initial=0))
+    cuts: list[int] = []
+    bases: list[int] = []
+    done = base = 0
+    while True:
+        cut = bisect_left(cum, base + need, done + 1)
+        if cut > n:
+            return cuts, bases, cum[n]
+        cuts.append(cut)
+        bases.append(cum[cut])
+        done, base, need = cut, cum[cut], block_size
 
 
 def take_chunk(items: Iterator[tuple[bytes, bytes | None]]
@@ -93,6 +146,9 @@ class SSTableBuilder:
         if not 0 <= seq <= MAX_SEQ:
             raise ValueError(f"sequence number {seq} out of range")
         self._version = version
+        #: block_cuts and the payloads of data blocks: in C, or their Python twins
+        self._block_cuts = _c_block_cuts if USE_SPEEDUPS else block_cuts
+        self._c_payload = USE_SPEEDUPS
         self._compression_name = compression if version >= 2 else "none"
         self._compression = _compression.TYPES[self._compression_name]
         self._file_number = file_number
@@ -191,43 +247,28 @@ class SSTableBuilder:
             tags = blk.tags_for(values, self._seq)
         if not n:
             return 0
-        if (self._last is not None and keys[0] <= self._last) or (
-                n > 1 and not all(map(lt, keys, islice(keys, 1, None)))):
+        if self._last is not None and keys[0] <= self._last:
             raise ValueError("SSTable keys must be added in strictly increasing order")
         expiring = has_expiring(values)
-        if expiring:
-            if self._version < 2:
-                raise ValueError("SSTable format 1 holds no expiring values")
-            value_lens: Iterable[int] = list(map(payload_len, values))
-        else:
-            try:
-                value_lens = list(map(len, values))  # type: ignore[arg-type]
-            except TypeError:  # tombstones
-                value_lens = [0 if v is None else len(v) for v in values]
-        cum = list(accumulate(map(add, map(add, map(len, keys), value_lens),
-                                  repeat(_ENTRY_OVERHEAD, n)), initial=0))
+        if expiring and self._version < 2:
+            raise ValueError("SSTable format 1 holds no expiring values")
+        block_size = self._block_size
+        cuts, bases, total = self._block_cuts(keys, values, block_size - self._block_bytes,
+                                              block_size)
         if self.min_key is None:
             self.min_key = keys[0]
-        block_size = self._block_size
-        done = 0        # entries of this chunk placed in flushed blocks
-        base = 0        # cum value where the pending block's chunk part starts
-        need = block_size - self._block_bytes  # bytes that complete the pending block
-        while True:
-            cut = bisect_left(cum, base + need, done + 1)  # block ends after entry cut - 1
-            if cut > n:
-                break
-            self._keys.extend(keys[done:cut])
-            self._values.extend(values[done:cut])
-            self._tags.extend(tags[done:cut])
-            self._flush_block()
-            done, base, need = cut, cum[cut], block_size
+        done = 0        # entries of this chunk placed in written blocks
+        base = 0        # the estimate where the pending block's chunk part starts
+        for cut, at in zip(cuts, bases, strict=True):
+            self._add_block(keys, values, tags, done, cut)
+            done, base = cut, at
             if max_file_bytes is not None and self._offset >= max_file_bytes:
                 break
         if done < n and not (max_file_bytes is not None and self._offset >= max_file_bytes):
             self._keys.extend(keys[done:])
             self._values.extend(values[done:])
             self._tags.extend(tags[done:])
-            self._block_bytes += cum[n] - base
+            self._block_bytes += total - base
             added = n
         else:
             added = done
@@ -240,6 +281,21 @@ class SSTableBuilder:
                                                             else values))
         self.max_key = self._last = keys[added - 1]
         return added
+
+    def _add_block(self, keys: list[bytes], values: list[Any], tags: list[int],
+                   lo: int, hi: int) -> None:
+        """Write a data block: the pending entries, then entries lo..hi of these lists."""
+        if self._keys or self._version < 2:
+            self._keys.extend(keys[lo:hi])
+            self._values.extend(values[lo:hi])
+            self._tags.extend(tags[lo:hi])
+            self._flush_block()
+            return
+        if self._c_payload:
+            payload = _c_data_payload(keys, values, tags, lo, hi)
+        else:
+            payload = blk.encode_data_payload(keys[lo:hi], values[lo:hi], tags[lo:hi])
+        self._write_data_block(payload, keys[hi - 1])
 
     def note_seq(self, min_seq: int | None, max_seq: int) -> None:
         """Record the WAL sequence range the entries came from (properties only)."""
@@ -254,27 +310,36 @@ class SSTableBuilder:
         return offset, len(data) - BLOCK_TRAILER_SIZE
 
     def _flush_block(self) -> None:
+        """Write the pending entries as a data block."""
         if not self._keys:
             return
         if self._version < 2:
             offset, size = self._write(blk.encode_block([self._keys, self._values]))
+            self._index_keys.append(self._keys[-1])
+            self._index_offsets.append(offset)
+            self._index_sizes.append(size)
         else:
-            payload = blk.encode_data_payload(self._keys, self._values, self._tags)
-            self.uncompressed_bytes += len(payload)
-            kind, stored = _compression.compress(self._compression, payload)
-            type_byte = kind.to_bytes(1, "little")
-            offset = self._offset
-            self._out.write(stored)
-            self._out.write(DATA_TRAILER_V2.pack(kind, crc32(type_byte, crc32(stored))))
-            size = len(stored)
-            self._offset += size + DATA_TRAILER_V2_SIZE
-        self._index_keys.append(self._keys[-1])
-        self._index_offsets.append(offset)
-        self._index_sizes.append(size)
+            self._write_data_block(
+                blk.encode_data_payload(self._keys, self._values, self._tags), self._keys[-1])
         self._keys = []
         self._values = []
         self._tags = []
         self._block_bytes = 0
+
+    def _write_data_block(self, payload: bytes, last_key: bytes) -> None:
+        """A format-2 data block of ``payload``, compressed where that pays,
+        with its trailer; indexed under ``last_key``."""
+        self.uncompressed_bytes += len(payload)
+        kind, stored = _compression.compress(self._compression, payload)
+        type_byte = kind.to_bytes(1, "little")
+        offset = self._offset
+        self._out.write(stored)
+        self._out.write(DATA_TRAILER_V2.pack(kind, crc32(type_byte, crc32(stored))))
+        size = len(stored)
+        self._offset += size + DATA_TRAILER_V2_SIZE
+        self._index_keys.append(last_key)
+        self._index_offsets.append(offset)
+        self._index_sizes.append(size)
 
     def build_filter(self) -> Filter:
         """The filter of every key added (lsmdb.filters.build), sized from their count."""

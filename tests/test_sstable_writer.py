@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lsmdb import block as blk
+from lsmdb import sstable_writer as sw
 from lsmdb.sstable_writer import SSTableBuilder
 
 
@@ -82,3 +84,89 @@ def test_add_chunk_refuses_disorder_and_changes_nothing():
         b.add_chunk([b"x"], [])                     # lengths differ
     assert (b.entries, b.tombstones, b.max_key) == (2, 1, b"b")
     assert b.add_chunk([], []) == 0
+
+
+# -- the C twins (csrc/sstable_writer.c's block_cuts, csrc/block.c's data_payload) --
+
+def tagged_strategy():
+    """Sorted entries with their tags: values bytes, None or expiring (bytes, expires)."""
+    value = st.one_of(st.none(), st.binary(max_size=300),
+                      st.tuples(st.binary(max_size=40), st.integers(1, 2**63 - 1)))
+    return st.dictionaries(st.binary(min_size=1, max_size=300), value, max_size=200).map(
+        lambda d: sorted(d.items())).flatmap(lambda items: st.tuples(
+            st.just(items), st.lists(st.integers(0, 2**56 - 1), min_size=len(items),
+                                     max_size=len(items))))
+
+
+def _tags(entries, seqs):
+    kinds = [0 if v is None else 2 if type(v) is tuple else 1 for _k, v in entries]
+    return [s << 8 | k for s, k in zip(seqs, kinds, strict=True)]
+
+
+needs_c = pytest.mark.skipif(sw._c_block_cuts is None, reason="built without a C compiler")
+
+
+@needs_c
+@settings(max_examples=150, deadline=None)
+@given(tagged_strategy(), st.integers(-50, 5000), st.integers(1, 5000), st.data())
+def test_c_block_cuts_and_payloads_are_the_python_ones(tagged, need, block_size, data):
+    entries, seqs = tagged
+    keys, values = [k for k, _ in entries], [v for _, v in entries]
+    tags = _tags(entries, seqs)
+    assert sw._c_block_cuts(keys, values, need, block_size) == \
+        sw.block_cuts(keys, values, need, block_size)
+    lo = data.draw(st.integers(0, len(keys)))
+    hi = data.draw(st.integers(lo, len(keys)))
+    assert sw._c_data_payload(keys, values, tags, lo, hi) == \
+        blk.encode_data_payload(keys[lo:hi], values[lo:hi], tags[lo:hi])
+
+
+@needs_c
+def test_c_block_cuts_refuse_what_the_python_ones_refuse():
+    for keys, values, exc in [([b"b", b"a"], [b"1", b"2"], ValueError),
+                              ([b"a", b"a"], [b"1", b"2"], ValueError),
+                              ([b"a"], [], ValueError)]:
+        with pytest.raises(exc):
+            sw._c_block_cuts(keys, values, 10, 10)
+        with pytest.raises(exc):
+            sw.block_cuts(keys, values, 10, 10)
+    with pytest.raises(TypeError):  # (the builder's callers hand it bytes alone)
+        sw._c_block_cuts(["a"], [b"1"], 10, 10)
+    with pytest.raises(TypeError):
+        sw._c_data_payload([b"a"], ["1"], [257], 0, 1)
+    with pytest.raises(ValueError):
+        sw._c_data_payload([b"a"], [b"1"], [257], 0, 2)
+
+
+@needs_c
+@settings(max_examples=60, deadline=None)
+@given(tagged_strategy(), st.integers(16, 2000), st.lists(st.integers(0, 250), max_size=5),
+       st.one_of(st.none(), st.integers(1, 20000)), st.sampled_from(["none", "lz4"]))
+def test_builders_in_c_and_in_python_write_the_same_file(tagged, block_size, cuts, limit,
+                                                          compression):
+    """Chunks of entries (expiring ones too) through add_chunk, with the C
+    cuts and payloads and with the Python ones: the same bytes, the same
+    count added under a file size limit."""
+    entries, seqs = tagged
+    if not entries:
+        return
+    tags = _tags(entries, seqs)
+    bounds = sorted({0, len(entries), *[c % (len(entries) + 1) for c in cuts]})
+    files = []
+    for use_c in (True, False):
+        sw.USE_SPEEDUPS = use_c
+        try:
+            out = io.BytesIO()
+            b = SSTableBuilder(out, fp_chance=0.01, block_size=block_size,
+                               compression=compression)
+            added = []
+            for lo, hi in zip(bounds, bounds[1:], strict=False):
+                added.append(b.add_chunk([k for k, _ in entries[lo:hi]],
+                                         [v for _, v in entries[lo:hi]], limit, tags[lo:hi]))
+                if added[-1] < hi - lo:
+                    break
+            b.finish()
+            files.append((out.getvalue(), added, b.entries, b.expiring, b.tombstones))
+        finally:
+            sw.USE_SPEEDUPS = sw._c_block_cuts is not None
+    assert files[0] == files[1]

@@ -2,9 +2,10 @@
  * to a payload's bytes in one walk, which also finds where each entry's key
  * and value begin; a key's value found through those offsets; and the block
  * cache's form of a block -- the payload followed by its offsets -- with a
- * lookup in it.  Python twins: lsmdb/block.py's decode_data_block,
- * cache_entry, entry_find and entry_lists; the tests feed both the same
- * payloads and compare what they accept and return.
+ * lookup in it; and data_payload, such a payload written.  Python twins:
+ * lsmdb/block.py's decode_data_block, cache_entry, entry_find, entry_lists
+ * and encode_data_payload; the tests feed both the same payloads and entries
+ * and compare what they accept and return.
  *
  * The payload is msgpack [[key, ...], [value|nil, ...], [tag, ...],
  * [expiry, ...]] (format 2; format 1 has the first two lists alone) in the
@@ -22,6 +23,7 @@
 
 #include "block.h"
 #include "keys.h"
+#include "mpack.h"
 
 /* Big-endian reads for the msgpack headers. */
 static inline uint32_t
@@ -664,4 +666,104 @@ speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     if (r == 0)
         return Py_NewRef(args[2]);
     return found_value(r, vp, vlen, expires);
+}
+
+/* ---- data_payload: a data block's payload, written -------------------------- */
+
+PyObject *
+speedups_data_payload(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* data_payload(keys, values, tags, lo, hi) -> the same bytes as
+     * block.encode_data_payload(keys[lo:hi], values[lo:hi], tags[lo:hi]) of
+     * format 2: msgpack [keys, values, tags, expiries], values bytes or None
+     * (a tombstone) and, where any is an expiring (bytes, expires), each
+     * such split into the values and the expiries (0 for the others); else
+     * expiries []. */
+    if (nargs != 5 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])
+        || !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "data_payload(keys: list, values: list, tags: list, lo, hi)");
+        return NULL;
+    }
+    PyObject *keys = args[0], *values = args[1], *tags = args[2];
+    Py_ssize_t lo = PyLong_AsSsize_t(args[3]), hi = PyLong_AsSsize_t(args[4]);
+    if ((lo == -1 || hi == -1) && PyErr_Occurred())
+        return NULL;
+    if (lo < 0 || hi < lo || hi > PyList_GET_SIZE(keys) || hi > PyList_GET_SIZE(values)
+        || hi > PyList_GET_SIZE(tags) || (uint64_t)(hi - lo) > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_ValueError, "data_payload: lo and hi out of the lists' range");
+        return NULL;
+    }
+    size_t n = (size_t)(hi - lo), total = 1 + 4 * mpw_array_size(n);
+    int expiring = 0;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
+        PyObject *t = PyList_GET_ITEM(tags, i);
+        if (PyTuple_CheckExact(v)) {
+            if (PyTuple_GET_SIZE(v) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(v, 1))) {
+                PyErr_SetString(PyExc_TypeError, "an expiring value is (bytes, int)");
+                return NULL;
+            }
+            expiring = 1;
+            v = PyTuple_GET_ITEM(v, 0);
+        }
+        if (!PyBytes_CheckExact(k) || (v != Py_None && !PyBytes_CheckExact(v))
+            || !PyLong_CheckExact(t)) {
+            PyErr_SetString(PyExc_TypeError,
+                            "data_payload: keys bytes, values bytes or None, tags int");
+            return NULL;
+        }
+        if ((uint64_t)PyBytes_GET_SIZE(k) > 0xFFFFFFFFu
+            || (v != Py_None && (uint64_t)PyBytes_GET_SIZE(v) > 0xFFFFFFFFu)) {
+            PyErr_SetString(PyExc_ValueError, "a key or value too long for msgpack");
+            return NULL;
+        }
+        total += mpw_bin_size((size_t)PyBytes_GET_SIZE(k)) + 9
+                 + (v == Py_None ? 1 : mpw_bin_size((size_t)PyBytes_GET_SIZE(v)));
+    }
+    if (expiring)
+        total += 9 * n;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *start = (unsigned char *)PyBytes_AS_STRING(out), *p = start;
+    *p++ = 0x94;
+    p = mpw_array(p, n);
+    for (Py_ssize_t i = lo; i < hi; i++)
+        p = mpw_bin(p, PyList_GET_ITEM(keys, i));
+    p = mpw_array(p, n);
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (PyTuple_CheckExact(v))
+            v = PyTuple_GET_ITEM(v, 0);
+        if (v == Py_None)
+            *p++ = 0xC0;
+        else
+            p = mpw_bin(p, v);
+    }
+    p = mpw_array(p, n);
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        unsigned long long t = PyLong_AsUnsignedLongLong(PyList_GET_ITEM(tags, i));
+        if (t == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        p = mpw_uint(p, t);
+    }
+    p = mpw_array(p, expiring ? n : 0);
+    for (Py_ssize_t i = lo; expiring && i < hi; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        unsigned long long e = 0;
+        if (PyTuple_CheckExact(v)) {
+            e = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1));
+            if (e == (unsigned long long)-1 && PyErr_Occurred()) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+        p = mpw_uint(p, e);
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)(p - start)) < 0)
+        return NULL;
+    return out;
 }

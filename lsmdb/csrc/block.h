@@ -68,6 +68,7 @@ PyObject *speedups_block_lists(PyObject *module, PyObject *const *args, Py_ssize
 PyObject *speedups_block_full(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_lists(PyObject *module, PyObject *entry);
+PyObject *speedups_data_payload(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 HIDDEN_END
 

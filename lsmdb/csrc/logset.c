@@ -4,72 +4,9 @@
  * encode_record (encode_table_record calls this where it is built). */
 
 #include "logset.h"
+#include "mpack.h"
 
 /* ---- encode_ops: a WAL record payload of one table's batch --------------- */
-
-/* msgpack of one unsigned int, the smallest form (as msgpack.packb writes it). */
-static unsigned char *
-mp_uint(unsigned char *p, uint64_t v)
-{
-    if (v <= 0x7F) {
-        *p++ = (unsigned char)v;
-    } else if (v <= 0xFF) {
-        *p++ = 0xCC;
-        *p++ = (unsigned char)v;
-    } else if (v <= 0xFFFF) {
-        *p++ = 0xCD;
-        *p++ = (unsigned char)(v >> 8);
-        *p++ = (unsigned char)v;
-    } else if (v <= 0xFFFFFFFFu) {
-        *p++ = 0xCE;
-        for (int s = 24; s >= 0; s -= 8)
-            *p++ = (unsigned char)(v >> s);
-    } else {
-        *p++ = 0xCF;
-        for (int s = 56; s >= 0; s -= 8)
-            *p++ = (unsigned char)(v >> s);
-    }
-    return p;
-}
-
-/* msgpack header of an array of n items. */
-static unsigned char *
-mp_array(unsigned char *p, size_t n)
-{
-    if (n <= 15) {
-        *p++ = (unsigned char)(0x90 | n);
-    } else if (n <= 0xFFFF) {
-        *p++ = 0xDC;
-        *p++ = (unsigned char)(n >> 8);
-        *p++ = (unsigned char)n;
-    } else {
-        *p++ = 0xDD;
-        for (int s = 24; s >= 0; s -= 8)
-            *p++ = (unsigned char)(n >> s);
-    }
-    return p;
-}
-
-/* msgpack bin of b (bytes). */
-static unsigned char *
-mp_bin(unsigned char *p, PyObject *b)
-{
-    size_t n = (size_t)PyBytes_GET_SIZE(b);
-    if (n <= 0xFF) {
-        *p++ = 0xC4;
-        *p++ = (unsigned char)n;
-    } else if (n <= 0xFFFF) {
-        *p++ = 0xC5;
-        *p++ = (unsigned char)(n >> 8);
-        *p++ = (unsigned char)n;
-    } else {
-        *p++ = 0xC6;
-        for (int s = 24; s >= 0; s -= 8)
-            *p++ = (unsigned char)(n >> s);
-    }
-    memcpy(p, PyBytes_AS_STRING(b), n);
-    return p + n;
-}
 
 PyObject *
 speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
@@ -96,7 +33,7 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
         return NULL;
     }
     unsigned char tidbuf[9];
-    size_t tidlen = (size_t)(mp_uint(tidbuf, tid) - tidbuf);
+    size_t tidlen = (size_t)(mpw_uint(tidbuf, tid) - tidbuf);
     size_t total = 1 + 9 + 5;  /* [seq, ops] headers */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *k = PyList_GET_ITEM(keys, i), *v = PyList_GET_ITEM(values, i);
@@ -129,22 +66,22 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
         return NULL;
     unsigned char *start = (unsigned char *)PyBytes_AS_STRING(out), *p = start;
     *p++ = 0x92;
-    p = mp_uint(p, seq);
-    p = mp_array(p, (size_t)n);
+    p = mpw_uint(p, seq);
+    p = mpw_array(p, (size_t)n);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = PyList_GET_ITEM(values, i);
         *p++ = 0x93;
         memcpy(p, tidbuf, tidlen);
         p += tidlen;
-        p = mp_bin(p, PyList_GET_ITEM(keys, i));
+        p = mpw_bin(p, PyList_GET_ITEM(keys, i));
         if (v == Py_None) {
             *p++ = 0xC0;
         } else if (PyTuple_CheckExact(v)) {
             *p++ = 0x92;
-            p = mp_bin(p, PyTuple_GET_ITEM(v, 0));
-            p = mp_uint(p, PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1)));
+            p = mpw_bin(p, PyTuple_GET_ITEM(v, 0));
+            p = mpw_uint(p, PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1)));
         } else {
-            p = mp_bin(p, v);
+            p = mpw_bin(p, v);
         }
     }
     if (_PyBytes_Resize(&out, (Py_ssize_t)(p - start)) < 0)
@@ -154,38 +91,26 @@ speedups_encode_ops(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
 
 /* ---- encode_one: the payload of one put or delete ------------------------ */
 
-static size_t
-mp_uint_size(uint64_t v)
-{
-    return v <= 0x7F ? 1 : v <= 0xFF ? 2 : v <= 0xFFFF ? 3 : v <= 0xFFFFFFFFu ? 5 : 9;
-}
-
-static size_t
-mp_bin_size(size_t n)
-{
-    return n + (n <= 0xFF ? 2 : n <= 0xFFFF ? 3 : 5);
-}
-
 size_t
 encode_one_size(uint64_t seq, uint64_t tid, PyObject *key, PyObject *value)
 {
     /* [seq, [[tid, key, value]]]: 0x92, seq, 0x91, 0x93, tid, key, value */
-    return 3 + mp_uint_size(seq) + mp_uint_size(tid) + mp_bin_size((size_t)PyBytes_GET_SIZE(key))
-           + (value == Py_None ? 1 : mp_bin_size((size_t)PyBytes_GET_SIZE(value)));
+    return 3 + mpw_uint_size(seq) + mpw_uint_size(tid) + mpw_bin_size((size_t)PyBytes_GET_SIZE(key))
+           + (value == Py_None ? 1 : mpw_bin_size((size_t)PyBytes_GET_SIZE(value)));
 }
 
 unsigned char *
 encode_one(unsigned char *p, uint64_t seq, uint64_t tid, PyObject *key, PyObject *value)
 {
     *p++ = 0x92;
-    p = mp_uint(p, seq);
+    p = mpw_uint(p, seq);
     *p++ = 0x91;
     *p++ = 0x93;
-    p = mp_uint(p, tid);
-    p = mp_bin(p, key);
+    p = mpw_uint(p, tid);
+    p = mpw_bin(p, key);
     if (value == Py_None)
         *p++ = 0xC0;
     else
-        p = mp_bin(p, value);
+        p = mpw_bin(p, value);
     return p;
 }

@@ -24,8 +24,10 @@
  *   sstable_reader.c  map_file, Mapping and a data block read for the getter
  *   block.c           block_entry, block_lists, entry_find, entry_lists: the
  *                     data block rule in one walk of a block's bytes, the
- *                     block cache's form of a block and a lookup in it
+ *                     block cache's form of a block and a lookup in it;
+ *                     data_payload, a data block's payload written
  *   merge.c           Merge: the k-way merge of scans and compactions
+ *   sstable_writer.c  block_cuts: where a chunk of entries is cut into blocks
  *   logset.c          encode_ops: a one-table WAL record; encode_one: a
  *                     one-op record
  *   writepath.c       put_locked: one put's step under the database lock (its
@@ -51,6 +53,7 @@
 #include "readpath_probes.h"
 #include "sstable_format.h"
 #include "sstable_reader.h"
+#include "sstable_writer.h"
 #include "writepath.h"
 
 static PyObject *
@@ -110,6 +113,12 @@ static PyMethodDef speedups_functions[] = {
      "block_full($module, payload, after, last, version=2, /)\n--\n\n"
      "(keys, values, tags) of a data block of format 2 or 3 the rule accepts within those "
      "bounds, expiring values as (value, expires)."},
+    {"data_payload", (PyCFunction)(void (*)(void))speedups_data_payload, METH_FASTCALL,
+     "data_payload($module, keys, values, tags, lo, hi, /)\n--\n\n"
+     "block.encode_data_payload(keys[lo:hi], values[lo:hi], tags[lo:hi]) of format 2."},
+    {"block_cuts", (PyCFunction)(void (*)(void))speedups_block_cuts, METH_FASTCALL,
+     "block_cuts($module, keys, values, need, block_size, /)\n--\n\n"
+     "sstable_writer.block_cuts: (cuts, bases, total) of a chunk of sorted entries."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,

@@ -1,0 +1,16 @@
+/* sstable_writer.h: block_cuts, where a chunk of sorted entries is cut into
+ * data blocks (sstable_writer.c).  Python twin: lsmdb/sstable_writer.py's
+ * block_cuts. */
+
+#ifndef LSMDB_SSTABLE_WRITER_H
+#define LSMDB_SSTABLE_WRITER_H
+
+#include "base.h"
+
+HIDDEN_BEGIN
+
+PyObject *speedups_block_cuts(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+
+HIDDEN_END
+
+#endif

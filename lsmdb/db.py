@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import stats as _stats
+from . import worker as _worker
 from .background import Background
 from .cache import DEFAULT_BLOCK_CACHE_SIZE_BYTES, BlockCache
 from .compactor import Compactor
@@ -421,9 +422,12 @@ class DB(ScanMapping):
 
     # ------------------------------------------------------------ background
     def _flushed(self) -> None:
-        """After each flush: the counters saved, compaction woken."""
+        """After each flush: the counters saved, compaction woken (and, the
+        first time, a compaction worker started for it: lsmdb.worker.warm)."""
         self._save_counters()
         if self._bg is not None:
+            if self._auto_compaction and self._versions.compaction_process:
+                _worker.warm()
             self._bg.wake()
 
     def _flush_round(self, should_stop: Callable[[], bool]) -> None:

@@ -233,3 +233,51 @@ def test_an_idle_worker_that_died_is_replaced(tmp_path):
         db.compact("t")                       # a new worker, no error
         assert len(db.sstables("t")) == 1
         check(db, "t", rows)
+
+
+def test_a_worker_is_started_after_the_first_flush_and_the_first_merge_takes_it(
+        tmp_path, monkeypatch):
+    """After a database's first flush a worker starts in the background
+    (lsmdb.worker.warm); the first compaction then takes it, starting none."""
+    monkeypatch.setattr(lsmdb.worker, "_idle", [])
+    monkeypatch.setattr(lsmdb.worker, "_broken", None)
+    started = []
+    real_init = lsmdb.worker.Worker.__init__
+
+    def counting_init(self):
+        started.append(1)
+        real_init(self)
+
+    monkeypatch.setattr(lsmdb.worker.Worker, "__init__", counting_init)
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        db.alter_table("default", min_threshold=8)   # no compaction from these flushes
+        assert not started
+        db.put(b"a", b"1")
+        db.flush()
+        deadline = time.monotonic() + 30
+        while not lsmdb.worker._idle and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(lsmdb.worker._idle) == 1 and started == [1]
+        db.flush()                                   # nothing more is started
+        for i in range(3):
+            db.put(b"k%d" % i, b"v")
+            db.flush()
+        time.sleep(0.1)
+        assert started == [1]
+        db.compact()
+        assert started == [1] and len(db.sstables()) == 1
+        assert db.get(b"a") == b"1"
+    lsmdb.worker.close_idle()
+    monkeypatch.setattr(lsmdb.worker, "_broken", None)
+
+
+def test_no_worker_is_started_ahead_without_compaction_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(lsmdb.worker, "_idle", [])
+    monkeypatch.setattr(lsmdb.worker, "_broken", None)
+    for kwargs in ({"compaction_process": False}, {"auto_compaction": False}):
+        with lsmdb.open(str(tmp_path / str(len(kwargs))), **kwargs) as db:
+            db.put(b"a", b"1")
+            db.flush()
+            time.sleep(0.05)
+            assert not lsmdb.worker._warming and not lsmdb.worker._idle, kwargs

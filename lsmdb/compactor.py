@@ -40,7 +40,7 @@ MAX_CONCURRENT_COMPACTIONS = 2
 #: A compaction starts beside a running one only if its inputs are at most
 #: this large: flushes piling up are merged while a large merge runs, but two
 #: large merges do not share the machine with the writers.
-BESIDE_MAX_INPUT_BYTES = 64 << 20
+BESIDE_MAX_INPUT_BYTES = 256 << 20
 
 
 class Compactor:

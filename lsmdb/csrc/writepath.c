@@ -1,11 +1,14 @@
-/* writepath.c: put_locked, the part of one put under the database lock --
- * the next sequence number, the WAL record appended, the memtable applied --
- * in one C call instead of six Python frames.  Python twin:
- * lsmdb/writepath.py's put_locked, with lsmdb/logset.py's LogSet.append,
+/* writepath.c: put_one, a put in its common case whole -- its checks, the
+ * database lock, then put_locked: the next sequence number, the WAL record
+ * appended, the memtable applied -- in one C call instead of some ten Python
+ * frames.  Python twins: lsmdb/writepath.py's WritePath.put_one,
+ * WritePath.put and put_locked, with lsmdb/logset.py's LogSet.append,
  * lsmdb/wal.py's LogWriter.add_record and lsmdb/memtable.py's
  * Memtable.apply in line; step for step the same reads and writes of the
  * same attributes, so that either leaves the same objects and the same
- * bytes on disk (tests/test_writepath.py compares them).
+ * bytes on disk (tests/test_writepath.py compares them).  What is not its
+ * case (a stall, frozen memtables piling up, a failed log, ...) goes to
+ * WritePath.write_columns, as in the twin.
  *
  * The record reaches the file through os.write, looked up at each call as
  * the Python twin does, so that whatever wraps os.write (the I/O-fault tests)
@@ -24,8 +27,8 @@ static PyObject *s_log, *s_closed, *s_read_only, *s_dropped, *s_failed, *s_last_
     *s_live, *s_fd, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
     *s_promote_segments, *s_mem, *s_undos, *s_data, *s_filter, *s_size_bytes, *s_pending,
     *s_tags, *s_options, *s_memtable_size_bytes, *s_closed_bytes, *s_id, *s_add_record,
-    *s_apply, *s_write, *s_l0_stall_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions, *s_lock,
-    *s_wal_limit, *s_acquire, *s_release, *s_write_columns, *s_flush_full,
+    *s_apply, *s_write, *s_l0_stall_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
+    *s_lock, *s_wal_limit, *s_acquire, *s_release, *s_write_columns, *s_flush_full,
     *s_flush_wal_pinners, *s_sync_default, *s_default_time_to_live;
 
 int
@@ -195,6 +198,18 @@ set_ll(PyObject *obj, PyObject *name, SlotRef *ref, long long v)
     return r;
 }
 
+/* o (a new reference, or NULL with an exception set) as a Py_ssize_t, o
+ * dropped: 0, or -1 with an exception set. */
+static int
+take_ssize(PyObject *o, Py_ssize_t *out)
+{
+    if (o == NULL)
+        return -1;
+    *out = PyLong_AsSsize_t(o);
+    Py_DECREF(o);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 /* os.write(fd, data) until every byte is written (lsmdb.files.write_all).
  * 0, or -1 with the OSError set. */
 static int
@@ -209,11 +224,8 @@ write_record(PyObject *fd, PyObject *data)
         PyObject *args[2] = {fd, data};
         PyObject *r = PyObject_Vectorcall(write, args, 2, NULL);
         Py_DECREF(write);
-        if (r == NULL)
-            goto fail;
-        Py_ssize_t w = PyLong_AsSsize_t(r);
-        Py_DECREF(r);
-        if (w == -1 && PyErr_Occurred())
+        Py_ssize_t w;
+        if (take_ssize(r, &w) < 0)
             goto fail;
         done += w;
         if (done >= n)
@@ -385,7 +397,8 @@ mem_apply(PyObject *mem, long long seq, PyObject *key, PyObject *value)
         size += PyBytes_GET_SIZE(value);
         t |= MEM_KIND_VALUE;
     }
-    if ((tags = get_attr(mem, s_tags, &r_mem_tags)) == NULL || (tag = PyLong_FromUnsignedLongLong(t)) == NULL)
+    if ((tags = get_attr(mem, s_tags, &r_mem_tags)) == NULL
+        || (tag = PyLong_FromUnsignedLongLong(t)) == NULL)
         goto done;
     if (PyObject_SetItem(tags, key, tag) < 0 || PyDict_SetItem(data, key, value) < 0)
         goto done;
@@ -399,7 +412,8 @@ mem_apply(PyObject *mem, long long seq, PyObject *key, PyObject *value)
     if (none && set_ll(mem, s_min_seq, &r_mem_min_seq, seq) < 0)
         goto done;
     long long max_seq;
-    if (attr_ll(mem, s_max_seq, &r_mem_max_seq, &max_seq) < 0 || (seq > max_seq && set_ll(mem, s_max_seq, &r_mem_max_seq, seq) < 0))
+    if (attr_ll(mem, s_max_seq, &r_mem_max_seq, &max_seq) < 0
+        || (seq > max_seq && set_ll(mem, s_max_seq, &r_mem_max_seq, seq) < 0))
         goto done;
     rc = 0;
 done:
@@ -436,7 +450,8 @@ speedups_put_locked(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     int t;
     if ((wal = get_attr(versions, s_log, &r_versions_log)) == NULL)
         goto done;
-    if ((t = attr_true(versions, s_closed, &r_versions_closed)) != 0 || (t = attr_true(versions, s_read_only, &r_versions_read_only)) != 0
+    if ((t = attr_true(versions, s_closed, &r_versions_closed)) != 0
+        || (t = attr_true(versions, s_read_only, &r_versions_read_only)) != 0
         || (t = attr_true(state, s_dropped, &r_state_dropped)) != 0) {
         if (t > 0)
             result = PyLong_FromLong(PUT_DECLINED);
@@ -451,14 +466,16 @@ speedups_put_locked(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
         goto done;
     }
     long long seq, tid;
-    if (attr_ll(versions, s_last_seq, &r_versions_last_seq, &seq) < 0 || attr_ll(state, s_id, &r_state_id, &tid) < 0)
+    if (attr_ll(versions, s_last_seq, &r_versions_last_seq, &seq) < 0
+        || attr_ll(state, s_id, &r_state_id, &tid) < 0)
         goto done;
     if (tid < 0 || seq < 0 || seq >= WRITE_MAX_SEQ) {  /* not its case: the Python path's */
         result = PyLong_FromLong(PUT_DECLINED);
         goto done;
     }
     seq += 1;
-    if (set_ll(versions, s_last_seq, &r_versions_last_seq, seq) < 0 || log_append(wal, seq, tid, key, value) < 0)
+    if (set_ll(versions, s_last_seq, &r_versions_last_seq, seq) < 0
+        || log_append(wal, seq, tid, key, value) < 0)
         goto done;
     if ((t = attr_true(wal, s_promoted, &r_log_promoted)) < 0)
         goto done;
@@ -595,12 +612,8 @@ speedups_put_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         if (compaction_module == NULL
             && (compaction_module = PyImport_ImportModule("lsmdb.compaction")) == NULL)
             goto out;
-        PyObject *bound = PyObject_GetAttr(compaction_module, s_l0_stall_files);
-        if (bound == NULL)
-            goto out;
-        Py_ssize_t stall_files = PyLong_AsSsize_t(bound);
-        Py_DECREF(bound);
-        if (stall_files == -1 && PyErr_Occurred())
+        Py_ssize_t stall_files;
+        if (take_ssize(PyObject_GetAttr(compaction_module, s_l0_stall_files), &stall_files) < 0)
             goto out;
         slow = n >= stall_files;
     }

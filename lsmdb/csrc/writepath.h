@@ -13,7 +13,7 @@
 #include "base.h"
 
 #define WAL_BLOCK_SIZE_BYTES 32768       /* wal.BLOCK_SIZE_BYTES */
-#define WAL_FRAGMENT_HEADER_SIZE 7       /* wal.FRAGMENT_HEADER_SIZE: crc32 u32, length u16, type u8 */
+#define WAL_FRAGMENT_HEADER_SIZE 7       /* wal.FRAGMENT_HEADER_SIZE: crc32, length, type */
 #define WAL_FULL 1                       /* wal.FULL */
 #define MEM_ENTRY_OVERHEAD_BYTES 64      /* memtable.ENTRY_OVERHEAD_BYTES */
 #define MEM_EXPIRING_OVERHEAD_BYTES 88   /* memtable.EXPIRING_OVERHEAD_BYTES */

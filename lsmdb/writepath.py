@@ -10,6 +10,11 @@ bound holds writers while compaction can reduce it.  An OSError from the WAL
 means the write is not applied: its record may be in the failed segment, but
 nothing is ever appended after it, and the next write first makes the log
 whole again (:meth:`lsmdb.flush.Flusher.recover_log`).
+
+A single put takes a shorter line: :func:`put_locked`, the same steps for
+one op in line, and before it :meth:`WritePath.put_one`, a put's common
+case whole; both have a C twin (lsmdb/csrc/writepath.c), which a handle's
+put calls first where the extension is built.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from .table import TableState
 from .versions import Versions
 from .wal import BLOCK_SIZE_BYTES, FRAGMENT_HEADER_SIZE, FULL
 
-try:  # optional C speedups (lsmdb/csrc/writepath.c): put_locked's twin
+try:  # optional C speedups (lsmdb/csrc/writepath.c): put_one and put_locked in C
     from ._speedups import WRITE_PATH_CONSTANTS as _C_CONSTANTS
     from ._speedups import put_locked as _c_put_locked
     from ._speedups import put_one as _c_put_one

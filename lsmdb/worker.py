@@ -230,7 +230,12 @@ def warm() -> None:
         if _broken is not None or _idle or _warming or _owner != os.getpid():
             return
         _warming = True
-    threading.Thread(target=_start_idle, name="lsmdb-worker-start", daemon=True).start()
+    try:
+        threading.Thread(target=_start_idle, name="lsmdb-worker-start", daemon=True).start()
+    except RuntimeError as exc:  # no thread to start it on: the first merge starts one
+        with _lock:
+            _warming = False
+        log.warning("no compaction worker started ahead: %s", exc)
 
 
 def _start_idle() -> None:
@@ -250,6 +255,31 @@ def _start_idle() -> None:
                 worker = None
     if worker is not None:  # not wanted after all (the interpreter exiting, a fork)
         worker.close()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child lets go of its parent's workers at once: it closes its
+    copies of their pipes (else a worker the parent closes would not see the
+    end of its input while the child lives), without waiting for them."""
+    global _lock, _idle, _owner, _warming
+    inherited, _idle = _idle, []
+    _lock = threading.Lock()  # the parent's may have been held by another thread
+    _owner = os.getpid()
+    _warming = False
+    for worker in inherited:
+        for f in (worker._out, worker._in):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            os.close(worker._life)
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -281,3 +281,31 @@ def test_no_worker_is_started_ahead_without_compaction_processes(tmp_path, monke
             db.flush()
             time.sleep(0.05)
             assert not lsmdb.worker._warming and not lsmdb.worker._idle, kwargs
+
+
+def test_a_forked_child_lets_go_of_the_parents_idle_workers(tmp_path, monkeypatch):
+    """A child forked while a worker is idle closes its copies of the worker's
+    pipes at once, so the parent letting the worker go does not wait for it
+    (nor kill it) while the child lives."""
+    monkeypatch.setattr(lsmdb.worker, "_idle", [])
+    monkeypatch.setattr(lsmdb.worker, "_broken", None)
+    lsmdb.worker.warm()
+    deadline = time.monotonic() + 30
+    while not lsmdb.worker._idle and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lsmdb.worker._idle
+    pid = os.fork()
+    if pid == 0:  # the child: holds on for a while, touching nothing
+        try:
+            time.sleep(3 if not lsmdb.worker._idle else 0)
+        finally:
+            os._exit(0 if not lsmdb.worker._idle else 1)
+    try:
+        start = time.monotonic()
+        lsmdb.worker.close_idle()
+        took = time.monotonic() - start
+    finally:
+        _, status = os.waitpid(pid, 0)
+        monkeypatch.setattr(lsmdb.worker, "_broken", None)
+    assert os.waitstatus_to_exitcode(status) == 0  # the child kept no worker
+    assert took < 1.5

@@ -280,3 +280,24 @@ def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monke
     with lsmdb.open(path) as again:
         assert [again.get(k) for k in (b"a", b"b", b"c", b"d")] == \
             [b"1", None, b"3" * 50, b"4" * 50]
+
+
+@pytest.mark.parametrize("c", [False, True])
+def test_the_c_put_follows_a_class_changed_after_it_ran(tmp_path, c, monkeypatch):
+    """The C put reads slots at offsets it remembers per type; a class attribute
+    patched in later (here read_only, made a property answering True) is seen
+    at the next put, as the Python put sees it, and the original again after."""
+    if c and not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    from lsmdb.versions import Versions
+
+    with lsmdb.open(str(tmp_path / "db"), auto_compaction=False) as db:
+        db.put(b"a", b"1")                    # the offsets are resolved
+        with monkeypatch.context() as m:
+            m.setattr(Versions, "read_only", property(lambda self: True))
+            with pytest.raises(lsmdb.ReadOnlyError):
+                db.put(b"b", b"2")
+        assert db.get(b"b") is None
+        db.put(b"c", b"3")                    # the slot again
+        assert [db.get(k) for k in (b"a", b"b", b"c")] == [b"1", None, b"3"]

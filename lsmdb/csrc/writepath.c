@@ -97,19 +97,38 @@ writepath_init(void)
  * slot's offset for that type and the C put reads and writes it there --
  * what the member descriptor itself would do.  Any other type (a subclass
  * with other descriptors, a test's stand-in) takes PyObject_GetAttr and
- * PyObject_SetAttr, so the answers are the same either way. */
+ * PyObject_SetAttr, so the answers are the same either way.
+ *
+ * A SlotRef holds its type (so the type, and its address, stay its own) and
+ * the type's version tag when it resolved: a change to the type or to a
+ * base (a class attribute set or deleted, a descriptor patched in) changes
+ * or invalidates the tag, and the next access resolves again.  A type
+ * without a valid tag is not cached at all: every access takes getattr. */
 
 typedef struct {
-    PyTypeObject *type;  /* the type the offset is for (NULL: none yet) */
-    Py_ssize_t offset;   /* the slot's offset in an instance; -1: not a plain slot */
+    PyTypeObject *type;     /* the type the offset is for, held (NULL: none yet) */
+    unsigned int version;   /* its tp_version_tag when resolved */
+    Py_ssize_t offset;      /* the slot's offset in an instance; -1: not a plain slot */
 } SlotRef;
+
+/* Whether ref's offset may serve an instance of type. */
+static inline int
+slot_current(const SlotRef *ref, PyTypeObject *type)
+{
+    return type == ref->type && (type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)
+           && type->tp_version_tag == ref->version;
+}
 
 static void
 slot_resolve(SlotRef *ref, PyTypeObject *type, PyObject *name)
 {
-    PyObject *descr = _PyType_Lookup(type, name);  /* borrowed */
-    ref->type = type;
+    PyObject *descr = _PyType_Lookup(type, name);  /* borrowed; assigns a version tag */
+    Py_INCREF(type);
+    Py_XSETREF(ref->type, type);
+    ref->version = type->tp_version_tag;
     ref->offset = -1;
+    if (!(type->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+        return;  /* no tag to notice a change by: getattr each time */
     if (descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
         PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
         if (m->type == T_OBJECT_EX && !(m->flags & READONLY))
@@ -121,7 +140,7 @@ slot_resolve(SlotRef *ref, PyTypeObject *type, PyObject *name)
 static inline PyObject *
 get_attr(PyObject *obj, PyObject *name, SlotRef *ref)
 {
-    if (Py_TYPE(obj) != ref->type)
+    if (!slot_current(ref, Py_TYPE(obj)))
         slot_resolve(ref, Py_TYPE(obj), name);
     if (ref->offset >= 0) {
         PyObject *v = *(PyObject **)((char *)obj + ref->offset);
@@ -135,7 +154,7 @@ get_attr(PyObject *obj, PyObject *name, SlotRef *ref)
 static inline int
 set_attr(PyObject *obj, PyObject *name, SlotRef *ref, PyObject *value)
 {
-    if (Py_TYPE(obj) != ref->type)
+    if (!slot_current(ref, Py_TYPE(obj)))
         slot_resolve(ref, Py_TYPE(obj), name);
     if (ref->offset >= 0) {
         PyObject **slot = (PyObject **)((char *)obj + ref->offset);

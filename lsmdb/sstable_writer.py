@@ -314,10 +314,8 @@ class SSTableBuilder:
         if not self._keys:
             return
         if self._version < 2:
-            offset, size = self._write(blk.encode_block([self._keys, self._values]))
-            self._index_keys.append(self._keys[-1])
-            self._index_offsets.append(offset)
-            self._index_sizes.append(size)
+            self._index_block(self._keys[-1],
+                              *self._write(blk.encode_block([self._keys, self._values])))
         else:
             self._write_data_block(
                 blk.encode_data_payload(self._keys, self._values, self._tags), self._keys[-1])
@@ -335,8 +333,12 @@ class SSTableBuilder:
         offset = self._offset
         self._out.write(stored)
         self._out.write(DATA_TRAILER_V2.pack(kind, crc32(type_byte, crc32(stored))))
-        size = len(stored)
-        self._offset += size + DATA_TRAILER_V2_SIZE
+        self._offset += len(stored) + DATA_TRAILER_V2_SIZE
+        self._index_block(last_key, offset, len(stored))
+
+    def _index_block(self, last_key: bytes, offset: int, size: int) -> None:
+        """A data block written at ``offset`` (``size`` bytes before its trailer)
+        enters the index under its last key."""
         self._index_keys.append(last_key)
         self._index_offsets.append(offset)
         self._index_sizes.append(size)

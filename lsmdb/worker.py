@@ -152,8 +152,9 @@ class Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def close(self) -> None:
-        """Let the worker go: it exits at the end of its input."""
+    def let_go(self) -> None:
+        """Close this process's ends of the worker's pipes, without waiting:
+        once no process holds them, the worker sees the end of its input."""
         for f in (self._out, self._in):
             try:
                 f.close()
@@ -163,6 +164,10 @@ class Worker:
             os.close(self._life)
         except OSError:
             pass
+
+    def close(self) -> None:
+        """Let the worker go: it exits at the end of its input."""
+        self.let_go()
         try:
             self.proc.wait(2)
         except subprocess.TimeoutExpired:
@@ -267,15 +272,7 @@ def _after_fork_in_child() -> None:
     _owner = os.getpid()
     _warming = False
     for worker in inherited:
-        for f in (worker._out, worker._in):
-            try:
-                f.close()
-            except OSError:
-                pass
-        try:
-            os.close(worker._life)
-        except OSError:
-            pass
+        worker.let_go()
 
 
 if hasattr(os, "register_at_fork"):

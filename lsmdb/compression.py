@@ -24,6 +24,7 @@ paths decompress through the same two packages (the C getter calls
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import lz4.block
 import zstandard
@@ -68,6 +69,15 @@ def compress(kind: int, payload: bytes) -> tuple[int, bytes]:
     if len(stored) > len(payload) - len(payload) // 8:
         return NONE, payload
     return kind, stored
+
+
+def compressor(kind: int) -> Callable[[bytes], bytes] | None:
+    """What :func:`compress` calls for ``kind`` (None for NONE), for use on
+    this thread: ``compress`` is ``compressor(kind)(payload)`` where that
+    saves at least an eighth."""
+    if kind == NONE:
+        return None
+    return _lz4_compress if kind == LZ4 else _zstd.c.compress
 
 
 def _zstd_length(stored: bytes | memoryview) -> int:

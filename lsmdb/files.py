@@ -211,7 +211,8 @@ class FileWriter:
     """Writes a new file through ``os.write``, ``buffer_bytes`` at a time.
 
     ``write`` collects; the file sees the bytes once ``buffer_bytes`` are
-    collected, at ``flush`` and at ``sync`` (flush, then fsync).  ``close``
+    collected, at ``flush`` and at ``sync`` (flush, then fsync); a write of
+    ``buffer_bytes`` or more goes out at once, after what was collected.  ``close``
     does not flush: a file abandoned half written is unlinked by its owner.
     """
 
@@ -224,7 +225,10 @@ class FileWriter:
         self._limit = buffer_bytes
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self._limit:
+        if self._limit and len(data) >= self._limit:  # a large write goes straight out
+            self.flush()
+            write_all(self.fd, data)
+        elif self._limit:
             self._buffer += data
             if len(self._buffer) >= self._limit:
                 self.flush()

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from .files import SwitchedButNotSynced, unlink_quietly
 from .memtable import Memtable
 from .sstable_reader import SSTableReader
-from .sstable_writer import write_sstable
+from .sstable_writer import write_memtable
 from .table import TableState
 from .versions import Versions
 
@@ -187,12 +187,12 @@ class Flusher:
             options = state.options
         file_path = versions.sst_path(number)
         try:
-            write_sstable(file_path, (), chunks=mem.flush_chunks(),
-                          fp_chance=options.bloom_filter_fp_chance,
-                          block_size=options.block_size_bytes, table=state.name,
-                          min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher,
-                          compression=options.compression, file_number=number,
-                          db_id=versions.db_id)
+            write_memtable(file_path, mem.data, mem.tags,
+                           fp_chance=options.bloom_filter_fp_chance,
+                           block_size=options.block_size_bytes, table=state.name,
+                           min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher,
+                           compression=options.compression, file_number=number,
+                           db_id=versions.db_id)
             return versions.adopt(SSTableReader(file_path, number), 0)
         except BaseException:
             unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL

@@ -7,9 +7,10 @@ batch becomes visible to point reads in one ``dict.update`` -- a single C
 call under the GIL -- so no reader sees half of it.  New keys join the sorted
 list lazily: writes only remember them (``_pending``) and the first ordered
 read after them sorts them in, in one ``SortedList.update`` -- so a bulk load
-pays for ordering once per flush instead of once per batch.  A memtable is
-mutable until frozen for a flush (``freeze`` sorts what is pending); a frozen
-memtable never changes again.  Tombstones are stored as ``None``, expiring
+pays for ordering once per flush instead of once per batch, and a memtable
+that is flushed without being scanned never pays for it (the flush sorts the
+dict in C, without the GIL).  A memtable is mutable until frozen for a flush;
+a frozen memtable's entries never change again.  Tombstones are stored as ``None``, expiring
 values as ``(value, expires)`` tuples (lsmdb.ttl), which readers resolve.
 
 With the C speedups a memtable also keeps a Bloom filter of its keys
@@ -21,6 +22,7 @@ filter, and a batch still becomes visible in one ``dict.update``.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from itertools import filterfalse
 from typing import Any
@@ -35,6 +37,9 @@ try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
     from ._speedups import MemFilter
 except ImportError:  # pragma: no cover - no C compiler when installed
     MemFilter = None  # type: ignore[assignment,misc]
+
+#: Held by the one reader that sorts a frozen memtable's pending keys in.
+_SORTING = threading.Lock()
 
 # Rough per-entry bookkeeping cost (dict slot, sorted-list slot, objects).
 ENTRY_OVERHEAD_BYTES = 64
@@ -84,16 +89,21 @@ class Memtable:
     @property
     def keys(self) -> SortedList:
         """Every key, sorted (pending new keys are sorted in first).  Call it
-        where writes cannot run: under the database lock, or frozen."""
+        where writes cannot run: under the database lock, or frozen (readers
+        of a frozen memtable hold no lock, so the first of them sorts under
+        ``_SORTING``, and ``_pending`` empties only once the keys are in)."""
         if self._pending:
-            self._keys.update(self._pending)
-            self._pending = []
+            with _SORTING:
+                if self._pending:
+                    self._keys.update(self._pending)
+                    self._pending = []
         return self._keys
 
     def freeze(self) -> None:
-        """No more writes: sort what is pending, so readers without the lock
-        (scans of frozen memtables, the flush) never change it."""
-        self.keys  # noqa: B018 -- sorts the pending keys in
+        """No more writes.  What is pending is sorted in by the first ordered
+        read (a scan); a flush needs no order of the memtable's own (it sorts
+        the dict, lsmdb.sstable_writer.memtable_section), so the writer that
+        fills a memtable does not pay for sorting it."""
         self.frozen = True
 
     def _note_seq(self, seq: int) -> None:

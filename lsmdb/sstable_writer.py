@@ -9,7 +9,7 @@ the exact entry count, so a file whose length is not known in advance
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, islice, repeat
 from operator import add, itemgetter, lt
 from typing import Any, Protocol
@@ -35,12 +35,14 @@ from .sstable_format import (
 from .sstable_reader import SSTableReader
 from .ttl import has_expiring, payload_len
 
-try:  # optional C speedups: block_cuts' twin (csrc/sstable_writer.c), and a
-    # data block's payload written (csrc/block.c, block.encode_data_payload's twin)
+try:  # optional C speedups: block_cuts' and memtable_section's twins
+    # (csrc/sstable_writer.c), and a data block's payload written (csrc/block.c,
+    # block.encode_data_payload's twin)
     from ._speedups import block_cuts as _c_block_cuts
     from ._speedups import data_payload as _c_data_payload
+    from ._speedups import memtable_section as _c_memtable_section
 except ImportError:  # pragma: no cover - no C compiler when installed
-    _c_block_cuts = _c_data_payload = None  # type: ignore[assignment]
+    _c_block_cuts = _c_data_payload = _c_memtable_section = None  # type: ignore[assignment]
 
 #: Whether builders made from now on cut and encode blocks in C (tests switch
 #: it off to compare the two).
@@ -103,6 +105,61 @@ def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int
         cuts.append(cut)
         bases.append(cum[cut])
         done, base, need = cut, cum[cut], block_size
+
+
+#: What :func:`memtable_section` returns: the data section (every data block
+#: with its trailer, back to back, from offset 0), the index (each block's
+#: last key, offset and stored size), the keys' filter hashes in key order
+#: (None unless asked for), the counts of tombstones and expiring values, the
+#: payloads' total size, and the smallest key.
+Section = tuple[bytes, list[bytes], list[int], list[int], "list[int] | None", int, int, int,
+                bytes]
+
+
+def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size: int,
+                     kind: int, compress: Callable[[bytes], bytes] | None,
+                     want_hashes: bool) -> Section:
+    """A frozen memtable's entries (``data``, its values; ``tags``, its tags)
+    as the data blocks of a new SSTable: sorted, cut where :func:`block_cuts`
+    cuts a chunk added to an empty builder, each block's payload
+    (lsmdb.block.encode_data_payload) stored as ``compress(payload)`` (type
+    ``kind``) where that saves at least an eighth, else as it is (type 0),
+    then its trailer.  ``want_hashes``: the keys' xxh3_64 (the fast hasher's)
+    too.  The same bytes :class:`SSTableBuilder`'s ``add_chunk`` writes; the
+    C twin (csrc/sstable_writer.c) sorts, cuts and encodes without holding
+    the GIL, so writers run while a flush works."""
+    if not data:
+        raise ValueError("an SSTable needs at least one entry")
+    keys = sorted(data)
+    values = list(map(data.__getitem__, keys))
+    tag_list = list(map(tags.__getitem__, keys))
+    cuts, _bases, _total = block_cuts(keys, values, block_size, block_size)
+    if not cuts or cuts[-1] != len(keys):
+        cuts.append(len(keys))
+    parts: list[bytes] = []
+    index_offsets: list[int] = []
+    index_sizes: list[int] = []
+    offset = uncompressed = 0
+    lo = 0
+    for hi in cuts:
+        payload = blk.encode_data_payload(keys[lo:hi], values[lo:hi], tag_list[lo:hi])
+        uncompressed += len(payload)
+        stored, type_ = payload, _compression.NONE
+        if compress is not None:
+            packed = compress(payload)
+            if len(packed) <= len(payload) - len(payload) // 8:
+                stored, type_ = packed, kind
+        type_byte = type_.to_bytes(1, "little")
+        parts += (stored, DATA_TRAILER_V2.pack(type_, crc32(type_byte, crc32(stored))))
+        index_offsets.append(offset)
+        index_sizes.append(len(stored))
+        offset += len(stored) + DATA_TRAILER_V2_SIZE
+        lo = hi
+    index_keys = [keys[hi - 1] for hi in cuts]
+    hashes = list(map(FAST_HASHER.fn, keys)) if want_hashes else None
+    expiring = sum(type(v) is tuple for v in values) if has_expiring(values) else 0
+    return (b"".join(parts), index_keys, index_offsets, index_sizes, hashes,
+            values.count(None), expiring, uncompressed, keys[0])
 
 
 def take_chunk(items: Iterator[tuple[bytes, bytes | None]]
@@ -297,6 +354,30 @@ class SSTableBuilder:
             payload = blk.encode_data_payload(keys[lo:hi], values[lo:hi], tags[lo:hi])
         self._write_data_block(payload, keys[hi - 1])
 
+    def add_section(self, section: Section, entries: int, hashes: list[int] | None) -> None:
+        """Every entry of the file at once, as :func:`memtable_section` wrote
+        the ``entries`` of them, with their filter ``hashes`` (any order; None
+        without a filter): an empty format-2 builder only; then ``finish()``."""
+        if self.entries or self._keys or self._version < 2:
+            raise ValueError("add_section: an empty format-2 builder only")
+        if self._fp_chance < 1.0 and (hashes is None or len(hashes) != entries):
+            raise ValueError("add_section: one filter hash per entry")
+        (data, index_keys, index_offsets, index_sizes, _hashes, tombstones, expiring,
+         uncompressed, min_key) = section
+        self._out.write(data)
+        self._offset = len(data)
+        self._index_keys = index_keys
+        self._index_offsets = index_offsets
+        self._index_sizes = index_sizes
+        self.entries = entries
+        self.tombstones = tombstones
+        self.expiring = expiring
+        self.uncompressed_bytes = uncompressed
+        self.min_key = min_key
+        self.max_key = self._last = index_keys[-1]
+        if self._fp_chance < 1.0:
+            self._hashes = hashes  # type: ignore[assignment]
+
     def note_seq(self, min_seq: int | None, max_seq: int) -> None:
         """Record the WAL sequence range the entries came from (properties only)."""
         if min_seq is not None and (self.min_seq is None or min_seq < self.min_seq):
@@ -432,6 +513,34 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
     props["size_bytes"] = builder.file_size
     return props
 
+
+def write_memtable(path: str, data: dict[bytes, Any], tags: dict[bytes, int], *,
+                   fp_chance: float, block_size: int, table: str = "",
+                   min_seq: int | None = None, max_seq: int = 0, hasher: Hasher = FAST_HASHER,
+                   compression: str = "lz4", file_number: int = 0,
+                   db_id: str = "") -> dict[str, Any]:
+    """A frozen memtable (its ``data`` and ``tags`` dicts) written as a complete
+    SSTable at ``path`` and fsynced: the same file :func:`write_sstable` writes
+    from its sorted chunks, the data blocks made by :func:`memtable_section`
+    (in C where built, which lets the GIL go while it sorts, cuts and encodes).
+    Returns its properties."""
+    kind = _compression.TYPES[compression]
+    filtered = fp_chance < 1.0
+    fast = filtered and hasher.fn is FAST_HASHER.fn
+    make = _c_memtable_section if USE_SPEEDUPS else memtable_section
+    section = make(data, tags, block_size, kind, _compression.compressor(kind), fast)
+    # A Bloom filter's bits do not depend on the order its keys are added in.
+    hashes = section[4] if fast else list(map(hasher.fn, data)) if filtered else None
+    with FileWriter(path, WRITE_BUFFER_BYTES) as f:
+        builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
+                                 hasher=hasher, compression=compression,
+                                 file_number=file_number, db_id=db_id, seq=max_seq)
+        builder.add_section(section, len(data), hashes)
+        builder.note_seq(min_seq, max_seq)
+        props = builder.finish()
+        f.sync()
+    props["size_bytes"] = builder.file_size
+    return props
 
 
 def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float,

@@ -181,7 +181,7 @@ def test_sync_while_a_flush_writes_its_sstable_covers_every_write(tmp_path, monk
     path.mkdir()
     fs = FaultFS(str(path))
     images = []
-    real = lsmdb.flush.write_sstable
+    real = lsmdb.flush.write_memtable
 
     def sync_meanwhile(*args: Any, **kwargs: Any) -> Any:
         done = threading.Event()
@@ -201,9 +201,9 @@ def test_sync_while_a_flush_writes_its_sstable_covers_every_write(tmp_path, monk
         for i in range(24):
             db.put(b"d%02d" % i, b"v%02d" % i)
             db.table("other").put(b"o%02d" % i, b"w%02d" % i)
-        monkeypatch.setattr(lsmdb.flush, "write_sstable", sync_meanwhile)
+        monkeypatch.setattr(lsmdb.flush, "write_memtable", sync_meanwhile)
         db.flush("default")
-        monkeypatch.setattr(lsmdb.flush, "write_sstable", real)
+        monkeypatch.setattr(lsmdb.flush, "write_memtable", real)
         db.close()
     fs.cleanup()
     assert images

@@ -9,13 +9,17 @@ chunks, and stop at the same block boundary when a file size limit is given.
 from __future__ import annotations
 
 import io
+import os
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lsmdb import block as blk
+from lsmdb import compression
 from lsmdb import sstable_writer as sw
+from lsmdb.filters.hashing import FAST_HASHER, keyed_hasher
+from lsmdb.memtable import Memtable
 from lsmdb.sstable_writer import SSTableBuilder
 
 
@@ -170,3 +174,97 @@ def test_builders_in_c_and_in_python_write_the_same_file(tagged, block_size, cut
         finally:
             sw.USE_SPEEDUPS = sw._c_block_cuts is not None
     assert files[0] == files[1]
+
+
+# -- a frozen memtable written whole (memtable_section, write_memtable) --
+
+def _memtable(entries, seqs, shuffle):
+    """A frozen memtable holding ``entries`` with these sequence numbers,
+    written in the order ``shuffle`` gives (dict order differs from key order)."""
+    mem = Memtable()
+    order = list(range(len(entries)))
+    shuffle.shuffle(order)
+    for i in order:
+        key, value = entries[i]
+        mem.apply(max(seqs[i], 1), key, value)
+    mem.freeze()
+    return mem
+
+
+def _write_both(tmp_path, mem, how, **kw):
+    path = str(tmp_path / f"{how}-{len(os.listdir(tmp_path))}.sst")
+    if how == "chunks":
+        sw.write_sstable(path, (), chunks=mem.flush_chunks(), **kw)
+    else:
+        sw.USE_SPEEDUPS = how == "c"
+        try:
+            sw.write_memtable(path, mem.data, mem.tags, **kw)
+        finally:
+            sw.USE_SPEEDUPS = sw._c_block_cuts is not None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+@settings(max_examples=60, deadline=None)
+@given(tagged_strategy(), st.sampled_from([16, 300, 4096]), st.sampled_from(["none", "lz4",
+                                                                              "zstd"]),
+       st.sampled_from([0.01, 1.0]), st.booleans(), st.randoms(use_true_random=False))
+def test_write_memtable_writes_the_file_its_chunks_make(tmp_path_factory, tagged, block_size,
+                                                        compression, fp, keyed, shuffle):
+    """A memtable written whole -- sorted, cut, encoded and compressed by
+    memtable_section, in C and in Python -- is byte for byte the file its
+    sorted chunks make through add_chunk, with a keyed hasher too."""
+    entries, seqs = tagged
+    if not entries:
+        return
+    tmp_path = tmp_path_factory.mktemp("mem")
+    mem = _memtable(entries, seqs, shuffle)
+    kw = dict(fp_chance=fp, block_size=block_size, table="t", min_seq=mem.min_seq,
+              max_seq=mem.max_seq, hasher=keyed_hasher(b"k" * 16) if keyed else FAST_HASHER,
+              compression=compression, file_number=9, db_id="d")
+    ref = _write_both(tmp_path, mem, "chunks", **kw)
+    assert _write_both(tmp_path, mem, "python", **kw) == ref
+    if sw._c_memtable_section is not None:
+        assert _write_both(tmp_path, mem, "c", **kw) == ref
+
+
+@needs_c
+def test_c_memtable_section_is_the_python_one_and_refuses_what_it_cannot_write():
+    data = {b"b": b"2" * 300, b"a": None, b"c": (b"x", 7)}
+    tags = {b"b": 5 << 8 | 1, b"a": 6 << 8, b"c": 7 << 8 | 2}
+    for kind, compress in [(0, None), (1, compression.compressor(1)),
+                           (2, compression.compressor(2))]:
+        for want in (True, False):
+            assert sw._c_memtable_section(data, tags, 64, kind, compress, want) == \
+                sw.memtable_section(data, tags, 64, kind, compress, want)
+    # the tags dict in another order than the values'
+    assert sw._c_memtable_section(data, dict(reversed(tags.items())), 64, 0, None, True) == \
+        sw.memtable_section(data, tags, 64, 0, None, True)
+    with pytest.raises(ValueError):
+        sw._c_memtable_section({}, {}, 64, 0, None, True)
+    with pytest.raises(ValueError):
+        sw._c_memtable_section(data, {b"a": 1}, 64, 0, None, True)
+    with pytest.raises(KeyError):
+        sw._c_memtable_section({b"a": None}, {b"z": 0}, 64, 0, None, True)
+    with pytest.raises(TypeError):
+        sw._c_memtable_section({"a": b"1"}, {"a": 257}, 64, 0, None, True)
+    with pytest.raises(TypeError):
+        sw._c_memtable_section({b"a": "1"}, {b"a": 257}, 64, 0, None, True)
+    with pytest.raises(TypeError):
+        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 1, lambda p: "no", True)
+    with pytest.raises(ZeroDivisionError):
+        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 1, lambda p: 1 // 0, True)
+
+
+def test_add_section_takes_an_empty_format_2_builder_and_a_hash_per_entry():
+    section = sw.memtable_section({b"a": b"1"}, {b"a": 257}, 64, 0, None, True)
+    b = SSTableBuilder(io.BytesIO(), fp_chance=0.01, block_size=64)
+    b.add(b"0", b"x")
+    with pytest.raises(ValueError):
+        b.add_section(section, 1, section[4])
+    b = SSTableBuilder(io.BytesIO(), fp_chance=0.01, block_size=64)
+    with pytest.raises(ValueError):
+        b.add_section(section, 1, None)
+    b.add_section(section, 1, section[4])
+    assert (b.entries, b.min_key, b.max_key) == (1, b"a", b"a")
+    assert b.finish()["entries"] == 1

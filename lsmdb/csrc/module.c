@@ -27,7 +27,8 @@
  *                     block cache's form of a block and a lookup in it;
  *                     data_payload, a data block's payload written
  *   merge.c           Merge: the k-way merge of scans and compactions
- *   sstable_writer.c  block_cuts: where a chunk of entries is cut into blocks
+ *   sstable_writer.c  block_cuts: where a chunk of entries is cut into blocks;
+ *                     memtable_section, a frozen memtable's data blocks
  *   logset.c          encode_ops: a one-table WAL record; encode_one: a
  *                     one-op record
  *   writepath.c       put_locked: one put's step under the database lock (its
@@ -119,6 +120,10 @@ static PyMethodDef speedups_functions[] = {
     {"block_cuts", (PyCFunction)(void (*)(void))speedups_block_cuts, METH_FASTCALL,
      "block_cuts($module, keys, values, need, block_size, /)\n--\n\n"
      "sstable_writer.block_cuts: (cuts, bases, total) of a chunk of sorted entries."},
+    {"memtable_section", (PyCFunction)(void (*)(void))speedups_memtable_section, METH_FASTCALL,
+     "memtable_section($module, data, tags, block_size, kind, compress, want_hashes, /)\n--\n\n"
+     "sstable_writer.memtable_section: a frozen memtable's data blocks, sorted, cut, "
+     "written and compressed, mostly without the GIL."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,

@@ -21,6 +21,7 @@ import lsmdb.merge
 import lsmdb.readpath
 import lsmdb.scan
 import lsmdb.sstable_reader
+import lsmdb.sstable_writer
 import lsmdb.table
 import lsmdb.writepath
 from lsmdb.cache import PyBlockCache
@@ -30,9 +31,9 @@ IMPLEMENTATIONS = ["python"] + (["c"] if lsmdb.SPEEDUPS else [])
 
 
 def use_python(monkeypatch: Any) -> None:
-    """Take the Python reference for every read step and the single put from
-    now on (undone with ``monkeypatch``): databases opened after this read and
-    put in Python only."""
+    """Take the Python reference for every read step, the single put and the
+    SSTable builder's steps from now on (undone with ``monkeypatch``):
+    databases opened after this read, put and flush in Python only."""
     monkeypatch.setattr(lsmdb.readpath, "USE_C_GETTER", False)
     monkeypatch.setattr(lsmdb.table, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.db, "BlockCache", PyBlockCache)
@@ -43,3 +44,4 @@ def use_python(monkeypatch: Any) -> None:
     monkeypatch.setattr(lsmdb.scan, "_c_entry_lists", None)
     monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.writepath, "USE_SPEEDUPS", False)
+    monkeypatch.setattr(lsmdb.sstable_writer, "USE_SPEEDUPS", False)

@@ -251,9 +251,9 @@ def test_c_memtable_section_is_the_python_one_and_refuses_what_it_cannot_write()
     with pytest.raises(TypeError):
         sw._c_memtable_section({b"a": "1"}, {b"a": 257}, 64, 0, None, True)
     with pytest.raises(TypeError):
-        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 1, lambda p: "no", True)
+        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 2, lambda p: "no", True)
     with pytest.raises(ZeroDivisionError):
-        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 1, lambda p: 1 // 0, True)
+        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 2, lambda p: 1 // 0, True)
 
 
 def test_add_section_takes_an_empty_format_2_builder_and_a_hash_per_entry():
@@ -268,3 +268,24 @@ def test_add_section_takes_an_empty_format_2_builder_and_a_hash_per_entry():
     b.add_section(section, 1, section[4])
     assert (b.entries, b.min_key, b.max_key) == (1, b"a", b"a")
     assert b.finish()["entries"] == 1
+
+
+@needs_c
+def test_c_memtable_section_compresses_lz4_as_the_lz4_package_does():
+    """Where the C path compresses LZ4 blocks itself (the lz4 package's own
+    library, without the GIL), each block is the bytes lz4.block.compress
+    makes: compressible, incompressible and tiny payloads, blocks up to 64 KiB."""
+    import random
+
+    rng = random.Random(3)
+    words = [b"alpha", b"beta", b"gamma", b"delta", b"\x00\x01", b"city", b"name"]
+    for block_size in (16, 512, 4096, 65536):
+        data = {}
+        for i in range(400):
+            key = b"k%06d" % rng.randrange(10**6)
+            data[key] = (rng.randbytes(rng.randrange(0, 300)) if i % 3 == 0 else
+                         b" ".join(rng.choice(words) for _ in range(rng.randrange(0, 80))))
+        tags = dict.fromkeys(data, 5 << 8 | 1)
+        got = sw._c_memtable_section(data, tags, block_size, 1, compression.compressor(1), True)
+        assert got == sw.memtable_section(data, tags, block_size, 1,
+                                          compression.compressor(1), True), block_size

@@ -15,7 +15,10 @@ directory:
   then ``close()`` (the flushes and compactions they cause included);
 * ``two_tables``: ``--puts`` single puts taking turns between two tables (a
   flush of one then leaves the other's records in the WAL segment it closes);
-* ``sync_puts``: ``--puts // 20`` single ``db.put(..., sync=True)`` calls.
+* ``sync_puts``: ``--puts // 20`` single ``db.put(..., sync=True)`` calls;
+* ``commits``: ``bench.peers``' batch commits (updates and deletes of the
+  loaded keys, built first), their ops per second, flushes they set off
+  included.
 
 The report gives, per workload, each tree's median rate and the median of the
 per-round ratios new/old.
@@ -79,6 +82,33 @@ t = time.perf_counter()
 for k, v in items[:n]:
     db.put(k, v, sync=True)
 out["sync_puts"] = n / (time.perf_counter() - t)
+db.close()
+from bench.peers import commit_workload
+class Data: pass
+data = Data(); data.items = items
+batches = commit_workload(data)
+path = tempfile.mkdtemp(dir=base)
+db = lsmdb.open(path)
+for lo in range(0, len(items), BATCH_KEYS):
+    with db.batch() as b:
+        for k, v in items[lo:lo + BATCH_KEYS]:
+            b.put(k, v)
+db.wait_for_compactions()
+db.close()
+db = lsmdb.open(path)
+built = []
+for ops in batches:
+    b = db.batch()
+    for k, v in ops:
+        if v is None:
+            b.delete(k)
+        else:
+            b.put(k, v)
+    built.append(b)
+t = time.perf_counter()
+for b in built:
+    b.commit()
+out["commits"] = sum(map(len, batches)) / (time.perf_counter() - t)
 db.close()
 print(json.dumps(out))
 """

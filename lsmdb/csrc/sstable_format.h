@@ -14,6 +14,7 @@
  * on disk. */
 #define DATA_TRAILER_V2_SIZE 5
 #define COMPRESSION_NONE 0
+#define COMPRESSION_LZ4 1
 
 /* crc32(payload + its crc32, little-endian) for every payload: a block's
  * payload and trailer checked in one pass. */

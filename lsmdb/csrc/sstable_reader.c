@@ -19,6 +19,8 @@ static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once impo
  * package built otherwise): decompress_for_c serves every kind. */
 typedef int (*lz4_safe_fn)(const char *src, char *dst, int compressed, int capacity);
 static lz4_safe_fn lz4_safe;
+static Lz4Api lz4_api;
+static int lz4_api_found;
 static int lz4_looked;
 
 static void
@@ -42,12 +44,33 @@ find_lz4(void)
     if (path == NULL)
         PyErr_Clear();
     Py_DECREF(file);
-    if (lib != NULL)
-        lz4_safe = (lz4_safe_fn)dlsym(lib, "LZ4_decompress_safe");  /* the module stays loaded */
+    if (lib != NULL) {  /* the module stays loaded */
+        lz4_safe = (lz4_safe_fn)dlsym(lib, "LZ4_decompress_safe");
+        lz4_api.create = (void *(*)(void))dlsym(lib, "LZ4_createStream");
+        lz4_api.release = (int (*)(void *))dlsym(lib, "LZ4_freeStream");
+        lz4_api.reset = (void (*)(void *))dlsym(lib, "LZ4_resetStream");
+        lz4_api.compress = (int (*)(void *, const char *, char *, int, int, int))dlsym(
+            lib, "LZ4_compress_fast_continue");
+        lz4_api.bound = (int (*)(int))dlsym(lib, "LZ4_compressBound");
+        lz4_api_found = lz4_api.create && lz4_api.release && lz4_api.reset
+                        && lz4_api.compress && lz4_api.bound;
+    }
 }
 #endif
 
-#define COMPRESSION_LZ4 1
+/* What lz4.block.compress calls in liblz4, as find_lz4 found it (under the
+ * GIL, the first time), or NULL where it is not to be had. */
+const Lz4Api *
+lz4_compressor(void)
+{
+#ifndef _WIN32
+    if (!lz4_looked)
+        find_lz4();
+    return lz4_api_found ? &lz4_api : NULL;
+#else
+    return NULL;
+#endif
+}
 
 /* The names reader_fd and mapped_read look up, interned (at import): 0, or
  * -1 with an exception set. */

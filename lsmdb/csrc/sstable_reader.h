@@ -9,6 +9,17 @@
 #include "base.h"
 #include "readpath_probes.h"
 
+/* What lz4.block.compress calls in liblz4, as the lz4 package's extension
+ * exports it: per block a stream reset, then LZ4_compress_fast_continue
+ * (acceleration 1) into LZ4_compressBound bytes. */
+typedef struct {
+    void *(*create)(void);
+    int (*release)(void *stream);
+    void (*reset)(void *stream);
+    int (*compress)(void *stream, const char *src, char *dst, int n, int capacity, int accel);
+    int (*bound)(int n);
+} Lz4Api;
+
 HIDDEN_BEGIN
 
 extern PyTypeObject MappingType;
@@ -16,6 +27,7 @@ extern PyTypeObject MappingType;
 /* sstable_reader.c */
 int sstable_reader_init(void);
 PyObject *speedups_lz4_direct(PyObject *module, PyObject *arg);
+const Lz4Api *lz4_compressor(void);
 int read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp,
                    size_t *sizep);
 PyObject *speedups_map_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

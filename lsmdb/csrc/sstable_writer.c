@@ -7,6 +7,8 @@
 #include "filters_hashing.h"
 #include "keys.h"
 #include "mpack.h"
+#include "sstable_format.h"
+#include "sstable_reader.h"
 
 /* The bytes a block's size estimate counts for each entry besides its key
  * and value (sstable_writer._ENTRY_OVERHEAD). */
@@ -114,6 +116,8 @@ sec_cmp(const void *a, const void *b)
 typedef struct {
     unsigned char *buf;
     size_t *end, *off, *len;
+    size_t *slen;            /* each block's stored size (before its trailer) */
+    unsigned char *types;    /* and its type byte */
     size_t blocks;
 } SecBlocks;
 
@@ -124,6 +128,94 @@ sec_blocks_free(SecBlocks *b)
     PyMem_RawFree(b->end);
     PyMem_RawFree(b->off);
     PyMem_RawFree(b->len);
+    PyMem_RawFree(b->slen);
+    PyMem_RawFree(b->types);
+}
+
+/* No GIL: room for each block's stored size and type.  0, or -1. */
+static int
+sec_alloc_stored(SecBlocks *b)
+{
+    b->slen = PyMem_RawMalloc(b->blocks * sizeof(size_t));
+    b->types = PyMem_RawMalloc(b->blocks);
+    return b->slen == NULL || b->types == NULL ? -1 : 0;
+}
+
+/* One block's trailer (DATA_TRAILER_V2: its type byte, then the CRC-32 of
+ * its stored bytes and that byte, little-endian) after its n stored bytes at p. */
+static unsigned char *
+sec_trailer(unsigned char *p, size_t n, unsigned char type)
+{
+    uint32_t crc = crc32_update(crc32_update(0, p, n), &type, 1);
+    p[n] = type;
+    for (int j = 0; j < 4; j++)
+        p[n + 1 + j] = (unsigned char)(crc >> (8 * j));
+    return p + n + 5;
+}
+
+/* No GIL: the section, each block stored as LZ4 -- what lz4.block.compress
+ * stores: the payload's length, u32 little-endian, then the LZ4 block of a
+ * fresh stream -- where that saves at least an eighth, else as it is: *raw
+ * (PyMem_RawMalloc'd) and *total.  0, or -1: out of memory. */
+static int
+sec_pack_lz4(SecBlocks *b, const Lz4Api *lz4, unsigned char **raw, size_t *total)
+{
+    size_t room = 0, widest = 0;
+    for (size_t i = 0; i < b->blocks; i++) {
+        room += b->len[i] + 5;
+        if (b->len[i] > widest)
+            widest = b->len[i];
+    }
+    if (widest > (size_t)INT_MAX - 64)
+        return -1;
+    int cap = lz4->bound((int)widest);
+    void *stream = lz4->create();
+    unsigned char *out = PyMem_RawMalloc(room), *tmp = PyMem_RawMalloc((size_t)cap + 4);
+    if (out == NULL || tmp == NULL || stream == NULL || cap <= 0) {
+        PyMem_RawFree(out);
+        PyMem_RawFree(tmp);
+        if (stream != NULL)
+            lz4->release(stream);
+        return -1;
+    }
+    unsigned char *p = out;
+    for (size_t i = 0; i < b->blocks; i++) {
+        size_t len = b->len[i];
+        const unsigned char *payload = b->buf + b->off[i];
+        lz4->reset(stream);
+        int got = lz4->compress(stream, (const char *)payload, (char *)tmp + 4, (int)len,
+                                lz4->bound((int)len), 1);
+        if (got > 0 && (size_t)got + 4 <= len - len / 8) {
+            for (int j = 0; j < 4; j++)
+                tmp[j] = (unsigned char)(len >> (8 * j));
+            memcpy(p, tmp, (size_t)got + 4);
+            b->slen[i] = (size_t)got + 4;
+            b->types[i] = COMPRESSION_LZ4;
+        } else {
+            memcpy(p, payload, len);
+            b->slen[i] = len;
+            b->types[i] = COMPRESSION_NONE;
+        }
+        p = sec_trailer(p, b->slen[i], b->types[i]);
+    }
+    lz4->release(stream);
+    PyMem_RawFree(tmp);
+    *raw = out;
+    *total = (size_t)(p - out);
+    return 0;
+}
+
+/* No GIL: the section at out, each block's stored bytes (stored[i], or its
+ * payload where that is NULL) with its trailer. */
+static void
+sec_pack(const SecBlocks *b, PyObject *const *stored, unsigned char *out)
+{
+    for (size_t i = 0; i < b->blocks; i++) {
+        const unsigned char *s = stored[i] ? (const unsigned char *)PyBytes_AS_STRING(stored[i])
+                                           : b->buf + b->off[i];
+        memcpy(out, s, b->slen[i]);
+        out = sec_trailer(out, b->slen[i], b->types[i]);
+    }
 }
 
 static unsigned char *
@@ -282,17 +374,16 @@ sec_entry(SecEntry *e, PyObject *k, PyObject *v, PyObject *t, int want_hashes)
 }
 
 /* Under the GIL: each block's stored form -- compress(payload) where that
- * saves at least an eighth, else the payload (stored[b] NULL) -- and the
- * section's size.  0, or -1 with an exception. */
+ * saves at least an eighth (stored[b], type kind), else the payload (stored[b]
+ * NULL, type 0) -- and the section's size.  0, or -1 with an exception. */
 static int
-sec_compress(const SecBlocks *bl, PyObject *compress, PyObject **stored, unsigned char *types,
-             int kind, size_t *total)
+sec_compress(SecBlocks *bl, PyObject *compress, PyObject **stored, int kind, size_t *total)
 {
     *total = 0;
     for (size_t b = 0; b < bl->blocks; b++) {
         size_t len = bl->len[b];
         stored[b] = NULL;
-        types[b] = 0;
+        bl->types[b] = 0;
         if (compress != Py_None) {
             PyObject *payload = PyBytes_FromStringAndSize((const char *)bl->buf + bl->off[b],
                                                           (Py_ssize_t)len);
@@ -309,12 +400,13 @@ sec_compress(const SecBlocks *bl, PyObject *compress, PyObject **stored, unsigne
             }
             if ((size_t)PyBytes_GET_SIZE(c) <= len - len / 8) {
                 stored[b] = c;
-                types[b] = (unsigned char)kind;
+                bl->types[b] = (unsigned char)kind;
                 len = (size_t)PyBytes_GET_SIZE(c);
             } else {
                 Py_DECREF(c);
             }
         }
+        bl->slen[b] = len;
         *total += len + 5;  /* DATA_TRAILER_V2: type byte, crc32 */
     }
     return 0;
@@ -356,9 +448,9 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     size_t n = (size_t)sn;
     SecEntry *entries = PyMem_RawMalloc(n * sizeof(SecEntry));
     SecEntry **order = PyMem_RawMalloc(n * sizeof(SecEntry *));
-    SecBlocks bl = {NULL, NULL, NULL, NULL, 0};
+    SecBlocks bl = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
     PyObject **stored = NULL;
-    unsigned char *types = NULL;
+    unsigned char *raw = NULL;
     PyObject *section = NULL, *ikeys = NULL, *ioffs = NULL, *isizes = NULL, *hashes = NULL;
     PyObject *result = NULL;
     if (entries == NULL || order == NULL) {
@@ -399,46 +491,44 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         PyErr_SetString(PyExc_RuntimeError, "memtable_section: the memtable changed");
         goto done;
     }
+    const Lz4Api *lz4 = kind == COMPRESSION_LZ4 && compress != Py_None ? lz4_compressor() : NULL;
+    int direct = lz4 != NULL;
+    size_t total = 0, uncompressed = 0;
     int built;
     Py_BEGIN_ALLOW_THREADS
     built = sec_build(order, n, block_size, want_hashes, &bl);
+    if (built == 0)
+        built = sec_alloc_stored(&bl);
+    if (built == 0 && direct)
+        built = sec_pack_lz4(&bl, lz4, &raw, &total);
     Py_END_ALLOW_THREADS
     if (built < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    stored = PyMem_Calloc(bl.blocks, sizeof(PyObject *));
-    types = PyMem_Malloc(bl.blocks);
-    if (stored == NULL || types == NULL) {
-        PyErr_NoMemory();
-        goto done;
+    if (!direct) {
+        stored = PyMem_Calloc(bl.blocks, sizeof(PyObject *));
+        if (stored == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (sec_compress(&bl, compress, stored, (int)kind, &total) < 0)
+            goto done;
     }
-    size_t total, uncompressed = 0;
-    if (sec_compress(&bl, compress, stored, types, (int)kind, &total) < 0)
-        goto done;
-    section = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    section = PyBytes_FromStringAndSize(direct ? (const char *)raw : NULL, (Py_ssize_t)total);
     ikeys = PyList_New((Py_ssize_t)bl.blocks);
     ioffs = PyList_New((Py_ssize_t)bl.blocks);
     isizes = PyList_New((Py_ssize_t)bl.blocks);
     if (section == NULL || ikeys == NULL || ioffs == NULL || isizes == NULL)
         goto done;
-    Py_BEGIN_ALLOW_THREADS
-    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(section);
-    for (size_t b = 0; b < bl.blocks; b++) {
-        const unsigned char *s = stored[b] ? (const unsigned char *)PyBytes_AS_STRING(stored[b])
-                                           : bl.buf + bl.off[b];
-        size_t len = stored[b] ? (size_t)PyBytes_GET_SIZE(stored[b]) : bl.len[b];
-        memcpy(p, s, len);
-        uint32_t crc = crc32_update(crc32_update(0, s, len), &types[b], 1);
-        p[len] = types[b];
-        for (int j = 0; j < 4; j++)
-            p[len + 1 + j] = (unsigned char)(crc >> (8 * j));
-        p += len + 5;
+    if (!direct) {
+        Py_BEGIN_ALLOW_THREADS
+        sec_pack(&bl, stored, (unsigned char *)PyBytes_AS_STRING(section));
+        Py_END_ALLOW_THREADS
     }
-    Py_END_ALLOW_THREADS
     size_t offset = 0;
     for (size_t b = 0; b < bl.blocks; b++) {
-        size_t len = stored[b] ? (size_t)PyBytes_GET_SIZE(stored[b]) : bl.len[b];
+        size_t len = bl.slen[b];
         PyObject *last = order[bl.end[b] - 1]->key, *o = PyLong_FromSize_t(offset);
         PyObject *s = PyLong_FromSize_t(len);
         if (o == NULL || s == NULL) {
@@ -474,7 +564,7 @@ done:
         for (size_t b = 0; b < bl.blocks; b++)
             Py_XDECREF(stored[b]);
     PyMem_Free(stored);
-    PyMem_Free(types);
+    PyMem_RawFree(raw);
     Py_XDECREF(section);
     Py_XDECREF(ikeys);
     Py_XDECREF(ioffs);

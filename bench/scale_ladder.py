@@ -93,7 +93,8 @@ def load(path: str, n: int, progress: Progress) -> dict[str, Any]:
     return {"keys": n, "load_seconds": loaded, "load_per_s": n / loaded,
             "settle_seconds": settled, "longest_commit_seconds": longest,
             "write_stalls": st["write_stalls"], "write_stall_seconds": st["write_stall_seconds"],
-            "bytes_on_disk": size}
+            "write_slowdowns": st["write_slowdowns"],
+            "write_slowdown_seconds": st["write_slowdown_seconds"], "bytes_on_disk": size}
 
 
 CHILD = r"""
@@ -207,7 +208,8 @@ def print_rows(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
         print(f"{r['keys']:>12,} keys: load {r['load_per_s'] / 1e3:,.0f}k keys/s, compactions "
               f"settled {r['settle_seconds']:.1f}s later; longest commit "
               f"{r['longest_commit_seconds']:.2f}s, {r['write_stalls']} write stalls "
-              f"({r['write_stall_seconds']:.2f}s); {r['files']} files, "
+              f"({r['write_stall_seconds']:.2f}s), {r['write_slowdowns']:,} slowdown pauses "
+              f"({r['write_slowdown_seconds']:.2f}s); {r['files']} files, "
               f"{r['bytes_on_disk'] / mb:,.0f} MiB on disk")
         print(f"{'':>19}open {r['open_seconds']:.2f}s; RssAnon {r['rss_anon_after_open'] / mb:,.0f}"
               f" MiB after the open, {r['rss_anon_after_gets'] / mb:,.0f} MiB after the gets "

@@ -207,6 +207,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         if totals["write_stalls"]:
             print(f"  write stalls: {totals['write_stalls']:,}, "
                   f"{totals['write_stall_seconds']:.3f} s in all (level 0 full)")
+        if totals["write_slowdowns"]:
+            print(f"  write slowdowns: {totals['write_slowdowns']:,} pauses, "
+                  f"{totals['write_slowdown_seconds']:.3f} s in all (level 0 filling)")
         if totals["false_negatives"]:
             print(f"  ERROR: {totals['false_negatives']} false negatives measured in shadow mode")
         if share is not None and share < 0.05:

@@ -52,6 +52,13 @@ L0_COMPACTION_TRIGGER = 4
 #: Writes to a table stall while its level 0 holds this many files and a
 #: compaction that would reduce them is possible (auto_compaction only).
 L0_STALL_FILES = 24
+#: From this many files in a table's level 0 (while a compaction could reduce
+#: them) writes to it are slowed -- each commit pays a short sleep in
+#: proportion to its bytes, at SLOWDOWN_BYTES_PER_SECOND halved for each file
+#: past this bound -- so that compaction catches up in many small pauses
+#: rather than one long stall at L0_STALL_FILES.
+L0_SLOWDOWN_FILES = 16
+SLOWDOWN_BYTES_PER_SECOND = 16 << 20
 LEVEL_SIZE_MULTIPLIER = 10
 #: size_tiered: past this many files, adjacent files are merged even when no
 #: bucket of similar sizes has filled.
@@ -99,6 +106,12 @@ def reader_is_bottom(state: TableState, reader: SSTableReader) -> bool:
         return depth >= 1 and reader.level == depth
     oldest = min(state.files, key=_age_key, default=None)
     return oldest is reader
+
+
+def slow_path_files() -> int:
+    """The level-0 file count from which writes take the path that slows or
+    stalls them (the put's C twin reads the same two bounds)."""
+    return min(L0_SLOWDOWN_FILES, L0_STALL_FILES)
 
 
 def pick(state: TableState, busy: frozenset[int] = frozenset()) -> CompactionJob | None:

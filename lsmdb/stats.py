@@ -10,7 +10,8 @@ most one interval of counts::
 payload (msgpack): ``{"files": {number: [range_skips, filter_negatives,
 true_positives, false_positives, false_negatives, block_reads,
 block_cache_hits]},
-"tables": {table_id: [gets, gets_absent, write_stalls, write_stall_us]}}``.
+"tables": {table_id: [gets, gets_absent, write_stalls, write_stall_us,
+write_slowdowns, write_slowdown_us]}}``.
 
 Counters are statistics, not data: a STATS file that fails its checksum is
 ignored with a warning (every counter restarts at zero), never an error.
@@ -42,7 +43,8 @@ FILE_COUNTERS = ("range_skips", "filter_negatives", "true_positives", "false_pos
                  "false_negatives", "block_reads", "block_cache_hits")
 #: Order of the per-table counters (``TableState.counts``, STATS).
 #: DO NOT CHANGE: on disk (append only).
-TABLE_COUNTERS = ("gets", "gets_absent", "write_stalls", "write_stall_us")
+TABLE_COUNTERS = ("gets", "gets_absent", "write_stalls", "write_stall_us", "write_slowdowns",
+                  "write_slowdown_us")
 
 # The slots the read paths count into (``counts[RANGE_SKIPS] += 1``), taken
 # from the tuples above.  The C read path counts into the same slots: its
@@ -59,6 +61,8 @@ GETS = TABLE_COUNTERS.index("gets")                # point reads answered
 GETS_ABSENT = TABLE_COUNTERS.index("gets_absent")  # ... that found nothing
 WRITE_STALLS = TABLE_COUNTERS.index("write_stalls")      # writes held while level 0 was full
 WRITE_STALL_US = TABLE_COUNTERS.index("write_stall_us")  # ... and for how long, in all
+WRITE_SLOWDOWNS = TABLE_COUNTERS.index("write_slowdowns")      # pauses of slowed writers
+WRITE_SLOWDOWN_US = TABLE_COUNTERS.index("write_slowdown_us")  # ... and their time, in all
 
 
 def c_counter_errors(file_slots: tuple[str, ...], table_slots: tuple[str, ...]) -> list[str]:
@@ -182,4 +186,6 @@ def table_totals(state: Any, infos: list[Any]) -> dict[str, Any]:
         "absent_share": state.gets_absent / state.gets if state.gets else None,
         "write_stalls": state.write_stalls,
         "write_stall_seconds": state.write_stall_us / 1e6,
+        "write_slowdowns": state.write_slowdowns,
+        "write_slowdown_seconds": state.write_slowdown_us / 1e6,
     }

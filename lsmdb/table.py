@@ -51,6 +51,8 @@ class TableState:
     gets_absent = ArrayCounter(TABLE_COUNTERS)
     write_stalls = ArrayCounter(TABLE_COUNTERS)
     write_stall_us = ArrayCounter(TABLE_COUNTERS)
+    write_slowdowns = ArrayCounter(TABLE_COUNTERS)
+    write_slowdown_us = ArrayCounter(TABLE_COUNTERS)
 
     def __init__(self, name: str, table_id: int, explicit: dict[str, Any],
                  versions: VersionSet | None = None, cache: Any = None,

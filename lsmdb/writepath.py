@@ -5,8 +5,10 @@ applies it to the memtables under the database's lock, then -- outside the
 lock -- flushes the memtables it filled.  A table with
 ``MAX_FROZEN_MEMTABLES`` frozen memtables (their flushes failing) takes no
 more writes until one flushes; WAL segments past ``max_total_wal_size_bytes``
-get the tables that pin the oldest of them flushed; and level 0 past its
-bound holds writers while compaction can reduce it.  An OSError from the WAL
+get the tables that pin the oldest of them flushed; level 0 filling up
+(``L0_SLOWDOWN_FILES``) slows writers with short pauses in proportion to the
+bytes they write, and level 0 past its bound (``L0_STALL_FILES``) holds them,
+while compaction can reduce it.  An OSError from the WAL
 means the write is not applied: its record may be in the failed segment, but
 nothing is ever appended after it, and the next write first makes the log
 whole again (:meth:`lsmdb.flush.Flusher.recover_log`).
@@ -33,7 +35,7 @@ from .keys import MAX_BATCH_SIZE_BYTES, MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 from .logset import encode_record, encode_table_record
 from .memtable import ENTRY_OVERHEAD_BYTES, EXPIRING_OVERHEAD_BYTES
 from .sstable_format import KIND_VALUE, MAX_SEQ
-from .stats import WRITE_STALL_US, WRITE_STALLS
+from .stats import WRITE_SLOWDOWN_US, WRITE_SLOWDOWNS, WRITE_STALL_US, WRITE_STALLS
 from .table import TableState
 from .versions import Versions
 from .wal import BLOCK_SIZE_BYTES, FRAGMENT_HEADER_SIZE, FULL
@@ -52,6 +54,11 @@ log = logging.getLogger("lsmdb")
 #: more writes until one is flushed (each write tries; while flushes fail, it
 #: raises their error and writes nothing).
 MAX_FROZEN_MEMTABLES = 2
+#: A slowed writer pauses once its shares of pauses add up to this many seconds
+#: (a sleep much shorter than a millisecond costs more than it lasts) ...
+SLOWDOWN_MIN_PAUSE = 0.002
+#: ... and never for longer than this at once.
+SLOWDOWN_MAX_PAUSE = 0.1
 #: ``max_total_wal_size_bytes=None``: this many times the memtables' total size.
 WAL_SIZE_MEMTABLE_MULTIPLE = 4
 #: What put_locked answers: bits (the memtable it wrote is full; the WAL is past
@@ -138,6 +145,8 @@ class WritePath:
         self.max_wal = max_total_wal_size_bytes
         self.wal_limit = 0
         self.stall: Any = None
+        #: Seconds of pause slowed commits owe and have not paused yet (_slow_down).
+        self.slowdown_debt = 0.0
         #: The flush thread (lsmdb.db), woken after a memtable is frozen for it;
         #: None: a full memtable is flushed on the writer's thread.
         self.flush_thread: Any = None
@@ -205,7 +214,7 @@ class WritePath:
         synced: :func:`put_locked` under the lock, then the flushes it calls
         for -- or ``write_columns`` where that is not its case (a stall, frozen
         memtables piling up, a failed log, a closed database or table)."""
-        if (self.stall is not None and len(state.version.l0) >= _compaction.L0_STALL_FILES) \
+        if (self.stall is not None and len(state.version.l0) >= _compaction.slow_path_files()) \
                 or len(state.imms) >= MAX_FROZEN_MEMTABLES \
                 or len(key) + (len(value) if value is not None else 0) > MAX_BATCH_SIZE_BYTES:
             self.write_columns(state, [key], [value], False)
@@ -265,7 +274,8 @@ class WritePath:
                     if do_sync and versions.manifest_unsynced:
                         versions.sync_manifest()
                     seq = versions.last_seq = versions.last_seq + 1
-                    wal.append(seq, encode(seq), do_sync)
+                    record = encode(seq)
+                    wal.append(seq, record, do_sync)
                     if wal.promoted:
                         versions.promote_segments()
                     touched = apply(seq)
@@ -277,6 +287,8 @@ class WritePath:
         self._flush_full(full)
         if wal_over:
             self._flush_wal_pinners()
+        if self.stall is not None:
+            self._slow_down(states, len(record))
 
     def _flush_full(self, full: list[TableState]) -> None:
         """Flush the full memtables: frozen here and written by the flush thread
@@ -311,6 +323,32 @@ class WritePath:
             except OSError as exc:
                 log.error("flush of table %r for max_total_wal_size_bytes failed: %s",
                           state.name, exc)
+
+    def _slow_down(self, states: set[TableState], nbytes: int) -> None:
+        """After a commit of ``nbytes`` to ``states``: where a table's level 0
+        holds L0_SLOWDOWN_FILES or more, this commit's share of a pause, at
+        SLOWDOWN_BYTES_PER_SECOND halved for each file past that bound.  Shares
+        below SLOWDOWN_MIN_PAUSE add up; a pause is taken (counted and timed
+        as a write slowdown) only while a compaction could reduce level 0."""
+        files = max(len(s.version.l0) for s in states)
+        if files < _compaction.L0_SLOWDOWN_FILES:
+            return
+        rate = _compaction.SLOWDOWN_BYTES_PER_SECOND / 2 ** (files -
+                                                            _compaction.L0_SLOWDOWN_FILES)
+        self.slowdown_debt += nbytes / rate
+        if self.slowdown_debt < SLOWDOWN_MIN_PAUSE:
+            return
+        pause, self.slowdown_debt = min(self.slowdown_debt, SLOWDOWN_MAX_PAUSE), 0.0
+        slowed = [s for s in states if len(s.version.l0) >= _compaction.L0_SLOWDOWN_FILES
+                  and not s.dropped and _compaction.pick(s) is not None]
+        if not slowed:
+            return
+        started = time.monotonic()
+        time.sleep(pause)
+        took = int((time.monotonic() - started) * 1e6)
+        for state in slowed:  # counted (lsmdb.stats: write_slowdowns, write_slowdown_us)
+            state.counts[WRITE_SLOWDOWNS] += 1
+            state.counts[WRITE_SLOWDOWN_US] += took
 
     def _maybe_stall(self, states: set[TableState]) -> None:
         """Hold a writer while level 0 is past its bound and compaction can reduce it."""

@@ -142,7 +142,8 @@ STATS = [
                                   false_positives=4, false_negatives=0, block_reads=5,
                                   block_cache_hits=6) for n in (3, 4)],
                  [SimpleNamespace(id=1, gets=10, gets_absent=7, write_stalls=2,
-                                  write_stall_us=900)]),
+                                  write_stall_us=900, write_slowdowns=3,
+                                  write_slowdown_us=4000)]),
 ]
 
 FILTERS = [BloomFilter(100, 0.01), BloomFilter(3, 0.5), BloomFilter(0, 1.0)]

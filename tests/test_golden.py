@@ -594,11 +594,18 @@ class _FakeReader:
 
 class _FakeTable:
     id, gets, gets_absent, write_stalls, write_stall_us = 1, 10, 4, 2, 300000
+    write_slowdowns, write_slowdown_us = 3, 40000
 
 
-# magic "LSMDBSTA" | version 1 | crc32 | length 35 |
-# {"files": {7: [1, 2, 3, 4, 5, 6, 7]}, "tables": {1: [10, 4, 2, 300000]}}
+# magic "LSMDBSTA" | version 1 | crc32 | length 39 |
+# {"files": {7: [1, 2, 3, 4, 5, 6, 7]}, "tables": {1: [10, 4, 2, 300000, 3, 40000]}}
 GOLDEN_STATS = bytes.fromhex(
+    "4c534d4442535441" "01000000" "58e02774" "27000000"
+    "82a566696c657381079701020304050607a67461626c65738101960a0402ce000493e003cd9c40")
+
+# The same file as written before the write-slowdown counters were appended:
+# {"tables": {1: [10, 4, 2, 300000]}}.
+GOLDEN_STATS_4_TABLE_COUNTERS = bytes.fromhex(
     "4c534d4442535441" "01000000" "9eda17f5" "23000000"
     "82a566696c657381079701020304050607a67461626c65738101940a0402ce000493e0")
 
@@ -622,7 +629,9 @@ def test_stats_encoding():
                                  "false_positives", "false_negatives", "block_reads",
                                  "block_cache_hits")
     assert encode_stats([_FakeReader()], [_FakeTable()]) == GOLDEN_STATS
-    assert decode_stats(GOLDEN_STATS) == ({7: [1, 2, 3, 4, 5, 6, 7]}, {1: [10, 4, 2, 300000]})
+    assert decode_stats(GOLDEN_STATS) == ({7: [1, 2, 3, 4, 5, 6, 7]},
+                                          {1: [10, 4, 2, 300000, 3, 40000]})
+    assert decode_stats(GOLDEN_STATS_4_TABLE_COUNTERS)[1] == {1: [10, 4, 2, 300000]}
     assert decode_stats(GOLDEN_STATS_2_TABLE_COUNTERS)[1] == {1: [10, 4]}
 
 

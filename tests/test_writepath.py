@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -151,6 +152,89 @@ def test_write_stalls_are_counted_timed_and_shown_by_inspect(tmp_path, monkeypat
     assert out.returncode == 0 and "write stalls: 1," in out.stdout
     with lsmdb.open(path, read_only=True) as again:
         assert again.table_stats()["write_stalls"] == 1
+
+
+def _held_compactions(db):
+    """Compactions of ``db`` held back until the returned event is set."""
+    import threading
+
+    go = threading.Event()
+    real = db._compactor.run_pending
+
+    def held(should_stop):
+        go.wait(30)
+        real(should_stop)
+
+    db._compactor.run_pending = held  # type: ignore[method-assign]
+    return go
+
+
+def test_level_0_filling_slows_writes_in_short_pauses_counted_and_shown(
+        tmp_path, monkeypatch, lsmdb_cli, impl):
+    """From L0_SLOWDOWN_FILES files in level 0 (a compaction possible) each
+    write -- a single put, C or Python, and a batch -- owes a pause for its
+    bytes at SLOWDOWN_BYTES_PER_SECOND halved per file past the bound; the
+    pauses are taken, counted and timed (table_stats, STATS, lsmdb inspect),
+    and no write is lost or held past SLOWDOWN_MAX_PAUSE."""
+    from lsmdb import compaction, writepath
+
+    monkeypatch.setattr(compaction, "L0_SLOWDOWN_FILES", 2)
+    monkeypatch.setattr(compaction, "SLOWDOWN_BYTES_PER_SECOND", 1000)  # 10 bytes: 10 ms
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.alter_table("default", min_threshold=2)
+    go = _held_compactions(db)
+    for i in range(2):
+        db.put(b"f%d" % i, b"1")
+        db.flush()
+    assert len(db.sstables()) == 2
+    t = time.monotonic()
+    db.put(b"k0000", b"v0000")  # 10 bytes of record payload and more: at least 10 ms owed
+    took = time.monotonic() - t
+    stats = db.table_stats()
+    assert stats["write_slowdowns"] == 1 and stats["write_stalls"] == 0
+    assert 0.009 <= stats["write_slowdown_seconds"] <= took
+    with db.batch() as b:
+        for i in range(50):
+            b.put(b"b%02d" % i, b"x" * 20)
+    assert db.table_stats()["write_slowdowns"] == 2
+    db.put(b"f9", b"1")
+    assert db.table_stats()["write_slowdowns"] == 3
+    db.flush()  # three files: half the rate, and a pause is capped
+    t = time.monotonic()
+    with db.batch() as b:
+        b.put(b"big", b"y" * 5000)  # owes 10 s at half the rate: paused SLOWDOWN_MAX_PAUSE
+    took = time.monotonic() - t
+    assert writepath.SLOWDOWN_MAX_PAUSE <= took < writepath.SLOWDOWN_MAX_PAUSE + 0.5
+    assert db.table_stats()["write_slowdowns"] == 4
+    go.set()
+    db.wait_for_compactions()
+    assert len(db.sstables()) == 1
+    db.put(b"after", b"1")  # level 0 below the bound again: no pause
+    assert db.table_stats()["write_slowdowns"] == 4
+    assert db.get(b"k0000") == b"v0000" and db.get(b"big") == b"y" * 5000
+    db.close()
+    out = lsmdb_cli("inspect", path)
+    assert out.returncode == 0 and "write slowdowns: 4 pauses" in out.stdout
+    with lsmdb.open(path, read_only=True) as again:
+        assert again.table_stats()["write_slowdowns"] == 4
+
+
+def test_no_pause_while_no_compaction_could_reduce_level_0(tmp_path, monkeypatch):
+    from lsmdb import compaction
+
+    monkeypatch.setattr(compaction, "L0_SLOWDOWN_FILES", 2)
+    monkeypatch.setattr(compaction, "SLOWDOWN_BYTES_PER_SECOND", 1000)
+    db = lsmdb.open(str(tmp_path / "db"))  # min_threshold 4: two files make no compaction
+    for i in range(2):
+        db.put(b"f%d" % i, b"1")
+        db.flush()
+    t = time.monotonic()
+    for i in range(20):
+        db.put(b"k%04d" % i, b"v%04d" % i)
+    assert time.monotonic() - t < 0.15
+    assert db.table_stats()["write_slowdowns"] == 0
+    db.close()
 
 
 # -- the C put (lsmdb/csrc/writepath.c) against its Python twin -----------------

@@ -24,12 +24,15 @@
 #define FILE_COUNTER_SLOTS 7
 
 /* Slots of a table's counters (state.counts, stats.py's TABLE_COUNTERS); the
- * getter counts the first two, the write path (in Python) the stalls. */
+ * getter counts the first two, the write path (in Python) the stalls and
+ * slowdowns. */
 #define GETS 0
 #define GETS_ABSENT 1
 #define WRITE_STALLS 2
 #define WRITE_STALL_US 3
-#define TABLE_COUNTER_SLOTS 4
+#define WRITE_SLOWDOWNS 4
+#define WRITE_SLOWDOWN_US 5
+#define TABLE_COUNTER_SLOTS 6
 
 /* FileProbe: what a point read needs of one SSTable (entry_init reads it). */
 #define FILE_READER 0

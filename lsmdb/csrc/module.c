@@ -201,6 +201,8 @@ static const char *const table_counter_names[TABLE_COUNTER_SLOTS] = {
     [GETS_ABSENT] = "gets_absent",
     [WRITE_STALLS] = "write_stalls",
     [WRITE_STALL_US] = "write_stall_us",
+    [WRITE_SLOWDOWNS] = "write_slowdowns",
+    [WRITE_SLOWDOWN_US] = "write_slowdown_us",
 };
 
 /* names[0:n] as a tuple of str; SystemError for a slot no macro named (two

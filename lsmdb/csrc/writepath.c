@@ -27,7 +27,7 @@ static PyObject *s_log, *s_closed, *s_read_only, *s_dropped, *s_failed, *s_last_
     *s_live, *s_fd, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
     *s_promote_segments, *s_mem, *s_undos, *s_data, *s_filter, *s_size_bytes, *s_pending,
     *s_tags, *s_options, *s_memtable_size_bytes, *s_closed_bytes, *s_id, *s_add_record,
-    *s_apply, *s_write, *s_l0_stall_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
+    *s_apply, *s_write, *s_l0_stall_files, *s_l0_slowdown_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
     *s_lock, *s_wal_limit, *s_acquire, *s_release, *s_write_columns, *s_flush_full,
     *s_flush_wal_pinners, *s_sync_default, *s_default_time_to_live;
 
@@ -70,6 +70,7 @@ writepath_init(void)
     INTERN(s_apply, "apply")
     INTERN(s_write, "write")
     INTERN(s_l0_stall_files, "L0_STALL_FILES")
+    INTERN(s_l0_slowdown_files, "L0_SLOWDOWN_FILES")
     INTERN(s_stall, "stall")
     INTERN(s_version, "version")
     INTERN(s_l0, "l0")
@@ -615,7 +616,7 @@ speedups_put_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
     int slow = 0;
     if ((stall = get_attr(writes, s_stall, &r_writes_stall)) == NULL)
         goto out;
-    if (stall != Py_None) {  /* level 0 at its stall bound: the general path waits */
+    if (stall != Py_None) {  /* level 0 at its slowdown or stall bound: the general path */
         PyObject *version = get_attr(state, s_version, &r_state_version);
         if (version == NULL)
             goto out;
@@ -631,10 +632,12 @@ speedups_put_one(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t 
         if (compaction_module == NULL
             && (compaction_module = PyImport_ImportModule("lsmdb.compaction")) == NULL)
             goto out;
-        Py_ssize_t stall_files;
-        if (take_ssize(PyObject_GetAttr(compaction_module, s_l0_stall_files), &stall_files) < 0)
+        Py_ssize_t stall_files, slowdown_files;
+        if (take_ssize(PyObject_GetAttr(compaction_module, s_l0_stall_files), &stall_files) < 0
+            || take_ssize(PyObject_GetAttr(compaction_module, s_l0_slowdown_files),
+                          &slowdown_files) < 0)
             goto out;
-        slow = n >= stall_files;
+        slow = n >= (slowdown_files < stall_files ? slowdown_files : stall_files);
     }
     if (!slow) {
         if ((imms = get_attr(state, s_imms, &r_state_imms)) == NULL)

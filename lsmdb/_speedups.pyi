@@ -117,8 +117,9 @@ def data_payload(keys: list[bytes], values: list[Any], tags: list[int], lo: int,
 def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int,
                /) -> tuple[list[int], list[int], int]: ...
 def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size: int, kind: int,
-                     compress: Callable[[bytes], bytes] | None, want_hashes: bool, /
-                     ) -> tuple[bytes, list[bytes], list[int], list[int], list[int] | None, int,
+                     compress: Callable[[bytes], bytes] | None, want_hashes: bool,
+                     sink: Callable[[bytes], object], /
+                     ) -> tuple[int, list[bytes], list[int], list[int], list[int] | None, int,
                                 int, int, bytes]: ...
 def block_entry(payload: bytes, after: bytes | None, last: bytes | None, version: int = ...,
                 /) -> bytes: ...

@@ -53,10 +53,10 @@ L0_COMPACTION_TRIGGER = 4
 #: compaction that would reduce them is possible (auto_compaction only).
 L0_STALL_FILES = 24
 #: From this many files in a table's level 0 (while a compaction could reduce
-#: them) writes to it are slowed -- each commit pays a short sleep in
-#: proportion to its bytes, at SLOWDOWN_BYTES_PER_SECOND halved for each file
-#: past this bound -- so that compaction catches up in many small pauses
-#: rather than one long stall at L0_STALL_FILES.
+#: them) writes to it are slowed: the database's writers together go no
+#: faster than SLOWDOWN_BYTES_PER_SECOND halved for each file past this bound,
+#: in short pauses after their commits (lsmdb.writepath), so that compaction
+#: catches up in many small pauses rather than one long stall at L0_STALL_FILES.
 L0_SLOWDOWN_FILES = 16
 SLOWDOWN_BYTES_PER_SECOND = 16 << 20
 LEVEL_SIZE_MULTIPLIER = 10

@@ -107,27 +107,31 @@ def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int
         done, base, need = cut, cum[cut], block_size
 
 
-#: What :func:`memtable_section` returns: the data section (every data block
-#: with its trailer, back to back, from offset 0), the index (each block's
-#: last key, offset and stored size), the keys' filter hashes in key order
-#: (None unless asked for), the counts of tombstones and expiring values, the
-#: payloads' total size, and the smallest key.
-Section = tuple[bytes, list[bytes], list[int], list[int], "list[int] | None", int, int, int,
+#: What :func:`memtable_section` returns: the size of the data section it
+#: wrote (every data block with its trailer, back to back, from offset 0),
+#: the index (each block's last key, offset and stored size), the keys' filter
+#: hashes in key order (None unless asked for), the counts of tombstones and
+#: expiring values, the payloads' total size, and the smallest key.
+Section = tuple[int, list[bytes], list[int], list[int], "list[int] | None", int, int, int,
                 bytes]
 
 
 def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size: int,
                      kind: int, compress: Callable[[bytes], bytes] | None,
-                     want_hashes: bool) -> Section:
+                     want_hashes: bool, sink: Callable[[bytes], object]) -> Section:
     """A frozen memtable's entries (``data``, its values; ``tags``, its tags)
-    as the data blocks of a new SSTable: sorted, cut where :func:`block_cuts`
-    cuts a chunk added to an empty builder, each block's payload
-    (lsmdb.block.encode_data_payload) stored as ``compress(payload)`` (type
-    ``kind``) where that saves at least an eighth, else as it is (type 0),
-    then its trailer.  ``want_hashes``: the keys' xxh3_64 (the fast hasher's)
-    too.  The same bytes :class:`SSTableBuilder`'s ``add_chunk`` writes; the
-    C twin (csrc/sstable_writer.c) sorts, cuts and encodes without holding
-    the GIL, so writers run while a flush works."""
+    written to ``sink`` as the data blocks of a new SSTable: sorted, cut
+    where :func:`block_cuts` cuts a chunk added to an empty builder, each
+    block's payload (lsmdb.block.encode_data_payload) stored as
+    ``compress(payload)`` (type ``kind``) where that saves at least an
+    eighth, else as it is (type 0), then its trailer.  ``want_hashes``: the
+    keys' xxh3_64 (the fast hasher's) too.  The same bytes
+    :class:`SSTableBuilder`'s ``add_chunk`` writes.
+
+    The C twin (csrc/sstable_writer.c) sorts, cuts and encodes without the
+    GIL, a run of blocks (about 1 MiB) at a time, so writers run while a
+    flush works; for ``kind`` LZ4 it compresses there too, with the lz4
+    package's own library (``compress`` is then not called)."""
     if not data:
         raise ValueError("an SSTable needs at least one entry")
     keys = sorted(data)
@@ -136,7 +140,6 @@ def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size:
     cuts, _bases, _total = block_cuts(keys, values, block_size, block_size)
     if not cuts or cuts[-1] != len(keys):
         cuts.append(len(keys))
-    parts: list[bytes] = []
     index_offsets: list[int] = []
     index_sizes: list[int] = []
     offset = uncompressed = 0
@@ -150,7 +153,7 @@ def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size:
             if len(packed) <= len(payload) - len(payload) // 8:
                 stored, type_ = packed, kind
         type_byte = type_.to_bytes(1, "little")
-        parts += (stored, DATA_TRAILER_V2.pack(type_, crc32(type_byte, crc32(stored))))
+        sink(stored + DATA_TRAILER_V2.pack(type_, crc32(type_byte, crc32(stored))))
         index_offsets.append(offset)
         index_sizes.append(len(stored))
         offset += len(stored) + DATA_TRAILER_V2_SIZE
@@ -158,8 +161,8 @@ def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size:
     index_keys = [keys[hi - 1] for hi in cuts]
     hashes = list(map(FAST_HASHER.fn, keys)) if want_hashes else None
     expiring = sum(type(v) is tuple for v in values) if has_expiring(values) else 0
-    return (b"".join(parts), index_keys, index_offsets, index_sizes, hashes,
-            values.count(None), expiring, uncompressed, keys[0])
+    return (offset, index_keys, index_offsets, index_sizes, hashes, values.count(None),
+            expiring, uncompressed, keys[0])
 
 
 def take_chunk(items: Iterator[tuple[bytes, bytes | None]]
@@ -355,17 +358,17 @@ class SSTableBuilder:
         self._write_data_block(payload, keys[hi - 1])
 
     def add_section(self, section: Section, entries: int, hashes: list[int] | None) -> None:
-        """Every entry of the file at once, as :func:`memtable_section` wrote
-        the ``entries`` of them, with their filter ``hashes`` (any order; None
-        without a filter): an empty format-2 builder only; then ``finish()``."""
-        if self.entries or self._keys or self._version < 2:
+        """Every entry of the file at once: the ``entries`` :func:`memtable_section`
+        wrote to this builder's sink before the builder wrote anything, with
+        their filter ``hashes`` (any order; None without a filter).  An empty
+        format-2 builder only; then ``finish()``."""
+        if self.entries or self._keys or self._offset or self._version < 2:
             raise ValueError("add_section: an empty format-2 builder only")
         if self._fp_chance < 1.0 and (hashes is None or len(hashes) != entries):
             raise ValueError("add_section: one filter hash per entry")
-        (data, index_keys, index_offsets, index_sizes, _hashes, tombstones, expiring,
+        (size, index_keys, index_offsets, index_sizes, _hashes, tombstones, expiring,
          uncompressed, min_key) = section
-        self._out.write(data)
-        self._offset = len(data)
+        self._offset = size
         self._index_keys = index_keys
         self._index_offsets = index_offsets
         self._index_sizes = index_sizes
@@ -528,13 +531,14 @@ def write_memtable(path: str, data: dict[bytes, Any], tags: dict[bytes, int], *,
     filtered = fp_chance < 1.0
     fast = filtered and hasher.fn is FAST_HASHER.fn
     make = _c_memtable_section if USE_SPEEDUPS else memtable_section
-    section = make(data, tags, block_size, kind, _compression.compressor(kind), fast)
-    # A Bloom filter's bits do not depend on the order its keys are added in.
-    hashes = section[4] if fast else list(map(hasher.fn, data)) if filtered else None
     with FileWriter(path, WRITE_BUFFER_BYTES) as f:
         builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
                                  hasher=hasher, compression=compression,
                                  file_number=file_number, db_id=db_id, seq=max_seq)
+        section = make(data, tags, block_size, kind, _compression.compressor(kind), fast,
+                       f.write)
+        # A Bloom filter's bits do not depend on the order its keys are added in.
+        hashes = section[4] if fast else list(map(hasher.fn, data)) if filtered else None
         builder.add_section(section, len(data), hashes)
         builder.note_seq(min_seq, max_seq)
         props = builder.finish()

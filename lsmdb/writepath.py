@@ -22,6 +22,7 @@ put calls first where the extension is built.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -54,7 +55,7 @@ log = logging.getLogger("lsmdb")
 #: more writes until one is flushed (each write tries; while flushes fail, it
 #: raises their error and writes nothing).
 MAX_FROZEN_MEMTABLES = 2
-#: A slowed writer pauses once its shares of pauses add up to this many seconds
+#: A slowed commit pauses once its turn ends at least this many seconds ahead
 #: (a sleep much shorter than a millisecond costs more than it lasts) ...
 SLOWDOWN_MIN_PAUSE = 0.002
 #: ... and never for longer than this at once.
@@ -145,8 +146,10 @@ class WritePath:
         self.max_wal = max_total_wal_size_bytes
         self.wal_limit = 0
         self.stall: Any = None
-        #: Seconds of pause slowed commits owe and have not paused yet (_slow_down).
-        self.slowdown_debt = 0.0
+        #: Where the timeline of slowed commits is free again (time.monotonic),
+        #: under slowdown_lock (_slow_down).
+        self.slowdown_next = 0.0
+        self.slowdown_lock = threading.Lock()
         #: The flush thread (lsmdb.db), woken after a memtable is frozen for it;
         #: None: a full memtable is flushed on the writer's thread.
         self.flush_thread: Any = None
@@ -212,8 +215,9 @@ class WritePath:
     def put(self, state: TableState, key: bytes, value: bytes | None) -> None:
         """One put (``value`` None: a delete) of a checked key and value, not
         synced: :func:`put_locked` under the lock, then the flushes it calls
-        for -- or ``write_columns`` where that is not its case (a stall, frozen
-        memtables piling up, a failed log, a closed database or table)."""
+        for -- or ``write_columns`` where that is not its case (level 0 at its
+        slowdown or stall bound, frozen memtables piling up, a failed log, a
+        closed database or table)."""
         if (self.stall is not None and len(state.version.l0) >= _compaction.slow_path_files()) \
                 or len(state.imms) >= MAX_FROZEN_MEMTABLES \
                 or len(key) + (len(value) if value is not None else 0) > MAX_BATCH_SIZE_BYTES:
@@ -325,28 +329,38 @@ class WritePath:
                           state.name, exc)
 
     def _slow_down(self, states: set[TableState], nbytes: int) -> None:
-        """After a commit of ``nbytes`` to ``states``: where a table's level 0
-        holds L0_SLOWDOWN_FILES or more, this commit's share of a pause, at
-        SLOWDOWN_BYTES_PER_SECOND halved for each file past that bound.  Shares
-        below SLOWDOWN_MIN_PAUSE add up; a pause is taken (counted and timed
-        as a write slowdown) only while a compaction could reduce level 0."""
-        files = max(len(s.version.l0) for s in states)
-        if files < _compaction.L0_SLOWDOWN_FILES:
+        """After a commit of ``nbytes``: where a table it wrote has
+        L0_SLOWDOWN_FILES or more files in level 0, the commit takes its turn
+        on one timeline shared by every writer of the database, ``nbytes``
+        long at SLOWDOWN_BYTES_PER_SECOND halved for each file past that bound
+        (the fullest such table's), and pauses until its turn ends -- so the
+        database's writers together, however many, go no faster than that
+        rate.  A pause shorter than SLOWDOWN_MIN_PAUSE is put off (the
+        timeline keeps it for the next commit), none lasts more than
+        SLOWDOWN_MAX_PAUSE, and none is taken while no compaction could
+        reduce level 0.  Each pause counts, with its time, for every table it
+        slowed (write_slowdowns, write_slowdown_us)."""
+        bound = _compaction.L0_SLOWDOWN_FILES
+        filling = [s for s in states if len(s.version.l0) >= bound]
+        if not filling:
             return
-        rate = _compaction.SLOWDOWN_BYTES_PER_SECOND / 2 ** (files -
-                                                            _compaction.L0_SLOWDOWN_FILES)
-        self.slowdown_debt += nbytes / rate
-        if self.slowdown_debt < SLOWDOWN_MIN_PAUSE:
+        past = min(max(len(s.version.l0) for s in filling) - bound, 30)
+        turn = nbytes * 2.0 ** past / _compaction.SLOWDOWN_BYTES_PER_SECOND
+        with self.slowdown_lock:
+            now = time.monotonic()
+            start = min(max(now, self.slowdown_next), now + SLOWDOWN_MAX_PAUSE)
+            self.slowdown_next = start + turn
+            pause = min(self.slowdown_next - now, SLOWDOWN_MAX_PAUSE)
+        if pause < SLOWDOWN_MIN_PAUSE:
             return
-        pause, self.slowdown_debt = min(self.slowdown_debt, SLOWDOWN_MAX_PAUSE), 0.0
-        slowed = [s for s in states if len(s.version.l0) >= _compaction.L0_SLOWDOWN_FILES
-                  and not s.dropped and _compaction.pick(s) is not None]
+        slowed = [s for s in filling if not s.dropped and _compaction.pick(s) is not None]
         if not slowed:
+            with self.slowdown_lock:  # nothing to wait for: the turn is not owed
+                self.slowdown_next = min(self.slowdown_next, now)
             return
-        started = time.monotonic()
         time.sleep(pause)
-        took = int((time.monotonic() - started) * 1e6)
-        for state in slowed:  # counted (lsmdb.stats: write_slowdowns, write_slowdown_us)
+        took = int((time.monotonic() - now) * 1e6)
+        for state in slowed:
             state.counts[WRITE_SLOWDOWNS] += 1
             state.counts[WRITE_SLOWDOWN_US] += took
 

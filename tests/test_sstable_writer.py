@@ -228,6 +228,13 @@ def test_write_memtable_writes_the_file_its_chunks_make(tmp_path_factory, tagged
         assert _write_both(tmp_path, mem, "c", **kw) == ref
 
 
+def _section(make, data, tags, block_size, kind, compress, want):
+    """make(...)'s return and the bytes it handed its sink, joined."""
+    parts: list[bytes] = []
+    got = make(data, tags, block_size, kind, compress, want, parts.append)
+    return got, b"".join(parts)
+
+
 @needs_c
 def test_c_memtable_section_is_the_python_one_and_refuses_what_it_cannot_write():
     data = {b"b": b"2" * 300, b"a": None, b"c": (b"x", 7)}
@@ -235,57 +242,99 @@ def test_c_memtable_section_is_the_python_one_and_refuses_what_it_cannot_write()
     for kind, compress in [(0, None), (1, compression.compressor(1)),
                            (2, compression.compressor(2))]:
         for want in (True, False):
-            assert sw._c_memtable_section(data, tags, 64, kind, compress, want) == \
-                sw.memtable_section(data, tags, 64, kind, compress, want)
+            assert _section(sw._c_memtable_section, data, tags, 64, kind, compress, want) == \
+                _section(sw.memtable_section, data, tags, 64, kind, compress, want)
     # the tags dict in another order than the values'
-    assert sw._c_memtable_section(data, dict(reversed(tags.items())), 64, 0, None, True) == \
-        sw.memtable_section(data, tags, 64, 0, None, True)
+    assert _section(sw._c_memtable_section, data, dict(reversed(tags.items())), 64, 0, None,
+                    True) == _section(sw.memtable_section, data, tags, 64, 0, None, True)
+    c = sw._c_memtable_section
+
+    def sink(piece: bytes) -> None:
+        pass
+
     with pytest.raises(ValueError):
-        sw._c_memtable_section({}, {}, 64, 0, None, True)
+        c({}, {}, 64, 0, None, True, sink)
     with pytest.raises(ValueError):
-        sw._c_memtable_section(data, {b"a": 1}, 64, 0, None, True)
+        c(data, {b"a": 1}, 64, 0, None, True, sink)
     with pytest.raises(KeyError):
-        sw._c_memtable_section({b"a": None}, {b"z": 0}, 64, 0, None, True)
+        c({b"a": None}, {b"z": 0}, 64, 0, None, True, sink)
+    for bad_data, bad_tags in [({"a": b"1"}, {"a": 257}), ({b"a": "1"}, {b"a": 257}),
+                               ({b"a": (None, 5)}, {b"a": 2}), ({b"a": (b"x",)}, {b"a": 2}),
+                               ({b"a": b"1"}, {b"a": "257"})]:
+        with pytest.raises(TypeError):
+            c(bad_data, bad_tags, 64, 0, None, True, sink)
     with pytest.raises(TypeError):
-        sw._c_memtable_section({"a": b"1"}, {"a": 257}, 64, 0, None, True)
-    with pytest.raises(TypeError):
-        sw._c_memtable_section({b"a": "1"}, {b"a": 257}, 64, 0, None, True)
-    with pytest.raises(TypeError):
-        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 2, lambda p: "no", True)
+        c({b"a": b"1"}, {b"a": 257}, 64, 2, lambda p: "no", True, sink)
     with pytest.raises(ZeroDivisionError):
-        sw._c_memtable_section({b"a": b"1"}, {b"a": 257}, 64, 2, lambda p: 1 // 0, True)
+        c({b"a": b"1"}, {b"a": 257}, 64, 2, lambda p: 1 // 0, True, sink)
+    with pytest.raises(ZeroDivisionError):
+        c({b"a": b"1"}, {b"a": 257}, 64, 0, None, True, lambda p: 1 // 0)
+
+    class Truthy:
+        def __bool__(self) -> bool:
+            return True
+
+    with pytest.raises(TypeError):  # (not a SystemError: each argument checked at once)
+        c({b"a": b"1"}, {b"a": 257}, "x", 0, None, Truthy(), sink)
+
+
+@needs_c
+def test_c_memtable_section_holds_what_it_reads_while_python_code_runs():
+    """The tag lookup can run Python code (a key's __eq__ where the two dicts'
+    orders differ); what it does to the memtable's dicts must not free what the
+    section is being written from."""
+
+    class Key(bytes):
+        def __eq__(self, other: object) -> bool:
+            data[b"k1"] = b"replaced"  # drops the value gathered for k1
+            return bytes.__eq__(self, other)
+
+        __hash__ = bytes.__hash__
+
+    big = b"v" * 100_000
+    data = {b"k1": big, b"k2": b"w"}
+    del big
+    tags = {Key(b"k2"): 257, b"k1": 257}  # another order: k2's tag is looked up
+    got, written = _section(sw._c_memtable_section, data, tags, 64, 0, None, True)
+    # k1's value as gathered, before the lookup replaced it: held, not freed
+    assert len(written) == got[0] and written.count(b"v" * 100_000) == 1
+    assert data[b"k1"] == b"replaced"
 
 
 def test_add_section_takes_an_empty_format_2_builder_and_a_hash_per_entry():
-    section = sw.memtable_section({b"a": b"1"}, {b"a": 257}, 64, 0, None, True)
-    b = SSTableBuilder(io.BytesIO(), fp_chance=0.01, block_size=64)
-    b.add(b"0", b"x")
-    with pytest.raises(ValueError):
-        b.add_section(section, 1, section[4])
-    b = SSTableBuilder(io.BytesIO(), fp_chance=0.01, block_size=64)
+    out = io.BytesIO()
+    b = SSTableBuilder(out, fp_chance=0.01, block_size=64)
+    section = sw.memtable_section({b"a": b"1"}, {b"a": 257}, 64, 0, None, True, out.write)
     with pytest.raises(ValueError):
         b.add_section(section, 1, None)
     b.add_section(section, 1, section[4])
     assert (b.entries, b.min_key, b.max_key) == (1, b"a", b"a")
     assert b.finish()["entries"] == 1
+    b = SSTableBuilder(io.BytesIO(), fp_chance=0.01, block_size=64)
+    b.add(b"0", b"x")
+    with pytest.raises(ValueError):
+        b.add_section(section, 1, section[4])
 
 
 @needs_c
 def test_c_memtable_section_compresses_lz4_as_the_lz4_package_does():
     """Where the C path compresses LZ4 blocks itself (the lz4 package's own
     library, without the GIL), each block is the bytes lz4.block.compress
-    makes: compressible, incompressible and tiny payloads, blocks up to 64 KiB."""
+    makes: compressible, incompressible and tiny payloads, blocks up to 64 KiB,
+    sections of several runs (a run is about 1 MiB of payloads)."""
     import random
 
     rng = random.Random(3)
     words = [b"alpha", b"beta", b"gamma", b"delta", b"\x00\x01", b"city", b"name"]
-    for block_size in (16, 512, 4096, 65536):
+    for block_size, entries in ((16, 400), (512, 400), (4096, 400), (65536, 400),
+                                (4096, 12_000)):
         data = {}
-        for i in range(400):
+        for i in range(entries):
             key = b"k%06d" % rng.randrange(10**6)
             data[key] = (rng.randbytes(rng.randrange(0, 300)) if i % 3 == 0 else
                          b" ".join(rng.choice(words) for _ in range(rng.randrange(0, 80))))
         tags = dict.fromkeys(data, 5 << 8 | 1)
-        got = sw._c_memtable_section(data, tags, block_size, 1, compression.compressor(1), True)
-        assert got == sw.memtable_section(data, tags, block_size, 1,
-                                          compression.compressor(1), True), block_size
+        got = _section(sw._c_memtable_section, data, tags, block_size, 1,
+                       compression.compressor(1), True)
+        assert got == _section(sw.memtable_section, data, tags, block_size, 1,
+                               compression.compressor(1), True), block_size

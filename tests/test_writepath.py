@@ -220,6 +220,46 @@ def test_level_0_filling_slows_writes_in_short_pauses_counted_and_shown(
         assert again.table_stats()["write_slowdowns"] == 4
 
 
+def test_slowed_writers_together_keep_to_the_rate(tmp_path, monkeypatch):
+    """Several writer threads share one timeline: together, not each, they go
+    no faster than the slowdown rate."""
+    import threading
+
+    from lsmdb import compaction
+
+    rate = 40_000
+    monkeypatch.setattr(compaction, "L0_SLOWDOWN_FILES", 2)
+    monkeypatch.setattr(compaction, "SLOWDOWN_BYTES_PER_SECOND", rate)
+    db = lsmdb.open(str(tmp_path / "db"))
+    db.alter_table("default", min_threshold=2)
+    go = _held_compactions(db)
+    for i in range(2):
+        db.put(b"f%d" % i, b"1")
+        db.flush()
+    written = [0] * 4
+    stop = time.monotonic() + 0.8
+
+    def writer(n: int) -> None:
+        i = 0
+        while time.monotonic() < stop:
+            db.put(b"t%d-%06d" % (n, i), b"v" * 40)
+            written[n] += 50  # key and value bytes: fewer than the record's
+            i += 1
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    # what the rate allows in the time, and a turn's worth of slack per thread
+    assert sum(written) <= rate * (elapsed + 4 * 0.1), (sum(written), elapsed)
+    assert db.table_stats()["write_slowdowns"] > 0
+    go.set()
+    db.close()
+
+
 def test_no_pause_while_no_compaction_could_reduce_level_0(tmp_path, monkeypatch):
     from lsmdb import compaction
 

@@ -121,9 +121,10 @@ static PyMethodDef speedups_functions[] = {
      "block_cuts($module, keys, values, need, block_size, /)\n--\n\n"
      "sstable_writer.block_cuts: (cuts, bases, total) of a chunk of sorted entries."},
     {"memtable_section", (PyCFunction)(void (*)(void))speedups_memtable_section, METH_FASTCALL,
-     "memtable_section($module, data, tags, block_size, kind, compress, want_hashes, /)\n--\n\n"
+     "memtable_section($module, data, tags, block_size, kind, compress, want_hashes, sink, /)"
+     "\n--\n\n"
      "sstable_writer.memtable_section: a frozen memtable's data blocks, sorted, cut, "
-     "written and compressed, mostly without the GIL."},
+     "encoded and compressed mostly without the GIL, handed to sink a run at a time."},
     {"entry_lists", (PyCFunction)speedups_entry_lists, METH_O,
      "entry_lists($module, entry, /)\n--\n\n(keys, values) of a cached block (block_entry)."},
     {"entry_find", (PyCFunction)(void (*)(void))speedups_entry_find, METH_FASTCALL,

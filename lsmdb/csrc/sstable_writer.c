@@ -76,16 +76,19 @@ fail:
 /* ---- memtable_section: a frozen memtable's data blocks, written ------------- */
 
 #define SEC_HEAD 16
+/* The payload bytes encoded, compressed and handed to the sink at a time. */
+#define SEC_RUN_BYTES (1 << 20)
 
-/* One entry of the memtable: borrowed pointers into its dicts' bytes, which
- * the caller's references keep alive and a frozen memtable never changes, so
- * the sort, the cuts and the payloads are made with the GIL released. */
+/* One entry of the memtable: pointers into its key's and value's bytes,
+ * which the call holds references to (so nothing the gathering runs can free
+ * them), so that the sort, the cuts and the payloads are made with the GIL
+ * released. */
 typedef struct {
     const unsigned char *k;
     const unsigned char *v;   /* NULL: a tombstone */
     size_t kn, vn;
     uint64_t tag, expires, hash;
-    PyObject *key;            /* borrowed */
+    PyObject *key, *value;    /* references held until the call returns */
     int expiring;             /* the value is an expiring (bytes, expires) */
     int hashed;               /* hash already set (a key too long to hash here) */
     unsigned char head[SEC_HEAD];  /* the key's first bytes, zero-padded */
@@ -111,113 +114,6 @@ sec_cmp(const void *a, const void *b)
     return (x->kn > y->kn) - (x->kn < y->kn);
 }
 
-/* What the GIL-free part makes: the payloads, back to back, and each block's
- * end (an entry index), offset and length in them. */
-typedef struct {
-    unsigned char *buf;
-    size_t *end, *off, *len;
-    size_t *slen;            /* each block's stored size (before its trailer) */
-    unsigned char *types;    /* and its type byte */
-    size_t blocks;
-} SecBlocks;
-
-static void
-sec_blocks_free(SecBlocks *b)
-{
-    PyMem_RawFree(b->buf);
-    PyMem_RawFree(b->end);
-    PyMem_RawFree(b->off);
-    PyMem_RawFree(b->len);
-    PyMem_RawFree(b->slen);
-    PyMem_RawFree(b->types);
-}
-
-/* No GIL: room for each block's stored size and type.  0, or -1. */
-static int
-sec_alloc_stored(SecBlocks *b)
-{
-    b->slen = PyMem_RawMalloc(b->blocks * sizeof(size_t));
-    b->types = PyMem_RawMalloc(b->blocks);
-    return b->slen == NULL || b->types == NULL ? -1 : 0;
-}
-
-/* One block's trailer (DATA_TRAILER_V2: its type byte, then the CRC-32 of
- * its stored bytes and that byte, little-endian) after its n stored bytes at p. */
-static unsigned char *
-sec_trailer(unsigned char *p, size_t n, unsigned char type)
-{
-    uint32_t crc = crc32_update(crc32_update(0, p, n), &type, 1);
-    p[n] = type;
-    for (int j = 0; j < 4; j++)
-        p[n + 1 + j] = (unsigned char)(crc >> (8 * j));
-    return p + n + 5;
-}
-
-/* No GIL: the section, each block stored as LZ4 -- what lz4.block.compress
- * stores: the payload's length, u32 little-endian, then the LZ4 block of a
- * fresh stream -- where that saves at least an eighth, else as it is: *raw
- * (PyMem_RawMalloc'd) and *total.  0, or -1: out of memory. */
-static int
-sec_pack_lz4(SecBlocks *b, const Lz4Api *lz4, unsigned char **raw, size_t *total)
-{
-    size_t room = 0, widest = 0;
-    for (size_t i = 0; i < b->blocks; i++) {
-        room += b->len[i] + 5;
-        if (b->len[i] > widest)
-            widest = b->len[i];
-    }
-    if (widest > (size_t)INT_MAX - 64)
-        return -1;
-    int cap = lz4->bound((int)widest);
-    void *stream = lz4->create();
-    unsigned char *out = PyMem_RawMalloc(room), *tmp = PyMem_RawMalloc((size_t)cap + 4);
-    if (out == NULL || tmp == NULL || stream == NULL || cap <= 0) {
-        PyMem_RawFree(out);
-        PyMem_RawFree(tmp);
-        if (stream != NULL)
-            lz4->release(stream);
-        return -1;
-    }
-    unsigned char *p = out;
-    for (size_t i = 0; i < b->blocks; i++) {
-        size_t len = b->len[i];
-        const unsigned char *payload = b->buf + b->off[i];
-        lz4->reset(stream);
-        int got = lz4->compress(stream, (const char *)payload, (char *)tmp + 4, (int)len,
-                                lz4->bound((int)len), 1);
-        if (got > 0 && (size_t)got + 4 <= len - len / 8) {
-            for (int j = 0; j < 4; j++)
-                tmp[j] = (unsigned char)(len >> (8 * j));
-            memcpy(p, tmp, (size_t)got + 4);
-            b->slen[i] = (size_t)got + 4;
-            b->types[i] = COMPRESSION_LZ4;
-        } else {
-            memcpy(p, payload, len);
-            b->slen[i] = len;
-            b->types[i] = COMPRESSION_NONE;
-        }
-        p = sec_trailer(p, b->slen[i], b->types[i]);
-    }
-    lz4->release(stream);
-    PyMem_RawFree(tmp);
-    *raw = out;
-    *total = (size_t)(p - out);
-    return 0;
-}
-
-/* No GIL: the section at out, each block's stored bytes (stored[i], or its
- * payload where that is NULL) with its trailer. */
-static void
-sec_pack(const SecBlocks *b, PyObject *const *stored, unsigned char *out)
-{
-    for (size_t i = 0; i < b->blocks; i++) {
-        const unsigned char *s = stored[i] ? (const unsigned char *)PyBytes_AS_STRING(stored[i])
-                                           : b->buf + b->off[i];
-        memcpy(out, s, b->slen[i]);
-        out = sec_trailer(out, b->slen[i], b->types[i]);
-    }
-}
-
 static unsigned char *
 sec_bin(unsigned char *p, const unsigned char *s, size_t n)
 {
@@ -238,18 +134,35 @@ sec_bin(unsigned char *p, const unsigned char *s, size_t n)
     return p + n;
 }
 
+/* The blocks: each one's end (an entry index past its last), payload size,
+ * and -- once written -- stored size (before its trailer) and type byte. */
+typedef struct {
+    size_t *end, *len, *slen;
+    unsigned char *types;
+    size_t blocks;
+} SecBlocks;
+
+static void
+sec_blocks_free(SecBlocks *b)
+{
+    PyMem_RawFree(b->end);
+    PyMem_RawFree(b->len);
+    PyMem_RawFree(b->slen);
+    PyMem_RawFree(b->types);
+}
+
 /* No GIL: sort, hash the short keys, cut into blocks (block_cuts' rule with
- * nothing pending) and write each block's payload (block.c's data_payload
+ * nothing pending) and size each block's payload (block.c's data_payload
  * format).  0, or -1: out of memory. */
 static int
-sec_build(SecEntry **order, size_t n, long long block_size, int want_hashes, SecBlocks *out)
+sec_plan(SecEntry **order, size_t n, long long block_size, int want_hashes, SecBlocks *out)
 {
     qsort(order, n, sizeof(SecEntry *), sec_cmp);
     if (want_hashes)
         for (size_t i = 0; i < n; i++)
             if (!order[i]->hashed)
                 order[i]->hash = xxh3_64_short(order[i]->k, order[i]->kn);
-    out->end = PyMem_RawMalloc((n + 1) * sizeof(size_t));
+    out->end = PyMem_RawMalloc(n * sizeof(size_t));
     if (out->end == NULL)
         return -1;
     long long cum = 0, base = 0;
@@ -264,11 +177,12 @@ sec_build(SecEntry **order, size_t n, long long block_size, int want_hashes, Sec
     if (blocks == 0 || out->end[blocks - 1] != n)
         out->end[blocks++] = n;
     out->blocks = blocks;
-    out->off = PyMem_RawMalloc(blocks * sizeof(size_t));
     out->len = PyMem_RawMalloc(blocks * sizeof(size_t));
-    if (out->off == NULL || out->len == NULL)
+    out->slen = PyMem_RawMalloc(blocks * sizeof(size_t));
+    out->types = PyMem_RawMalloc(blocks);
+    if (out->len == NULL || out->slen == NULL || out->types == NULL)
         return -1;
-    size_t total = 0, lo = 0;
+    size_t lo = 0;
     for (size_t b = 0; b < blocks; b++) {
         size_t hi = out->end[b], m = hi - lo, size = 1 + 3 * mpw_array_size(m);
         int expiring = 0;
@@ -281,80 +195,187 @@ sec_build(SecEntry **order, size_t n, long long block_size, int want_hashes, Sec
         if (expiring)
             for (size_t i = lo; i < hi; i++)
                 size += mpw_uint_size(order[i]->expires);
-        size += mpw_array_size(expiring ? m : 0);
-        out->off[b] = total;
-        out->len[b] = size;
-        total += size;
-        lo = hi;
-    }
-    out->buf = PyMem_RawMalloc(total ? total : 1);
-    if (out->buf == NULL)
-        return -1;
-    lo = 0;
-    for (size_t b = 0; b < blocks; b++) {
-        size_t hi = out->end[b], m = hi - lo;
-        unsigned char *p = out->buf + out->off[b];
-        int expiring = 0;
-        *p++ = 0x94;
-        p = mpw_array(p, m);
-        for (size_t i = lo; i < hi; i++) {
-            p = sec_bin(p, order[i]->k, order[i]->kn);
-            expiring |= order[i]->expiring;
-        }
-        p = mpw_array(p, m);
-        for (size_t i = lo; i < hi; i++)
-            p = order[i]->v == NULL ? (*p = 0xC0, p + 1) : sec_bin(p, order[i]->v, order[i]->vn);
-        p = mpw_array(p, m);
-        for (size_t i = lo; i < hi; i++)
-            p = mpw_uint(p, order[i]->tag);
-        p = mpw_array(p, expiring ? m : 0);
-        for (size_t i = lo; expiring && i < hi; i++)
-            p = mpw_uint(p, order[i]->expires);
+        out->len[b] = size + mpw_array_size(expiring ? m : 0);
         lo = hi;
     }
     return 0;
 }
 
-/* Under the GIL: one entry of the memtable, its key k, value v and tag t. */
+/* No GIL: the payload of block b (entries lo..hi) at p; returns its end. */
+static unsigned char *
+sec_payload(unsigned char *p, SecEntry *const *order, size_t lo, size_t hi)
+{
+    size_t m = hi - lo;
+    int expiring = 0;
+    *p++ = 0x94;
+    p = mpw_array(p, m);
+    for (size_t i = lo; i < hi; i++) {
+        p = sec_bin(p, order[i]->k, order[i]->kn);
+        expiring |= order[i]->expiring;
+    }
+    p = mpw_array(p, m);
+    for (size_t i = lo; i < hi; i++)
+        p = order[i]->v == NULL ? (*p = 0xC0, p + 1) : sec_bin(p, order[i]->v, order[i]->vn);
+    p = mpw_array(p, m);
+    for (size_t i = lo; i < hi; i++)
+        p = mpw_uint(p, order[i]->tag);
+    p = mpw_array(p, expiring ? m : 0);
+    for (size_t i = lo; expiring && i < hi; i++)
+        p = mpw_uint(p, order[i]->expires);
+    return p;
+}
+
+/* One block's trailer (DATA_TRAILER_V2: its type byte, then the CRC-32 of
+ * its stored bytes and that byte, little-endian) after its n stored bytes at p. */
+static unsigned char *
+sec_trailer(unsigned char *p, size_t n, unsigned char type)
+{
+    uint32_t crc = crc32_update(crc32_update(0, p, n), &type, 1);
+    p[n] = type;
+    for (int j = 0; j < 4; j++)
+        p[n + 1 + j] = (unsigned char)(crc >> (8 * j));
+    return p + n + 5;
+}
+
+/* A run of blocks [b0, b1): their payloads written back to back in `pay`,
+ * then each stored in `out` -- as LZ4 by `lz4` where that saves at least an
+ * eighth (what lz4.block.compress stores: the payload's length, u32
+ * little-endian, then the LZ4 block of a fresh stream), else as it is --
+ * with its trailer.  No GIL.  Returns the bytes written to out; 0: out of
+ * memory. */
+typedef struct {
+    unsigned char *pay, *out, *tmp;
+    size_t pay_cap, out_cap, tmp_cap;
+    void *stream;
+} SecRun;
+
+static int
+sec_room(unsigned char **buf, size_t *cap, size_t need)
+{
+    if (*cap >= need)
+        return 0;
+    unsigned char *grown = PyMem_RawRealloc(*buf, need);
+    if (grown == NULL)
+        return -1;
+    *buf = grown;
+    *cap = need;
+    return 0;
+}
+
+/* No GIL: the payloads of blocks [b0, b1) into run->pay; -1: out of memory. */
+static int
+sec_encode_run(SecRun *run, SecEntry *const *order, const SecBlocks *bl, size_t b0, size_t b1)
+{
+    size_t need = 0;
+    for (size_t b = b0; b < b1; b++)
+        need += bl->len[b];
+    if (sec_room(&run->pay, &run->pay_cap, need) < 0)
+        return -1;
+    unsigned char *p = run->pay;
+    for (size_t b = b0; b < b1; b++)
+        p = sec_payload(p, order, b ? bl->end[b - 1] : 0, bl->end[b]);
+    return 0;
+}
+
+/* No GIL: the blocks [b0, b1) of run->pay stored into run->out with their
+ * trailers, as LZ4 where `lz4` is given and it saves at least an eighth,
+ * else as they are (stored[b - b0], where not NULL: what the caller's
+ * compress made of it, type `kind`).  *used: the bytes of run->out; -1: out
+ * of memory. */
+static int
+sec_store_run(SecRun *run, SecBlocks *bl, size_t b0, size_t b1, const Lz4Api *lz4,
+              PyObject *const *stored, int kind, size_t *used)
+{
+    size_t need = 0, widest = 0;
+    for (size_t b = b0; b < b1; b++) {
+        need += bl->len[b] + 5;
+        if (bl->len[b] > widest)
+            widest = bl->len[b];
+    }
+    if (sec_room(&run->out, &run->out_cap, need) < 0)
+        return -1;
+    if (lz4 != NULL) {
+        if (widest > (size_t)INT_MAX - 64)
+            return -1;
+        int cap = lz4->bound((int)widest);
+        if (cap <= 0 || sec_room(&run->tmp, &run->tmp_cap, (size_t)cap + 4) < 0)
+            return -1;
+        if (run->stream == NULL && (run->stream = lz4->create()) == NULL)
+            return -1;
+    }
+    const unsigned char *payload = run->pay;
+    unsigned char *p = run->out;
+    for (size_t b = b0; b < b1; b++) {
+        size_t len = bl->len[b];
+        const unsigned char *s = payload;
+        size_t slen = len;
+        unsigned char type = COMPRESSION_NONE;
+        if (lz4 != NULL) {
+            lz4->reset(run->stream);
+            int got = lz4->compress(run->stream, (const char *)payload, (char *)run->tmp + 4,
+                                    (int)len, lz4->bound((int)len), 1);
+            if (got > 0 && (size_t)got + 4 <= len - len / 8) {
+                for (int j = 0; j < 4; j++)
+                    run->tmp[j] = (unsigned char)(len >> (8 * j));
+                s = run->tmp;
+                slen = (size_t)got + 4;
+                type = COMPRESSION_LZ4;
+            }
+        } else if (stored != NULL && stored[b - b0] != NULL) {
+            s = (const unsigned char *)PyBytes_AS_STRING(stored[b - b0]);
+            slen = (size_t)PyBytes_GET_SIZE(stored[b - b0]);
+            type = (unsigned char)kind;
+        }
+        memcpy(p, s, slen);
+        bl->slen[b] = slen;
+        bl->types[b] = type;
+        p = sec_trailer(p, slen, type);
+        payload += len;
+    }
+    *used = (size_t)(p - run->out);
+    return 0;
+}
+
+/* Under the GIL: compress(payload) for each block of the run where that
+ * saves at least an eighth (stored[i] a new reference, else NULL).  0, or -1
+ * with an exception. */
+static int
+sec_compress_run(const SecRun *run, const SecBlocks *bl, size_t b0, size_t b1,
+                 PyObject *compress, PyObject **stored)
+{
+    const unsigned char *payload = run->pay;
+    for (size_t b = b0; b < b1; b++) {
+        size_t len = bl->len[b];
+        stored[b - b0] = NULL;
+        PyObject *arg = PyBytes_FromStringAndSize((const char *)payload, (Py_ssize_t)len);
+        if (arg == NULL)
+            return -1;
+        PyObject *c = PyObject_CallOneArg(compress, arg);
+        Py_DECREF(arg);
+        if (c == NULL)
+            return -1;
+        if (!PyBytes_CheckExact(c)) {
+            Py_DECREF(c);
+            PyErr_SetString(PyExc_TypeError, "memtable_section: compress returned no bytes");
+            return -1;
+        }
+        if ((size_t)PyBytes_GET_SIZE(c) <= len - len / 8)
+            stored[b - b0] = c;
+        else
+            Py_DECREF(c);
+        payload += len;
+    }
+    return 0;
+}
+
+/* Under the GIL: one entry of the memtable, its key k, value v and tag t
+ * (references taken: released by sec_release). */
 static int
 sec_entry(SecEntry *e, PyObject *k, PyObject *v, PyObject *t, int want_hashes)
 {
+    e->key = e->value = NULL;
     if (!PyBytes_CheckExact(k)) {
         PyErr_SetString(PyExc_TypeError, "memtable_section: keys bytes");
-        return -1;
-    }
-    e->key = k;
-    e->k = (const unsigned char *)PyBytes_AS_STRING(k);
-    e->kn = (size_t)PyBytes_GET_SIZE(k);
-    memset(e->head, 0, SEC_HEAD);
-    memcpy(e->head, e->k, e->kn < SEC_HEAD ? e->kn : SEC_HEAD);
-    e->expiring = 0;
-    e->expires = 0;
-    e->hashed = 0;
-    if (PyTuple_CheckExact(v)) {
-        if (PyTuple_GET_SIZE(v) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(v, 1))) {
-            PyErr_SetString(PyExc_TypeError, "an expiring value is (bytes, int)");
-            return -1;
-        }
-        unsigned long long x = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1));
-        if (x == (unsigned long long)-1 && PyErr_Occurred())
-            return -1;
-        e->expiring = 1;
-        e->expires = x;
-        v = PyTuple_GET_ITEM(v, 0);
-    }
-    if (v == Py_None) {
-        e->v = NULL;
-        e->vn = 0;
-    } else if (PyBytes_CheckExact(v)) {
-        e->v = (const unsigned char *)PyBytes_AS_STRING(v);
-        e->vn = (size_t)PyBytes_GET_SIZE(v);
-    } else {
-        PyErr_SetString(PyExc_TypeError, "memtable_section: values bytes, None or expiring");
-        return -1;
-    }
-    if (e->kn > 0xFFFFFFFFu || e->vn > 0xFFFFFFFFu) {
-        PyErr_SetString(PyExc_ValueError, "a key or value too long for msgpack");
         return -1;
     }
     if (!PyLong_CheckExact(t)) {
@@ -365,75 +386,72 @@ sec_entry(SecEntry *e, PyObject *k, PyObject *v, PyObject *t, int want_hashes)
     if (tag == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     e->tag = tag;
+    e->expiring = 0;
+    e->expires = 0;
+    e->hashed = 0;
+    PyObject *bytes = v;
+    if (PyTuple_CheckExact(v)) {
+        if (PyTuple_GET_SIZE(v) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(v, 0))
+            || !PyLong_CheckExact(PyTuple_GET_ITEM(v, 1))) {
+            PyErr_SetString(PyExc_TypeError, "an expiring value is (bytes, int)");
+            return -1;
+        }
+        unsigned long long x = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(v, 1));
+        if (x == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        e->expiring = 1;
+        e->expires = x;
+        bytes = PyTuple_GET_ITEM(v, 0);
+    } else if (v != Py_None && !PyBytes_CheckExact(v)) {
+        PyErr_SetString(PyExc_TypeError, "memtable_section: values bytes, None or expiring");
+        return -1;
+    }
+    e->kn = (size_t)PyBytes_GET_SIZE(k);
+    e->vn = bytes == Py_None ? 0 : (size_t)PyBytes_GET_SIZE(bytes);
+    if (e->kn > 0xFFFFFFFFu || e->vn > 0xFFFFFFFFu) {
+        PyErr_SetString(PyExc_ValueError, "a key or value too long for msgpack");
+        return -1;
+    }
     if (want_hashes && e->kn > XXH3_NATIVE_MAX) {
         if (xxh3_64_bytes(k, &e->hash) < 0)
             return -1;
         e->hashed = 1;
     }
-    return 0;
-}
-
-/* Under the GIL: each block's stored form -- compress(payload) where that
- * saves at least an eighth (stored[b], type kind), else the payload (stored[b]
- * NULL, type 0) -- and the section's size.  0, or -1 with an exception. */
-static int
-sec_compress(SecBlocks *bl, PyObject *compress, PyObject **stored, int kind, size_t *total)
-{
-    *total = 0;
-    for (size_t b = 0; b < bl->blocks; b++) {
-        size_t len = bl->len[b];
-        stored[b] = NULL;
-        bl->types[b] = 0;
-        if (compress != Py_None) {
-            PyObject *payload = PyBytes_FromStringAndSize((const char *)bl->buf + bl->off[b],
-                                                          (Py_ssize_t)len);
-            if (payload == NULL)
-                return -1;
-            PyObject *c = PyObject_CallOneArg(compress, payload);
-            Py_DECREF(payload);
-            if (c == NULL)
-                return -1;
-            if (!PyBytes_CheckExact(c)) {
-                Py_DECREF(c);
-                PyErr_SetString(PyExc_TypeError, "memtable_section: compress returned no bytes");
-                return -1;
-            }
-            if ((size_t)PyBytes_GET_SIZE(c) <= len - len / 8) {
-                stored[b] = c;
-                bl->types[b] = (unsigned char)kind;
-                len = (size_t)PyBytes_GET_SIZE(c);
-            } else {
-                Py_DECREF(c);
-            }
-        }
-        bl->slen[b] = len;
-        *total += len + 5;  /* DATA_TRAILER_V2: type byte, crc32 */
-    }
+    e->key = Py_NewRef(k);
+    e->value = Py_NewRef(v);  /* holds the tuple, and so its bytes */
+    e->k = (const unsigned char *)PyBytes_AS_STRING(k);
+    e->v = bytes == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(bytes);
+    memset(e->head, 0, SEC_HEAD);
+    memcpy(e->head, e->k, e->kn < SEC_HEAD ? e->kn : SEC_HEAD);
     return 0;
 }
 
 PyObject *
 speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    /* memtable_section(data, tags, block_size, kind, compress, want_hashes) ->
-     * lsmdb.sstable_writer.memtable_section: (section, index_keys,
-     * index_offsets, index_sizes, hashes, tombstones, expiring,
-     * uncompressed_bytes, min_key). */
-    if (nargs != 6 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
+    /* memtable_section(data, tags, block_size, kind, compress, want_hashes, sink) ->
+     * lsmdb.sstable_writer.memtable_section: (size, index_keys, index_offsets,
+     * index_sizes, hashes, tombstones, expiring, uncompressed_bytes, min_key),
+     * the section handed to sink a run of blocks at a time. */
+    if (nargs != 7 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1])) {
         PyErr_SetString(PyExc_TypeError, "memtable_section(data: dict, tags: dict, block_size, "
-                                         "kind, compress, want_hashes)");
+                                         "kind, compress, want_hashes, sink)");
         return NULL;
     }
-    PyObject *data = args[0], *tags = args[1], *compress = args[4];
+    PyObject *data = args[0], *tags = args[1], *compress = args[4], *sink = args[6];
     long long block_size = PyLong_AsLongLong(args[2]);
-    long kind = PyLong_AsLong(args[3]);
-    int want_hashes = PyObject_IsTrue(args[5]);
-    if ((block_size == -1 || kind == -1) && PyErr_Occurred())
+    if (block_size == -1 && PyErr_Occurred())
         return NULL;
+    long kind = PyLong_AsLong(args[3]);
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    int want_hashes = PyObject_IsTrue(args[5]);
     if (want_hashes < 0)
         return NULL;
-    if (block_size < 1 || kind < 0 || kind > 255 || (compress != Py_None && !PyCallable_Check(compress))) {
-        PyErr_SetString(PyExc_ValueError, "memtable_section: bad block_size, kind or compress");
+    if (block_size < 1 || kind < 0 || kind > 255 || !PyCallable_Check(sink)
+        || (compress != Py_None && !PyCallable_Check(compress))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "memtable_section: bad block_size, kind, compress or sink");
         return NULL;
     }
     Py_ssize_t sn = PyDict_GET_SIZE(data);
@@ -445,14 +463,14 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         PyErr_SetString(PyExc_ValueError, "an SSTable needs at least one entry");
         return NULL;
     }
-    size_t n = (size_t)sn;
+    size_t n = (size_t)sn, got = 0;
     SecEntry *entries = PyMem_RawMalloc(n * sizeof(SecEntry));
     SecEntry **order = PyMem_RawMalloc(n * sizeof(SecEntry *));
-    SecBlocks bl = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    SecBlocks bl = {NULL, NULL, NULL, NULL, 0};
+    SecRun run = {NULL, NULL, NULL, 0, 0, 0, NULL};
     PyObject **stored = NULL;
-    unsigned char *raw = NULL;
-    PyObject *section = NULL, *ikeys = NULL, *ioffs = NULL, *isizes = NULL, *hashes = NULL;
-    PyObject *result = NULL;
+    PyObject *ikeys = NULL, *ioffs = NULL, *isizes = NULL, *hashes = NULL, *result = NULL;
+    const Lz4Api *lz4 = kind == COMPRESSION_LZ4 && compress != Py_None ? lz4_compressor() : NULL;
     if (entries == NULL || order == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -462,86 +480,108 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     Py_ssize_t pos = 0, tpos = 0;
     PyObject *k, *v, *tk, *tv;
     int lockstep = 1;
-    size_t i = 0, tombstones = 0, expiring = 0;
+    size_t tombstones = 0, expiring = 0;
     while (PyDict_Next(data, &pos, &k, &v)) {
         PyObject *t = NULL;
-        if (i >= n) {
+        if (got >= n) {
             PyErr_SetString(PyExc_RuntimeError, "memtable_section: the memtable changed");
             goto done;
         }
-        if (lockstep && PyDict_Next(tags, &tpos, &tk, &tv) && tk == k)
-            t = tv;
-        else {
+        Py_INCREF(k);  /* the lookup below may run Python code */
+        Py_INCREF(v);
+        if (lockstep && PyDict_Next(tags, &tpos, &tk, &tv) && tk == k) {
+            t = Py_NewRef(tv);
+        } else {
             lockstep = 0;
             t = PyDict_GetItemWithError(tags, k);
-            if (t == NULL) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_KeyError, "memtable_section: a key without a tag");
-                goto done;
-            }
+            if (t == NULL && !PyErr_Occurred())
+                PyErr_SetString(PyExc_KeyError, "memtable_section: a key without a tag");
+            Py_XINCREF(t);
         }
-        if (sec_entry(&entries[i], k, v, t, want_hashes) < 0)
+        int bad = t == NULL || sec_entry(&entries[got], k, v, t, want_hashes) < 0;
+        Py_XDECREF(t);
+        Py_DECREF(k);
+        Py_DECREF(v);
+        if (bad)
             goto done;
-        tombstones += entries[i].v == NULL;
-        expiring += (size_t)entries[i].expiring;
-        order[i] = &entries[i];
-        i++;
+        tombstones += entries[got].v == NULL;
+        expiring += (size_t)entries[got].expiring;
+        order[got] = &entries[got];
+        got++;
     }
-    if (i != n) {
+    if (got != n) {
         PyErr_SetString(PyExc_RuntimeError, "memtable_section: the memtable changed");
         goto done;
     }
-    const Lz4Api *lz4 = kind == COMPRESSION_LZ4 && compress != Py_None ? lz4_compressor() : NULL;
-    int direct = lz4 != NULL;
-    size_t total = 0, uncompressed = 0;
-    int built;
+    int planned;
     Py_BEGIN_ALLOW_THREADS
-    built = sec_build(order, n, block_size, want_hashes, &bl);
-    if (built == 0)
-        built = sec_alloc_stored(&bl);
-    if (built == 0 && direct)
-        built = sec_pack_lz4(&bl, lz4, &raw, &total);
+    planned = sec_plan(order, n, block_size, want_hashes, &bl);
     Py_END_ALLOW_THREADS
-    if (built < 0) {
+    if (planned < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    if (!direct) {
-        stored = PyMem_Calloc(bl.blocks, sizeof(PyObject *));
-        if (stored == NULL) {
+    if (lz4 == NULL && compress != Py_None
+        && (stored = PyMem_Calloc(bl.blocks, sizeof(PyObject *))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* Runs of about SEC_RUN_BYTES of payloads: encoded (and, by the lz4
+     * package's library, compressed) without the GIL, then handed to sink. */
+    size_t offset = 0, uncompressed = 0;
+    for (size_t b0 = 0; b0 < bl.blocks;) {
+        size_t b1 = b0, bytes = 0;
+        while (b1 < bl.blocks && (b1 == b0 || bytes + bl.len[b1] <= SEC_RUN_BYTES))
+            bytes += bl.len[b1++];
+        int ok;
+        Py_BEGIN_ALLOW_THREADS
+        ok = sec_encode_run(&run, order, &bl, b0, b1);
+        Py_END_ALLOW_THREADS
+        if (ok < 0) {
             PyErr_NoMemory();
             goto done;
         }
-        if (sec_compress(&bl, compress, stored, (int)kind, &total) < 0)
+        if (stored != NULL && sec_compress_run(&run, &bl, b0, b1, compress, stored + b0) < 0)
             goto done;
+        size_t used = 0;
+        Py_BEGIN_ALLOW_THREADS
+        ok = sec_store_run(&run, &bl, b0, b1, lz4, stored != NULL ? stored + b0 : NULL,
+                           (int)kind, &used);
+        Py_END_ALLOW_THREADS
+        if (stored != NULL)
+            for (size_t b = b0; b < b1; b++)
+                Py_CLEAR(stored[b]);
+        if (ok < 0) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        PyObject *piece = PyBytes_FromStringAndSize((const char *)run.out, (Py_ssize_t)used);
+        if (piece == NULL)
+            goto done;
+        PyObject *r = PyObject_CallOneArg(sink, piece);
+        Py_DECREF(piece);
+        if (r == NULL)
+            goto done;
+        Py_DECREF(r);
+        uncompressed += bytes;
+        b0 = b1;
     }
-    section = PyBytes_FromStringAndSize(direct ? (const char *)raw : NULL, (Py_ssize_t)total);
     ikeys = PyList_New((Py_ssize_t)bl.blocks);
     ioffs = PyList_New((Py_ssize_t)bl.blocks);
     isizes = PyList_New((Py_ssize_t)bl.blocks);
-    if (section == NULL || ikeys == NULL || ioffs == NULL || isizes == NULL)
+    if (ikeys == NULL || ioffs == NULL || isizes == NULL)
         goto done;
-    if (!direct) {
-        Py_BEGIN_ALLOW_THREADS
-        sec_pack(&bl, stored, (unsigned char *)PyBytes_AS_STRING(section));
-        Py_END_ALLOW_THREADS
-    }
-    size_t offset = 0;
     for (size_t b = 0; b < bl.blocks; b++) {
-        size_t len = bl.slen[b];
-        PyObject *last = order[bl.end[b] - 1]->key, *o = PyLong_FromSize_t(offset);
-        PyObject *s = PyLong_FromSize_t(len);
+        PyObject *o = PyLong_FromSize_t(offset), *s = PyLong_FromSize_t(bl.slen[b]);
         if (o == NULL || s == NULL) {
             Py_XDECREF(o);
             Py_XDECREF(s);
             goto done;
         }
-        Py_INCREF(last);
-        PyList_SET_ITEM(ikeys, (Py_ssize_t)b, last);
+        PyList_SET_ITEM(ikeys, (Py_ssize_t)b, Py_NewRef(order[bl.end[b] - 1]->key));
         PyList_SET_ITEM(ioffs, (Py_ssize_t)b, o);
         PyList_SET_ITEM(isizes, (Py_ssize_t)b, s);
-        offset += len + 5;
-        uncompressed += bl.len[b];
+        offset += bl.slen[b] + 5;
     }
     if (want_hashes) {
         hashes = PyList_New((Py_ssize_t)n);
@@ -556,7 +596,7 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     } else {
         hashes = Py_NewRef(Py_None);
     }
-    result = Py_BuildValue("(OOOOOnnnO)", section, ikeys, ioffs, isizes, hashes,
+    result = Py_BuildValue("(nOOOOnnnO)", (Py_ssize_t)offset, ikeys, ioffs, isizes, hashes,
                            (Py_ssize_t)tombstones, (Py_ssize_t)expiring, (Py_ssize_t)uncompressed,
                            order[0]->key);
 done:
@@ -564,13 +604,20 @@ done:
         for (size_t b = 0; b < bl.blocks; b++)
             Py_XDECREF(stored[b]);
     PyMem_Free(stored);
-    PyMem_RawFree(raw);
-    Py_XDECREF(section);
     Py_XDECREF(ikeys);
     Py_XDECREF(ioffs);
     Py_XDECREF(isizes);
     Py_XDECREF(hashes);
+    if (run.stream != NULL)
+        lz4->release(run.stream);
+    PyMem_RawFree(run.pay);
+    PyMem_RawFree(run.out);
+    PyMem_RawFree(run.tmp);
     sec_blocks_free(&bl);
+    for (size_t i = 0; i < got; i++) {
+        Py_DECREF(entries[i].key);
+        Py_DECREF(entries[i].value);
+    }
     PyMem_RawFree(entries);
     PyMem_RawFree(order);
     return result;

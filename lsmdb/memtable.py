@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from itertools import compress, repeat
-from operator import is_
+from itertools import filterfalse
 from typing import Any
 
 from sortedcontainers import SortedList
@@ -39,14 +38,6 @@ try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
     from ._speedups import MemFilter
 except ImportError:  # pragma: no cover - no C compiler when installed
     MemFilter = None  # type: ignore[assignment,misc]
-
-class _Absent(bytes):
-    """The type of ``_ABSENT``: an empty bytes, so it counts for no size, that
-    ``is`` tells from any value a memtable holds."""
-
-
-#: What apply_many's lookup gives for a key the memtable does not hold.
-_ABSENT = _Absent()
 
 #: Held by the one reader that sorts a frozen memtable's pending keys in.
 _SORTING = threading.Lock()
@@ -175,25 +166,24 @@ class Memtable:
         if self.undos:
             self._remember(items)
         data = self.data
-        # map/filter/compress over the batch run in C, in time proportional to
-        # the batch, with one lookup of each key in the (large) memtable: what
-        # it held, or _ABSENT.
-        olds = list(map(data.get, items, repeat(_ABSENT)))
-        new_keys = list(compress(items, map(is_, olds, repeat(_ABSENT))))
+        # filter/map over the batch run in C, in time proportional to the batch.
+        new_keys = list(filterfalse(data.__contains__, items))
         # (An expiring value's len() is its tuple's, 2: new ones are corrected
         # below, old ones counted by value_size once the memtable holds one.)
         grow = (sum(map(len, new_keys)) + ENTRY_OVERHEAD_BYTES * len(new_keys)
                 + sum(map(len, filter(None, items.values()))))
         if len(new_keys) < len(items):  # overwrites: their old values leave
-            # (_ABSENT, a tombstone and an empty value are all falsy: none counts)
-            grow -= sum(map(value_size if self.expiring else len, filter(None, olds)))
+            grow -= sum(map(value_size if self.expiring else len,
+                            filter(None, map(data.__getitem__, filter(data.__contains__, items)))))
         if new_keys and self.filter is not None:
             self.filter.add_many(new_keys)  # before the dict: see the module's docstring
         tags = self.tags
         tags.update(dict.fromkeys(items, seq << KIND_BITS | KIND_VALUE))
         if None in items.values():  # (a scan in C) tombstones: their own kind
-            tags.update(dict.fromkeys(compress(items, map(is_, items.values(), repeat(None))),
-                                      seq << KIND_BITS | KIND_TOMBSTONE))
+            tomb = seq << KIND_BITS | KIND_TOMBSTONE
+            for key, value in items.items():
+                if value is None:
+                    tags[key] = tomb
         if expiring:  # expiring values: their own kind, and their bytes counted
             exp_tag = seq << KIND_BITS | KIND_EXPIRING
             for key, value in items.items():

@@ -118,6 +118,21 @@ def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(
         assert dict(again.scan()) == written
 
 
+def _held_compactions(db):
+    """Compactions of ``db`` held back until the returned event is set."""
+    import threading
+
+    go = threading.Event()
+    real = db._compactor.run_pending
+
+    def held(should_stop):
+        go.wait(30)
+        real(should_stop)
+
+    db._compactor.run_pending = held  # type: ignore[method-assign]
+    return go
+
+
 def test_write_stalls_are_counted_timed_and_shown_by_inspect(tmp_path, monkeypatch, lsmdb_cli):
     """Writes held while level 0 is full (a compaction held back here) are
     counted and timed in table_stats, kept in STATS, shown by lsmdb inspect."""
@@ -129,14 +144,7 @@ def test_write_stalls_are_counted_timed_and_shown_by_inspect(tmp_path, monkeypat
     path = str(tmp_path / "db")
     db = lsmdb.open(path)
     db.alter_table("default", min_threshold=2)
-    go = threading.Event()
-    real = db._compactor.run_pending
-
-    def held(should_stop):
-        go.wait(30)
-        real(should_stop)
-
-    db._compactor.run_pending = held  # type: ignore[method-assign]
+    go = _held_compactions(db)
     db.put(b"a", b"1")
     db.flush()
     db.put(b"b", b"2")
@@ -152,21 +160,6 @@ def test_write_stalls_are_counted_timed_and_shown_by_inspect(tmp_path, monkeypat
     assert out.returncode == 0 and "write stalls: 1," in out.stdout
     with lsmdb.open(path, read_only=True) as again:
         assert again.table_stats()["write_stalls"] == 1
-
-
-def _held_compactions(db):
-    """Compactions of ``db`` held back until the returned event is set."""
-    import threading
-
-    go = threading.Event()
-    real = db._compactor.run_pending
-
-    def held(should_stop):
-        go.wait(30)
-        real(should_stop)
-
-    db._compactor.run_pending = held  # type: ignore[method-assign]
-    return go
 
 
 def test_level_0_filling_slows_writes_in_short_pauses_counted_and_shown(

@@ -50,15 +50,16 @@ rng = random.Random(7)
 order = list(range(keys)); rng.shuffle(order)
 items = [(key_of(2 * i), value_of(2 * i)) for i in order]
 out = {"speedups": lsmdb.SPEEDUPS}
-path = tempfile.mkdtemp(dir=base)
+def load(path):
+    db = lsmdb.open(path)
+    for lo in range(0, len(items), BATCH_KEYS):
+        with db.batch() as b:
+            for k, v in items[lo:lo + BATCH_KEYS]:
+                b.put(k, v)
+    db.wait_for_compactions()
+    db.close()
 t = time.perf_counter()
-db = lsmdb.open(path)
-for lo in range(0, len(items), BATCH_KEYS):
-    with db.batch() as b:
-        for k, v in items[lo:lo + BATCH_KEYS]:
-            b.put(k, v)
-db.wait_for_compactions()
-db.close()
+load(tempfile.mkdtemp(dir=base))
 out["bulk"] = keys / (time.perf_counter() - t)
 path = tempfile.mkdtemp(dir=base)
 db = lsmdb.open(path)
@@ -84,31 +85,15 @@ for k, v in items[:n]:
 out["sync_puts"] = n / (time.perf_counter() - t)
 db.close()
 from bench.peers import commit_workload
+from bench.stores import timed_commits
 class Data: pass
 data = Data(); data.items = items
 batches = commit_workload(data)
 path = tempfile.mkdtemp(dir=base)
+load(path)
 db = lsmdb.open(path)
-for lo in range(0, len(items), BATCH_KEYS):
-    with db.batch() as b:
-        for k, v in items[lo:lo + BATCH_KEYS]:
-            b.put(k, v)
-db.wait_for_compactions()
-db.close()
-db = lsmdb.open(path)
-built = []
-for ops in batches:
-    b = db.batch()
-    for k, v in ops:
-        if v is None:
-            b.delete(k)
-        else:
-            b.put(k, v)
-    built.append(b)
-t = time.perf_counter()
-for b in built:
-    b.commit()
-out["commits"] = sum(map(len, batches)) / (time.perf_counter() - t)
+took = timed_commits(batches, db.batch, lambda batch: batch.commit())
+out["commits"] = sum(map(len, batches)) / took
 db.close()
 print(json.dumps(out))
 """

@@ -129,7 +129,7 @@ def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size:
     :class:`SSTableBuilder`'s ``add_chunk`` writes.
 
     The C twin (csrc/sstable_writer.c) sorts, cuts and encodes without the
-    GIL, a run of blocks (about 1 MiB) at a time, so writers run while a
+    GIL, a run of blocks (about 4 MiB) at a time, so writers run while a
     flush works; for ``kind`` LZ4 it compresses there too, with the lz4
     package's own library (``compress`` is then not called)."""
     if not data:

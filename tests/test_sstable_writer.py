@@ -321,13 +321,13 @@ def test_c_memtable_section_compresses_lz4_as_the_lz4_package_does():
     """Where the C path compresses LZ4 blocks itself (the lz4 package's own
     library, without the GIL), each block is the bytes lz4.block.compress
     makes: compressible, incompressible and tiny payloads, blocks up to 64 KiB,
-    sections of several runs (a run is about 1 MiB of payloads)."""
+    sections of several runs (a run is about 4 MiB of payloads)."""
     import random
 
     rng = random.Random(3)
     words = [b"alpha", b"beta", b"gamma", b"delta", b"\x00\x01", b"city", b"name"]
     for block_size, entries in ((16, 400), (512, 400), (4096, 400), (65536, 400),
-                                (4096, 12_000)):
+                                (4096, 40_000)):
         data = {}
         for i in range(entries):
             key = b"k%06d" % rng.randrange(10**6)

@@ -76,8 +76,10 @@ fail:
 /* ---- memtable_section: a frozen memtable's data blocks, written ------------- */
 
 #define SEC_HEAD 16
-/* The payload bytes encoded, compressed and handed to the sink at a time. */
-#define SEC_RUN_BYTES (1 << 20)
+/* The payload bytes encoded, compressed and handed to the sink at a time: a
+ * default memtable in one or two runs, as each run takes the GIL back once
+ * (a wait of up to the switch interval while a writer runs). */
+#define SEC_RUN_BYTES (4 << 20)
 
 /* One entry of the memtable: pointers into its key's and value's bytes,
  * which the call holds references to (so nothing the gathering runs can free
@@ -534,20 +536,27 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         while (b1 < bl.blocks && (b1 == b0 || bytes + bl.len[b1] <= SEC_RUN_BYTES))
             bytes += bl.len[b1++];
         int ok;
-        Py_BEGIN_ALLOW_THREADS
-        ok = sec_encode_run(&run, order, &bl, b0, b1);
-        Py_END_ALLOW_THREADS
-        if (ok < 0) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        if (stored != NULL && sec_compress_run(&run, &bl, b0, b1, compress, stored + b0) < 0)
-            goto done;
         size_t used = 0;
-        Py_BEGIN_ALLOW_THREADS
-        ok = sec_store_run(&run, &bl, b0, b1, lz4, stored != NULL ? stored + b0 : NULL,
-                           (int)kind, &used);
-        Py_END_ALLOW_THREADS
+        if (stored == NULL) {  /* none, or LZ4 here: the run whole without the GIL */
+            Py_BEGIN_ALLOW_THREADS
+            ok = sec_encode_run(&run, order, &bl, b0, b1);
+            if (ok == 0)
+                ok = sec_store_run(&run, &bl, b0, b1, lz4, NULL, (int)kind, &used);
+            Py_END_ALLOW_THREADS
+        } else {  /* compress, a Python callable, between the two */
+            Py_BEGIN_ALLOW_THREADS
+            ok = sec_encode_run(&run, order, &bl, b0, b1);
+            Py_END_ALLOW_THREADS
+            if (ok < 0) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            if (sec_compress_run(&run, &bl, b0, b1, compress, stored + b0) < 0)
+                goto done;
+            Py_BEGIN_ALLOW_THREADS
+            ok = sec_store_run(&run, &bl, b0, b1, NULL, stored + b0, (int)kind, &used);
+            Py_END_ALLOW_THREADS
+        }
         if (stored != NULL)
             for (size_t b = b0; b < b1; b++)
                 Py_CLEAR(stored[b]);

@@ -52,11 +52,10 @@ mpw_array(unsigned char *p, size_t n)
     return p;
 }
 
-/* msgpack bin of b (bytes). */
+/* msgpack bin of the n bytes at s. */
 static inline unsigned char *
-mpw_bin(unsigned char *p, PyObject *b)
+mpw_bin_raw(unsigned char *p, const unsigned char *s, size_t n)
 {
-    size_t n = (size_t)PyBytes_GET_SIZE(b);
     if (n <= 0xFF) {
         *p++ = 0xC4;
         *p++ = (unsigned char)n;
@@ -66,11 +65,20 @@ mpw_bin(unsigned char *p, PyObject *b)
         *p++ = (unsigned char)n;
     } else {
         *p++ = 0xC6;
-        for (int s = 24; s >= 0; s -= 8)
-            *p++ = (unsigned char)(n >> s);
+        for (int sh = 24; sh >= 0; sh -= 8)
+            *p++ = (unsigned char)(n >> sh);
     }
-    memcpy(p, PyBytes_AS_STRING(b), n);
+    if (n)
+        memcpy(p, s, n);
     return p + n;
+}
+
+/* msgpack bin of b (bytes). */
+static inline unsigned char *
+mpw_bin(unsigned char *p, PyObject *b)
+{
+    return mpw_bin_raw(p, (const unsigned char *)PyBytes_AS_STRING(b),
+                       (size_t)PyBytes_GET_SIZE(b));
 }
 
 static inline size_t

@@ -116,26 +116,6 @@ sec_cmp(const void *a, const void *b)
     return (x->kn > y->kn) - (x->kn < y->kn);
 }
 
-static unsigned char *
-sec_bin(unsigned char *p, const unsigned char *s, size_t n)
-{
-    if (n <= 0xFF) {
-        *p++ = 0xC4;
-        *p++ = (unsigned char)n;
-    } else if (n <= 0xFFFF) {
-        *p++ = 0xC5;
-        *p++ = (unsigned char)(n >> 8);
-        *p++ = (unsigned char)n;
-    } else {
-        *p++ = 0xC6;
-        for (int s8 = 24; s8 >= 0; s8 -= 8)
-            *p++ = (unsigned char)(n >> s8);
-    }
-    if (n)
-        memcpy(p, s, n);
-    return p + n;
-}
-
 /* The blocks: each one's end (an entry index past its last), payload size,
  * and -- once written -- stored size (before its trailer) and type byte. */
 typedef struct {
@@ -212,12 +192,16 @@ sec_payload(unsigned char *p, SecEntry *const *order, size_t lo, size_t hi)
     *p++ = 0x94;
     p = mpw_array(p, m);
     for (size_t i = lo; i < hi; i++) {
-        p = sec_bin(p, order[i]->k, order[i]->kn);
+        p = mpw_bin_raw(p, order[i]->k, order[i]->kn);
         expiring |= order[i]->expiring;
     }
     p = mpw_array(p, m);
-    for (size_t i = lo; i < hi; i++)
-        p = order[i]->v == NULL ? (*p = 0xC0, p + 1) : sec_bin(p, order[i]->v, order[i]->vn);
+    for (size_t i = lo; i < hi; i++) {
+        if (order[i]->v == NULL)
+            *p++ = 0xC0;
+        else
+            p = mpw_bin_raw(p, order[i]->v, order[i]->vn);
+    }
     p = mpw_array(p, m);
     for (size_t i = lo; i < hi; i++)
         p = mpw_uint(p, order[i]->tag);

@@ -63,18 +63,23 @@ def compress(kind: int, payload: bytes) -> tuple[int, bytes]:
     """(type, stored bytes) of ``payload`` under compression ``kind``: the
     compressed form only when it is at most 7/8 of the payload, else
     (NONE, payload)."""
-    if kind == NONE or not payload:
+    pack = compressor(kind)
+    if pack is None or not payload:
         return NONE, payload
-    stored = _lz4_compress(payload) if kind == LZ4 else _zstd.c.compress(payload)
-    if len(stored) > len(payload) - len(payload) // 8:
+    return kept(kind, payload, pack(payload))
+
+
+def kept(kind: int, payload: bytes, packed: bytes) -> tuple[int, bytes]:
+    """(type, stored bytes) of ``payload`` compressed as ``kind`` to ``packed``:
+    ``packed`` where it is at most 7/8 of the payload, else (NONE, payload)."""
+    if len(packed) > len(payload) - len(payload) // 8:
         return NONE, payload
-    return kind, stored
+    return kind, packed
 
 
 def compressor(kind: int) -> Callable[[bytes], bytes] | None:
     """What :func:`compress` calls for ``kind`` (None for NONE), for use on
-    this thread: ``compress`` is ``compressor(kind)(payload)`` where that
-    saves at least an eighth."""
+    this thread: ``compress`` is :func:`kept` of ``compressor(kind)(payload)``."""
     if kind == NONE:
         return None
     return _lz4_compress if kind == LZ4 else _zstd.c.compress

@@ -65,6 +65,12 @@ _second = itemgetter(1)
 _third = itemgetter(2)
 
 
+def data_trailer(kind: int, stored: bytes) -> bytes:
+    """A format-2 data block's trailer: its type byte, then the CRC-32 of its
+    stored bytes and that byte."""
+    return DATA_TRAILER_V2.pack(kind, crc32(kind.to_bytes(1, "little"), crc32(stored)))
+
+
 def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int
                ) -> tuple[list[int], list[int], int]:
     """Where a chunk of sorted entries is cut into data blocks: a block ends
@@ -147,13 +153,9 @@ def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size:
     for hi in cuts:
         payload = blk.encode_data_payload(keys[lo:hi], values[lo:hi], tag_list[lo:hi])
         uncompressed += len(payload)
-        stored, type_ = payload, _compression.NONE
-        if compress is not None:
-            packed = compress(payload)
-            if len(packed) <= len(payload) - len(payload) // 8:
-                stored, type_ = packed, kind
-        type_byte = type_.to_bytes(1, "little")
-        sink(stored + DATA_TRAILER_V2.pack(type_, crc32(type_byte, crc32(stored))))
+        type_, stored = (_compression.NONE, payload) if compress is None else \
+            _compression.kept(kind, payload, compress(payload))
+        sink(stored + data_trailer(type_, stored))
         index_offsets.append(offset)
         index_sizes.append(len(stored))
         offset += len(stored) + DATA_TRAILER_V2_SIZE
@@ -413,10 +415,9 @@ class SSTableBuilder:
         with its trailer; indexed under ``last_key``."""
         self.uncompressed_bytes += len(payload)
         kind, stored = _compression.compress(self._compression, payload)
-        type_byte = kind.to_bytes(1, "little")
         offset = self._offset
         self._out.write(stored)
-        self._out.write(DATA_TRAILER_V2.pack(kind, crc32(type_byte, crc32(stored))))
+        self._out.write(data_trailer(kind, stored))
         self._offset += len(stored) + DATA_TRAILER_V2_SIZE
         self._index_block(last_key, offset, len(stored))
 
@@ -503,13 +504,25 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
     (keys, values) or (keys, values, tags) lists (a memtable's flush), all in
     increasing key order; entries without tags are tagged with ``max_seq``.
     """
-    with FileWriter(path, WRITE_BUFFER_BYTES) as f:
-        builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
-                                 hasher=hasher, compression=compression,
-                                 file_number=file_number, db_id=db_id, seq=max_seq)
+    def fill(builder: SSTableBuilder, _f: FileWriter) -> None:
         builder.add_many(items)
         for chunk in chunks:
             builder.add_chunk(chunk[0], chunk[1], None, chunk[2] if len(chunk) > 2 else None)
+
+    return _write_file(path, fill, min_seq, max_seq, fp_chance=fp_chance,
+                       block_size=block_size, table=table, hasher=hasher,
+                       compression=compression, file_number=file_number, db_id=db_id,
+                       seq=max_seq)
+
+
+def _write_file(path: str, fill: Callable[[SSTableBuilder, FileWriter], None],
+                min_seq: int | None, max_seq: int, **builder_options: Any) -> dict[str, Any]:
+    """A new SSTable at ``path``: a builder of ``builder_options`` over its file,
+    ``fill(builder, file)``, the WAL sequence range noted, finished and
+    fsynced.  Returns its properties, with ``size_bytes``."""
+    with FileWriter(path, WRITE_BUFFER_BYTES) as f:
+        builder = SSTableBuilder(f, **builder_options)
+        fill(builder, f)
         builder.note_seq(min_seq, max_seq)
         props = builder.finish()
         f.sync()
@@ -531,20 +544,18 @@ def write_memtable(path: str, data: dict[bytes, Any], tags: dict[bytes, int], *,
     filtered = fp_chance < 1.0
     fast = filtered and hasher.fn is FAST_HASHER.fn
     make = _c_memtable_section if USE_SPEEDUPS else memtable_section
-    with FileWriter(path, WRITE_BUFFER_BYTES) as f:
-        builder = SSTableBuilder(f, fp_chance=fp_chance, block_size=block_size, table=table,
-                                 hasher=hasher, compression=compression,
-                                 file_number=file_number, db_id=db_id, seq=max_seq)
+
+    def fill(builder: SSTableBuilder, f: FileWriter) -> None:
         section = make(data, tags, block_size, kind, _compression.compressor(kind), fast,
                        f.write)
         # A Bloom filter's bits do not depend on the order its keys are added in.
         hashes = section[4] if fast else list(map(hasher.fn, data)) if filtered else None
         builder.add_section(section, len(data), hashes)
-        builder.note_seq(min_seq, max_seq)
-        props = builder.finish()
-        f.sync()
-    props["size_bytes"] = builder.file_size
-    return props
+
+    return _write_file(path, fill, min_seq, max_seq, fp_chance=fp_chance,
+                       block_size=block_size, table=table, hasher=hasher,
+                       compression=compression, file_number=file_number, db_id=db_id,
+                       seq=max_seq)
 
 
 def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from .files import SwitchedButNotSynced, unlink_quietly
@@ -46,6 +47,12 @@ class Flusher:
         #: One flush at a time (and the WAL recovery, and close): installed in order.
         self.mutex = threading.Lock()
         self._installed = installed
+        #: Notified as each flush of a frozen memtable installs or fails, for
+        #: writers in ``wait_frozen``: ``failures`` counts the failures,
+        #: ``failing`` says whether the last flush failed.
+        self.progress = threading.Condition(threading.Lock())
+        self.failures = 0
+        self.failing = False
 
     def flush_table(self, state: TableState, opening: bool = False, freeze: bool = True) -> None:
         """Freeze the table's memtable (unless ``freeze`` is False) and write every
@@ -169,14 +176,40 @@ class Flusher:
                     "started", cause)
 
     def _flush_frozen(self, state: TableState, mem: Memtable, opening: bool) -> None:
-        reader = self.write_frozen(state, mem)
-        with self.versions.lock:
-            if state.dropped or (self.versions.closed and not opening):
-                reader.close()
-                unlink_quietly(reader.path)
-                return
-            self.install([(state, mem, reader)], self.versions.write_manifest)
+        try:
+            reader = self.write_frozen(state, mem)
+            with self.versions.lock:
+                if state.dropped or (self.versions.closed and not opening):
+                    reader.close()
+                    unlink_quietly(reader.path)
+                    return
+                self.install([(state, mem, reader)], self.versions.write_manifest)
+        except BaseException:
+            with self.progress:
+                self.failures += 1
+                self.failing = True
+                self.progress.notify_all()
+            raise
+        with self.progress:
+            self.failing = False
+            self.progress.notify_all()
         self._installed()
+
+    def wait_frozen(self, state: TableState, limit: int, timeout: float) -> bool:
+        """Wait until ``state`` has fewer than ``limit`` frozen memtables, or is
+        dropped (True) -- or until a flush fails, the database closes or
+        ``timeout`` seconds pass, or at once while the last flush failed
+        (False): a writer's wait for the flush thread."""
+        deadline = time.monotonic() + timeout
+        with self.progress:
+            failures = self.failures
+            while len(state.imms) >= limit and not state.dropped:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.failing or self.failures != failures \
+                        or self.versions.closed:
+                    return False
+                self.progress.wait(left)
+        return True
 
     def write_frozen(self, state: TableState, mem: Memtable) -> SSTableReader:
         """Write a frozen memtable to a new SSTable (fsynced) and open it; not installed."""

@@ -3,9 +3,10 @@
 Two structures: a plain ``dict`` (``data``) that point reads use without any
 lock, and a ``SortedList`` of the keys (``keys``) that scans walk in order
 (they hold the database lock, or use a frozen memtable); a flush sorts the
-dict itself.  A
-batch becomes visible to point reads in one ``dict.update`` -- a single C
-call under the GIL -- so no reader sees half of it.  New keys join the sorted
+dict itself.  A batch becomes visible to point reads at once -- in one
+``dict.update``, a single C call under the GIL, or in the C
+``apply_columns``, one loop that lets no other thread run -- so no reader
+sees half of it.  New keys join the sorted
 list lazily: writes only remember them (``_pending``) and the first ordered
 read after them sorts them in, in one ``SortedList.update`` -- so a bulk load
 pays for ordering once per flush instead of once per batch, and a memtable
@@ -34,10 +35,15 @@ from .sstable_format import KIND_BITS, KIND_EXPIRING, KIND_TOMBSTONE, KIND_VALUE
 
 assert (KIND_BITS, KIND_TOMBSTONE, KIND_VALUE) == (8, 0, 1)  # apply's literals
 
-try:  # optional C speedups (lsmdb/csrc/memtable.c): the memtable's key filter
+try:  # optional C speedups (lsmdb/csrc/memtable.c): the key filter, apply_columns
     from ._speedups import MemFilter
+    from ._speedups import apply_columns as _c_apply_columns
 except ImportError:  # pragma: no cover - no C compiler when installed
     MemFilter = None  # type: ignore[assignment,misc]
+    _c_apply_columns = None  # type: ignore[assignment]
+
+#: Whether apply_columns takes its C step (tests switch it off to compare).
+USE_SPEEDUPS = _c_apply_columns is not None
 
 #: Held by the one reader that sorts a frozen memtable's pending keys in.
 _SORTING = threading.Lock()
@@ -194,6 +200,24 @@ class Memtable:
         data.update(items)  # the whole batch, atomically for lock-free readers
         if new_keys:
             self._pending += new_keys
+        self.size_bytes += grow
+        self._note_seq(seq)
+
+    def apply_columns(self, seq: int, keys: list[bytes], values: list[Any],
+                      expiring: bool = False) -> None:
+        """``apply_many`` of ``dict(zip(keys, values))``: keys[i] -> values[i],
+        a later op on a key winning, the whole batch visible to point reads at
+        once.  The C step (lsmdb/csrc/memtable.c) makes no dict of the batch:
+        it looks each key up once and sets it, in a loop that lets no other
+        thread run; it also marks the memtable ``expiring`` where a value it
+        was given expires, even one a later op on its key replaced."""
+        if _c_apply_columns is None or not USE_SPEEDUPS or self.undos or self.filter is None:
+            self.apply_many(seq, dict(zip(keys, values, strict=True)), expiring)
+            return
+        grow, saw_expiring = _c_apply_columns(self.data, self.tags, self.filter, self._pending,
+                                              seq, keys, values)
+        if saw_expiring:
+            self.expiring = True
         self.size_bytes += grow
         self._note_seq(seq)
 

@@ -2,9 +2,10 @@
 
 ``commit`` logs a batch (one record, so it is atomic across tables) and
 applies it to the memtables under the database's lock, then -- outside the
-lock -- flushes the memtables it filled.  A table with
-``MAX_FROZEN_MEMTABLES`` frozen memtables (their flushes failing) takes no
-more writes until one flushes; WAL segments past ``max_total_wal_size_bytes``
+lock -- freezes the memtables it filled for the flush thread.  A table
+with ``MAX_FROZEN_MEMTABLES`` frozen memtables takes no more writes until
+the flush thread installs the oldest (or, when flushes fail, until the
+writer's own flush of them succeeds); WAL segments past ``max_total_wal_size_bytes``
 get the tables that pin the oldest of them flushed; level 0 filling up
 (``L0_SLOWDOWN_FILES``) slows writers with short pauses in proportion to the
 bytes they write, and level 0 past its bound (``L0_STALL_FILES``) holds them,
@@ -55,6 +56,9 @@ log = logging.getLogger("lsmdb")
 #: more writes until one is flushed (each write tries; while flushes fail, it
 #: raises their error and writes nothing).
 MAX_FROZEN_MEMTABLES = 2
+#: How long a writer waits for the flush thread to take a frozen memtable
+#: before it flushes them itself.
+FLUSH_WAIT_SECONDS = 1.0
 #: A slowed commit pauses once its turn ends at least this many seconds ahead
 #: (a sleep much shorter than a millisecond costs more than it lasts) ...
 SLOWDOWN_MIN_PAUSE = 0.002
@@ -250,7 +254,7 @@ class WritePath:
             if n == 1:
                 state.mem.apply(seq, keys[0], values[0])
             else:
-                state.mem.apply_many(seq, dict(zip(keys, values, strict=True)), expiring)
+                state.mem.apply_columns(seq, keys, values, expiring)
             return [state]
 
         self.commit({state}, encode, apply, sync)
@@ -265,7 +269,7 @@ class WritePath:
         flusher = self.flusher
         for state in states:
             if len(state.imms) >= MAX_FROZEN_MEMTABLES:
-                flusher.flush_table(state, freeze=False)  # raises while flushes fail
+                self._wait_for_flush(state)
         versions = self.versions
         wal = versions.log
         while True:
@@ -293,6 +297,17 @@ class WritePath:
             self._flush_wal_pinners()
         if self.stall is not None:
             self._slow_down(states, len(record))
+
+    def _wait_for_flush(self, state: TableState) -> None:
+        """The table's frozen memtables are at MAX_FROZEN_MEMTABLES: wait until
+        the flush thread installs the oldest (the writer goes on as soon as
+        one is gone, while the next is written).  Without a flush thread, or
+        when a flush fails or the wait passes FLUSH_WAIT_SECONDS, the frozen
+        memtables are flushed here (which raises while flushes fail)."""
+        if self.flush_thread is not None and self.flusher.wait_frozen(
+                state, MAX_FROZEN_MEMTABLES, FLUSH_WAIT_SECONDS):
+            return
+        self.flusher.flush_table(state, freeze=False)
 
     def _flush_full(self, full: list[TableState]) -> None:
         """Flush the full memtables: frozen here and written by the flush thread

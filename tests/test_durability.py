@@ -437,9 +437,14 @@ def test_a_second_open_in_the_same_process_is_refused(tmp_path):
 
 # --------------------------------------------------------------- failing flushes stall writes
 
-def test_while_flushes_fail_frozen_memtables_stop_at_the_bound(tmp_path, caplog):
+@pytest.mark.parametrize("flush_thread", [False, True], ids=["writer flushes", "flush thread"])
+def test_while_flushes_fail_frozen_memtables_stop_at_the_bound(tmp_path, caplog, flush_thread):
+    """Without a flush thread (auto_compaction=False) the writer flushes and
+    gets the error; with one, a writer at the bound waits for the thread only
+    while its flushes succeed, then flushes itself and gets the error."""
     path = str(tmp_path / "db")
-    db = lsmdb.open(path, auto_compaction=False)
+    db = lsmdb.open(path, auto_compaction=flush_thread)
+    assert (db._writes.flush_thread is not None) == flush_thread
     t = db.create_table("t", **SMALL)
     acked = {}
     with Faults(path) as faults, caplog.at_level(logging.CRITICAL, logger="lsmdb"):

@@ -70,48 +70,96 @@ def test_put_locked_declines_what_is_not_its_case(tmp_path):
         assert again.get(b"k") == b"v" and again.get(b"k2") == b"x" * 5000
 
 
+def _hold_flushes(db):
+    """The flush thread's rounds held until the returned event is set; the
+    threads that wrote each SSTable are recorded in the returned list."""
+    import threading
+
+    release = threading.Event()
+    entered = threading.Event()
+    real_round = db._flusher.flush_frozen
+    real_write = db._flusher.write_frozen
+    writers: list[str] = []
+
+    def held() -> None:
+        entered.set()
+        release.wait(30)
+        real_round()
+
+    def write_frozen(state, mem):
+        writers.append(threading.current_thread().name)
+        return real_write(state, mem)
+
+    db._flusher.flush_frozen = held
+    db._flusher.write_frozen = write_frozen
+    return release, entered, writers
+
+
+def _fill_until(db, state, frozen: int, written: dict, i: int) -> int:
+    while len(state.imms) < frozen:
+        written[b"k%05d" % i] = b"v" * 100
+        db.put(b"k%05d" % i, b"v" * 100)
+        i += 1
+    return i
+
+
 def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(tmp_path):
     """With auto_compaction, a put that fills the memtable freezes it and returns;
     the flush thread writes it.  While that thread is held, frozen memtables pile
-    up to two; the next write then flushes them itself.  Nothing is lost."""
+    up to two; the next writer then waits for the thread (it does not flush them
+    itself) and goes on once the oldest is installed.  Nothing is lost."""
     import threading
 
     path = str(tmp_path / "db")
     db = lsmdb.open(path)
     db.alter_table("default", memtable_size_bytes=4096)
     state = db._versions.tables["default"]
-    release = threading.Event()
-    entered = threading.Event()
-    real = db._flusher.flush_frozen
-
-    def held() -> None:
-        entered.set()
-        release.wait(30)
-        real()
-
-    db._flusher.flush_frozen = held  # type: ignore[method-assign]
-    written = {}
-    i = 0
-    while not state.imms:  # the first full memtable: frozen, not written
-        written[b"k%05d" % i] = b"v" * 100
-        db.put(b"k%05d" % i, b"v" * 100)
-        i += 1
+    release, entered, writers = _hold_flushes(db)
+    written: dict[bytes, bytes] = {}
+    i = _fill_until(db, state, 1, written, 0)  # the first full memtable: frozen, not written
     assert entered.wait(10) and not db.sstables()
-    while len(state.imms) < 2:
-        written[b"k%05d" % i] = b"v" * 100
-        db.put(b"k%05d" % i, b"v" * 100)
-        i += 1
+    i = _fill_until(db, state, 2, written, i)
     assert not db.sstables()
-    db.put(b"last", b"x")  # two wait: this writer flushes them itself
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (db.put(b"last", b"x"), done.set()))
+    waiter.start()
+    assert not done.wait(0.3)  # two frozen: the writer waits ...
+    assert len(state.imms) == 2 and not db.sstables()
+    release.set()  # ... for the flush thread
+    assert done.wait(10)
+    waiter.join()
     written[b"last"] = b"x"
-    assert len(db.sstables()) == 2 and not state.imms
-    while not state.imms:
-        written[b"k%05d" % i] = b"w"
-        db.put(b"k%05d" % i, b"w")
-        i += 1
-    release.set()
     db.wait_for_compactions()
     assert not state.imms and len(db.sstables()) >= 2
+    assert writers and set(writers) == {"lsmdb-flush"}
+    assert dict(db.scan()) == written
+    db.close()
+    with lsmdb.open(path) as again:
+        assert dict(again.scan()) == written
+
+
+def test_a_writer_flushes_itself_when_the_flush_thread_does_not_come(tmp_path, monkeypatch):
+    """The flush thread held past FLUSH_WAIT_SECONDS: the writer at two frozen
+    memtables flushes them on its own thread, and writes go on."""
+    monkeypatch.setattr(writepath, "FLUSH_WAIT_SECONDS", 0.2)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.alter_table("default", memtable_size_bytes=4096)
+    state = db._versions.tables["default"]
+    release, entered, writers = _hold_flushes(db)
+    written: dict[bytes, bytes] = {}
+    i = _fill_until(db, state, 2, written, 0)
+    assert entered.wait(10) and not db.sstables()
+    start = time.monotonic()
+    db.put(b"last", b"x")
+    written[b"last"] = b"x"
+    assert time.monotonic() - start >= 0.2
+    assert len(db.sstables()) == 2 and not state.imms
+    assert writers == ["MainThread", "MainThread"]
+    _fill_until(db, state, 1, written, i)
+    release.set()
+    db.wait_for_compactions()
+    assert not state.imms and writers[2:] and set(writers[2:]) == {"lsmdb-flush"}
     assert dict(db.scan()) == written
     db.close()
     with lsmdb.open(path) as again:

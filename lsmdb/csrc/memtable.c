@@ -1,6 +1,7 @@
 /* memtable.c: MemFilter, a Bloom filter over a memtable's keys for the C
- * getter (lsmdb/memtable.py's Memtable holds one beside its dict).  It has
- * no Python twin: without the extension a get asks the dict. */
+ * getter (lsmdb/memtable.py's Memtable holds one beside its dict; it has no
+ * Python twin: without the extension a get asks the dict), and
+ * apply_columns, Memtable.apply_columns's step. */
 
 #include "memtable.h"
 #include "filters_hashing.h"
@@ -205,3 +206,108 @@ PyTypeObject MemFilterType = {
     .tp_init = (initproc)MemFilter_init,
     .tp_new = PyType_GenericNew,
 };
+
+/* ------------------------------------------------------------ apply_columns
+ * Memtable.apply_columns (lsmdb/memtable.py) in C: keys[i] -> values[i] of
+ * one batch at one sequence number, the Python twin being apply_many over
+ * dict(zip(keys, values)).  Every key and value is checked first (nothing
+ * changes on a bad one); then each op, in order, looks the key up once and
+ * sets it in the filter (a new key, before the dict), the tags and the dict.
+ * The loop calls no Python code and allocates no object the garbage
+ * collector tracks, so it never lets another thread run: readers see the
+ * whole batch or none of it, as with apply_many's one dict.update.  A later
+ * op on a key wins, and the size accounting comes out as apply_many's. */
+PyObject *
+speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyDict_CheckExact(args[0]) || !PyDict_CheckExact(args[1])
+        || !PyList_CheckExact(args[3]) || !PyList_CheckExact(args[5])
+        || !PyList_CheckExact(args[6])
+        || (args[2] != Py_None && Py_TYPE(args[2]) != &MemFilterType)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "apply_columns(data: dict, tags: dict, filter: MemFilter | None, "
+                        "pending: list, seq, keys: list, values: list)");
+        return NULL;
+    }
+    PyObject *data = args[0], *tags = args[1], *pending = args[3];
+    MemFilter *filter = args[2] == Py_None ? NULL : (MemFilter *)args[2];
+    unsigned long long seq = PyLong_AsUnsignedLongLong(args[4]);
+    if (seq == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (seq > (UINT64_MAX >> 8)) {
+        PyErr_SetString(PyExc_OverflowError, "seq too large for a tag");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[5]);
+    if (PyList_GET_SIZE(args[6]) != n) {
+        PyErr_SetString(PyExc_ValueError, "keys and values differ in length");
+        return NULL;
+    }
+    PyObject **keys = PySequence_Fast_ITEMS(args[5]), **values = PySequence_Fast_ITEMS(args[6]);
+    int expiring = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = values[i];
+        if (!PyBytes_CheckExact(keys[i])) {
+            PyErr_SetString(PyExc_TypeError, "memtable keys are bytes");
+            return NULL;
+        }
+        if (v == Py_None || PyBytes_CheckExact(v))
+            continue;
+        if (!PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2
+            || !PyBytes_CheckExact(PyTuple_GET_ITEM(v, 0))) {
+            PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
+            return NULL;
+        }
+        expiring = 1;
+    }
+    PyObject *tag[3] = {NULL, NULL, NULL};  /* by kind: tombstone, value, expiring */
+    uint64_t base = (uint64_t)seq << 8;
+    for (int k = 0; k < 3; k++)
+        if ((tag[k] = PyLong_FromUnsignedLongLong(base | (uint64_t)k)) == NULL)
+            goto fail;
+    if (PyList_GET_SIZE(pending) > PY_SSIZE_T_MAX - n) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    long long grow = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = keys[i], *value = values[i];
+        PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
+        if (old == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            if (filter != NULL && mf_add(filter, &key, 1) < 0)  /* before the dict */
+                goto fail;
+            if (PyList_Append(pending, key) < 0)
+                goto fail;
+            grow += PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;
+        } else if (PyBytes_CheckExact(old)) {
+            grow -= PyBytes_GET_SIZE(old);
+        } else if (PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 2
+                   && PyBytes_CheckExact(PyTuple_GET_ITEM(old, 0))) {
+            grow -= PyBytes_GET_SIZE(PyTuple_GET_ITEM(old, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+        } else if (old != Py_None) {
+            PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
+            goto fail;
+        }
+        int kind;
+        if (value == Py_None) {
+            kind = 0;
+        } else if (PyBytes_CheckExact(value)) {
+            kind = 1;
+            grow += PyBytes_GET_SIZE(value);
+        } else {
+            kind = 2;
+            grow += PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+        }
+        if (PyDict_SetItem(tags, key, tag[kind]) < 0 || PyDict_SetItem(data, key, value) < 0)
+            goto fail;
+    }
+    for (int k = 0; k < 3; k++)
+        Py_DECREF(tag[k]);
+    return Py_BuildValue("(LO)", grow, expiring ? Py_True : Py_False);
+fail:
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(tag[k]);
+    return NULL;
+}

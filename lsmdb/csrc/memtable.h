@@ -1,6 +1,7 @@
 /* memtable.h: MemFilter, a filter over a memtable's keys, so that a get
- * skips the memtable's dict for keys it does not hold (memtable.c).  No
- * Python twin: without it a get asks the dict. */
+ * skips the memtable's dict for keys it does not hold (memtable.c; no
+ * Python twin: without it a get asks the dict), and apply_columns, a
+ * batch's step into a memtable (twin: Memtable.apply_columns). */
 
 #ifndef LSMDB_MEMTABLE_H
 #define LSMDB_MEMTABLE_H
@@ -10,6 +11,11 @@
 /* A Bloom filter over a memtable's keys (memtable.c): a key sets MF_K bits
  * of one 512-bit line. */
 #define MF_K 6
+
+/* lsmdb/memtable.py's size accounting (checked against it through
+ * WRITE_PATH_CONSTANTS, module.c). */
+#define MEM_ENTRY_OVERHEAD_BYTES 64      /* memtable.ENTRY_OVERHEAD_BYTES */
+#define MEM_EXPIRING_OVERHEAD_BYTES 88   /* memtable.EXPIRING_OVERHEAD_BYTES */
 
 typedef struct {
     PyObject_HEAD
@@ -28,6 +34,10 @@ extern PyTypeObject MemFilterType;
 /* The n keys of items (bytes) are about to enter the filter's dict: 0, or -1
  * with an exception set (a key not bytes: nothing added). */
 int mf_add(MemFilter *self, PyObject *const *items, Py_ssize_t n);
+
+/* apply_columns(data, tags, filter, pending, seq, keys, values) -> (grow,
+ * expiring): Memtable.apply_columns's step in C (memtable.c). */
+PyObject *speedups_apply_columns(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 HIDDEN_END
 

@@ -18,7 +18,8 @@
  *                     read from disk and its key walk) and get_many's steps
  *   readpath_many.c   get_many's pass over the files a file at a time
  *   memtable.c        MemFilter: a Bloom filter of a memtable's keys, so that
- *                     a get skips the memtable's dict for keys it does not hold
+ *                     a get skips the memtable's dict for keys it does not hold;
+ *                     apply_columns: a batch into a memtable
  *   cache.c           Admission (which blocks read from disk a full block
  *                     cache takes in) and Cache (the block cache's books)
  *   sstable_reader.c  map_file, Mapping and a data block read for the getter
@@ -87,6 +88,10 @@ static PyMethodDef speedups_functions[] = {
     {"encode_ops", (PyCFunction)(void (*)(void))speedups_encode_ops, METH_FASTCALL,
      "encode_ops($module, seq, table_id, keys, values, /)\n--\n\n"
      "msgpack [seq, [[table_id, key, value], ...]]."},
+    {"apply_columns", (PyCFunction)(void (*)(void))speedups_apply_columns, METH_FASTCALL,
+     "apply_columns($module, data, tags, filter, pending, seq, keys, values, /)\n--\n\n"
+     "memtable.Memtable.apply_columns' step: keys[i] -> values[i] at seq into the memtable's "
+     "dicts, filter and pending keys; (grow, expiring)."},
     {"put_locked", (PyCFunction)(void (*)(void))speedups_put_locked, METH_FASTCALL,
      "put_locked($module, versions, state, key, value, wal_limit, /)\n--\n\n"
      "lsmdb.writepath.put_locked: one put's step under the database lock."},

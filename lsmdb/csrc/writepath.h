@@ -11,12 +11,11 @@
 #define LSMDB_WRITEPATH_H
 
 #include "base.h"
+#include "memtable.h"  /* MEM_ENTRY_OVERHEAD_BYTES, MEM_EXPIRING_OVERHEAD_BYTES */
 
 #define WAL_BLOCK_SIZE_BYTES 32768       /* wal.BLOCK_SIZE_BYTES */
 #define WAL_FRAGMENT_HEADER_SIZE 7       /* wal.FRAGMENT_HEADER_SIZE: crc32, length, type */
 #define WAL_FULL 1                       /* wal.FULL */
-#define MEM_ENTRY_OVERHEAD_BYTES 64      /* memtable.ENTRY_OVERHEAD_BYTES */
-#define MEM_EXPIRING_OVERHEAD_BYTES 88   /* memtable.EXPIRING_OVERHEAD_BYTES */
 #define MEM_KIND_VALUE 1                 /* sstable_format.KIND_VALUE (KIND_TOMBSTONE is 0) */
 #define WRITE_MAX_SEQ ((1LL << 56) - 1)  /* sstable_format.MAX_SEQ */
 #define PUT_FULL 1                       /* writepath.PUT_FULL */

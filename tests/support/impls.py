@@ -17,6 +17,7 @@ from typing import Any
 
 import lsmdb
 import lsmdb.db
+import lsmdb.memtable
 import lsmdb.merge
 import lsmdb.readpath
 import lsmdb.scan
@@ -45,3 +46,4 @@ def use_python(monkeypatch: Any) -> None:
     monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.writepath, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.sstable_writer, "USE_SPEEDUPS", False)
+    monkeypatch.setattr(lsmdb.memtable, "USE_SPEEDUPS", False)

@@ -154,6 +154,7 @@ class DB(ScanMapping):
         # Another thread may have held them at the fork.
         versions.lock = threading.RLock()
         self._flusher.mutex = threading.Lock()
+        self._flusher.progress = threading.Condition(threading.Lock())
         self._stats_lock = threading.Lock()
         if self._dblock is not None:
             self._dblock.disown()
@@ -330,6 +331,7 @@ class DB(ScanMapping):
             finally:
                 if state.dropped:
                     del self._handles[name]
+                    self._flusher.progressed()  # writers waiting for its flush
                 self._writes.update_wal_limit()
 
     # ----------------------------------------------------------- observing
@@ -494,6 +496,7 @@ class DB(ScanMapping):
                         error = error or wal.failed
             finally:
                 versions.closed = True
+                self._flusher.progressed()  # writers waiting for the flush thread
                 wal.close()
                 versions.close_readers()
                 if self._dblock is not None:

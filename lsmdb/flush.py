@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .files import SwitchedButNotSynced, unlink_quietly
 from .memtable import Memtable
@@ -47,12 +47,13 @@ class Flusher:
         #: One flush at a time (and the WAL recovery, and close): installed in order.
         self.mutex = threading.Lock()
         self._installed = installed
-        #: Notified as each flush of a frozen memtable installs or fails, for
-        #: writers in ``wait_frozen``: ``failures`` counts the failures,
-        #: ``failing`` says whether the last flush failed.
+        #: Notified (``progressed``) as each flush of a frozen memtable
+        #: installs or fails, and as a table is dropped or the database
+        #: closed, for writers in ``wait_frozen``: ``failures`` counts the
+        #: failed flushes, ``failing`` holds the tables whose last flush failed.
         self.progress = threading.Condition(threading.Lock())
         self.failures = 0
-        self.failing = False
+        self.failing: set[TableState] = set()
 
     def flush_table(self, state: TableState, opening: bool = False, freeze: bool = True) -> None:
         """Freeze the table's memtable (unless ``freeze`` is False) and write every
@@ -162,15 +163,21 @@ class Flusher:
             for _state, _mem, reader in written:
                 reader.close()
                 unlink_quietly(reader.path)
+            self.progressed([s for s, _m in pending], failed=True)
             raise
-        with versions.lock:
-            # One switch installs every file and starts the new segment: the
-            # failed segment may end in a whole record of a write that raised,
-            # and a replay must never apply it to some tables and not others.
-            for _state, _mem, reader in [w for w in written if w[0].dropped]:
-                reader.close()
-                unlink_quietly(reader.path)
-            self.install([w for w in written if not w[0].dropped], versions.rotate_wal)
+        try:
+            with versions.lock:
+                # One switch installs every file and starts the new segment: the
+                # failed segment may end in a whole record of a write that raised,
+                # and a replay must never apply it to some tables and not others.
+                for _state, _mem, reader in [w for w in written if w[0].dropped]:
+                    reader.close()
+                    unlink_quietly(reader.path)
+                self.install([w for w in written if not w[0].dropped], versions.rotate_wal)
+        except BaseException:
+            self.progressed([s for s, _m in pending], failed=True)
+            raise
+        self.progressed([s for s, _m in pending])
         self._installed()
         log.warning("WAL segment failed (%s); every memtable was flushed and a new segment "
                     "started", cause)
@@ -179,33 +186,41 @@ class Flusher:
         try:
             reader = self.write_frozen(state, mem)
             with self.versions.lock:
-                if state.dropped or (self.versions.closed and not opening):
+                installed = not (state.dropped or (self.versions.closed and not opening))
+                if installed:
+                    self.install([(state, mem, reader)], self.versions.write_manifest)
+                else:
                     reader.close()
                     unlink_quietly(reader.path)
-                    return
-                self.install([(state, mem, reader)], self.versions.write_manifest)
         except BaseException:
-            with self.progress:
-                self.failures += 1
-                self.failing = True
-                self.progress.notify_all()
+            self.progressed([state], failed=True)
             raise
+        self.progressed([state], failed=False)
+        if installed:
+            self._installed()
+
+    def progressed(self, states: Sequence[TableState] = (), failed: bool = False) -> None:
+        """Wake the writers in ``wait_frozen``: after a flush of ``states``
+        (``failed``: it raised), a table dropped or the database closed."""
         with self.progress:
-            self.failing = False
+            if failed:
+                self.failures += 1
+                self.failing.update(states)
+            else:
+                self.failing.difference_update(states)
             self.progress.notify_all()
-        self._installed()
 
     def wait_frozen(self, state: TableState, limit: int, timeout: float) -> bool:
         """Wait until ``state`` has fewer than ``limit`` frozen memtables, or is
         dropped (True) -- or until a flush fails, the database closes or
-        ``timeout`` seconds pass, or at once while the last flush failed
-        (False): a writer's wait for the flush thread."""
+        ``timeout`` seconds pass, or at once while the table's last flush
+        failed (False): a writer's wait for the flush thread."""
         deadline = time.monotonic() + timeout
         with self.progress:
             failures = self.failures
             while len(state.imms) >= limit and not state.dropped:
                 left = deadline - time.monotonic()
-                if left <= 0 or self.failing or self.failures != failures \
+                if left <= 0 or state in self.failing or self.failures != failures \
                         or self.versions.closed:
                     return False
                 self.progress.wait(left)

@@ -210,12 +210,22 @@ class Memtable:
         once.  The C step (lsmdb/csrc/memtable.c) makes no dict of the batch:
         it looks each key up once and sets it, in a loop that lets no other
         thread run; it also marks the memtable ``expiring`` where a value it
-        was given expires, even one a later op on its key replaced."""
+        was given expires, even one a later op on its key replaced.  Should
+        it fail part way (MemoryError), each op is applied whole or not at
+        all, and the size is counted again."""
         if _c_apply_columns is None or not USE_SPEEDUPS or self.undos or self.filter is None:
             self.apply_many(seq, dict(zip(keys, values, strict=True)), expiring)
             return
-        grow, saw_expiring = _c_apply_columns(self.data, self.tags, self.filter, self._pending,
-                                              seq, keys, values)
+        try:
+            grow, saw_expiring = _c_apply_columns(self.data, self.tags, self.filter,
+                                                  self._pending, seq, keys, values)
+        except BaseException:  # the ops before the one that failed are applied
+            self._note_seq(seq)
+            self.expiring = self.expiring or expiring
+            self.size_bytes = sum(len(k) + ENTRY_OVERHEAD_BYTES + (0 if v is None else
+                                                                   value_size(v))
+                                  for k, v in self.data.items())
+            raise
         if saw_expiring:
             self.expiring = True
         self.size_bytes += grow

@@ -41,6 +41,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -447,6 +448,7 @@ def test_while_flushes_fail_frozen_memtables_stop_at_the_bound(tmp_path, caplog,
     assert (db._writes.flush_thread is not None) == flush_thread
     t = db.create_table("t", **SMALL)
     acked = {}
+    start = time.monotonic()
     with Faults(path) as faults, caplog.at_level(logging.CRITICAL, logger="lsmdb"):
         faults.fail("fsync", lambda n: n.endswith(".sst"), errno.ENOSPC, times=None)
         refused = 0
@@ -460,6 +462,8 @@ def test_while_flushes_fail_frozen_memtables_stop_at_the_bound(tmp_path, caplog,
             acked[b"k%03d" % i] = b"v" * 400
             assert len(db._versions.tables["t"].imms) <= lsmdb.writepath.MAX_FROZEN_MEMTABLES
         assert refused > 150
+        # a refused write does not sit out FLUSH_WAIT_SECONDS first
+        assert time.monotonic() - start < 0.1 * refused * lsmdb.writepath.FLUSH_WAIT_SECONDS
     for key, value in acked.items():
         assert t.get(key) == value
     t.put(b"after", b"the disk has room again")

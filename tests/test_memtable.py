@@ -318,3 +318,25 @@ def test_a_batch_through_apply_columns_is_seen_whole_or_not_at_all():
         for t in threads:
             t.join()
     assert torn == []
+
+
+@needs_c
+def test_apply_columns_stopped_part_way_leaves_a_whole_memtable():
+    """An op that fails in the loop (here a value the memtable cannot hold,
+    planted under a key) stops the batch there: the ops before it applied
+    whole, it and the ops after it not at all; the dicts, pending keys and
+    filter agree, and the size is counted again."""
+    mem = Memtable()
+    mem.apply_columns(1, [b"a", b"bad"], [b"1", b"2"])
+    mem.data[b"bad"] = bytearray(b"22222")  # not a memtable value
+    with pytest.raises(TypeError):
+        mem.apply_columns(2, [b"new1", b"a", b"bad", b"new2"], [b"x", None, b"y", b"z"])
+    assert mem.data == {b"a": None, b"bad": bytearray(b"22222"), b"new1": b"x"}
+    assert mem.tags.keys() == mem.data.keys()
+    assert mem.tags[b"a"] == 2 << 8 and mem.tags[b"new1"] == 2 << 8 | 1
+    assert sorted(mem._pending) == [b"a", b"bad", b"new1"]
+    assert mem.max_seq == 2
+    assert mem.size_bytes == (1 + 3 + 4) + 3 * ENTRY_OVERHEAD_BYTES + 1 + 5
+    with pytest.raises(ValueError, match="pending"):
+        keys = [b"k"]
+        speedups.apply_columns(mem.data, mem.tags, mem.filter, keys, 3, keys, [b"v"])

@@ -103,13 +103,15 @@ def _fill_until(db, state, frozen: int, written: dict, i: int) -> int:
     return i
 
 
-def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(tmp_path):
+def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(
+        tmp_path, monkeypatch):
     """With auto_compaction, a put that fills the memtable freezes it and returns;
     the flush thread writes it.  While that thread is held, frozen memtables pile
     up to two; the next writer then waits for the thread (it does not flush them
     itself) and goes on once the oldest is installed.  Nothing is lost."""
     import threading
 
+    monkeypatch.setattr(writepath, "FLUSH_WAIT_SECONDS", 60.0)  # a loaded machine
     path = str(tmp_path / "db")
     db = lsmdb.open(path)
     db.alter_table("default", memtable_size_bytes=4096)
@@ -164,6 +166,43 @@ def test_a_writer_flushes_itself_when_the_flush_thread_does_not_come(tmp_path, m
     db.close()
     with lsmdb.open(path) as again:
         assert dict(again.scan()) == written
+
+
+def test_a_writer_waiting_for_the_flush_thread_learns_of_a_drop_at_once(tmp_path, monkeypatch):
+    """A table dropped while its writer waits for the flush thread: the writer
+    gets NoSuchTableError as the drop happens, not after FLUSH_WAIT_SECONDS."""
+    import threading
+
+    monkeypatch.setattr(writepath, "FLUSH_WAIT_SECONDS", 60.0)
+    db = lsmdb.open(str(tmp_path / "db"))
+    t = db.create_table("t", memtable_size_bytes=4096)
+    state = db._versions.tables["t"]
+    release, entered, _writers = _hold_flushes(db)
+    i = 0
+    while len(state.imms) < 2:
+        t.put(b"k%05d" % i, b"v" * 100)
+        i += 1
+    assert entered.wait(10)
+    outcome: list[BaseException | None] = []
+
+    def write() -> None:
+        try:
+            t.put(b"late", b"x")
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 -- what the writer got
+            outcome.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.2)
+    assert not outcome  # waiting
+    start = time.monotonic()
+    db.drop_table("t")
+    writer.join(10)
+    assert time.monotonic() - start < 5
+    assert len(outcome) == 1 and isinstance(outcome[0], lsmdb.NoSuchTableError)
+    release.set()
+    db.close()
 
 
 def _held_compactions(db):

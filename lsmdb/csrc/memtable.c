@@ -212,7 +212,9 @@ PyTypeObject MemFilterType = {
  * one batch at one sequence number, the Python twin being apply_many over
  * dict(zip(keys, values)).  Every key and value is checked first (nothing
  * changes on a bad one); then each op, in order, looks the key up once and
- * sets it in the filter (a new key, before the dict), the tags and the dict.
+ * sets it in the filter (a new key, before the dict), the dict and the tags;
+ * an op that fails (MemoryError) is undone and the call raises, the ops
+ * before it applied (the caller then recounts the memtable's size).
  * The loop calls no Python code and allocates no object the garbage
  * collector tracks, so it never lets another thread run: readers see the
  * whole batch or none of it, as with apply_many's one dict.update.  A later
@@ -230,6 +232,10 @@ speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         return NULL;
     }
     PyObject *data = args[0], *tags = args[1], *pending = args[3];
+    if (pending == args[5] || pending == args[6]) {  /* appends would move the columns */
+        PyErr_SetString(PyExc_ValueError, "apply_columns: pending is a list of its own");
+        return NULL;
+    }
     MemFilter *filter = args[2] == Py_None ? NULL : (MemFilter *)args[2];
     unsigned long long seq = PyLong_AsUnsignedLongLong(args[4]);
     if (seq == (unsigned long long)-1 && PyErr_Occurred())
@@ -273,19 +279,16 @@ speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = keys[i], *value = values[i];
         PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
+        long long change = 0;
         if (old == NULL) {
             if (PyErr_Occurred())
                 goto fail;
-            if (filter != NULL && mf_add(filter, &key, 1) < 0)  /* before the dict */
-                goto fail;
-            if (PyList_Append(pending, key) < 0)
-                goto fail;
-            grow += PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;
+            change = PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;
         } else if (PyBytes_CheckExact(old)) {
-            grow -= PyBytes_GET_SIZE(old);
+            change = -PyBytes_GET_SIZE(old);
         } else if (PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 2
                    && PyBytes_CheckExact(PyTuple_GET_ITEM(old, 0))) {
-            grow -= PyBytes_GET_SIZE(PyTuple_GET_ITEM(old, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+            change = -(PyBytes_GET_SIZE(PyTuple_GET_ITEM(old, 0)) + MEM_EXPIRING_OVERHEAD_BYTES);
         } else if (old != Py_None) {
             PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
             goto fail;
@@ -295,13 +298,54 @@ speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
             kind = 0;
         } else if (PyBytes_CheckExact(value)) {
             kind = 1;
-            grow += PyBytes_GET_SIZE(value);
+            change += PyBytes_GET_SIZE(value);
         } else {
             kind = 2;
-            grow += PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+            change += PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
         }
-        if (PyDict_SetItem(tags, key, tag[kind]) < 0 || PyDict_SetItem(data, key, value) < 0)
-            goto fail;
+        /* Each op whole or not at all (a MemoryError can stop the loop): a new
+         * key enters the filter (a superset is harmless) and the pending list,
+         * then the dict, then the tags; a failed step undoes the op's earlier
+         * ones, which cannot fail (a key removed, an existing key's old value
+         * put back).  The ops before it stay applied. */
+        if (old == NULL) {
+            if (filter != NULL && mf_add(filter, &key, 1) < 0)  /* before the dict */
+                goto fail;
+            if (PyList_Append(pending, key) < 0)
+                goto fail;
+            int bad = PyDict_SetItem(data, key, value) < 0;
+            if (!bad && PyDict_SetItem(tags, key, tag[kind]) < 0) {
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyDict_DelItem(data, key);
+                PyErr_Restore(type, exc, tb);
+                bad = 1;
+            }
+            if (bad) {
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyList_SetSlice(pending, PyList_GET_SIZE(pending) - 1,
+                                PyList_GET_SIZE(pending), NULL);
+                PyErr_Restore(type, exc, tb);
+                goto fail;
+            }
+        } else {
+            Py_INCREF(old);  /* the dict's reference goes with the set */
+            if (PyDict_SetItem(data, key, value) < 0) {
+                Py_DECREF(old);
+                goto fail;
+            }
+            if (PyDict_SetItem(tags, key, tag[kind]) < 0) {
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyDict_SetItem(data, key, old);
+                PyErr_Restore(type, exc, tb);
+                Py_DECREF(old);
+                goto fail;
+            }
+            Py_DECREF(old);
+        }
+        grow += change;
     }
     for (int k = 0; k < 3; k++)
         Py_DECREF(tag[k]);

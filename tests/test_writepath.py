@@ -505,3 +505,55 @@ def test_the_c_put_follows_a_class_changed_after_it_ran(tmp_path, c, monkeypatch
         assert db.get(b"b") is None
         db.put(b"c", b"3")                    # the slot again
         assert [db.get(k) for k in (b"a", b"b", b"c")] == [b"1", None, b"3"]
+
+
+@pytest.mark.parametrize("use_c", [True, False], ids=["C sum", "Python sum"])
+def test_a_batch_past_the_size_limit_is_refused_and_changes_nothing(tmp_path, monkeypatch,
+                                                                    use_c):
+    """The batch's keys and values (tombstones none, expiring values their
+    bytes) summed against MAX_BATCH_SIZE_BYTES: at the limit it commits, one
+    byte past it raises ValueError and nothing is written."""
+    if use_c and writepath._c_batch_bytes is None:
+        pytest.skip("built without the C speedups")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", use_c and writepath.USE_SPEEDUPS)
+    monkeypatch.setattr(writepath, "MAX_BATCH_SIZE_BYTES", 1000)
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as db:
+        with db.batch() as b:  # 10 keys of 10 bytes, 8 values of 99, two deletes: 892
+            for i in range(10):
+                if i < 2:
+                    b.delete(b"key%07d" % i)
+                else:
+                    b.put(b"key%07d" % i, b"v" * 99, ttl=100 if i == 5 else None)
+            b.put(b"other", b"x" * 103)  # 5 + 103: exactly 1000
+        assert db.get(b"other") == b"x" * 103
+        b = db.batch()
+        b.put(b"k2", b"y" * 500)
+        b.put(b"k3", b"z" * 496)  # 1000 ... and one byte more:
+        b.delete(b"k")
+        with pytest.raises(ValueError, match="exceeds 1000 bytes"):
+            b.commit()
+        assert db.get(b"k2") is None and db.get(b"other") == b"x" * 103
+    with lsmdb.open(path) as again:
+        assert again.get(b"k2") is None and again.get(b"key0000005") == b"v" * 99
+
+
+def test_batch_bytes_in_c_agrees_with_the_python_sum():
+    if writepath._c_batch_bytes is None:
+        pytest.skip("built without the C speedups")
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        n = rng.randrange(50)
+        keys = [rng.randbytes(rng.randrange(20)) for _ in range(n)]
+        values = [rng.choice([None, rng.randbytes(rng.randrange(40)),
+                              (rng.randbytes(rng.randrange(40)), rng.randrange(1, 2**40))])
+                  for _ in range(n)]
+        want = sum(map(len, keys)) + sum(len(v[0]) if type(v) is tuple else len(v)
+                                         for v in values if v is not None)
+        assert writepath._c_batch_bytes(keys, values) == want
+    with pytest.raises(TypeError):
+        writepath._c_batch_bytes([b"k", "s"], [b"", b""])
+    with pytest.raises(TypeError):
+        writepath._c_batch_bytes([b"k"], [3])

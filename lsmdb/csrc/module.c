@@ -33,7 +33,8 @@
  *   logset.c          encode_ops: a one-table WAL record; encode_one: a
  *                     one-op record
  *   writepath.c       put_locked: one put's step under the database lock (its
- *                     sequence number, its WAL record, the memtable)
+ *                     sequence number, its WAL record, the memtable);
+ *                     batch_bytes, a batch's size
  *   coding.c          crc32: zlib's CRC-32, folded with PCLMULQDQ where the
  *                     CPU has it
  *
@@ -92,6 +93,9 @@ static PyMethodDef speedups_functions[] = {
      "apply_columns($module, data, tags, filter, pending, seq, keys, values, /)\n--\n\n"
      "memtable.Memtable.apply_columns' step: keys[i] -> values[i] at seq into the memtable's "
      "dicts, filter and pending keys; (grow, expiring)."},
+    {"batch_bytes", (PyCFunction)(void (*)(void))speedups_batch_bytes, METH_FASTCALL,
+     "batch_bytes($module, keys, values, /)\n--\n\n"
+     "The bytes of a batch's keys and values (writepath.check_batch_size's sum)."},
     {"put_locked", (PyCFunction)(void (*)(void))speedups_put_locked, METH_FASTCALL,
      "put_locked($module, versions, state, key, value, wal_limit, /)\n--\n\n"
      "lsmdb.writepath.put_locked: one put's step under the database lock."},

@@ -703,3 +703,38 @@ out:
     Py_XDECREF(done);
     return result;
 }
+
+PyObject *
+speedups_batch_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* batch_bytes(keys, values) -> the bytes of a batch's keys and values
+     * (None: 0; an expiring (value, expires): its value's): the sum
+     * lsmdb.writepath.check_batch_size compares with MAX_BATCH_SIZE_BYTES. */
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "batch_bytes(keys: list, values: list)");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(args[0]), m = PyList_GET_SIZE(args[1]);
+    PyObject **keys = PySequence_Fast_ITEMS(args[0]), **values = PySequence_Fast_ITEMS(args[1]);
+    long long total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBytes_CheckExact(keys[i])) {
+            PyErr_SetString(PyExc_TypeError, "batch_bytes: keys are bytes");
+            return NULL;
+        }
+        total += PyBytes_GET_SIZE(keys[i]);
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *v = values[i];
+        if (v == Py_None)
+            continue;
+        if (PyTuple_CheckExact(v) && PyTuple_GET_SIZE(v) == 2)
+            v = PyTuple_GET_ITEM(v, 0);
+        if (!PyBytes_CheckExact(v)) {
+            PyErr_SetString(PyExc_TypeError, "batch_bytes: values are bytes, None or expiring");
+            return NULL;
+        }
+        total += PyBytes_GET_SIZE(v);
+    }
+    return PyLong_FromLongLong(total);
+}

@@ -31,6 +31,7 @@ HIDDEN_BEGIN
 int writepath_init(void);
 PyObject *speedups_put_locked(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *speedups_batch_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 HIDDEN_END
 

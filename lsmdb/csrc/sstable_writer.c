@@ -250,6 +250,17 @@ sec_room(unsigned char **buf, size_t *cap, size_t need)
     return 0;
 }
 
+/* The end of the run of blocks that starts at block b0: about SEC_RUN_BYTES
+ * of payloads, at least one block. */
+static size_t
+sec_run_end(const SecBlocks *bl, size_t b0)
+{
+    size_t b1 = b0, bytes = 0;
+    while (b1 < bl->blocks && (b1 == b0 || bytes + bl->len[b1] <= SEC_RUN_BYTES))
+        bytes += bl->len[b1++];
+    return b1;
+}
+
 /* No GIL: the payloads of blocks [b0, b1) into run->pay; -1: out of memory. */
 static int
 sec_encode_run(SecRun *run, SecEntry *const *order, const SecBlocks *bl, size_t b0, size_t b1)
@@ -509,16 +520,28 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         PyErr_SetString(PyExc_RuntimeError, "memtable_section: the memtable changed");
         goto done;
     }
-    int planned;
+    /* None or LZ4 (compressed here): each run is encoded and stored in one
+     * stretch without the GIL, the first in the same stretch as the sort,
+     * so that a default memtable takes the GIL back once before its sink
+     * call (each taking can wait out a busy writer's switch interval). */
+    int whole = lz4 != NULL || compress == Py_None;
+    int planned, first_ok = 0;
+    size_t first_end = 0, first_used = 0;
     Py_BEGIN_ALLOW_THREADS
     planned = sec_plan(order, n, block_size, want_hashes, &bl);
+    if (planned == 0 && whole) {
+        first_end = sec_run_end(&bl, 0);
+        first_ok = sec_encode_run(&run, order, &bl, 0, first_end);
+        if (first_ok == 0)
+            first_ok = sec_store_run(&run, &bl, 0, first_end, lz4, NULL, (int)kind,
+                                     &first_used);
+    }
     Py_END_ALLOW_THREADS
-    if (planned < 0) {
+    if (planned < 0 || first_ok < 0) {
         PyErr_NoMemory();
         goto done;
     }
-    if (lz4 == NULL && compress != Py_None
-        && (stored = PyMem_Calloc(bl.blocks, sizeof(PyObject *))) == NULL) {
+    if (!whole && (stored = PyMem_Calloc(bl.blocks, sizeof(PyObject *))) == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -526,12 +549,15 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
      * package's library, compressed) without the GIL, then handed to sink. */
     size_t offset = 0, uncompressed = 0;
     for (size_t b0 = 0; b0 < bl.blocks;) {
-        size_t b1 = b0, bytes = 0;
-        while (b1 < bl.blocks && (b1 == b0 || bytes + bl.len[b1] <= SEC_RUN_BYTES))
-            bytes += bl.len[b1++];
+        size_t b1 = sec_run_end(&bl, b0), bytes = 0;
+        for (size_t b = b0; b < b1; b++)
+            bytes += bl.len[b];
         int ok;
         size_t used = 0;
-        if (stored == NULL) {  /* none, or LZ4 here: the run whole without the GIL */
+        if (whole && b0 == 0) {  /* stored with the sort */
+            ok = 0;
+            used = first_used;
+        } else if (whole) {
             Py_BEGIN_ALLOW_THREADS
             ok = sec_encode_run(&run, order, &bl, b0, b1);
             if (ok == 0)

@@ -93,8 +93,7 @@ typedef struct {
     PyObject *key, *value;    /* references held until the call returns */
     int expiring;             /* the value is an expiring (bytes, expires) */
     int hashed;               /* hash already set (a key too long to hash here) */
-    uint64_t head[2];         /* the key's first SEC_HEAD bytes, zero-padded, as two
-                               * big-endian words: their order is the bytes' order */
+    unsigned char head[SEC_HEAD];  /* the key's first bytes, zero-padded */
 } SecEntry;
 
 /* Bytewise order of two entries' keys.  Their heads decide most comparisons
@@ -103,13 +102,12 @@ static int
 sec_cmp(const void *a, const void *b)
 {
     const SecEntry *x = *(const SecEntry *const *)a, *y = *(const SecEntry *const *)b;
-    if (x->head[0] != y->head[0])
-        return x->head[0] < y->head[0] ? -1 : 1;
-    if (x->head[1] != y->head[1])
-        return x->head[1] < y->head[1] ? -1 : 1;
+    int c = memcmp(x->head, y->head, SEC_HEAD);
+    if (c)
+        return c;
     if (x->kn > SEC_HEAD && y->kn > SEC_HEAD) {
         size_t n = x->kn < y->kn ? x->kn : y->kn;
-        int c = memcmp(x->k + SEC_HEAD, y->k + SEC_HEAD, n - SEC_HEAD);
+        c = memcmp(x->k + SEC_HEAD, y->k + SEC_HEAD, n - SEC_HEAD);
         if (c)
             return c;
     }
@@ -420,16 +418,8 @@ sec_entry(SecEntry *e, PyObject *k, PyObject *v, PyObject *t, int want_hashes)
     e->value = Py_NewRef(v);  /* holds the tuple, and so its bytes */
     e->k = (const unsigned char *)PyBytes_AS_STRING(k);
     e->v = bytes == Py_None ? NULL : (const unsigned char *)PyBytes_AS_STRING(bytes);
-    unsigned char head[SEC_HEAD] = {0};
-    memcpy(head, e->k, e->kn < SEC_HEAD ? e->kn : SEC_HEAD);
-    for (int w = 0; w < 2; w++) {
-        uint64_t word;
-        memcpy(&word, head + 8 * w, 8);
-#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        word = __builtin_bswap64(word);
-#endif
-        e->head[w] = word;
-    }
+    memset(e->head, 0, SEC_HEAD);
+    memcpy(e->head, e->k, e->kn < SEC_HEAD ? e->kn : SEC_HEAD);
     return 0;
 }
 

@@ -45,6 +45,10 @@ class Background:
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on this worker's thread."""
+        return threading.current_thread() is self._thread
+
     @property
     def busy(self) -> bool:
         return self._busy or self._woken

@@ -424,9 +424,14 @@ class DB(ScanMapping):
 
     # ------------------------------------------------------------ background
     def _flushed(self) -> None:
-        """After each flush: the counters saved, compaction woken (and, the
-        first time, a compaction worker started for it: lsmdb.worker.warm)."""
-        self._save_counters()
+        """After each flush: the counters saved -- but not on the flush
+        thread, which goes on to the next frozen memtable (the background
+        thread saves them every STATS_INTERVAL_SECONDS) -- and compaction
+        woken (and, the first time, a compaction worker started for it:
+        lsmdb.worker.warm)."""
+        flush_bg = getattr(self, "_flush_bg", None)  # None while the open recovers
+        if flush_bg is None or not flush_bg.is_current():
+            self._save_counters()
         if self._bg is not None:
             if self._auto_compaction and self._versions.compaction_process:
                 _worker.warm()

@@ -80,14 +80,20 @@ def create(path: str, mode: int = 0o644) -> int:
 def open_for_reading(path: str) -> int:
     """A read-only descriptor of the regular file ``path``: OSError (ELOOP) if it is a
     symbolic link, (EINVAL) if it is not a regular file (a directory, a FIFO)."""
+    return open_regular(path)[0]
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """``open_for_reading`` and the file's ``fstat``."""
     fd = os.open(path, _READ_FLAGS)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
     except BaseException:
         os.close(fd)
         raise
-    return fd
+    return fd, st
 
 
 def read_file(path: str) -> bytes:
@@ -267,10 +273,14 @@ def write_file_durably(path: str, data: bytes) -> None:
     """
     directory = os.path.dirname(path) or "."
     tmp = path + TMP_SUFFIX
-    clear_for_file(tmp)
-    unlink_quietly(tmp)
-    if os.path.lexists(path) and os.path.isdir(path) and not os.path.islink(path):
-        clear_for_file(path)  # a rename over a directory fails; over a link replaces the link
+    if exists(tmp):
+        clear_for_file(tmp)
+        unlink_quietly(tmp)
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            clear_for_file(path)  # a rename over a directory fails; over a link replaces the link
+    except FileNotFoundError:
+        pass
     with FileWriter(tmp) as f:
         try:
             f.write(data)

@@ -24,7 +24,7 @@ from . import compression
 from .block import Block, FullBlock
 from .coding import crc32
 from .errors import CorruptionError, DatabaseClosedError, UnsupportedFormatError
-from .files import open_for_reading
+from .files import open_regular
 from .filters import FilterHandle
 from .filters.hashing import Hasher
 from .sstable_format import (
@@ -58,6 +58,9 @@ log = logging.getLogger("lsmdb")
 #: that start at one block and double up to this many blocks or this many bytes
 #: per read (a short scan reads no more than twice what it uses).
 READAHEAD_BLOCKS = 64
+#: The bytes an open reads at once from a file's end: its footer and, in
+#: most files, its index, properties and filter.
+TAIL_READ_BYTES = 64 << 10
 READAHEAD_BYTES = 1 << 20
 
 
@@ -98,10 +101,10 @@ class SSTableReader:
         self.mapped: Any = None
         self._data: bytes | None = None
         if data is None:
-            self.fd = open_for_reading(path)
+            self.fd, st = open_regular(path)
             try:
-                self.size_bytes = os.fstat(self.fd).st_size
-                self._load(self._pread)
+                self.size_bytes = st.st_size
+                self._load(self._tail_reader())
             except BaseException:
                 os.close(self.fd)
                 self.fd = -1
@@ -154,6 +157,19 @@ class SSTableReader:
         if len(raw) < size and self.fd < 0:  # closed while reading: read /dev/null
             raise DatabaseClosedError(f"{self.path}: SSTable reader is closed")
         return raw
+
+    def _tail_reader(self) -> Any:
+        """``_pread`` for ``_load``: the file's last TAIL_READ_BYTES read once,
+        where the footer and, in most files, the meta blocks lie."""
+        start = max(self.size_bytes - TAIL_READ_BYTES, 0)
+        tail = self._pread(self.size_bytes - start, start)
+
+        def read(size: int, offset: int) -> bytes:
+            if offset >= start and offset + size <= start + len(tail):
+                return tail[offset - start:offset - start + size]
+            return self._pread(size, offset)
+
+        return read
 
     def _slice(self, size: int, offset: int) -> bytes:
         data = self._data

@@ -185,3 +185,31 @@ def test_attach_cache_refuses_a_spent_cache_and_leaves_the_reader_as_it_was(tmp_
         assert r.cache is first and r.cache_base == base and len(first) == 1
         r.attach_cache(None)  # detached: its blocks leave the cache
         assert r.cache is None and len(first) == 0
+
+
+@pytest.mark.parametrize("tail", [1, 100, 5_000, 1 << 20], ids=lambda t: f"tail {t}")
+def test_an_open_reads_the_same_file_whatever_part_its_tail_read_covers(tmp_path, monkeypatch,
+                                                                        tail):
+    """The open reads the file's last TAIL_READ_BYTES once and the meta blocks
+    beyond them with a pread of their own: footer, properties, index and
+    filter come out the same however much the tail covers (none of them, the
+    footer only, some, all), and a damaged footer is still caught."""
+    import lsmdb.sstable_reader as reader_mod
+
+    path = str(tmp_path / "t.sst")
+    items = [(b"k%06d" % i, b"v" * (i % 50)) for i in range(3000)]
+    write_sstable(path, items, fp_chance=0.01, block_size=512)
+    with closing(SSTableReader(path)) as whole:
+        want = (whole.properties, whole.index_keys, whole.index_offsets, whole.index_sizes,
+                whole.filter.stored is not None)
+    monkeypatch.setattr(reader_mod, "TAIL_READ_BYTES", tail)
+    with closing(SSTableReader(path)) as r:
+        assert (r.properties, r.index_keys, r.index_offsets, r.index_sizes,
+                r.filter.stored is not None) == want
+        for k, v in items[::97]:
+            assert blk.entry_find(r.read_entry(r.block_for(k)), k) == v
+    with open(path, "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        f.write(b"\0\0\0")
+    with pytest.raises(CorruptionError):
+        SSTableReader(path)

@@ -1,4 +1,5 @@
 import sys
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, final
 
@@ -123,7 +124,7 @@ def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int,
 def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size: int, kind: int,
                      compress: Callable[[bytes], bytes] | None, want_hashes: bool,
                      sink: Callable[[bytes], object], /
-                     ) -> tuple[int, list[bytes], list[int], list[int], list[int] | None, int,
+                     ) -> tuple[int, list[bytes], list[int], list[int], array[int] | None, int,
                                 int, int, bytes]: ...
 def block_entry(payload: bytes, after: bytes | None, last: bytes | None, version: int = ...,
                 /) -> bytes: ...

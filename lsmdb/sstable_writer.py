@@ -8,6 +8,7 @@ the exact entry count, so a file whose length is not known in advance
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, islice, repeat
@@ -116,9 +117,9 @@ def block_cuts(keys: list[bytes], values: list[Any], need: int, block_size: int
 #: What :func:`memtable_section` returns: the size of the data section it
 #: wrote (every data block with its trailer, back to back, from offset 0),
 #: the index (each block's last key, offset and stored size), the keys' filter
-#: hashes in key order (None unless asked for), the counts of tombstones and
+#: hashes in key order (an ``array("Q")``; None unless asked for), the counts of tombstones and
 #: expiring values, the payloads' total size, and the smallest key.
-Section = tuple[int, list[bytes], list[int], list[int], "list[int] | None", int, int, int,
+Section = tuple[int, list[bytes], list[int], list[int], "array[int] | None", int, int, int,
                 bytes]
 
 
@@ -161,7 +162,7 @@ def memtable_section(data: dict[bytes, Any], tags: dict[bytes, int], block_size:
         offset += len(stored) + DATA_TRAILER_V2_SIZE
         lo = hi
     index_keys = [keys[hi - 1] for hi in cuts]
-    hashes = list(map(FAST_HASHER.fn, keys)) if want_hashes else None
+    hashes = array("Q", map(FAST_HASHER.fn, keys)) if want_hashes else None
     expiring = sum(type(v) is tuple for v in values) if has_expiring(values) else 0
     return (offset, index_keys, index_offsets, index_sizes, hashes, values.count(None),
             expiring, uncompressed, keys[0])
@@ -359,7 +360,8 @@ class SSTableBuilder:
             payload = blk.encode_data_payload(keys[lo:hi], values[lo:hi], tags[lo:hi])
         self._write_data_block(payload, keys[hi - 1])
 
-    def add_section(self, section: Section, entries: int, hashes: list[int] | None) -> None:
+    def add_section(self, section: Section, entries: int,
+                    hashes: list[int] | array[int] | None) -> None:
         """Every entry of the file at once: the ``entries`` :func:`memtable_section`
         wrote to this builder's sink before the builder wrote anything, with
         their filter ``hashes`` (any order; None without a filter).  An empty

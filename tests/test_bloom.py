@@ -15,6 +15,7 @@ import random
 import statistics
 import struct
 import zlib
+from array import array
 from fractions import Fraction
 
 import pytest
@@ -830,6 +831,9 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
         four = bytearray((m + 7) // 8)
         speedups.bloom_add(four, m, k, hashes)  # 4 arguments: format 1
         assert four == c_bits
+    words = bytearray((m + 7) // 8)  # the hashes as an array("Q"): the GIL-free loop
+    speedups.bloom_add(words, m, k, array("Q", hashes), ref.part)
+    assert words == c_bits
     for h in hashes:
         ref.add_hash(h)
     assert c_bits == ref.bits
@@ -845,6 +849,13 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
 
 @needs_c
 def test_bloom_add_refuses_bad_input():
+    for words in (array("I", [1, 2]), array("d", [1.0]), memoryview(bytes(16)).cast("q")):
+        with pytest.raises(TypeError, match="array"):
+            speedups.bloom_add(bytearray(20), 100, 3, words)  # not unsigned 64-bit words
+    with pytest.raises(ValueError):
+        speedups.bloom_add(bytearray(1), 100, 3, array("Q", [1]))
+    with pytest.raises(BufferError):
+        speedups.bloom_add(b"\x00" * 20, 100, 3, array("Q", [1]))  # read-only
     with pytest.raises(ValueError):
         speedups.bloom_add(bytearray(1), 100, 3, [1])     # too few bytes for m
     with pytest.raises(ValueError):

@@ -602,16 +602,21 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         PyList_SET_ITEM(isizes, (Py_ssize_t)b, s);
         offset += bl.slen[b] + 5;
     }
-    if (want_hashes) {
-        hashes = PyList_New((Py_ssize_t)n);
+    if (want_hashes) {  /* an array('Q'): no int object per key */
+        PyObject *words = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(n * 8));
+        if (words == NULL)
+            goto done;
+        uint64_t *w = (uint64_t *)PyBytes_AS_STRING(words);
+        for (size_t j = 0; j < n; j++)
+            w[j] = order[j]->hash;
+        PyObject *array_mod = PyImport_ImportModule("array");
+        if (array_mod != NULL) {
+            hashes = PyObject_CallMethod(array_mod, "array", "sO", "Q", words);
+            Py_DECREF(array_mod);
+        }
+        Py_DECREF(words);
         if (hashes == NULL)
             goto done;
-        for (size_t j = 0; j < n; j++) {
-            PyObject *h = PyLong_FromUnsignedLongLong(order[j]->hash);
-            if (h == NULL)
-                goto done;
-            PyList_SET_ITEM(hashes, (Py_ssize_t)j, h);
-        }
     } else {
         hashes = Py_NewRef(Py_None);
     }

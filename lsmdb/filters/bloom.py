@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import struct
+from array import array
 from collections.abc import Iterable
 from typing import Any
 
@@ -257,7 +258,8 @@ class BloomFilter(_Filter):
     def add_hashes(self, hashes: Iterable[int]) -> None:
         """``add_hash`` for many hashes (the SSTable writer's path): the same
         bits, set in C (``bloom_add``) where the speedups are built.  O(k) each."""
-        hashes = list(hashes)
+        if type(hashes) is not array:  # an array("Q") goes to bloom_add as it is
+            hashes = list(hashes)
         self.n += len(hashes)
         m = self.m
         if not m or not hashes:

@@ -75,7 +75,7 @@ fail:
 
 /* ---- memtable_section: a frozen memtable's data blocks, written ------------- */
 
-#define SEC_HEAD 16
+#define SEC_HEAD 16  /* two words: sec_order */
 /* The payload bytes encoded, compressed and handed to the sink at a time: a
  * default memtable in one or two runs, as each run takes the GIL back once
  * (a wait of up to the switch interval while a writer runs). */
@@ -116,6 +116,77 @@ sec_cmp(const void *a, const void *b)
     return (x->kn > y->kn) - (x->kn < y->kn);
 }
 
+/* What the sort moves: an entry's key head as two big-endian words (their
+ * order is the bytes' order) beside the entry, so that most comparisons are
+ * two integer compares on contiguous memory. */
+typedef struct {
+    uint64_t w0, w1;
+    SecEntry *e;
+} SecSortKey;
+
+static inline int
+sec_before(const SecSortKey *a, const SecSortKey *b)
+{
+    if (a->w0 != b->w0)
+        return a->w0 < b->w0;
+    if (a->w1 != b->w1)
+        return a->w1 < b->w1;
+    return sec_cmp(&a->e, &b->e) < 0;  /* equal heads: the keys themselves */
+}
+
+/* Sort a[0:n] (tmp: room for n more), a merge sort with insertion sort for
+ * short runs. */
+static void
+sec_sort(SecSortKey *a, SecSortKey *tmp, size_t n)
+{
+    if (n <= 16) {
+        for (size_t i = 1; i < n; i++) {
+            SecSortKey x = a[i];
+            size_t j = i;
+            for (; j > 0 && sec_before(&x, &a[j - 1]); j--)
+                a[j] = a[j - 1];
+            a[j] = x;
+        }
+        return;
+    }
+    size_t h = n / 2;
+    sec_sort(a, tmp, h);
+    sec_sort(a + h, tmp, n - h);
+    if (!sec_before(&a[h], &a[h - 1]))
+        return;  /* already in order */
+    memcpy(tmp, a, h * sizeof(SecSortKey));
+    size_t i = 0, j = h, k = 0;
+    while (i < h && j < n)
+        a[k++] = sec_before(&a[j], &tmp[i]) ? a[j++] : tmp[i++];
+    while (i < h)
+        a[k++] = tmp[i++];
+}
+
+/* The entries' order by key, into order[]: 0, or -1 (out of memory). */
+static int
+sec_order(SecEntry *entries, SecEntry **order, size_t n)
+{
+    SecSortKey *keys = PyMem_RawMalloc(2 * n * sizeof(SecSortKey));
+    if (keys == NULL)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t w[2];
+        memcpy(w, entries[i].head, sizeof w);  /* SEC_HEAD bytes, zero-padded */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        w[0] = __builtin_bswap64(w[0]);
+        w[1] = __builtin_bswap64(w[1]);
+#endif
+        keys[i].w0 = w[0];
+        keys[i].w1 = w[1];
+        keys[i].e = &entries[i];
+    }
+    sec_sort(keys, keys + n, n);
+    for (size_t i = 0; i < n; i++)
+        order[i] = keys[i].e;
+    PyMem_RawFree(keys);
+    return 0;
+}
+
 /* The blocks: each one's end (an entry index past its last), payload size,
  * and -- once written -- stored size (before its trailer) and type byte. */
 typedef struct {
@@ -137,9 +208,11 @@ sec_blocks_free(SecBlocks *b)
  * nothing pending) and size each block's payload (block.c's data_payload
  * format).  0, or -1: out of memory. */
 static int
-sec_plan(SecEntry **order, size_t n, long long block_size, int want_hashes, SecBlocks *out)
+sec_plan(SecEntry *entries, SecEntry **order, size_t n, long long block_size, int want_hashes,
+         SecBlocks *out)
 {
-    qsort(order, n, sizeof(SecEntry *), sec_cmp);
+    if (sec_order(entries, order, n) < 0)
+        return -1;
     if (want_hashes)
         for (size_t i = 0; i < n; i++)
             if (!order[i]->hashed)
@@ -518,7 +591,7 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     int planned, first_ok = 0;
     size_t first_end = 0, first_used = 0;
     Py_BEGIN_ALLOW_THREADS
-    planned = sec_plan(order, n, block_size, want_hashes, &bl);
+    planned = sec_plan(entries, order, n, block_size, want_hashes, &bl);
     if (planned == 0 && whole) {
         first_end = sec_run_end(&bl, 0);
         first_ok = sec_encode_run(&run, order, &bl, 0, first_end);

@@ -1,9 +1,10 @@
 """Per-SSTable filter counters and per-table read counters, persisted in ``STATS``.
 
 Counters are cumulative and monotonic; reading them never resets them.  The
-file is rewritten atomically at flush, compaction, close and every
-``STATS_INTERVAL_SECONDS`` while the database is open, so a crash loses at
-most one interval of counts::
+file is rewritten atomically at each compaction, at each flush but the flush
+thread's (a write load's), at close, and every ``STATS_INTERVAL_SECONDS`` the
+background thread is between compactions while the database is open; a crash
+loses the counts since the last save::
 
     magic b"LSMDBSTA" | format_version u32 | crc32 u32 | length u32 | payload
 

@@ -42,14 +42,17 @@ from .table import TableState
 from .versions import Versions
 from .wal import BLOCK_SIZE_BYTES, FRAGMENT_HEADER_SIZE, FULL
 
-try:  # optional C speedups (lsmdb/csrc/writepath.c): put_one, put_locked, batch_bytes
+try:  # optional C speedups (lsmdb/csrc/writepath.c): put_one and put_locked in C
     from ._speedups import WRITE_PATH_CONSTANTS as _C_CONSTANTS
-    from ._speedups import batch_bytes as _c_batch_bytes
     from ._speedups import put_locked as _c_put_locked
     from ._speedups import put_one as _c_put_one
 except ImportError:  # pragma: no cover - no C compiler when installed
-    _c_put_one = _c_put_locked = _c_batch_bytes = None  # type: ignore[assignment]
+    _c_put_one = _c_put_locked = None  # type: ignore[assignment]
     _C_CONSTANTS = {}
+try:  # ... and a batch's size (an extension built before it: the Python sum)
+    from ._speedups import batch_bytes as _c_batch_bytes
+except ImportError:  # pragma: no cover - no C compiler when installed
+    _c_batch_bytes = None  # type: ignore[assignment]
 
 log = logging.getLogger("lsmdb")
 
@@ -127,7 +130,8 @@ USE_SPEEDUPS = _c_put_locked is not None and not WRITE_PATH_ERRORS
 def check_batch_size(keys: Iterable[bytes], values: Iterable[Any], expiring: bool = False) -> None:
     """ValueError if the keys and values (tombstones none, expiring values
     their bytes) pass MAX_BATCH_SIZE_BYTES; lists are summed in C where built."""
-    if USE_SPEEDUPS and type(keys) is list and type(values) is list:
+    if USE_SPEEDUPS and _c_batch_bytes is not None and type(keys) is list \
+            and type(values) is list:
         total = _c_batch_bytes(keys, values)
     else:
         if expiring:

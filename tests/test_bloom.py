@@ -837,6 +837,10 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
     for h in hashes:
         ref.add_hash(h)
     assert c_bits == ref.bits
+    for typecode in ("Q", "L"):  # add_hashes takes any array of them
+        via = BloomFilter.with_size(m, k, version)
+        via.add_hashes(array(typecode, hashes))
+        assert via.bits == ref.bits
     py = BloomFilter.with_size(m, k, version)
     monkey = bloom_mod._bloom_add
     try:  # the pure-Python add_hashes sets the same bits
@@ -849,9 +853,15 @@ def test_bloom_add_sets_the_bits_add_hash_sets(hashes, m, k, version):
 
 @needs_c
 def test_bloom_add_refuses_bad_input():
-    for words in (array("I", [1, 2]), array("d", [1.0]), memoryview(bytes(16)).cast("q")):
-        with pytest.raises(TypeError, match="array"):
-            speedups.bloom_add(bytearray(20), 100, 3, words)  # not unsigned 64-bit words
+    # buffers of other than native unsigned 64-bit words go as sequences: the same bits
+    for words in (array("I", [1, 2]), array("L", [3, 2**63]), memoryview(bytes(16)).cast("q"),
+                  memoryview(bytearray(b"\x01" * 33))[1:].cast("Q")):  # unaligned
+        bits, want = bytearray(20), bytearray(20)
+        speedups.bloom_add(bits, 100, 3, words)
+        speedups.bloom_add(want, 100, 3, list(words))
+        assert bits == want and any(bits)
+    with pytest.raises(TypeError):
+        speedups.bloom_add(bytearray(20), 100, 3, array("d", [1.0]))
     with pytest.raises(ValueError):
         speedups.bloom_add(bytearray(1), 100, 3, array("Q", [1]))
     with pytest.raises(BufferError):

@@ -50,15 +50,16 @@ bloom_params_init(BloomParams *b, int family, PyObject *params, Py_ssize_t data_
 
 /* ---- bloom_add: set the bits of many keys ------------------------------- */
 
-/* bloom_add's bits for `count` hashes given as words (no GIL needed): the
- * loop below, over words instead of ints. */
+/* bloom_add's bits for `count` hashes given as native unsigned 64-bit words
+ * (no GIL needed): the loop below, over words instead of ints. */
 static void
 bloom_set_all(unsigned char *bits, uint64_t m, uint64_t k, uint64_t part,
-              const uint64_t *words, Py_ssize_t count)
+              const unsigned char *words, Py_ssize_t count)
 {
     uint64_t M = fastmod_M(m);
     for (Py_ssize_t j = 0; j < count; j++) {
-        uint64_t h = words[j];
+        uint64_t h;
+        memcpy(&h, words + 8 * j, 8);  /* native order; the buffer may be unaligned */
         if (part) {
             uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
             uint64_t base = 0;
@@ -82,7 +83,8 @@ PyObject *
 speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     /* bloom_add(bits, m, k, hashes[, part]): for each 64-bit hash h (hashes a
-     * list of ints, or an array('Q'), then without the GIL), set the
+     * sequence of ints, or a buffer of native unsigned 64-bit words -- an
+     * array('Q') -- then without the GIL), set the
      * bits of its k probes, h1 = h & 0xFFFFFFFF, h2 = h >> 32: with part = 0
      * (the default) bits (h1 + i*h2) mod m (format 1); else bits
      * i*part + (((h1 + i*h2) mod 2^32) * part >> 32) (format 2).  The same bits
@@ -117,11 +119,9 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         if (PyObject_GetBuffer(args[3], &hv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
             return NULL;
         if (hv.itemsize != 8 || hv.format == NULL
-            || (strcmp(hv.format, "Q") != 0 && strcmp(hv.format, "=Q") != 0
-                && strcmp(hv.format, "@Q") != 0)) {
-            PyBuffer_Release(&hv);
-            PyErr_SetString(PyExc_TypeError, "hashes: a list of ints or an array('Q')");
-            return NULL;
+            || (strcmp(hv.format, "Q") != 0 && strcmp(hv.format, "@Q") != 0)) {
+            PyBuffer_Release(&hv);  /* not native unsigned 64-bit words: as a sequence */
+            goto as_sequence;
         }
         if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
             PyBuffer_Release(&hv);
@@ -133,7 +133,7 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
             PyErr_SetString(PyExc_ValueError, "bit array shorter than m bits (or m is 0)");
             return NULL;
         }
-        const uint64_t *words = (const uint64_t *)hv.buf;
+        const unsigned char *words = (const unsigned char *)hv.buf;
         Py_ssize_t count = hv.len / 8;
         Py_BEGIN_ALLOW_THREADS
         bloom_set_all((unsigned char *)view.buf, m, (uint64_t)k, part, words, count);
@@ -142,6 +142,7 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         PyBuffer_Release(&view);
         Py_RETURN_NONE;
     }
+as_sequence:;
     PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence of ints");
     if (seq == NULL)
         return NULL;

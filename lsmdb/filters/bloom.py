@@ -258,7 +258,7 @@ class BloomFilter(_Filter):
     def add_hashes(self, hashes: Iterable[int]) -> None:
         """``add_hash`` for many hashes (the SSTable writer's path): the same
         bits, set in C (``bloom_add``) where the speedups are built.  O(k) each."""
-        if type(hashes) is not array:  # an array("Q") goes to bloom_add as it is
+        if type(hashes) is not array or hashes.typecode != "Q":  # an array("Q") as it is
             hashes = list(hashes)
         self.n += len(hashes)
         m = self.m

@@ -23,9 +23,10 @@ directory:
 
 The report gives, per workload, each tree's median rate and the median,
 quartiles and range of the per-round ratios new/old.  The machine's noise is
-large: two runs of one tree against itself, 16 rounds of ``commits`` alone,
-gave per-round ratios with quartiles about 0.88-1.17, so a change that moves
-a workload by 10-20% needs ``--only`` that workload and 16 rounds or more.
+large: one tree against itself, 16 rounds of ``--only commits`` on an idle
+2-core machine, gave a median of 0.98, quartiles 0.91-1.18 and a range of
+0.77-1.54, so a change that moves a workload by 10-20% needs ``--only`` that
+workload, 16 rounds or more, and nothing else running.
 """
 
 from __future__ import annotations

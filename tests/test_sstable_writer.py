@@ -324,6 +324,42 @@ def test_c_memtable_section_sorts_keys_that_share_long_prefixes():
     assert (got, written) == _section(sw.memtable_section, data, tags, 256, 0, None, True)
 
 
+@needs_c
+def test_c_memtable_sections_made_at_once_on_threads_are_each_their_own():
+    """The C section keeps its scratch buffers from one call to the next:
+    calls on four threads at once (each letting the GIL go while it sorts and
+    encodes), of sizes that take the kept buffers and outgrow them, each write
+    what the same call writes alone."""
+    import threading
+
+    rng = random.Random(5)
+    memtables = []
+    for t in range(4):
+        n = [50, 3000, 400, 12000][t]
+        data = {rng.randbytes(rng.randrange(1, 30)): rng.randbytes(rng.randrange(200))
+                for _ in range(n)}
+        memtables.append((data, {k: (i + 1) << 8 | 1 for i, k in enumerate(data)}))
+    kinds = [(0, None), (1, compression.compressor(1))]
+    alone = [[_section(sw._c_memtable_section, d, t, 512, kind, comp, True)
+              for kind, comp in kinds] for d, t in memtables]
+    got: dict[int, list] = {}
+    start = threading.Barrier(4)
+
+    def run(i: int) -> None:
+        start.wait()
+        d, t = memtables[i]
+        got[i] = [[_section(sw._c_memtable_section, d, t, 512, kind, comp, True)
+                   for kind, comp in kinds] for _ in range(5)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for i in range(4):
+        assert got[i] == [alone[i]] * 5
+
+
 def test_add_section_takes_an_empty_format_2_builder_and_a_hash_per_entry():
     out = io.BytesIO()
     b = SSTableBuilder(out, fp_chance=0.01, block_size=64)

@@ -162,13 +162,10 @@ sec_sort(SecSortKey *a, SecSortKey *tmp, size_t n)
         a[k++] = tmp[i++];
 }
 
-/* The entries' order by key, into order[]: 0, or -1 (out of memory). */
-static int
-sec_order(SecEntry *entries, SecEntry **order, size_t n)
+/* The entries' order by key, into order[] (keys: room for 2n). */
+static void
+sec_order(SecEntry *entries, SecEntry **order, size_t n, SecSortKey *keys)
 {
-    SecSortKey *keys = PyMem_RawMalloc(2 * n * sizeof(SecSortKey));
-    if (keys == NULL)
-        return -1;
     for (size_t i = 0; i < n; i++) {
         uint64_t w[2];
         memcpy(w, entries[i].head, sizeof w);  /* SEC_HEAD bytes, zero-padded */
@@ -183,8 +180,55 @@ sec_order(SecEntry *entries, SecEntry **order, size_t n)
     sec_sort(keys, keys + n, n);
     for (size_t i = 0; i < n; i++)
         order[i] = keys[i].e;
-    PyMem_RawFree(keys);
-    return 0;
+}
+
+/* Scratch buffers kept from one call to the next (a flush's entries, sort
+ * keys, payloads and stored blocks: several MiB that would otherwise be
+ * mapped afresh, page by page, at every flush: about 10 MiB for a default
+ * memtable, at most 5 x SEC_SCRATCH_MAX_BYTES per process).  Taken and
+ * given back with the GIL held, so two calls never share one; one larger
+ * than SEC_SCRATCH_MAX_BYTES is freed instead of kept. */
+enum { SCRATCH_ENTRIES, SCRATCH_ORDER, SCRATCH_KEYS, SCRATCH_PAY, SCRATCH_OUT, SCRATCH_SLOTS };
+#define SEC_SCRATCH_MAX_BYTES (8u << 20)
+static struct {
+    void *p;
+    size_t cap;
+} sec_scratch[SCRATCH_SLOTS];
+
+/* Under the GIL: the slot's kept buffer (NULL, *cap 0: none), now the caller's. */
+static void *
+scratch_take(int slot, size_t *cap)
+{
+    void *p = sec_scratch[slot].p;
+    *cap = sec_scratch[slot].cap;
+    sec_scratch[slot].p = NULL;
+    sec_scratch[slot].cap = 0;
+    return p;
+}
+
+/* Under the GIL: a buffer of at least `need` bytes, the slot's if it is
+ * large enough; NULL: out of memory. */
+static void *
+scratch_alloc(int slot, size_t need, size_t *cap)
+{
+    void *p = scratch_take(slot, cap);
+    if (*cap >= need)
+        return p;
+    PyMem_RawFree(p);
+    *cap = need;
+    return PyMem_RawMalloc(need ? need : 1);
+}
+
+/* Under the GIL: keep p for the next call, or free it. */
+static void
+scratch_give(int slot, void *p, size_t cap)
+{
+    if (p != NULL && cap <= SEC_SCRATCH_MAX_BYTES && sec_scratch[slot].p == NULL) {
+        sec_scratch[slot].p = p;
+        sec_scratch[slot].cap = cap;
+    } else {
+        PyMem_RawFree(p);
+    }
 }
 
 /* The blocks: each one's end (an entry index past its last), payload size,
@@ -208,11 +252,10 @@ sec_blocks_free(SecBlocks *b)
  * nothing pending) and size each block's payload (block.c's data_payload
  * format).  0, or -1: out of memory. */
 static int
-sec_plan(SecEntry *entries, SecEntry **order, size_t n, long long block_size, int want_hashes,
-         SecBlocks *out)
+sec_plan(SecEntry *entries, SecEntry **order, SecSortKey *keys, size_t n, long long block_size,
+         int want_hashes, SecBlocks *out)
 {
-    if (sec_order(entries, order, n) < 0)
-        return -1;
+    sec_order(entries, order, n, keys);
     if (want_hashes)
         for (size_t i = 0; i < n; i++)
             if (!order[i]->hashed)
@@ -533,15 +576,18 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
         PyErr_SetString(PyExc_ValueError, "an SSTable needs at least one entry");
         return NULL;
     }
-    size_t n = (size_t)sn, got = 0;
-    SecEntry *entries = PyMem_RawMalloc(n * sizeof(SecEntry));
-    SecEntry **order = PyMem_RawMalloc(n * sizeof(SecEntry *));
+    size_t n = (size_t)sn, got = 0, entries_cap, order_cap, keys_cap;
+    SecEntry *entries = scratch_alloc(SCRATCH_ENTRIES, n * sizeof(SecEntry), &entries_cap);
+    SecEntry **order = scratch_alloc(SCRATCH_ORDER, n * sizeof(SecEntry *), &order_cap);
+    SecSortKey *keys = scratch_alloc(SCRATCH_KEYS, 2 * n * sizeof(SecSortKey), &keys_cap);
     SecBlocks bl = {NULL, NULL, NULL, NULL, 0};
     SecRun run = {NULL, NULL, NULL, 0, 0, 0, NULL};
+    run.pay = scratch_take(SCRATCH_PAY, &run.pay_cap);
+    run.out = scratch_take(SCRATCH_OUT, &run.out_cap);
     PyObject **stored = NULL;
     PyObject *ikeys = NULL, *ioffs = NULL, *isizes = NULL, *hashes = NULL, *result = NULL;
     const Lz4Api *lz4 = kind == COMPRESSION_LZ4 && compress != Py_None ? lz4_compressor() : NULL;
-    if (entries == NULL || order == NULL) {
+    if (entries == NULL || order == NULL || keys == NULL) {
         PyErr_NoMemory();
         goto done;
     }
@@ -591,7 +637,7 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
     int planned, first_ok = 0;
     size_t first_end = 0, first_used = 0;
     Py_BEGIN_ALLOW_THREADS
-    planned = sec_plan(entries, order, n, block_size, want_hashes, &bl);
+    planned = sec_plan(entries, order, keys, n, block_size, want_hashes, &bl);
     if (planned == 0 && whole) {
         first_end = sec_run_end(&bl, 0);
         first_ok = sec_encode_run(&run, order, &bl, 0, first_end);
@@ -707,15 +753,18 @@ done:
     Py_XDECREF(hashes);
     if (run.stream != NULL)
         lz4->release(run.stream);
-    PyMem_RawFree(run.pay);
-    PyMem_RawFree(run.out);
+    scratch_give(SCRATCH_PAY, run.pay, run.pay_cap);
+    scratch_give(SCRATCH_OUT, run.out, run.out_cap);
     PyMem_RawFree(run.tmp);
     sec_blocks_free(&bl);
+    /* Exact bytes, tuples and ints (sec_entry): their release runs no Python
+     * code, so no other call can take a scratch slot meanwhile. */
     for (size_t i = 0; i < got; i++) {
         Py_DECREF(entries[i].key);
         Py_DECREF(entries[i].value);
     }
-    PyMem_RawFree(entries);
-    PyMem_RawFree(order);
+    scratch_give(SCRATCH_ENTRIES, entries, entries_cap);
+    scratch_give(SCRATCH_ORDER, order, order_cap);
+    scratch_give(SCRATCH_KEYS, keys, keys_cap);
     return result;
 }

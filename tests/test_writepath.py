@@ -95,6 +95,15 @@ def _hold_flushes(db):
     return release, entered, writers
 
 
+def _held_db(tmp_path):
+    """A database with 4 KiB memtables and its flush thread held (_hold_flushes):
+    (path, db, the default table's state, release, entered, writers)."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.alter_table("default", memtable_size_bytes=4096)
+    return (path, db, db._versions.tables["default"], *_hold_flushes(db))
+
+
 def _fill_until(db, state, frozen: int, written: dict, i: int) -> int:
     while len(state.imms) < frozen:
         written[b"k%05d" % i] = b"v" * 100
@@ -112,11 +121,7 @@ def test_a_full_memtable_is_written_by_the_flush_thread_and_writers_wait_at_two(
     import threading
 
     monkeypatch.setattr(writepath, "FLUSH_WAIT_SECONDS", 60.0)  # a loaded machine
-    path = str(tmp_path / "db")
-    db = lsmdb.open(path)
-    db.alter_table("default", memtable_size_bytes=4096)
-    state = db._versions.tables["default"]
-    release, entered, writers = _hold_flushes(db)
+    path, db, state, release, entered, writers = _held_db(tmp_path)
     written: dict[bytes, bytes] = {}
     i = _fill_until(db, state, 1, written, 0)  # the first full memtable: frozen, not written
     assert entered.wait(10) and not db.sstables()
@@ -144,11 +149,7 @@ def test_a_writer_flushes_itself_when_the_flush_thread_does_not_come(tmp_path, m
     """The flush thread held past FLUSH_WAIT_SECONDS: the writer at two frozen
     memtables flushes them on its own thread, and writes go on."""
     monkeypatch.setattr(writepath, "FLUSH_WAIT_SECONDS", 0.2)
-    path = str(tmp_path / "db")
-    db = lsmdb.open(path)
-    db.alter_table("default", memtable_size_bytes=4096)
-    state = db._versions.tables["default"]
-    release, entered, writers = _hold_flushes(db)
+    path, db, state, release, entered, writers = _held_db(tmp_path)
     written: dict[bytes, bytes] = {}
     i = _fill_until(db, state, 2, written, 0)
     assert entered.wait(10) and not db.sstables()

@@ -50,8 +50,32 @@ bloom_params_init(BloomParams *b, int family, PyObject *params, Py_ssize_t data_
 
 /* ---- bloom_add: set the bits of many keys ------------------------------- */
 
+/* The bits of hash h's k probes (filters/bloom.py's probe_bit): with part = 0
+ * bits (h1 + i*h2) mod m, else i*part + (((h1 + i*h2) mod 2^32) * part >> 32). */
+static inline void
+bloom_set_hash(unsigned char *bits, uint64_t m, uint64_t M, uint64_t k, uint64_t part,
+               uint64_t h)
+{
+    if (part) {
+        uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
+        uint64_t base = 0;
+        for (uint64_t i = 0; i < k; i++, g += h2, base += part) {
+            uint64_t pos = base + part_pos(g, part);
+            bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
+        }
+        return;
+    }
+    uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, M), step = fastmod(h >> 32, m, M);
+    for (uint64_t i = 0; i < k; i++) {
+        bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
+        pos += step;
+        if (pos >= m)
+            pos -= m;
+    }
+}
+
 /* bloom_add's bits for `count` hashes given as native unsigned 64-bit words
- * (no GIL needed): the loop below, over words instead of ints. */
+ * (no GIL needed). */
 static void
 bloom_set_all(unsigned char *bits, uint64_t m, uint64_t k, uint64_t part,
               const unsigned char *words, Py_ssize_t count)
@@ -60,22 +84,7 @@ bloom_set_all(unsigned char *bits, uint64_t m, uint64_t k, uint64_t part,
     for (Py_ssize_t j = 0; j < count; j++) {
         uint64_t h;
         memcpy(&h, words + 8 * j, 8);  /* native order; the buffer may be unaligned */
-        if (part) {
-            uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
-            uint64_t base = 0;
-            for (uint64_t i = 0; i < k; i++, g += h2, base += part) {
-                uint64_t pos = base + part_pos(g, part);
-                bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
-            }
-            continue;
-        }
-        uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, M), step = fastmod(h >> 32, m, M);
-        for (uint64_t i = 0; i < k; i++) {
-            bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
-            pos += step;
-            if (pos >= m)
-                pos -= m;
-        }
+        bloom_set_hash(bits, m, M, k, part, h);
     }
 }
 
@@ -163,22 +172,7 @@ as_sequence:;
         unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
         if (h == (unsigned long long)-1 && PyErr_Occurred())
             goto done;
-        if (part) {
-            uint32_t g = (uint32_t)h, h2 = (uint32_t)(h >> 32);
-            uint64_t base = 0;
-            for (Py_ssize_t i = 0; i < k; i++, g += h2, base += part) {
-                uint64_t pos = base + part_pos(g, part);
-                bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
-            }
-            continue;
-        }
-        uint64_t pos = fastmod(h & 0xFFFFFFFFu, m, M), step = fastmod(h >> 32, m, M);
-        for (Py_ssize_t i = 0; i < k; i++) {
-            bits[pos >> 3] |= (unsigned char)(1u << (pos & 7));
-            pos += step;
-            if (pos >= m)
-                pos -= m;
-        }
+        bloom_set_hash(bits, m, M, (uint64_t)k, part, h);
     }
     result = Py_NewRef(Py_None);
 done:

@@ -58,10 +58,10 @@ log = logging.getLogger("lsmdb")
 #: that start at one block and double up to this many blocks or this many bytes
 #: per read (a short scan reads no more than twice what it uses).
 READAHEAD_BLOCKS = 64
+READAHEAD_BYTES = 1 << 20
 #: The bytes an open reads at once from a file's end: its footer and, in
 #: most files, its index, properties and filter.
 TAIL_READ_BYTES = 64 << 10
-READAHEAD_BYTES = 1 << 20
 
 
 class SSTableReader:

@@ -279,30 +279,19 @@ speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = keys[i], *value = values[i];
         PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
-        long long change = 0;
+        long long change, size = 0;
         if (old == NULL) {
             if (PyErr_Occurred())
                 goto fail;
-            change = PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;
-        } else if (PyBytes_CheckExact(old)) {
-            change = -PyBytes_GET_SIZE(old);
-        } else if (PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 2
-                   && PyBytes_CheckExact(PyTuple_GET_ITEM(old, 0))) {
-            change = -(PyBytes_GET_SIZE(PyTuple_GET_ITEM(old, 0)) + MEM_EXPIRING_OVERHEAD_BYTES);
-        } else if (old != Py_None) {
-            PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
-            goto fail;
-        }
-        int kind;
-        if (value == Py_None) {
-            kind = 0;
-        } else if (PyBytes_CheckExact(value)) {
-            kind = 1;
-            change += PyBytes_GET_SIZE(value);
+            change = PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;  /* a new entry */
         } else {
-            kind = 2;
-            change += PyBytes_GET_SIZE(PyTuple_GET_ITEM(value, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+            if (mem_value_size(old, &size) < 0)
+                goto fail;
+            change = -size;  /* the old value leaves */
         }
+        (void)mem_value_size(value, &size);  /* checked above: cannot fail */
+        change += size;
+        int kind = value == Py_None ? 0 : PyBytes_CheckExact(value) ? 1 : 2;
         /* Each op whole or not at all (a MemoryError can stop the loop): a new
          * key enters the filter (a superset is harmless) and the pending list,
          * then the dict, then the tags; a failed step undoes the op's earlier

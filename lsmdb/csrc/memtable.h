@@ -27,6 +27,25 @@ typedef struct {
     Py_ssize_t count;    /* keys added since it was sized */
 } MemFilter;
 
+/* The bytes a memtable value counts for in its size (memtable.value_size; a
+ * tombstone 0): 0, or -1 with a TypeError for what a memtable cannot hold. */
+static inline int
+mem_value_size(PyObject *v, long long *size)
+{
+    if (v == Py_None) {
+        *size = 0;
+    } else if (PyBytes_CheckExact(v)) {
+        *size = PyBytes_GET_SIZE(v);
+    } else if (PyTuple_CheckExact(v) && PyTuple_GET_SIZE(v) == 2
+               && PyBytes_CheckExact(PyTuple_GET_ITEM(v, 0))) {
+        *size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(v, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
+        return -1;
+    }
+    return 0;
+}
+
 HIDDEN_BEGIN
 
 extern PyTypeObject MemFilterType;

@@ -339,12 +339,9 @@ sec_trailer(unsigned char *p, size_t n, unsigned char type)
     return p + n + 5;
 }
 
-/* A run of blocks [b0, b1): their payloads written back to back in `pay`,
- * then each stored in `out` -- as LZ4 by `lz4` where that saves at least an
- * eighth (what lz4.block.compress stores: the payload's length, u32
- * little-endian, then the LZ4 block of a fresh stream), else as it is --
- * with its trailer.  No GIL.  Returns the bytes written to out; 0: out of
- * memory. */
+/* The buffers of a run of blocks: their payloads back to back (`pay`),
+ * the blocks as stored with their trailers (`out`), one block's LZ4 output
+ * (`tmp`), and the LZ4 stream. */
 typedef struct {
     unsigned char *pay, *out, *tmp;
     size_t pay_cap, out_cap, tmp_cap;
@@ -482,7 +479,7 @@ sec_compress_run(const SecRun *run, const SecBlocks *bl, size_t b0, size_t b1,
 }
 
 /* Under the GIL: one entry of the memtable, its key k, value v and tag t
- * (references taken: released by sec_release). */
+ * (references taken: released as memtable_section returns). */
 static int
 sec_entry(SecEntry *e, PyObject *k, PyObject *v, PyObject *t, int want_hashes)
 {
@@ -622,7 +619,6 @@ speedups_memtable_section(PyObject *Py_UNUSED(module), PyObject *const *args, Py
             goto done;
         tombstones += entries[got].v == NULL;
         expiring += (size_t)entries[got].expiring;
-        order[got] = &entries[got];
         got++;
     }
     if (got != n) {

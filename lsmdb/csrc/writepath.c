@@ -401,16 +401,11 @@ mem_apply(PyObject *mem, long long seq, PyObject *key, PyObject *value)
         }
         if (PyList_Append(pending, key) < 0)
             goto done;
-    } else if (old != Py_None) {
-        if (PyBytes_CheckExact(old)) {
-            size -= PyBytes_GET_SIZE(old);
-        } else if (PyTuple_CheckExact(old) && PyTuple_GET_SIZE(old) == 2
-                   && PyBytes_CheckExact(PyTuple_GET_ITEM(old, 0))) {
-            size -= PyBytes_GET_SIZE(PyTuple_GET_ITEM(old, 0)) + MEM_EXPIRING_OVERHEAD_BYTES;
-        } else {
-            PyErr_SetString(PyExc_TypeError, "a memtable value is bytes, None or (bytes, int)");
+    } else {
+        long long old_size;
+        if (mem_value_size(old, &old_size) < 0)
             goto done;
-        }
+        size -= old_size;
     }
     uint64_t t = (uint64_t)seq << 8;  /* seq << KIND_BITS | KIND_TOMBSTONE: up to 2**64 - 1 */
     if (value != Py_None) {

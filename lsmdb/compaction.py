@@ -29,7 +29,9 @@ older versions.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -63,6 +65,50 @@ LEVEL_SIZE_MULTIPLIER = 10
 #: size_tiered: past this many files, adjacent files are merged even when no
 #: bucket of similar sizes has filled.
 SIZE_TIERED_MAX_FILES = 12
+
+
+class CompactionCancelled(Exception):
+    """A background compaction stopped part way because its database is
+    closing: what it wrote is deleted, its inputs stay, and the next open
+    compacts them again."""
+
+
+class Cancel:
+    """How a database's close stops its running background compactions:
+    :meth:`fire` makes each in-process merge raise CompactionCancelled at its
+    next chunk and calls the stop of each merge running elsewhere (a worker
+    process: killed) registered with :meth:`watch`.  Once fired, it stays fired."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.fired = False
+        self._stops: dict[int, Callable[[], None]] = {}
+
+    def fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            stops = list(self._stops.values())
+        for stop in stops:
+            stop()
+
+    def check(self) -> None:
+        """Raise CompactionCancelled once fired."""
+        if self.fired:
+            raise CompactionCancelled("the database is closing")
+
+    @contextlib.contextmanager
+    def watch(self, stop: Callable[[], None]) -> Iterator[None]:
+        """While the block runs, :meth:`fire` calls ``stop()``; entering a fired
+        one raises CompactionCancelled."""
+        with self._lock:
+            self.check()
+            key = id(stop)
+            self._stops[key] = stop
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._stops.pop(key, None)
 
 
 @dataclass
@@ -334,9 +380,10 @@ def merge_spec(job: CompactionJob, directory: str, hasher: Hasher = FAST_HASHER,
 
 def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[[int], str],
         hasher: Hasher = FAST_HASHER, db_id: str = "",
-        snapshots: Sequence[int] = ()) -> list[SSTableReader]:
+        snapshots: Sequence[int] = (), cancel: Cancel | None = None) -> list[SSTableReader]:
     """Merge ``job.inputs`` into new fsynced files, in this process; returns
-    readers of the outputs.
+    readers of the outputs (CompactionCancelled, nothing left behind, once
+    ``cancel`` fires).
 
     ``snapshots``: the sequence numbers of the live snapshots.  While any is
     live, tombstones stay; the versions a snapshot older than some input needs
@@ -347,18 +394,19 @@ def run(job: CompactionJob, alloc_number: Callable[[], int], path_for: Callable[
     """
     spec = merge_spec(job, os.path.dirname(path_for(0)), hasher, db_id, snapshots)
     outputs, job.history = write_merged(spec, newest_first(job.inputs), alloc_number, path_for,
-                                        hasher, open_output)
+                                        hasher, open_output, cancel)
     return outputs
 
 
 def write_merged(spec: MergeSpec, readers: list[SSTableReader],
                  alloc_number: Callable[[], int], path_for: Callable[[int], str],
-                 hasher: Hasher, seal: Callable[[str, int, int], Any]
-                 ) -> tuple[list[Any], list[Any]]:
+                 hasher: Hasher, seal: Callable[[str, int, int], Any],
+                 cancel: Cancel | None = None) -> tuple[list[Any], list[Any]]:
     """Merge ``readers`` (``spec.inputs``, opened) into new fsynced files: the
     outputs and the history files, each as ``seal(path, number, level)`` gives
     it once the file is complete and fsynced (an object with ``close()``).  On
-    an error, everything written is closed and deleted."""
+    an error, everything written is closed and deleted; so too, at the next
+    chunk, once ``cancel`` fires."""
     sources: list[Chunks] = [
         chunks(r, None, None, tagged=True) if r.version < 3 else
         expired_as_tombstones(chunks(r, None, None, tagged=True), spec.now_us)
@@ -395,6 +443,8 @@ def write_merged(spec: MergeSpec, readers: list[SSTableReader],
     try:
         while True:
             if not keys:  # the next chunk of the merged stream
+                if cancel is not None:
+                    cancel.check()
                 keys, values, tags = take_tagged(entries)
                 history.take(kept)
                 if not keys:
@@ -410,6 +460,8 @@ def write_merged(spec: MergeSpec, readers: list[SSTableReader],
                 keys, values, tags = keys[added:], values[added:], tags[added:]
                 if keys or (split_bytes is not None and builder.file_size >= split_bytes):
                     break  # full: the rest starts the next file
+                if cancel is not None:
+                    cancel.check()
                 keys, values, tags = take_tagged(entries)
                 history.take(kept)
                 if not keys:

@@ -55,6 +55,8 @@ class Compactor:
         self._done = threading.Condition(self.lock)   # notified as a job finishes
         #: ids of the files the running background jobs merge.
         self._busy: set[int] = set()
+        #: Fired by :meth:`cancel`: stops the running background jobs.
+        self._cancel = _compaction.Cancel()
 
     # -- what is due ------------------------------------------------------
     def pending(self) -> bool:
@@ -97,7 +99,7 @@ class Compactor:
         running: list[threading.Thread] = []
         errors: list[BaseException] = []
         try:
-            while not should_stop() and not errors:
+            while not should_stop() and not errors and not self._cancel.fired:
                 running = [t for t in running if t.is_alive()]
                 job = self._pick_free() if len(running) < MAX_CONCURRENT_COMPACTIONS else None
                 if job is None:
@@ -133,10 +135,19 @@ class Compactor:
                     return job
         return None
 
+    def cancel(self) -> None:
+        """Stop the running background compactions (the database is closing):
+        each deletes what it wrote and leaves its inputs as they are; none
+        starts from here on.  Compactions a caller runs (``compact``,
+        ``rebuild_filters``) are not stopped."""
+        self._cancel.fire()
+
     def _run_job(self, job: _compaction.CompactionJob, errors: list[BaseException]) -> None:
         try:
             if not job.state.dropped:
-                self.run(job)
+                self.run(job, self._cancel)
+        except _compaction.CompactionCancelled:
+            log.info("compaction of %r stopped: the database is closing", job.state.name)
         except BaseException as exc:  # noqa: BLE001 -- handed to the background thread
             errors.append(exc)
         finally:
@@ -166,9 +177,11 @@ class Compactor:
                 count += 1
         return count
 
-    def run(self, job: _compaction.CompactionJob) -> None:
+    def run(self, job: _compaction.CompactionJob,
+            cancel: _compaction.Cancel | None = None) -> None:
         """Run one compaction (the caller holds ``self.lock``, or has marked the
-        job's inputs busy)."""
+        job's inputs busy); CompactionCancelled, nothing installed or left
+        behind, once ``cancel`` fires."""
         db = self._db
         started = time.monotonic()
         with db.lock:
@@ -177,10 +190,10 @@ class Compactor:
         done = None
         if db.compaction_process and _worker.available():
             done = _worker.merge(_compaction.merge_spec(job, db.path, hasher, db.db_id, snapshots),
-                                 db.alloc_file_number, db.sst_path)
+                                 db.alloc_file_number, db.sst_path, cancel)
         if done is None:
             outputs = _compaction.run(job, db.alloc_file_number, db.sst_path, hasher, db.db_id,
-                                      snapshots)
+                                      snapshots, cancel)
         else:
             outputs, job.history = self._open_written(*done)
         try:

@@ -127,6 +127,9 @@ class DB(ScanMapping):
         self._default = self._handles[DEFAULT_TABLE]
         self._default_state = versions.tables[DEFAULT_TABLE]
         self._put_one = self._default._put_one
+        putter = self._writes.bind_db_put(self._default_state, self._default.put)
+        if putter is not None:  # the same as DB.put, without its Python frame
+            setattr(self, "put", putter)
         # The hot path: an instance attribute, so db.get(k) is one closure call.
         setattr(self, "get", state_getter(versions, self._default_state))
         self._flush_bg: Background | None = None
@@ -183,7 +186,10 @@ class DB(ScanMapping):
     def put(self, key: Any, value: Any, sync: bool | None = None, ttl: Any = None) -> None:
         """Set ``key`` to ``value`` in the default table (fsync first if ``sync``).
         ``ttl``: seconds until it reads as absent everywhere (None: the table's
-        ``default_time_to_live``; 0: never expires)."""
+        ``default_time_to_live``; 0: never expires).
+
+        (Replaced per instance by a compiled twin where the C put is built,
+        which does the same: see :meth:`lsmdb.writepath.WritePath.bind_db_put`.)"""
         if sync is None and ttl is None and self._put_one(key, value):
             return
         self._default.put(key, value, sync, ttl)
@@ -475,6 +481,7 @@ class DB(ScanMapping):
             if self._flush_bg is not None:
                 self._flush_bg.stop()
         if self._bg is not None:
+            self._compactor.cancel()  # a running compaction is redone after the next open
             self._bg.stop()
         versions = self._versions
         wal = versions.log

@@ -45,9 +45,12 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .errors import LsmdbError
+
+if TYPE_CHECKING:
+    from .compaction import Cancel
 
 log = logging.getLogger("lsmdb")
 
@@ -152,6 +155,13 @@ class Worker:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def kill(self) -> None:
+        """Stop the worker at once (a merge it runs then fails as if it died)."""
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+
     def let_go(self) -> None:
         """Close this process's ends of the worker's pipes, without waiting:
         once no process holds them, the worker sees the end of its input."""
@@ -188,10 +198,12 @@ def available() -> bool:
 
 
 def merge(spec: Any, alloc_number: Callable[[], int],
-          path_for: Callable[[int], str]) -> tuple[list[tuple[str, int, int]],
-                                                  list[tuple[str, int, int]]] | None:
+          path_for: Callable[[int], str], cancel: Cancel | None = None
+          ) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]] | None:
     """Run the merge ``spec`` in a worker process (see :meth:`Worker.merge`);
-    None when no worker can start (the caller merges in this process)."""
+    None when no worker can start (the caller merges in this process).  Once
+    ``cancel`` fires, the worker is killed, every file the merge was numbered
+    deleted and CompactionCancelled raised."""
     global _owner, _broken
     with _lock:
         if _owner != os.getpid():  # a forked child: the workers are its parent's
@@ -210,7 +222,15 @@ def merge(spec: Any, alloc_number: Callable[[], int],
             return None
     ok = False
     try:
-        result = worker.merge(spec, alloc_number, path_for)
+        if cancel is None:
+            result = worker.merge(spec, alloc_number, path_for)
+        else:
+            with cancel.watch(worker.kill):
+                try:
+                    result = worker.merge(spec, alloc_number, path_for)
+                except WorkerError:
+                    cancel.check()  # killed by the cancel: say so
+                    raise
         ok = True
         return result
     except BaseException:

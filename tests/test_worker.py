@@ -10,11 +10,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from typing import Any
 
 import pytest
 
 import lsmdb
+import lsmdb.compaction
+import lsmdb.compactor
+import lsmdb.versions
 import lsmdb.worker
 from lsmdb.errors import CorruptionError
 from lsmdb.verify import verify_database
@@ -309,3 +314,111 @@ def test_a_forked_child_lets_go_of_the_parents_idle_workers(tmp_path, monkeypatc
         monkeypatch.setattr(lsmdb.worker, "_broken", None)
     assert os.waitstatus_to_exitcode(status) == 0  # the child kept no worker
     assert took < 1.5
+
+
+def _closing_mid_merge(path: str, started: threading.Event, compaction_process: bool
+                       ) -> tuple[dict[bytes, bytes | None], set[str]]:
+    """A database whose background compaction of four files is held part way
+    (the caller's hook sets ``started`` there, then waits for the close):
+    closed mid-merge.  The rows and the files from before the compaction."""
+    db = lsmdb.open(path, compaction_process=compaction_process)
+    try:
+        db.create_table("t", block_size_bytes=1024)
+        rows = fill(db, "t", rounds=3, n=12000)
+        db.table("t").put(b"last", b"x")
+        rows[b"last"] = b"x"
+        db.flush("t")                      # the fourth file: a compaction starts
+        assert started.wait(60), "no compaction started"
+        files = {os.path.basename(r.path) for r in db.sstables("t")}
+        assert len(files) == 4
+    finally:
+        db.close()
+    return rows, files
+
+
+HOLD_SECONDS = 60
+
+
+def _held_until_cancelled(db_compactor_holder: list[Any], started: threading.Event) -> None:
+    started.set()
+    deadline = time.monotonic() + HOLD_SECONDS
+    while not db_compactor_holder or not db_compactor_holder[0]._cancel.fired:
+        assert time.monotonic() < deadline, "close never cancelled the compaction"
+        time.sleep(0.005)
+
+
+def test_close_stops_a_merge_running_in_the_worker(tmp_path, monkeypatch, caplog):
+    """close() does not wait for a background compaction: it kills the worker
+    merging, whose files are deleted; the inputs stay, and the next open
+    compacts them."""
+    path = str(tmp_path / "db")
+    started = threading.Event()
+    holder: list[Any] = []
+    real_alloc = lsmdb.versions.Versions.alloc_file_number
+
+    def alloc(self: Any) -> int:   # the worker waits for this answer while the hook waits
+        number = real_alloc(self)
+        if not started.is_set() and threading.current_thread().name == "lsmdb-compaction":
+            _held_until_cancelled(holder, started)
+        return number
+
+    monkeypatch.setattr(lsmdb.versions.Versions, "alloc_file_number", alloc)
+    real_open = lsmdb.compactor.Compactor.__init__
+
+    def keep(self: Any, *args: Any) -> None:
+        real_open(self, *args)
+        holder.append(self)
+
+    monkeypatch.setattr(lsmdb.compactor.Compactor, "__init__", keep)
+    with caplog.at_level(logging.INFO, logger="lsmdb"):
+        rows, files = _closing_mid_merge(path, started, compaction_process=True)
+    assert "the database is closing" in caplog.text
+    assert "failed" not in caplog.text
+    assert sst_names(path) == files        # nothing of the merge left, no input gone
+    monkeypatch.undo()
+    assert lsmdb.worker.available()
+    with lsmdb.open(path) as db:           # the inputs are compacted again
+        assert len(db.sstables("t")) == 4
+        db.wait_for_compactions()
+        assert len(db.sstables("t")) == 1
+        check(db, "t", rows)
+    assert [p for p in verify_database(path) if p.severity == "error"] == []
+
+
+def test_close_stops_a_merge_running_in_this_process(tmp_path, monkeypatch, caplog):
+    """With compaction_process=False the merge stops at its next chunk: the
+    output it had begun is deleted, the inputs stay."""
+    path = str(tmp_path / "db")
+    started = threading.Event()
+    holder: list[Any] = []
+    real_take = lsmdb.compaction.take_tagged
+    calls = []
+
+    def take(entries: Any) -> Any:
+        chunk = real_take(entries)
+        calls.append(len(chunk[0]))
+        if len(calls) == 2:            # an output file is open, a chunk written to it
+            _held_until_cancelled(holder, started)
+        return chunk
+
+    monkeypatch.setattr(lsmdb.compaction, "take_tagged", take)
+    real_open = lsmdb.compactor.Compactor.__init__
+
+    def keep(self: Any, *args: Any) -> None:
+        real_open(self, *args)
+        holder.append(self)
+
+    monkeypatch.setattr(lsmdb.compactor.Compactor, "__init__", keep)
+    with caplog.at_level(logging.INFO, logger="lsmdb"):
+        rows, files = _closing_mid_merge(path, started, compaction_process=False)
+    assert calls[1] > 0                    # it was mid-merge, more to come
+    assert "the database is closing" in caplog.text
+    assert "failed" not in caplog.text
+    assert sst_names(path) == files
+    monkeypatch.undo()
+    with lsmdb.open(path, compaction_process=False) as db:
+        assert len(db.sstables("t")) == 4
+        db.wait_for_compactions()
+        assert len(db.sstables("t")) == 1
+        check(db, "t", rows)
+    assert [p for p in verify_database(path) if p.severity == "error"] == []

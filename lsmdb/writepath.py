@@ -49,6 +49,10 @@ try:  # optional C speedups (lsmdb/csrc/writepath.c): put_one and put_locked in 
 except ImportError:  # pragma: no cover - no C compiler when installed
     _c_put_one = _c_put_locked = None  # type: ignore[assignment]
     _C_CONSTANTS = {}
+try:  # ... and db.put without a Python frame (an extension built before it: DB.put)
+    from ._speedups import Putter as _CPutter
+except ImportError:  # pragma: no cover - an older build
+    _CPutter = None  # type: ignore[assignment,misc]
 try:  # ... and a batch's size (an extension built before it: the Python sum)
     from ._speedups import batch_bytes as _c_batch_bytes
 except ImportError:  # pragma: no cover - no C compiler when installed
@@ -212,6 +216,15 @@ class WritePath:
         if self._c_put_one:
             return partial(_c_put_one, self, state)
         return partial(self.put_one, state)
+
+    def bind_db_put(self, state: TableState, slow_put: Callable[..., None]
+                    ) -> Callable[..., None] | None:
+        """A put(key, value, sync=None, ttl=None) for ``state`` with no Python
+        frame: the C put_one for two positional arguments, ``slow_put`` (the
+        handle's put) for the rest -- what DB.put does; None without the C put."""
+        if self._c_put_one and _CPutter is not None:
+            return _CPutter(self, state, slow_put)
+        return None
 
     def put_one(self, state: TableState, key: Any, value: Any) -> bool:
         """A put in its common case, whole: ``key`` and ``value`` bytes within

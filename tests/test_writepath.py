@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import os
 import time
+import weakref
 
 import pytest
 
@@ -558,3 +561,44 @@ def test_batch_bytes_in_c_agrees_with_the_python_sum():
         writepath._c_batch_bytes([b"k", "s"], [b"", b""])
     with pytest.raises(TypeError):
         writepath._c_batch_bytes([b"k"], [3])
+
+
+@pytest.mark.parametrize("c", [False, True])
+def test_db_put_and_its_compiled_twin_agree(tmp_path, c, monkeypatch):
+    """db.put is the C Putter where the C put is built, DB.put otherwise: the
+    same rows, the same errors, every way of calling it; the Putter does not
+    keep a closed database alive."""
+    if c and not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    results = []
+    for twin in ("instance", "class"):
+        db = lsmdb.open(str(tmp_path / f"{twin}-{c}"), auto_compaction=False,
+                        clock=lambda: 1000.0)
+        put = db.put if twin == "instance" else functools.partial(lsmdb.DB.put, db)
+        assert (type(db.put).__name__ == "Putter") == c
+        put(b"a", b"1")
+        put(b"b", b"2", True)
+        put(b"c", b"3", sync=False, ttl=50)
+        put(key=b"d", value=b"4")
+        put(b"e", b"5", ttl=0)
+        errors = []
+        for args, kwargs in [(("k", b"v"), {}), ((b"k", "v"), {}), ((b"k",), {}),
+                             ((b"k", b"v"), {"bad": 1}), ((b"k", b"v", None, -1), {})]:
+            try:
+                put(*args, **kwargs)
+                errors.append(None)
+            except (TypeError, ValueError) as exc:
+                errors.append(type(exc).__name__)
+        rows = list(db.scan())
+        expiring = type(db._versions.tables["default"].mem.data[b"c"]).__name__
+        db.close()
+        with pytest.raises(lsmdb.DatabaseClosedError):
+            put(b"z", b"1")
+        ref = weakref.ref(db)
+        del db, put
+        gc.collect()
+        assert ref() is None
+        results.append((rows, errors, expiring))
+    assert results[0] == results[1]
+    assert results[0][1][:3] == ["TypeError"] * 3

@@ -34,7 +34,8 @@
  *                     one-op record
  *   writepath.c       put_locked: one put's step under the database lock (its
  *                     sequence number, its WAL record, the memtable);
- *                     batch_bytes, a batch's size
+ *                     batch_bytes, a batch's size; Putter, db.put without a
+ *                     Python frame
  *   coding.c          crc32: zlib's CRC-32, folded with PCLMULQDQ where the
  *                     CPU has it
  *
@@ -286,7 +287,8 @@ PyInit__speedups(void)
     if (PyType_Ready(&ProbesType) < 0 || PyType_Ready(&GetterType) < 0
         || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0
         || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0
-        || PyType_Ready(&CacheType) < 0 || PyType_Ready(&ContainsType) < 0)
+        || PyType_Ready(&CacheType) < 0 || PyType_Ready(&ContainsType) < 0
+        || PyType_Ready(&PutterType) < 0)
         return NULL;
     if (sstable_reader_init() < 0)
         return NULL;
@@ -307,6 +309,7 @@ PyInit__speedups(void)
         || add_type(mod, "Admission", &AdmissionType) < 0
         || add_type(mod, "Cache", &CacheType) < 0
         || add_type(mod, "Contains", &ContainsType) < 0
+        || add_type(mod, "Putter", &PutterType) < 0
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
         || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0
         || add_names(mod, "FILE_PROBE_FIELDS", file_probe_fields, FILE_FIELDS) < 0

@@ -733,3 +733,104 @@ speedups_batch_bytes(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssiz
     }
     return PyLong_FromLongLong(total);
 }
+
+/* ---- Putter: db.put without a Python frame --------------------------------
+ *
+ * Putter(writes, state, slow_put): called as put(key, value) it runs put_one
+ * and returns None when that did the put; anything else -- other arguments
+ * (sync=, ttl=), a put that is not put_one's case -- goes to slow_put with the
+ * arguments as given.  A DB keeps one as its instance attribute `put`.  Python
+ * twin: DB.put in lsmdb/db.py (put_one, then the handle's put). */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *writes, *state, *slow_put;
+    vectorcallfunc vectorcall;
+} Putter;
+
+static PyObject *
+Putter_vectorcall(Putter *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs == 2 && kwnames == NULL) {
+        PyObject *call[4] = {self->writes, self->state, args[0], args[1]};
+        PyObject *done = speedups_put_one(NULL, call, 4);
+        if (done == NULL)
+            return NULL;
+        Py_DECREF(done);
+        if (done == Py_True)
+            Py_RETURN_NONE;
+    }
+    return PyObject_Vectorcall(self->slow_put, args, nargsf, kwnames);
+}
+
+static int
+Putter_init(Putter *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *writes, *state, *slow_put;
+    static char *kwlist[] = {"writes", "state", "slow_put", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO:Putter", kwlist, &writes, &state, &slow_put))
+        return -1;
+    if (!PyCallable_Check(slow_put)) {
+        PyErr_SetString(PyExc_TypeError, "Putter: slow_put must be callable");
+        return -1;
+    }
+    Py_XSETREF(self->writes, Py_NewRef(writes));
+    Py_XSETREF(self->state, Py_NewRef(state));
+    Py_XSETREF(self->slow_put, Py_NewRef(slow_put));
+    self->vectorcall = (vectorcallfunc)Putter_vectorcall;
+    return 0;
+}
+
+static int
+Putter_traverse(Putter *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->writes);
+    Py_VISIT(self->state);
+    Py_VISIT(self->slow_put);
+    return 0;
+}
+
+static int
+Putter_clear(Putter *self)
+{
+    Py_CLEAR(self->writes);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->slow_put);
+    return 0;
+}
+
+static void
+Putter_dealloc(Putter *self)
+{
+    PyObject_GC_UnTrack(self);
+    Putter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Putter_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    if (((Putter *)self)->vectorcall == NULL) {  /* not initialised */
+        PyErr_SetString(PyExc_TypeError, "Putter not initialised");
+        return NULL;
+    }
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+PyTypeObject PutterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "lsmdb._speedups.Putter",
+    .tp_basicsize = sizeof(Putter),
+    .tp_dealloc = (destructor)Putter_dealloc,
+    .tp_vectorcall_offset = offsetof(Putter, vectorcall),
+    .tp_call = Putter_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Putter_traverse,
+    .tp_clear = (inquiry)Putter_clear,
+    .tp_doc = "Putter(writes, state, slow_put)\n--\n\n"
+              "put(key, value, sync=None, ttl=None): put_one(writes, state, key, value) for\n"
+              "two positional arguments, else (or where put_one declines) slow_put(...).",
+    .tp_init = (initproc)Putter_init,
+    .tp_new = PyType_GenericNew,
+};

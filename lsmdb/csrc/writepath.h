@@ -32,6 +32,7 @@ int writepath_init(void);
 PyObject *speedups_put_locked(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_batch_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+extern PyTypeObject PutterType;
 
 HIDDEN_END
 

@@ -26,6 +26,7 @@ files are deleted here; the next compaction starts a new worker).  A worker
 never outlives this process: it watches a pipe only this process holds open,
 and exits the moment that pipe closes, without touching the files.
 
+A worker runs at a lower priority than this process (``WORKER_NICE``).
 Workers are shared by every database of the process and kept (at most
 ``MAX_IDLE``) for the next compaction; a fork leaves the child none.  When no
 worker can start (no ``sys.executable``, a Python that cannot import this
@@ -56,6 +57,11 @@ log = logging.getLogger("lsmdb")
 
 #: Idle workers kept for later compactions.
 MAX_IDLE = 2
+#: A worker lowers its scheduling priority by this much (``os.nice``): on a
+#: busy machine its merges take the CPU the writers and readers leave, and
+#: catch up when they pause; a table whose level 0 grows meanwhile slows its
+#: writers down (lsmdb.compaction.L0_SLOWDOWN_FILES).
+WORKER_NICE = 10
 
 _FRAME = struct.Struct("<Q")
 
@@ -350,6 +356,10 @@ def serve(life_fd: int) -> None:
     """The worker's loop (``python -c`` in :class:`Worker`)."""
     from .compaction import open_output, write_merged  # noqa: F401 -- imported once
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides
+    try:
+        os.nice(WORKER_NICE)  # merges yield the CPU to the parent's writers and readers
+    except OSError:
+        pass
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed goes to stderr, not into the protocol
     inp = sys.stdin.buffer

@@ -422,3 +422,15 @@ def test_close_stops_a_merge_running_in_this_process(tmp_path, monkeypatch, capl
         assert len(db.sstables("t")) == 1
         check(db, "t", rows)
     assert [p for p in verify_database(path) if p.severity == "error"] == []
+
+
+def test_a_worker_runs_at_a_lower_priority():
+    """The worker lowers its scheduling priority by WORKER_NICE before it says it is ready."""
+    worker = lsmdb.worker.Worker()
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        expected = min(19, mine + lsmdb.worker.WORKER_NICE)
+        assert lsmdb.worker.WORKER_NICE > 0
+        assert os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == expected
+    finally:
+        worker.close()

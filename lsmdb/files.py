@@ -69,12 +69,34 @@ class SwitchedButNotSynced(OSError):
     """
 
 
-def create(path: str, mode: int = 0o644) -> int:
-    """A descriptor of the new file ``path``, open for writing.
+def create(path: str, mode: int = 0o644, readable: bool = False) -> int:
+    """A descriptor of the new file ``path``, open for writing (and reading,
+    if ``readable``: what a shared memory mapping of it needs).
 
     FileExistsError if anything (a file, a symbolic link) has that name.
     """
-    return os.open(path, _CREATE_FLAGS, mode)
+    flags = _CREATE_FLAGS if not readable else (_CREATE_FLAGS & ~os.O_WRONLY) | os.O_RDWR
+    return os.open(path, flags, mode)
+
+
+def preallocate(fd: int, offset: int, length: int) -> None:
+    """Allocate disk space for ``length`` bytes of the file at ``offset`` (the
+    file grows to cover them, reading as zeros): ENOSPC is raised here, not
+    when the bytes are later stored through a memory mapping.  Through
+    ``os.posix_fallocate`` (looked up at each call), or zeros written where
+    it does not exist or the file system refuses it."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None:
+        try:
+            fallocate(fd, offset, length)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    zeros = bytes(min(length, 1 << 20))
+    done = 0
+    while done < length:
+        done += os.pwrite(fd, zeros[:length - done], offset + done)
 
 
 def open_for_reading(path: str) -> int:

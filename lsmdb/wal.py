@@ -23,10 +23,11 @@ Reading a segment:
   of it fsynced before that entry was written: any bad fragment within that
   size, or a file shorter than it, is a CorruptionError;
 * the **live** segment (the one a crash interrupted) ends where its last
-  whole record ends.  A bad fragment with no valid fragment at any later
-  block start is a torn tail -- a crash cut the write short, or the end of
-  the file never reached the disk (zero-filled) -- and is dropped; a bad
-  fragment followed by a valid one at a later block start is corruption.
+  whole record ends.  Zeros from there to the end of the file are its clean
+  end: space the writer allocated ahead, or a tail that never reached the
+  disk.  Any other bad fragment with no valid fragment at a later block
+  start is a torn tail -- a crash cut the write short -- and is dropped; a
+  bad fragment followed by a valid one at a later block start is corruption.
 
 A record's payload is opaque here (:mod:`lsmdb.logset` gives it meaning).
 Segments written before format 2 (no header; ``crc32 u32 | length u32 |
@@ -35,13 +36,15 @@ payload`` records back to back) are still read: :func:`read_legacy_log`.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
+import sys
 import zlib
 
 from .coding import WAL_HEADER, WAL_HEADER_SIZE, crc32
 from .errors import CorruptionError
-from .files import FileWriter, read_file, unlink_quietly, write_all
+from .files import create, preallocate, read_file, unlink_quietly
 
 SEGMENT_MAGIC = b"LSMDBWAL"   # DO NOT CHANGE: on disk.
 SEGMENT_FORMAT = 2            # DO NOT CHANGE: on disk.
@@ -62,6 +65,15 @@ FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 #: A record larger than this is refused (batches are limited well below it).
 MAX_RECORD_BYTES = 1 << 31
 
+#: A segment's file grows by its size so far, at least the first and at most
+#: the second (rounded up to whole pages), allocated ahead of the records.
+PREALLOCATE_MIN_BYTES = 64 << 10
+PREALLOCATE_MAX_BYTES = 1 << 20
+
+#: Linux writes a shared mapping's dirty pages back at an fsync of the file;
+#: elsewhere ``msync`` comes first.
+_FSYNC_COVERS_MAPPINGS = sys.platform.startswith("linux")
+
 
 def crc_seeds(number: int) -> tuple[int, ...]:
     """Per fragment type, the CRC-32 of (segment number u32, type u8): a
@@ -73,28 +85,58 @@ def crc_seeds(number: int) -> tuple[int, ...]:
 class LogWriter:
     """Appends records to a new segment file.  Not thread-safe: the DB serialises writers.
 
-    ``size`` counts the bytes of whole records written (and the header);
-    after a failed ``add_record`` the file may hold part of a record past
-    it, and the segment must not be appended to again.
+    The file is written through a shared memory mapping of space allocated
+    ahead (``files.preallocate``, at least PREALLOCATE_MIN_BYTES at a time):
+    a record is copied into the mapping -- the page cache itself, so it
+    survives this process being killed, as a ``write`` would -- with no
+    system call; ``sync`` fsyncs the file.  Space runs out in
+    :meth:`reserve` (an OSError, nothing of the record stored), never while
+    storing.  Past the last record the file reads as zeros, which a reader
+    takes as the live segment's clean end; ``close`` cuts the file to
+    ``size`` (in the process that made it).
+
+    ``size`` counts the bytes of whole records written (and the header).
     """
 
     # (slots: the C put, lsmdb/csrc/writepath.c, reads them at their offsets)
-    __slots__ = ("path", "number", "_seeds", "_file", "_fd", "size")
+    __slots__ = ("path", "number", "_seeds", "_fd", "_map", "size", "_pid")
 
     def __init__(self, path: str, number: int) -> None:
         self.path = path
         self.number = number
         self._seeds = crc_seeds(number)
-        self._file = FileWriter(path)
+        self._fd = create(path, readable=True)
+        self._pid = os.getpid()
+        self._map: mmap.mmap | None = None
+        self.size = 0
         try:
-            self._file.write(SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_FORMAT,
-                                                 number & 0xFFFFFFFF))
+            self.reserve(SEGMENT_HEADER_SIZE)
+            self._store(SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_FORMAT, number & 0xFFFFFFFF))
         except BaseException:
-            self._file.close()
+            self._unmap()
+            os.close(self._fd)
             unlink_quietly(path)
             raise
-        self._fd = self._file.fd
-        self.size = SEGMENT_HEADER_SIZE
+
+    def reserve(self, need: int) -> None:
+        """Room in the file, and in its mapping, for its first ``need`` bytes;
+        OSError (ENOSPC) if the disk has none, the segment then as it was."""
+        mapped = 0 if self._map is None else len(self._map)
+        if need <= mapped:
+            return
+        grow = min(max(mapped, PREALLOCATE_MIN_BYTES), PREALLOCATE_MAX_BYTES)
+        new = -(-(need + grow) // mmap.PAGESIZE) * mmap.PAGESIZE
+        preallocate(self._fd, mapped, new - mapped)
+        fresh = mmap.mmap(self._fd, new)  # shared, read and write
+        self._unmap()
+        self._map = fresh
+
+    def _store(self, data: bytes | bytearray) -> None:
+        """Copy whole fragments in after ``size`` (room reserved) and count them."""
+        assert self._map is not None
+        end = self.size + len(data)
+        self._map[self.size:end] = data
+        self.size = end
 
     def add_record(self, payload: bytes) -> None:
         n = len(payload)
@@ -108,10 +150,8 @@ class LogWriter:
                 crc32(payload, self._seeds[FULL]), n, FULL) + payload
         else:
             data = self._fragments(payload, left)
-        written = os.write(self._fd, data)
-        if written != len(data):  # a short write: the rest, or its error
-            write_all(self._fd, memoryview(data)[written:])
-        self.size += len(data)
+        self.reserve(self.size + len(data))
+        self._store(data)
 
     def _fragments(self, payload: bytes, left: int) -> bytearray:
         out = bytearray()
@@ -132,10 +172,28 @@ class LogWriter:
                 return out
 
     def sync(self) -> None:
-        os.fsync(self._file.fd)
+        if self._map is not None and not _FSYNC_COVERS_MAPPINGS:
+            self._map.flush()  # msync: where fsync alone may miss the mapping's pages
+        os.fsync(self._fd)
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
 
     def close(self) -> None:
-        self._file.close()
+        """Unmap and close; the space allocated past ``size`` is given back (not
+        in a forked child: the file is its parent's)."""
+        if self._fd < 0:
+            return
+        self._unmap()
+        if self._pid == os.getpid():
+            try:
+                os.ftruncate(self._fd, self.size)
+            except OSError:
+                pass  # zeros past the last record read as the clean end all the same
+        os.close(self._fd)
+        self._fd = -1
 
 
 class LogReadResult:
@@ -275,6 +333,11 @@ def _bad(data: bytes, off: int, defect: int, end: int, seeds: tuple[int, ...],
     or the live segment's torn tail when no valid fragment starts a later block."""
     if closed:
         raise CorruptionError(f"WAL {why} in a closed segment", path, off)
+    if got.start < 0 and off == defect and data.count(b"\0", off) == len(data) - off:
+        # Zeros from a record's end to the end of the file: space the writer
+        # allocated ahead (LogWriter), or a tail that never reached the disk --
+        # the segment's end either way, nothing dropped.
+        return LogReadResult(got.records, got.valid, False, len(data))
     block = (defect // BLOCK_SIZE_BYTES + 1) * BLOCK_SIZE_BYTES
     while block < end:
         if _fragment_at(data, block, end, seeds) is not None:

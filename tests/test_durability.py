@@ -63,7 +63,7 @@ from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_MAGIC
 from lsmdb.repair import repair_database
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
-from lsmdb.wal import read_segment
+from lsmdb.wal import PREALLOCATE_MAX_BYTES, read_segment
 from tests.conftest import SMALL
 from tools import load_test_layer
 
@@ -79,6 +79,9 @@ else:
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="the fault layers read descriptors through /proc")
 
+#: A value larger than the space a live WAL segment allocates ahead: its put
+#: must grow the segment, where an injected "write" fault then strikes.
+GROWS = b"x" * (PREALLOCATE_MAX_BYTES + 1)
 
 
 @pytest.fixture(autouse=True)
@@ -263,7 +266,7 @@ def test_a_partial_wal_append_then_a_failed_rotation_leaves_an_openable_database
         faults.fail("write", lambda n: n.startswith("wal-"), errno.ENOSPC, partial=True)
         faults.fail("open", lambda n: n.startswith("wal-"), errno.EMFILE, times=3)
         with pytest.raises(OSError) as first:
-            db.put(b"torn", b"x" * 500)
+            db.put(b"torn", GROWS)
         assert first.value.errno == errno.ENOSPC, "the caller must see the first error"
         for i in range(3):            # each tries to start a new segment, and cannot
             with pytest.raises(OSError) as later:
@@ -294,7 +297,7 @@ def test_a_failed_wal_append_is_never_followed_by_another_in_that_segment(tmp_pa
         faults.fail("open", lambda n: n.startswith("wal-"), errno.EMFILE, times=None)
         faults.fail("fsync", lambda n: n.endswith(".sst"), errno.EIO, times=None)
         with pytest.raises(OSError):
-            db.put(b"b", b"2" * 1000)
+            db.put(b"b", GROWS)
         for _ in range(5):
             with pytest.raises(OSError):
                 db.put(b"c", b"3")
@@ -417,10 +420,13 @@ def test_a_forked_child_holds_no_lock_and_cannot_use_the_parents_handle(tmp_path
     os.close(w)
     assert os.read(r, 5) == b"ready"
     db.put(b"parent2", b"3")               # the parent's handle works on
+    for i in range(3000):                  # in the WAL file the child let go of, past
+        db.put(b"more%05d" % i, b"m" * 100)  # the page it was at
     db.close()
     with lsmdb.open(path) as again:          # the child, still alive, holds no lock
         assert (again.get(b"parent"), again.get(b"parent2"), again.get(b"child")) == (
             b"1", b"3", None)
+        assert all(again.get(b"more%05d" % i) == b"m" * 100 for i in range(3000))
     _pid, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert errors_of(path) == []
@@ -497,7 +503,7 @@ def test_a_torn_unsynced_segment_ends_the_replay(tmp_path, caplog):
     shutil.copytree(path, crashed)                   # a crash...
     db.close()
     torn = crashed / os.path.basename(older)
-    os.truncate(torn, os.path.getsize(torn) - 50)   # ... that tore the unsynced segment
+    os.truncate(torn, wal.unsynced[0][1] - 50)      # ... that tore the unsynced segment
     assert os.path.getsize(crashed / os.path.basename(newer)) > 16
     with caplog.at_level(logging.WARNING, logger="lsmdb"), lsmdb.open(str(crashed)) as again:
         got = [again.get(b"k%03d" % i) is not None for i in range(n)]
@@ -736,7 +742,7 @@ def test_a_wal_recovery_waiting_while_close_runs_writes_nothing(tmp_path):
     with Faults(path) as faults:
         faults.fail("write", lambda n: n.startswith("wal-"), errno.ENOSPC)
         with pytest.raises(OSError):
-            db.put(b"b", b"raised")                   # the WAL has failed
+            db.put(b"b", GROWS)                       # the WAL has failed
         faults.fail("open", lambda n: n.endswith(".sst"), errno.ENOSPC, times=None)
         thread.start()
         assert gate.arrived.wait(30)                  # sync() waits to recover the WAL

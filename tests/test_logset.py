@@ -97,8 +97,19 @@ class LogSetMachine(RuleBasedStateMachine):
         on_disk = sorted(int(n[4:10]) for n in os.listdir(self.dir) if n.startswith("wal-"))
         held = [s.number for s in self.log.closed + self.log.unsynced] + [self.log.live.number]
         assert on_disk == held
-        assert self.log.total_bytes == sum(
-            os.path.getsize(os.path.join(self.dir, wal_name(n))) for n in held)
+        def file_bytes(number: int) -> int:
+            return os.path.getsize(os.path.join(self.dir, wal_name(number)))
+
+        # A closed writer cut its file to its records; an open one has space ahead.
+        for seg in self.log.closed + self.log.unsynced:
+            if seg.writer is None:
+                assert file_bytes(seg.number) == seg.size
+            else:
+                assert file_bytes(seg.number) >= seg.size
+        assert self.log.writer is not None
+        assert file_bytes(self.log.live.number) >= self.log.writer.size
+        assert self.log.total_bytes == sum(s.size for s in self.log.closed + self.log.unsynced) \
+            + self.log.writer.size
 
     @invariant()
     def the_last_manifest_replays_every_record_still_needed(self):

@@ -98,6 +98,29 @@ def test_unsynced_append_survives_as_any_prefix_maybe_zero_filled(d):
     pl.cleanup()
 
 
+def test_bytes_written_in_place_over_zeros_allocated_ahead_survive_as_any_prefix(d):
+    """A file given space ahead (zeros), synced, then filled in place through a
+    memory mapping -- how a WAL segment is written: what was written since
+    survives as any prefix, maybe zero-filled, the file never shorter than synced."""
+    import mmap
+    with PowerLoss(d) as pl:
+        fd = os.open(d / "f", os.O_RDWR | os.O_CREAT, 0o644)
+        os.posix_fallocate(fd, 0, 6)
+        m = mmap.mmap(fd, 6)
+        m[0:2] = b"ab"
+        os.fsync(fd)
+        fsync_dir(str(d))
+        m[2:4] = b"cd"
+        expected = {c.ljust(6, b"\0") for c in tails(b"ab", b"cd\0\0")}
+        assert b"ab\0\0\0\0" in expected and b"abcd\0\0" in expected
+        assert as_set(pl.all_images()) == {img(f=c) for c in expected}
+        assert pl.image() == {"f": b"ab\0\0\0\0"}
+        assert pl.image(tails="all") == {"f": b"abcd\0\0"}
+        m.close()
+        os.close(fd)
+    pl.cleanup()
+
+
 def test_never_synced_file_has_synced_content_empty(d):
     with PowerLoss(d) as pl:
         write(d / "f", b"xy")

@@ -152,7 +152,9 @@ def test_truncation_at_every_offset_keeps_exactly_the_complete_records(small):
 
 def test_zero_filled_tail_from_any_offset_keeps_exactly_the_intact_records(small):
     """A crash can leave the tail zeroed from any byte on (the file's length reached
-    the disk, its last pages did not): every intact record is kept, the rest dropped."""
+    the disk, its last pages did not): every intact record is kept, the rest dropped.
+    Zeros right from a record's end (or the header's) are the segment's clean end --
+    what a writer's space allocated ahead reads as -- and not a torn tail."""
     path, data, ends = small
     for cut in range(len(data)):
         for extra in (0, 64, BLOCK_SIZE_BYTES):
@@ -160,7 +162,12 @@ def test_zero_filled_tail_from_any_offset_keeps_exactly_the_intact_records(small
             result = read_segment(damaged, NUMBER, path)
             complete = sum(1 for e in ends if e <= cut)
             assert _payloads(result) == PAYLOADS[:complete], (cut, extra)
-            assert result.torn
+            valid = ends[complete - 1] if complete else 0
+            assert result.valid_length in (valid, SEGMENT_HEADER_SIZE if not complete else valid)
+            # torn: something but zeros after the last whole record
+            assert result.torn is any(damaged[result.valid_length:]), (cut, extra)
+            if cut in (SEGMENT_HEADER_SIZE, *ends):
+                assert not result.torn
 
 
 def test_records_over_several_blocks_cut_anywhere_near_the_boundaries(tmp_path):
@@ -196,7 +203,8 @@ def test_a_value_holding_a_wal_segment_never_turns_a_torn_tail_into_corruption(t
             damaged = data[:cut] + (bytes(len(data) - cut) if zeros else b"")
             result = read_segment(damaged, NUMBER, path)
             assert _payloads(result) == payloads[:1], (cut, zeros)
-            assert result.torn is (len(damaged) > ends[0]) and result.valid_length == ends[0]
+            # zeros right from the first record's end are the clean end
+            assert result.torn is any(damaged[ends[0]:]) and result.valid_length == ends[0]
 
 
 # --------------------------------------------------------------------------- corruption
@@ -348,14 +356,15 @@ def test_truncated_live_segment_recovers_exactly_the_complete_records(crashed_db
     ends = offsets[1:] + [result.valid_length]
     keys = {(t, k) for ops in writes for t, k, _v in ops}
     failures: list[tuple] = []
-    for cut in range(offsets[-6], result.file_length + 1):
+    # (past valid_length the file holds the zeros its writer allocated ahead)
+    for cut in range(offsets[-6], result.valid_length + 1):
         for zeros in (False, True):
             copy = str(tmp_path / f"cut-{cut}-{zeros}")
             shutil.copytree(path, copy)
             seg = os.path.join(copy, wal)
             os.truncate(seg, cut)
             if zeros:
-                os.truncate(seg, result.file_length + 100)
+                os.truncate(seg, result.valid_length + 100)
             complete = sum(1 for e in ends if e <= cut)
             exp = _expected(writes, complete)
             try:

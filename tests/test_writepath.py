@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import gc
 import os
@@ -11,6 +12,7 @@ import weakref
 import pytest
 
 import lsmdb
+import lsmdb.wal
 from lsmdb import writepath
 
 
@@ -452,9 +454,10 @@ def test_put_one_declines_what_is_not_its_case(tmp_path, c, monkeypatch):
 
 @pytest.mark.parametrize("c", [False, True])
 def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monkeypatch):
-    """os.write raising (looked up at each put, so this wrapper sees the C
-    put's writes too): the put raises it, the log is failed, the memtable
-    untouched; the next put mends the log.  A short write writes the rest."""
+    """The WAL segment growing (os.posix_fallocate, looked up at each call, so
+    this wrapper sees the C put's growth too) fails: the put raises it, the log
+    is failed, the memtable untouched; the next put mends the log.  Where the
+    file system cannot allocate ahead, zeros are written instead."""
     if c and not writepath.USE_SPEEDUPS:
         pytest.skip("built without a C compiler")
     monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
@@ -462,32 +465,82 @@ def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monke
     db = lsmdb.open(path, auto_compaction=False)
     state = db._versions.tables["default"]
     db.put(b"a", b"1")
-    real_write = os.write
+    real = os.posix_fallocate
     calls = []
 
-    def failing(fd, data):
-        calls.append(len(data))
-        raise OSError(5, "test: EIO")
+    def failing(fd, offset, length):
+        calls.append(length)
+        raise OSError(errno.ENOSPC, "test: ENOSPC")
 
-    monkeypatch.setattr(os, "write", failing)
-    with pytest.raises(OSError, match="EIO"):
-        db.put(b"b", b"2")
-    monkeypatch.setattr(os, "write", real_write)
+    big = b"2" * (lsmdb.wal.PREALLOCATE_MAX_BYTES + 1)   # more than the room allocated ahead
+    monkeypatch.setattr(os, "posix_fallocate", failing)
+    with pytest.raises(OSError, match="ENOSPC"):
+        db.put(b"b", big)
+    monkeypatch.setattr(os, "posix_fallocate", real)
     assert calls and isinstance(db._versions.log.failed, OSError)
     assert b"b" not in state.mem.data and db.get(b"b") is None
 
-    def short(fd, data):
-        return real_write(fd, bytes(data)[:3])
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "test: not here")
 
-    monkeypatch.setattr(os, "write", short)
-    db.put(b"c", b"3" * 50)       # mends the log, then writes 3 bytes at a time
-    db.put(b"d", b"4" * 50)
-    monkeypatch.setattr(os, "write", real_write)
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    db.put(b"c", b"3" * 50)       # mends the log: a new segment, zeros written ahead
+    db.put(b"d", big)
+    monkeypatch.setattr(os, "posix_fallocate", real)
     assert db._versions.log.failed is None
     db.close()
     with lsmdb.open(path) as again:
         assert [again.get(k) for k in (b"a", b"b", b"c", b"d")] == \
-            [b"1", None, b"3" * 50, b"4" * 50]
+            [b"1", None, b"3" * 50, big]
+
+
+@pytest.mark.parametrize("c", [False, True])
+def test_a_put_at_the_end_of_the_allocated_space_grows_the_segment_or_fails_whole(
+        tmp_path, c, monkeypatch):
+    """Small puts up to the end of the space the live segment allocated ahead:
+    the one that does not fit grows it (both twins through LogWriter.reserve),
+    and where growing fails that put raises and leaves nothing behind."""
+    if c and not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path, auto_compaction=False)
+    state = db._versions.tables["default"]
+    writer = db._versions.log.writer
+    i = 0
+    while writer.size + 400 < len(writer._map):
+        db.put(b"k%06d" % i, b"v" * 100)
+        i += 1
+    real = os.posix_fallocate
+    failed = []
+
+    def failing(fd, offset, length):
+        failed.append(length)
+        raise OSError(errno.ENOSPC, "test: ENOSPC")
+
+    monkeypatch.setattr(os, "posix_fallocate", failing)
+    acked = []
+    for j in range(10):
+        key, size = b"x%d" % j, writer.size
+        try:
+            db.put(key, b"w" * 100)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+            break
+        acked.append(key)
+    else:
+        pytest.fail("no put needed the segment to grow")
+    assert acked and failed and isinstance(db._versions.log.failed, OSError)
+    assert writer.size == size and key not in state.mem.data and db.get(key) is None
+    assert bytes(writer._map[size:]) == bytes(len(writer._map) - size)  # nothing stored
+    monkeypatch.setattr(os, "posix_fallocate", real)
+    db.put(b"after", b"1")        # mends the log: a new segment
+    assert db._versions.log.failed is None and db._versions.log.writer is not writer
+    db.close()
+    with lsmdb.open(path) as again:
+        assert all(again.get(k) == b"w" * 100 for k in acked)
+        assert again.get(key) is None and again.get(b"after") == b"1"
+        assert again.get(b"k%06d" % (i - 1)) == b"v" * 100
 
 
 @pytest.mark.parametrize("c", [False, True])

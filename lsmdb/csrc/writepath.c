@@ -10,9 +10,10 @@
  * case (a stall, frozen memtables piling up, a failed log, ...) goes to
  * WritePath.write_columns, as in the twin.
  *
- * The record reaches the file through os.write, looked up at each call as
- * the Python twin does, so that whatever wraps os.write (the I/O-fault tests)
- * sees the C path's writes too.  A record that does not fit in what is left
+ * The record is encoded straight into the segment's shared memory mapping
+ * (LogWriter._map); where the mapping is short, LogWriter.reserve grows the
+ * segment, as in the twin, so that whatever wraps the allocation (the
+ * I/O-fault tests) sees the C path's too.  A record that does not fit in what is left
  * of the WAL block, a memtable with live snapshots (undo maps) and an
  * expiring value go to the Python methods that handle them. */
 
@@ -21,22 +22,18 @@
 #include "logset.h"
 #include "memtable.h"
 
-static PyObject *os_module;
 static PyObject *compaction_module;  /* lsmdb.compaction, imported at the first stall check */
 static PyObject *s_log, *s_closed, *s_read_only, *s_dropped, *s_failed, *s_last_seq, *s_writer,
-    *s_live, *s_fd, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
+    *s_live, *s_map, *s_reserve, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
     *s_promote_segments, *s_mem, *s_undos, *s_data, *s_filter, *s_size_bytes, *s_pending,
     *s_tags, *s_options, *s_memtable_size_bytes, *s_closed_bytes, *s_id, *s_add_record,
-    *s_apply, *s_write, *s_l0_stall_files, *s_l0_slowdown_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
+    *s_apply, *s_l0_stall_files, *s_l0_slowdown_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
     *s_lock, *s_wal_limit, *s_acquire, *s_release, *s_write_columns, *s_flush_full,
     *s_flush_wal_pinners, *s_sync_default, *s_default_time_to_live;
 
 int
 writepath_init(void)
 {
-    os_module = PyImport_ImportModule("os");
-    if (os_module == NULL)
-        return -1;
 #define INTERN(var, name) \
     if ((var = PyUnicode_InternFromString(name)) == NULL) \
         return -1;
@@ -48,7 +45,8 @@ writepath_init(void)
     INTERN(s_last_seq, "last_seq")
     INTERN(s_writer, "writer")
     INTERN(s_live, "live")
-    INTERN(s_fd, "_fd")
+    INTERN(s_map, "_map")
+    INTERN(s_reserve, "reserve")
     INTERN(s_size, "size")
     INTERN(s_seeds, "_seeds")
     INTERN(s_max_seq, "max_seq")
@@ -68,7 +66,6 @@ writepath_init(void)
     INTERN(s_id, "id")
     INTERN(s_add_record, "add_record")
     INTERN(s_apply, "apply")
-    INTERN(s_write, "write")
     INTERN(s_l0_stall_files, "L0_STALL_FILES")
     INTERN(s_l0_slowdown_files, "L0_SLOWDOWN_FILES")
     INTERN(s_stall, "stall")
@@ -173,7 +170,7 @@ REF(r_state_dropped); REF(r_state_id); REF(r_state_mem); REF(r_state_options);
 REF(r_state_imms); REF(r_state_version); REF(r_version_l0);
 REF(r_log_writer); REF(r_log_live); REF(r_log_failed); REF(r_log_promoted);
 REF(r_log_closed_bytes);
-REF(r_writer_size); REF(r_writer_seeds); REF(r_writer_fd);
+REF(r_writer_size); REF(r_writer_seeds); REF(r_writer_map);
 REF(r_seg_max_seq); REF(r_seg_min_seq);
 REF(r_mem_undos); REF(r_mem_data); REF(r_mem_filter); REF(r_mem_size_bytes);
 REF(r_mem_pending); REF(r_mem_tags); REF(r_mem_min_seq); REF(r_mem_max_seq);
@@ -230,37 +227,38 @@ take_ssize(PyObject *o, Py_ssize_t *out)
     return *out == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* os.write(fd, data) until every byte is written (lsmdb.files.write_all).
- * 0, or -1 with the OSError set. */
+/* The writer's mapping (LogWriter._map) as a writable buffer of at least
+ * `need` bytes, after writer.reserve(need) where it is shorter (the segment
+ * grows there; an OSError, nothing stored, when the disk has no room).
+ * 0 with `view` to release, or -1 with an exception set. */
 static int
-write_record(PyObject *fd, PyObject *data)
+mapped_room(PyObject *writer, long long need, Py_buffer *view)
 {
-    Py_ssize_t done = 0, n = PyBytes_GET_SIZE(data);
-    Py_INCREF(data);
-    while (1) {
-        PyObject *write = PyObject_GetAttr(os_module, s_write);
-        if (write == NULL)
-            goto fail;
-        PyObject *args[2] = {fd, data};
-        PyObject *r = PyObject_Vectorcall(write, args, 2, NULL);
-        Py_DECREF(write);
-        Py_ssize_t w;
-        if (take_ssize(r, &w) < 0)
-            goto fail;
-        done += w;
-        if (done >= n)
-            break;
-        /* a short write: the rest */
-        PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(data) + w,
-                                                   PyBytes_GET_SIZE(data) - w);
-        if (rest == NULL)
-            goto fail;
-        Py_SETREF(data, rest);
+    for (int tries = 0; tries < 2; tries++) {
+        PyObject *map = get_attr(writer, s_map, &r_writer_map);
+        if (map == NULL)
+            return -1;
+        int r = map == Py_None ? 1 : PyObject_GetBuffer(map, view, PyBUF_WRITABLE);
+        Py_DECREF(map);
+        if (r < 0)
+            return -1;
+        if (r == 0) {
+            if (view->len >= need)
+                return 0;
+            PyBuffer_Release(view);
+        }
+        if (tries == 0) {
+            PyObject *n = PyLong_FromLongLong(need);
+            if (n == NULL)
+                return -1;
+            PyObject *done = PyObject_CallMethodOneArg(writer, s_reserve, n);
+            Py_DECREF(n);
+            if (done == NULL)
+                return -1;
+            Py_DECREF(done);
+        }
     }
-    Py_DECREF(data);
-    return 0;
-fail:
-    Py_DECREF(data);
+    PyErr_SetString(PyExc_RuntimeError, "LogWriter.reserve left no room in the mapping");
     return -1;
 }
 
@@ -290,7 +288,7 @@ fail_log(PyObject *wal)
 static int
 log_append(PyObject *wal, long long seq, long long tid, PyObject *key, PyObject *value)
 {
-    PyObject *writer = NULL, *live = NULL, *failed = NULL, *fd = NULL, *seeds = NULL;
+    PyObject *writer = NULL, *live = NULL, *failed = NULL, *seeds = NULL;
     PyObject *data = NULL;
     int rc = -1;
     if ((writer = get_attr(wal, s_writer, &r_log_writer)) == NULL
@@ -329,20 +327,18 @@ log_append(PyObject *wal, long long seq, long long tid, PyObject *key, PyObject 
         if (seed == (unsigned long)-1 && PyErr_Occurred())
             goto done;
         Py_ssize_t total = (Py_ssize_t)n + WAL_FRAGMENT_HEADER_SIZE;
-        if ((data = PyBytes_FromStringAndSize(NULL, total)) == NULL)
+        Py_buffer view;
+        if (mapped_room(writer, size + total, &view) < 0) {
+            fail_log(wal);
             goto done;
-        unsigned char *p = (unsigned char *)PyBytes_AS_STRING(data);
+        }
+        unsigned char *p = (unsigned char *)view.buf + size;
         encode_one(p + WAL_FRAGMENT_HEADER_SIZE, (uint64_t)seq, (uint64_t)tid, key, value);
         put_le32(p, crc32_update((uint32_t)seed, p + WAL_FRAGMENT_HEADER_SIZE, n));
         p[4] = (unsigned char)(n & 0xFF);
         p[5] = (unsigned char)(n >> 8);
         p[6] = WAL_FULL;
-        if ((fd = get_attr(writer, s_fd, &r_writer_fd)) == NULL)
-            goto done;
-        if (write_record(fd, data) < 0) {
-            fail_log(wal);
-            goto done;
-        }
+        PyBuffer_Release(&view);
         if (set_ll(writer, s_size, &r_writer_size, size + total) < 0)
             goto done;
     }
@@ -356,7 +352,6 @@ done:
     Py_XDECREF(writer);
     Py_XDECREF(live);
     Py_XDECREF(failed);
-    Py_XDECREF(fd);
     Py_XDECREF(seeds);
     Py_XDECREF(data);
     return rc;

@@ -10,6 +10,10 @@ directory itself, for fsync) can fail:
 * for ``write``, after a *partial* write: some prefix of the data reaches the
   file, then the error (a disk filling up mid-record).
 
+``os.posix_fallocate`` -- how a WAL segment, written through a memory
+mapping, grows (lsmdb.files.preallocate) -- counts as a ``write`` of the
+space it allocates; it fails whole, never partially.
+
 Rules say which calls fail: ``fail(op, match, err, times=1, skip=0,
 partial=False)``.  ``random(rng, rate, ops, errs)`` makes every matching call
 fail with probability ``rate``.  ``hits`` lists the faults raised, as (op,
@@ -82,10 +86,11 @@ class Faults:
     # -- install --------------------------------------------------------------
     def __enter__(self) -> Faults:
         for name in ("open", "write", "fsync", "fdatasync", "replace", "rename", "unlink",
-                     "pread"):
+                     "pread", "posix_fallocate"):
             self._saved[name] = getattr(os, name)
         os.open = self._open
         os.write = self._write
+        os.posix_fallocate = self._fallocate
         os.fsync = self._fsync
         os.fdatasync = self._fdatasync
         os.replace = self._replace
@@ -165,6 +170,13 @@ class Faults:
                 self._saved["write"](fd, memoryview(data)[:cut])
             self._raise(err, name or "?")
         return self._saved["write"](fd, data)
+
+    def _fallocate(self, fd: int, offset: int, length: int) -> None:
+        name = self._name_of_fd(fd)
+        fault = self._decide("write", name)
+        if fault is not None:
+            self._raise(fault[0], name or "?")
+        self._saved["posix_fallocate"](fd, offset, length)
 
     def _sync(self, which: str, fd: Any) -> None:
         if not isinstance(fd, int):

@@ -17,9 +17,13 @@ moment may leave on disk.  The model, rule by rule:
   were then).  Bytes appended since survive as any prefix of them, and that
   surviving region may read as zeros (the size reached the disk, the data
   did not): the unsynced tail is ``extension[:a] + b"\\0" * (b - a)`` for
-  ``0 <= a <= b <= len(extension)``.  When the current content does not
-  start with the synced content (truncated or rewritten since), either the
-  synced or the current content survives.
+  ``0 <= a <= b <= len(extension)``.  Bytes written since over zeros the
+  synced content ends with (space allocated ahead, then filled in place, as
+  through a memory mapping) count the same way: an extension of the synced
+  content up to where the two differ, the surviving file never shorter than
+  the synced one (the rest of it zeros).  When the current content does not
+  start with the synced content otherwise (truncated or rewritten since),
+  either the synced or the current content survives.
 * **Identity.**  An inode is the identity of a file across renames.  Every
   inode the layer sees is hard-linked into a private directory next to the
   watched one, so its current content can still be read when an image is
@@ -126,6 +130,16 @@ class Image(dict[str, bytes]):
     recipe: str = ""
 
 
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """How many leading bytes ``a`` and ``b`` share."""
+    n, same, step = min(len(a), len(b)), 0, 4096
+    while same < n and a[same:same + step] == b[same:same + step]:
+        same += step
+    while same < n and a[same] == b[same]:  # inside the first chunk that differs
+        same += 1
+    return min(same, n)
+
+
 class Moment:
     """Everything a power loss at one moment may leave; immutable once built.
 
@@ -150,18 +164,23 @@ class Moment:
             op.apply(listing)
         return listing
 
-    def unsynced(self, ino: int) -> tuple[bytes, bytes | None]:
-        """(synced content, bytes appended since) -- or (synced, None) when the
+    def unsynced(self, ino: int) -> tuple[bytes, bytes | None, int]:
+        """(the synced content's durable prefix, bytes written after it since,
+        the least length a surviving file has) -- or (synced, None, 0) when the
         current content does not extend the synced one."""
         synced = self.synced.get(ino, b"")
         current = self.current.get(ino, synced)
         if current.startswith(synced):
-            return synced, current[len(synced):]
-        return synced, None
+            return synced, current[len(synced):], 0
+        if len(current) >= len(synced):  # written in place over zeros allocated ahead?
+            same = _common_prefix(synced, current)
+            if synced.count(0, same) == len(synced) - same:
+                return synced[:same], current[same:], len(synced)
+        return synced, None, 0
 
     def content(self, ino: int, tails: Tails) -> tuple[bytes, str]:
         """One allowed content of ``ino`` and a note saying which."""
-        synced, extension = self.unsynced(ino)
+        synced, extension, floor = self.unsynced(ino)
         if extension is None:
             if tails == "all" or (isinstance(tails, random.Random) and tails.random() < 0.5):
                 current = self.current[ino]
@@ -169,7 +188,8 @@ class Moment:
             return synced, f"synced {len(synced)} B (not a prefix of current)"
         size = len(extension)
         if tails == "none" or not size:
-            return synced, f"synced {len(synced)} B" + (f", 0/{size} unsynced" if size else "")
+            return synced.ljust(floor, b"\0"), \
+                f"synced {len(synced)} B" + (f", 0/{size} unsynced" if size else "")
         if tails == "all":
             kept, zeros = size, 0
         elif isinstance(tails, random.Random):
@@ -185,16 +205,17 @@ class Moment:
             raise ValueError(f"tails must be 'none', 'all' or a random.Random, got {tails!r}")
         note = f"synced {len(synced)} B + {kept}/{size} unsynced" + (
             f" + {zeros} zeros" if zeros else "")
-        return synced + extension[:kept] + b"\0" * zeros, note
+        return (synced + extension[:kept] + b"\0" * zeros).ljust(floor, b"\0"), note
 
     def contents(self, ino: int) -> list[bytes]:
         """Every content ``ino`` may have after the power loss (each once)."""
-        synced, extension = self.unsynced(ino)
+        synced, extension, floor = self.unsynced(ino)
         if extension is None:
             return [synced, self.current[ino]]
         size = len(extension)
-        return [synced + extension[:a] + b"\0" * (b - a)
-                for a in range(size + 1) for b in range(a, size + 1)]
+        return list(dict.fromkeys(
+            (synced + extension[:a] + b"\0" * (b - a)).ljust(floor, b"\0")
+            for a in range(size + 1) for b in range(a, size + 1)))
 
     def image(self, *, dir_ops: int | None = None, tails: Tails = "none") -> Image:
         """One image.  ``dir_ops`` operations since the last directory fsync survive

@@ -70,6 +70,10 @@ MAX_RECORD_BYTES = 1 << 31
 PREALLOCATE_MIN_BYTES = 64 << 10
 PREALLOCATE_MAX_BYTES = 1 << 20
 
+#: Reads of a live segment that another writer may be filling, before a
+#: defect that moves from one read to the next is taken for corruption.
+LIVE_READ_ATTEMPTS = 8
+
 #: Linux writes a shared mapping's dirty pages back at an fsync of the file;
 #: elsewhere ``msync`` comes first.
 _FSYNC_COVERS_MAPPINGS = sys.platform.startswith("linux")
@@ -128,6 +132,8 @@ class LogWriter:
         new = -(-(need + grow) // mmap.PAGESIZE) * mmap.PAGESIZE
         preallocate(self._fd, mapped, new - mapped)
         fresh = mmap.mmap(self._fd, new)  # shared, read and write
+        if self._map is not None and not _FSYNC_COVERS_MAPPINGS:
+            self._map.flush()  # its pages, before the mapping goes (sync flushes the new one)
         self._unmap()
         self._map = fresh
 
@@ -359,7 +365,23 @@ def read_segment_file(path: str, number: int, closed_size: int | None = None,
             raise CorruptionError("legacy WAL segment shorter than the manifest records",
                                   path, result.valid_length)
         return result
-    return read_segment(data, number, path, closed_size)
+    if closed_size is not None:
+        return read_segment(data, number, path, closed_size)
+    # The live segment may be written (another process, another thread) while
+    # it is read: a read returns its pages as they were at different moments,
+    # so a page the writer had not yet filled (zeros) can come back before a
+    # later one it filled since -- which reads as damage followed by valid
+    # records.  Read again: a real defect stays where it is, a race moves on.
+    defect = None
+    for _ in range(LIVE_READ_ATTEMPTS - 1):
+        try:
+            return read_segment(data, number, path)
+        except CorruptionError as exc:
+            if exc.offset == defect:
+                raise
+            defect = exc.offset
+        data = read_file(path)
+    return read_segment(data, number, path)
 
 
 # -- segments written before format 2 ----------------------------------------------------
@@ -429,6 +451,9 @@ def salvage_segment(data: bytes, number: int) -> tuple[list[tuple[int, bytes]],
             continue
         found = _fragment_at(data, off, size, seeds)
         resuming = bad_from >= 0
+        if found is None and not resuming and got.start < 0 \
+                and data.count(b"\0", off) == size - off:
+            break  # zeros from a record's end on: the clean end (LogWriter's space ahead)
         if found is None or (not resuming and not got.fits(found[0])):
             if bad_from < 0:
                 bad_from = got.start if got.start >= 0 else off

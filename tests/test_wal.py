@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -21,7 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lsmdb
+import lsmdb.wal
 from lsmdb.manifest import Manifest
+from lsmdb.repair import repair_database
 from lsmdb.verify import verify_database
 from lsmdb.wal import (
     BLOCK_SIZE_BYTES,
@@ -31,7 +35,10 @@ from lsmdb.wal import (
     read_legacy_log,
     read_segment,
     read_segment_file,
+    salvage_segment,
 )
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NUMBER = 7
 # Payloads without zero bytes, of assorted sizes.  Zero-free payloads keep
@@ -526,3 +533,63 @@ def test_a_torn_write_of_a_value_holding_wal_bytes_still_opens(tmp_path):
         with lsmdb.open(copy) as db:
             assert db.get(b"first") == b"1" and db.get(b"backup") is None, cut
         shutil.rmtree(copy)
+
+
+# --------------------------------------------------------------- a live segment read while written
+
+def test_a_live_segment_read_while_its_writer_fills_it_is_read_again(tmp_path, monkeypatch):
+    """A read racing the writer can return a page it had not yet filled (zeros)
+    before a later one it filled since: damage followed by valid records.  The
+    live segment is read again; a defect that stays where it is, is corruption."""
+    payloads = [b"r%05d" % i * 40 for i in range(800)]
+    path = str(tmp_path / "wal-000007.log")
+    data, ends = _write(path, payloads)
+    assert len(data) > 2 * BLOCK_SIZE_BYTES
+    gap = BLOCK_SIZE_BYTES // 2
+    racy = data[:gap] + bytes(4096) + data[gap + 4096:]  # one page caught unfilled
+    with pytest.raises(lsmdb.CorruptionError, match="followed by valid records"):
+        read_segment(racy, NUMBER, path)
+    reads = []
+
+    def read_file(p: str) -> bytes:
+        reads.append(p)
+        return racy if len(reads) == 1 else data
+
+    monkeypatch.setattr(lsmdb.wal, "read_file", read_file)
+    result = read_segment_file(path, NUMBER)
+    assert len(reads) == 2 and _payloads(result) == payloads and not result.torn
+    reads.clear()
+    monkeypatch.setattr(lsmdb.wal, "read_file", lambda p: reads.append(p) or racy)
+    with pytest.raises(lsmdb.CorruptionError) as info:   # it stays: damage
+        read_segment_file(path, NUMBER)
+    assert len(reads) == 2 and info.value.path == path
+    with pytest.raises(lsmdb.CorruptionError):             # a closed segment: read once
+        read_segment_file(path, NUMBER, len(data))
+
+
+def test_salvage_takes_zeros_after_the_last_record_for_the_end(tmp_path):
+    """lsmdb repair's reading: the space a writer allocated ahead is no damage."""
+    path = str(tmp_path / "wal-000007.log")
+    data, ends = _write(path, PAYLOADS)
+    records, damaged = salvage_segment(data + bytes(70_000), NUMBER)
+    assert [p for _o, p in records] == PAYLOADS and damaged == []
+    torn = data[:ends[-1] - 3] + bytes(70_000)            # a cut record, then zeros
+    records, damaged = salvage_segment(torn, NUMBER)
+    assert [p for _o, p in records] == PAYLOADS[:-1] and damaged == [(ends[-2], len(torn))]
+
+
+def test_repair_after_a_kill_keeps_the_live_segment(tmp_path):
+    """A killed writer leaves its live segment with space allocated ahead:
+    repair reads every record and sets nothing aside."""
+    path = str(tmp_path / "db")
+    code = ("import lsmdb, os, sys\n"
+            "db = lsmdb.open(sys.argv[1])\n"
+            "for i in range(100): db.put(b'k%03d' % i, b'v' * 50)\n"
+            "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code, path], check=True,
+                   env={**os.environ, "PYTHONPATH": ROOT})
+    report = repair_database(path)
+    assert not os.path.exists(os.path.join(path, "lost")) or not os.listdir(
+        os.path.join(path, "lost")), report
+    with lsmdb.open(path) as db:
+        assert all(db.get(b"k%03d" % i) == b"v" * 50 for i in range(100))

@@ -17,8 +17,9 @@
  * line ((h >> 32) * nlines) >> 32, bits (g >> 9i) & 511 for i < MF_K, where
  * g = h * 0x9E3779B97F4A7C15.  Sized at MF_BITS_PER_KEY bits per key of its
  * capacity; when a write would take it past its capacity it is rebuilt at
- * twice the keys from the memtable's dict (amortised: each key is hashed
- * about twice), the new lines replacing the old ones only when complete.
+ * twice the keys from the hashes it keeps of its keys (8 bytes a key, read in
+ * order: no walk over the key objects, whose headers miss the cache), the
+ * new lines replacing the old ones only when complete.
  *
  * Writers add a batch's new keys *before* the batch enters the dict, in one
  * call that never releases the GIL or runs Python code, so a reader that
@@ -42,8 +43,35 @@ mf_set(uint64_t *lines, uint64_t nlines, uint64_t h)
     }
 }
 
-/* Size the filter for `keys` keys and refill it from the dict; the old lines
- * stay in place until the new ones are complete.  0, or -1 (MemoryError). */
+/* Room in mf->hashes for `more` hashes after its `count`.  0, or -1
+ * (MemoryError, nothing changed). */
+static int
+mf_reserve_hashes(MemFilter *mf, Py_ssize_t more)
+{
+    if (mf->count + more <= mf->hcap)
+        return 0;
+    Py_ssize_t want = mf->hcap * 2;
+    if (want < mf->count + more)
+        want = mf->count + more;
+    if (want < MF_MIN_KEYS)
+        want = MF_MIN_KEYS;
+    if ((size_t)want > PY_SSIZE_T_MAX / sizeof(uint64_t)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint64_t *grown = PyMem_RawRealloc(mf->hashes, (size_t)want * sizeof(uint64_t));
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    mf->hashes = grown;
+    mf->hcap = want;
+    return 0;
+}
+
+/* Size the filter for `keys` keys and set the bits of the hashes it holds;
+ * the old lines stay in place until the new ones are complete.  0, or -1
+ * (MemoryError). */
 static int
 mf_resize(MemFilter *mf, Py_ssize_t keys)
 {
@@ -62,20 +90,13 @@ mf_resize(MemFilter *mf, Py_ssize_t keys)
         return -1;
     }
     uint64_t *lines = (uint64_t *)(((uintptr_t)raw + 63) & ~(uintptr_t)63);
-    Py_ssize_t pos = 0, count = 0;
-    PyObject *key, *value;
-    while (PyDict_Next(mf->data, &pos, &key, &value)) {
-        if (PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX) {
-            mf_set(lines, nlines, xxh3_64_of_short(key));
-            count++;
-        }
-    }
+    for (Py_ssize_t i = 0; i < mf->count; i++)
+        mf_set(lines, nlines, mf->hashes[i]);
     PyMem_RawFree(mf->raw);
     mf->raw = raw;
     mf->lines = lines;
     mf->nlines = nlines;
     mf->capacity = keys;
-    mf->count = count;
     return 0;
 }
 
@@ -92,6 +113,14 @@ MemFilter_init(MemFilter *self, PyObject *args, PyObject *kwds)
     }
     Py_INCREF(data);
     Py_XSETREF(self->data, data);
+    self->count = 0;  /* (re)initialised: the dict's keys, hashed once */
+    if (mf_reserve_hashes(self, PyDict_GET_SIZE(data)) < 0)
+        return -1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(data, &pos, &key, &value))
+        if (PyBytes_CheckExact(key) && PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX)
+            self->hashes[self->count++] = xxh3_64_of_short(key);
     return mf_resize(self, 2 * PyDict_GET_SIZE(data));
 }
 
@@ -100,6 +129,7 @@ MemFilter_dealloc(MemFilter *self)
 {
     Py_XDECREF(self->data);
     PyMem_RawFree(self->raw);
+    PyMem_RawFree(self->hashes);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -117,13 +147,15 @@ mf_add(MemFilter *self, PyObject *const *items, Py_ssize_t n)
             PyErr_SetString(PyExc_TypeError, "keys must be bytes");
             return -1;
         }
-    if (self->count + n > self->capacity
-        && mf_resize(self, 2 * (PyDict_GET_SIZE(self->data) + n)) < 0)
+    if (mf_reserve_hashes(self, n) < 0
+        || (self->count + n > self->capacity
+            && mf_resize(self, 2 * (PyDict_GET_SIZE(self->data) + n)) < 0))
         return -1;
     for (Py_ssize_t i = 0; i < n; i++)
         if (PyBytes_GET_SIZE(items[i]) <= XXH3_NATIVE_MAX) {
-            mf_set(self->lines, self->nlines, xxh3_64_of_short(items[i]));
-            self->count++;
+            uint64_t h = xxh3_64_of_short(items[i]);
+            mf_set(self->lines, self->nlines, h);
+            self->hashes[self->count++] = h;
         }
     return 0;
 }

@@ -24,7 +24,9 @@ typedef struct {
     void *raw;
     uint64_t nlines;
     Py_ssize_t capacity; /* keys it is sized for */
-    Py_ssize_t count;    /* keys added since it was sized */
+    Py_ssize_t count;    /* keys it holds: the first `count` of hashes */
+    uint64_t *hashes;    /* each key's hash, in the order added, to resize from */
+    Py_ssize_t hcap;     /* room in hashes */
 } MemFilter;
 
 /* The bytes a memtable value counts for in its size (memtable.value_size; a

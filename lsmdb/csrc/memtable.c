@@ -310,11 +310,17 @@ speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     long long grow = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = keys[i], *value = values[i];
-        PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
+        /* One probe of the dict: the key's old value, or the new one put in
+         * (the dict grew; it is taken out again if the op cannot complete). */
+        Py_ssize_t before = PyDict_GET_SIZE(data);
+        PyObject *old = PyDict_SetDefault(data, key, value);  /* borrowed */
+        if (old == NULL)
+            goto fail;
+        int added = PyDict_GET_SIZE(data) != before;
+        if (added)
+            old = NULL;
         long long change, size = 0;
         if (old == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
             change = PyBytes_GET_SIZE(key) + MEM_ENTRY_OVERHEAD_BYTES;  /* a new entry */
         } else {
             if (mem_value_size(old, &size) < 0)
@@ -325,28 +331,27 @@ speedups_apply_columns(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
         change += size;
         int kind = value == Py_None ? 0 : PyBytes_CheckExact(value) ? 1 : 2;
         /* Each op whole or not at all (a MemoryError can stop the loop): a new
-         * key enters the filter (a superset is harmless) and the pending list,
-         * then the dict, then the tags; a failed step undoes the op's earlier
+         * key, already in the dict, enters the filter (a superset is harmless),
+         * the pending list and the tags; a failed step undoes the op's earlier
          * ones, which cannot fail (a key removed, an existing key's old value
-         * put back).  The ops before it stay applied. */
+         * put back).  The ops before it stay applied.  No other thread runs
+         * meanwhile (no Python code here), so none sees the dict ahead of the
+         * filter. */
         if (old == NULL) {
-            if (filter != NULL && mf_add(filter, &key, 1) < 0)  /* before the dict */
-                goto fail;
-            if (PyList_Append(pending, key) < 0)
-                goto fail;
-            int bad = PyDict_SetItem(data, key, value) < 0;
+            int bad = (filter != NULL && mf_add(filter, &key, 1) < 0)
+                      || PyList_Append(pending, key) < 0;
             if (!bad && PyDict_SetItem(tags, key, tag[kind]) < 0) {
                 PyObject *type, *exc, *tb;
                 PyErr_Fetch(&type, &exc, &tb);
-                PyDict_DelItem(data, key);
+                PyList_SetSlice(pending, PyList_GET_SIZE(pending) - 1,
+                                PyList_GET_SIZE(pending), NULL);
                 PyErr_Restore(type, exc, tb);
                 bad = 1;
             }
             if (bad) {
                 PyObject *type, *exc, *tb;
                 PyErr_Fetch(&type, &exc, &tb);
-                PyList_SetSlice(pending, PyList_GET_SIZE(pending) - 1,
-                                PyList_GET_SIZE(pending), NULL);
+                PyDict_DelItem(data, key);
                 PyErr_Restore(type, exc, tb);
                 goto fail;
             }

@@ -347,13 +347,27 @@ def _held_until_cancelled(db_compactor_holder: list[Any], started: threading.Eve
         time.sleep(0.005)
 
 
-def test_close_stops_a_merge_running_in_the_worker(tmp_path, monkeypatch, caplog):
+@pytest.fixture
+def compactors(monkeypatch) -> list[Any]:
+    """Every Compactor made while the test runs, in order."""
+    made: list[Any] = []
+    real_init = lsmdb.compactor.Compactor.__init__
+
+    def keep(self: Any, *args: Any) -> None:
+        real_init(self, *args)
+        made.append(self)
+
+    monkeypatch.setattr(lsmdb.compactor.Compactor, "__init__", keep)
+    return made
+
+
+def test_close_stops_a_merge_running_in_the_worker(tmp_path, monkeypatch, caplog, compactors):
     """close() does not wait for a background compaction: it kills the worker
     merging, whose files are deleted; the inputs stay, and the next open
     compacts them."""
     path = str(tmp_path / "db")
     started = threading.Event()
-    holder: list[Any] = []
+    holder = compactors
     real_alloc = lsmdb.versions.Versions.alloc_file_number
 
     def alloc(self: Any) -> int:   # the worker waits for this answer while the hook waits
@@ -363,13 +377,6 @@ def test_close_stops_a_merge_running_in_the_worker(tmp_path, monkeypatch, caplog
         return number
 
     monkeypatch.setattr(lsmdb.versions.Versions, "alloc_file_number", alloc)
-    real_open = lsmdb.compactor.Compactor.__init__
-
-    def keep(self: Any, *args: Any) -> None:
-        real_open(self, *args)
-        holder.append(self)
-
-    monkeypatch.setattr(lsmdb.compactor.Compactor, "__init__", keep)
     with caplog.at_level(logging.INFO, logger="lsmdb"):
         rows, files = _closing_mid_merge(path, started, compaction_process=True)
     assert "the database is closing" in caplog.text
@@ -385,12 +392,13 @@ def test_close_stops_a_merge_running_in_the_worker(tmp_path, monkeypatch, caplog
     assert [p for p in verify_database(path) if p.severity == "error"] == []
 
 
-def test_close_stops_a_merge_running_in_this_process(tmp_path, monkeypatch, caplog):
+def test_close_stops_a_merge_running_in_this_process(tmp_path, monkeypatch, caplog,
+                                                     compactors):
     """With compaction_process=False the merge stops at its next chunk: the
     output it had begun is deleted, the inputs stay."""
     path = str(tmp_path / "db")
     started = threading.Event()
-    holder: list[Any] = []
+    holder = compactors
     real_take = lsmdb.compaction.take_tagged
     calls = []
 
@@ -402,13 +410,6 @@ def test_close_stops_a_merge_running_in_this_process(tmp_path, monkeypatch, capl
         return chunk
 
     monkeypatch.setattr(lsmdb.compaction, "take_tagged", take)
-    real_open = lsmdb.compactor.Compactor.__init__
-
-    def keep(self: Any, *args: Any) -> None:
-        real_open(self, *args)
-        holder.append(self)
-
-    monkeypatch.setattr(lsmdb.compactor.Compactor, "__init__", keep)
     with caplog.at_level(logging.INFO, logger="lsmdb"):
         rows, files = _closing_mid_merge(path, started, compaction_process=False)
     assert calls[1] > 0                    # it was mid-merge, more to come

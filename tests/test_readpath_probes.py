@@ -6,6 +6,7 @@ index bisect, one hash per key across resumes, bad construction refused."""
 from __future__ import annotations
 
 import bisect
+import gc
 import random
 from array import array
 
@@ -27,16 +28,17 @@ def counts() -> array:
 
 
 def probe(index: list[bytes], bloom: BloomFilter | None = None, kf=None, c=None,
-          lo: bytes | None = None, hi: bytes | None = None) -> FileProbe:
-    """A FileProbe of no reader, with placeholder block offsets and sizes
-    (Probes.first never reads them): ``index`` its index keys, ``bloom`` its
-    filter (None: no filter)."""
+          lo: bytes | None = None, hi: bytes | None = None, reader=None,
+          offsets: list[int] | None = None) -> FileProbe:
+    """A FileProbe of ``reader`` (None: no reader), with placeholder block
+    offsets and sizes (Probes.first never reads them): ``index`` its index
+    keys, ``bloom`` its filter (None: no filter)."""
     n = len(index)
     flt = bloom if bloom is not None else BloomFilter(0, 1.0)
     family, data, params = flt.probe_spec()
-    return FileProbe(None, min(index) if lo is None else lo, max(index) if hi is None else hi,
+    return FileProbe(reader, min(index) if lo is None else lo, max(index) if hi is None else hi,
                      counts() if c is None else c, kf, flt, family, data, params, index,
-                     [0] * n, [0] * n, 0)
+                     [0] * n if offsets is None else offsets, [0] * n, 0)
 
 
 def entry(keys: list[bytes], fp: float, kf=None, c=None, version: int = 2):
@@ -410,3 +412,46 @@ def test_partitions_of_2_32_bits_are_refused():
                     (7 * 2**32, 7, 2**32), [b"b"], [0], [1], 0)
     with pytest.raises(ValueError, match="2\\^32"):
         Probes([big], [], key_hash)
+
+
+class _Reader:
+    """Stands for an SSTableReader: where the C Probes keeps a file's compact index."""
+
+    def __init__(self) -> None:
+        self._c_index: bytes | None = None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_TRICKY, min_size=1, max_size=300), st.lists(_TRICKY, max_size=40),
+       st.booleans())
+def test_a_reader_s_compact_index_is_made_once_and_shared(keys, queries, unsorted):
+    """The first Probes over a reader leaves the file's compact index on it;
+    later ones point into that one (no copy of the index lists), answer the
+    same, and hold it themselves; something else found there is not used."""
+    index = list(keys) if unsorted else sorted(keys)
+    offsets = list(range(0, 4096 * len(index), 4096))
+    reader = _Reader()
+
+    def new() -> object:
+        return Probes([probe(index, lo=min(keys), hi=max(keys), reader=reader,
+                             offsets=offsets)], [], key_hash)
+
+    def check(probes) -> None:
+        for q in queries + keys + [b"", b"\xff" * 20]:
+            assert probes.index_block(0, q) == bisect.bisect_left(index, q), q
+
+    first = new()
+    packed = reader._c_index
+    assert type(packed) is bytes and len(packed) > 8 * len(index)
+    second = new()
+    assert reader._c_index is packed       # made once
+    check(first)
+    check(second)
+    reader._c_index = None                 # the probes hold what they point into
+    del first, packed
+    gc.collect()
+    check(second)
+    reader._c_index = b"LSMCIDX1" + bytes(40)   # not a compact index of this file
+    third = new()
+    assert reader._c_index == b"LSMCIDX1" + bytes(40)
+    check(third)

@@ -12,10 +12,6 @@
 #include "sstable_reader.h"
 #include "sstable_format.h"
 
-/* Index words per group in bisect_index's two steps: 32 words, four cache
- * lines. */
-#define INDEX_GROUP 32
-
 /* A Getter and its DB refer to each other (db.get is the Getter): the
  * cycle collector must see the references, or neither is ever freed. */
 static int

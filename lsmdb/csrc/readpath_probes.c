@@ -62,21 +62,129 @@ readpath_probes_init(void)
 #endif
 }
 
-static void
-entry_clear(Entry *e)
+/* ---- a file's compact index, built once per reader ----------------------
+ * The index keys back to back with their offsets, the bisect words, and
+ * each block's offset and size: what entry_init makes from a FileProbe's
+ * lists (a walk over a list of objects, a cache miss each), kept in one
+ * bytes object on the reader (SSTableReader._c_index) so that the next
+ * Probes over the same file -- one per memtable freeze and per install --
+ * points into it instead of building it again. */
+
+static PyObject *s_c_index;  /* "_c_index", interned at the first use */
+
+#define CINDEX_MAGIC UINT64_C(0x31584449434d534c)  /* "LSMCIDX1" */
+
+typedef struct {
+    uint64_t magic;
+    int64_t nidx, icp, has_words, ngroups, keys_len;
+} CIndexHead;
+
+static Py_ssize_t
+cindex_size(const CIndexHead *h)
 {
-    PyMem_Free(e->ikeys);
-    PyMem_Free(e->ioff);
-    PyMem_Free(e->ipre);
-    PyMem_Free(e->itop);
-    PyMem_Free(e->boff);
-    PyMem_Free(e->bsize);
+    return (Py_ssize_t)(sizeof(CIndexHead) + 8 * (size_t)(h->nidx + 1)
+                        + (h->has_words ? 8 * (size_t)(h->nidx + h->ngroups) : 0)
+                        + 16 * (size_t)h->nidx + (size_t)h->keys_len);
+}
+
+/* e's index fields pointed into the compact index `packed`: 0, or -1 (not
+ * one: nothing set, no exception). */
+static int
+cindex_attach(Entry *e, PyObject *packed)
+{
+    if (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) < (Py_ssize_t)sizeof(CIndexHead))
+        return -1;
+    char *p = PyBytes_AS_STRING(packed);
+    CIndexHead h;
+    memcpy(&h, p, sizeof h);
+    if (h.magic != CINDEX_MAGIC || h.nidx < 0 || h.keys_len < 0 || h.ngroups < 0
+        || h.nidx > PY_SSIZE_T_MAX / 64 || h.keys_len > PY_SSIZE_T_MAX / 2
+        || cindex_size(&h) != PyBytes_GET_SIZE(packed))
+        return -1;
+    char *q = p + sizeof(CIndexHead);
+    Py_ssize_t *ioff = (Py_ssize_t *)q;
+    q += 8 * (h.nidx + 1);
+    for (Py_ssize_t i = 0; i < h.nidx; i++)  /* offsets in order, within the keys */
+        if (ioff[i] < 0 || ioff[i] > ioff[i + 1])
+            return -1;
+    if (ioff[0] != 0 || ioff[h.nidx] != h.keys_len)
+        return -1;
+    e->ioff = ioff;
+    e->nidx = (Py_ssize_t)h.nidx;
+    e->icp = (Py_ssize_t)h.icp;
+    if (h.has_words) {
+        e->ipre = (uint64_t *)q;
+        q += 8 * h.nidx;
+        e->itop = (uint64_t *)q;
+        q += 8 * h.ngroups;
+    } else {
+        e->ipre = e->itop = NULL;
+    }
+    e->boff = (uint64_t *)q;
+    q += 8 * h.nidx;
+    e->bsize = (uint64_t *)q;
+    q += 8 * h.nidx;
+    e->ikeys = q;
+    e->index_shared = 1;
+    return 0;
+}
+
+/* The compact index of e's own arrays (a new reference), or NULL with an
+ * exception set. */
+static PyObject *
+cindex_pack(const Entry *e)
+{
+    CIndexHead h = {CINDEX_MAGIC, e->nidx, e->icp, e->ipre != NULL,
+                    e->ipre != NULL ? (e->nidx + INDEX_GROUP - 1) / INDEX_GROUP : 0,
+                    e->ioff[e->nidx]};
+    PyObject *packed = PyBytes_FromStringAndSize(NULL, cindex_size(&h));
+    if (packed == NULL)
+        return NULL;
+    char *q = PyBytes_AS_STRING(packed);
+    memcpy(q, &h, sizeof h);
+    q += sizeof h;
+    memcpy(q, e->ioff, 8 * (size_t)(h.nidx + 1));
+    q += 8 * (h.nidx + 1);
+    if (h.has_words) {
+        memcpy(q, e->ipre, 8 * (size_t)h.nidx);
+        q += 8 * h.nidx;
+        memcpy(q, e->itop, 8 * (size_t)h.ngroups);
+        q += 8 * h.ngroups;
+    }
+    if (h.nidx) {
+        memcpy(q, e->boff, 8 * (size_t)h.nidx);
+        memcpy(q + 8 * h.nidx, e->bsize, 8 * (size_t)h.nidx);
+    }
+    q += 16 * h.nidx;
+    if (h.keys_len)
+        memcpy(q, e->ikeys, (size_t)h.keys_len);
+    return packed;
+}
+
+static void
+entry_free_index(Entry *e)
+{
+    if (!e->index_shared) {
+        PyMem_Free(e->ikeys);
+        PyMem_Free(e->ioff);
+        PyMem_Free(e->ipre);
+        PyMem_Free(e->itop);
+        PyMem_Free(e->boff);
+        PyMem_Free(e->bsize);
+    }
+    e->index_shared = 0;
     e->ikeys = NULL;
     e->ioff = NULL;
     e->ipre = NULL;
     e->itop = NULL;
     e->boff = NULL;
     e->bsize = NULL;
+}
+
+static void
+entry_clear(Entry *e)
+{
+    entry_free_index(e);
     Py_CLEAR(e->reader);
     Py_CLEAR(e->lo);
     Py_CLEAR(e->hi);
@@ -91,7 +199,7 @@ entry_clear(Entry *e)
 /* e from the FileProbe item (its fields by the FILE_* macros); 0, or -1
  * with an exception set (Probes_dealloc releases what e holds by then). */
 static int
-entry_init(Entry *e, PyObject *item)
+entry_init(Entry *e, PyObject *item, PyObject **owner)
 {
     if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != FILE_FIELDS) {
         PyErr_SetString(PyExc_TypeError, "a file is a FileProbe (lsmdb/fastpath.py)");
@@ -142,6 +250,24 @@ entry_init(Entry *e, PyObject *item)
             return -1;
         }
         e->kf = Py_NewRef(kf);
+    }
+    /* The reader's compact index, where an earlier Probes made it. */
+    if (s_c_index == NULL && (s_c_index = PyUnicode_InternFromString("_c_index")) == NULL)
+        return -1;
+    PyObject *cached = PyObject_GetAttr(e->reader, s_c_index);
+    int keep = 0;  /* make the reader's compact index from this entry's arrays */
+    if (cached == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();  /* not an SSTableReader: the entry keeps arrays of its own */
+    } else if (cached == Py_None) {
+        keep = 1;
+        Py_DECREF(cached);
+    } else if (cindex_attach(e, cached) == 0) {
+        *owner = cached;
+        return 0;
+    } else {
+        Py_DECREF(cached);  /* not one of ours: build this entry's own */
     }
     /* A compact copy of the index keys: the bisect after a "maybe" walks one
      * small buffer instead of a list of objects spread over the heap. */
@@ -195,6 +321,23 @@ entry_init(Entry *e, PyObject *item)
         if (PyErr_Occurred())
             return -1;
     }
+    /* Kept on the reader (set once: None there) for the next Probes. */
+    if (keep) {
+        PyObject *packed = cindex_pack(e);
+        if (packed == NULL)
+            return -1;
+        if (PyObject_SetAttr(e->reader, s_c_index, packed) < 0) {
+            Py_DECREF(packed);
+            return -1;
+        }
+        entry_free_index(e);
+        if (cindex_attach(e, packed) < 0) {  /* cannot happen: it was just made */
+            Py_DECREF(packed);
+            PyErr_SetString(PyExc_SystemError, "compact index refused");
+            return -1;
+        }
+        *owner = packed;
+    }
     return 0;
 }
 
@@ -227,6 +370,11 @@ Probes_dealloc(Probes *self)
         for (Py_ssize_t i = 0; i < self->n; i++)
             entry_clear(&self->e[i]);
         PyMem_Free(self->e);
+    }
+    if (self->owners) {
+        for (Py_ssize_t i = 0; i < self->n; i++)
+            Py_XDECREF(self->owners[i]);
+        PyMem_Free(self->owners);
     }
     if (self->max_keys) {
         for (Py_ssize_t i = 0; i < self->nlevels; i++)
@@ -334,20 +482,21 @@ Probes_init(Probes *self, PyObject *args, PyObject *kwds)
     }
     self->off[nlevels] = n;
     self->e = PyMem_Calloc(n ? n : 1, sizeof(Entry));
-    if (self->e == NULL) {
+    self->owners = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    if (self->e == NULL || self->owners == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     self->n = n;
     self->n0 = n0;
     for (Py_ssize_t i = 0; i < n0; i++)
-        if (entry_init(&self->e[i], PyTuple_GET_ITEM(l0, i)) < 0)
+        if (entry_init(&self->e[i], PyTuple_GET_ITEM(l0, i), &self->owners[i]) < 0)
             goto fail;
     for (Py_ssize_t L = 0; L < nlevels; L++) {
         PyObject *entries = PyTuple_GET_ITEM(levels, L);
         for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(entries); j++) {
             Entry *e = &self->e[self->off[L] + j];
-            if (entry_init(e, PyTuple_GET_ITEM(entries, j)) < 0)
+            if (entry_init(e, PyTuple_GET_ITEM(entries, j), &self->owners[self->off[L] + j]) < 0)
                 goto fail;
             /* level_pick's file holds the key only below its max key: the
              * range check of a picked file compares the min key alone. */

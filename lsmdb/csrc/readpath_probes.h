@@ -13,6 +13,10 @@
 #include "filters_hashing.h"
 #include "keys.h"
 
+/* Index words per group in bisect_index's two steps: 32 words, four cache
+ * lines. */
+#define INDEX_GROUP 32
+
 /* One file of a table's Probes: its key range, its filter, its index, its
  * reader and cache keys (readpath_probes.c's entry_init builds it from the
  * file's FileProbe). */
@@ -35,10 +39,12 @@ typedef struct {
     uint64_t max_seq;    /* the file's newest sequence number */
     int have_counts;
     unsigned char format; /* the file's format version: 1, 2 or 3 */
+    char index_shared;   /* ikeys .. bsize point into the reader's compact index
+                          * (Probes.owners holds it), not arrays of its own */
     /* To 320 bytes, five cache lines: the address of entry f is then f * 5
      * shifted (two instructions), where at 304 it took three, and an
      * absent get over three files six instructions more. */
-    char pad[3];
+    char pad[2];
 } Entry;
 
 #if defined(__x86_64__) || defined(__aarch64__)
@@ -49,6 +55,7 @@ _Static_assert(sizeof(Entry) % 64 == 0, "Entry: adjust pad to a multiple of 64 b
 typedef struct {
     PyObject_HEAD
     Entry *e;
+    PyObject **owners;    /* per entry: the compact index it points into, or NULL */
     Py_ssize_t n;         /* entries in all */
     Py_ssize_t n0;        /* level-0 entries */
     Py_ssize_t nlevels;

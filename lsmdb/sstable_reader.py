@@ -98,8 +98,8 @@ class SSTableReader:
         self._parked = -1  # the descriptor's number after close (see close)
         #: The C read path's compact copy of the index (keys, words, block
         #: offsets and sizes in one bytes object), made by the first C Probes
-        #: over this file and shared by every later one; set once, never
-        #: changed (their entries point into it and hold it).
+        #: over this file and used by every later one, each holding it (one
+        #: that does not check out as this file's is not used).
         self._c_index: bytes | None = None
         #: The file mapped read-only (map_file), or None: the C getter
         #: copies a block out of the mapping instead of a pread.

@@ -455,3 +455,38 @@ def test_a_reader_s_compact_index_is_made_once_and_shared(keys, queries, unsorte
     third = new()
     assert reader._c_index == b"LSMCIDX1" + bytes(40)
     check(third)
+
+
+def test_a_compact_index_that_does_not_check_out_is_not_used():
+    """Header fields the read path trusts -- block count, shared prefix, group
+    count -- changed in a real compact index, or one of another file: each is
+    refused (the entry builds its own) and every answer stays right."""
+    import struct
+    index = [b"user:%06d" % (3 * i) for i in range(100)]
+    other = [b"user:%06d" % (5 * i) for i in range(64)]
+    made = _Reader()
+    Probes([probe(index, reader=made)], [], key_hash)
+    packed = made._c_index
+    assert type(packed) is bytes
+    magic, nidx, icp, has_words, ngroups, keys_len = struct.unpack_from("<Qqqqqq", packed)
+    assert (nidx, has_words, ngroups) == (100, 1, 4)
+
+    def with_head(**fields) -> bytes:
+        head = dict(magic=magic, nidx=nidx, icp=icp, has_words=has_words, ngroups=ngroups,
+                    keys_len=keys_len)
+        head.update(fields)
+        return struct.pack("<Qqqqqq", *head.values()) + packed[48:]
+
+    other_reader = _Reader()
+    Probes([probe(other, reader=other_reader)], [], key_hash)
+    forged = [with_head(icp=-(1 << 40)), with_head(icp=keys_len + 5), with_head(ngroups=5),
+              with_head(ngroups=(1 << 61) - 64), with_head(has_words=2), with_head(nidx=99),
+              other_reader._c_index, packed[:-1]]
+    for bad in forged:
+        reader = _Reader()
+        reader._c_index = bad
+        probes = Probes([probe(index, reader=reader)], [], key_hash)
+        assert reader._c_index is bad
+        for i in range(0, 320, 7):
+            q = b"user:%06d" % i
+            assert probes.index_block(0, q) == bisect.bisect_left(index, q), (bad[:48], q)

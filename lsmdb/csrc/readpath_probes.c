@@ -72,6 +72,14 @@ readpath_probes_init(void)
 
 static PyObject *s_c_index;  /* "_c_index", interned at the first use */
 
+/* The layout stores Py_ssize_t offsets as 8-byte words: elsewhere each
+ * entry keeps arrays of its own. */
+#if SIZEOF_SIZE_T == 8
+#define CINDEX_ON 1
+#else
+#define CINDEX_ON 0
+#endif
+
 #define CINDEX_MAGIC UINT64_C(0x31584449434d534c)  /* "LSMCIDX1" */
 
 typedef struct {
@@ -87,18 +95,24 @@ cindex_size(const CIndexHead *h)
                         + 16 * (size_t)h->nidx + (size_t)h->keys_len);
 }
 
-/* e's index fields pointed into the compact index `packed`: 0, or -1 (not
- * one: nothing set, no exception). */
+/* e's index fields pointed into the compact index `packed` of a file of
+ * `expect_nidx` blocks: 0, or -1 (not one: nothing set, no exception).
+ * Everything the read path trusts is checked: the arrays' sizes from the
+ * block count, the offsets in order within the keys, the shared prefix
+ * within the first key. */
 static int
-cindex_attach(Entry *e, PyObject *packed)
+cindex_attach(Entry *e, PyObject *packed, Py_ssize_t expect_nidx)
 {
     if (!PyBytes_CheckExact(packed) || PyBytes_GET_SIZE(packed) < (Py_ssize_t)sizeof(CIndexHead))
         return -1;
     char *p = PyBytes_AS_STRING(packed);
     CIndexHead h;
     memcpy(&h, p, sizeof h);
-    if (h.magic != CINDEX_MAGIC || h.nidx < 0 || h.keys_len < 0 || h.ngroups < 0
+    if (h.magic != CINDEX_MAGIC || h.nidx != expect_nidx || h.nidx < 0 || h.keys_len < 0
         || h.nidx > PY_SSIZE_T_MAX / 64 || h.keys_len > PY_SSIZE_T_MAX / 2
+        || (uint64_t)h.has_words > 1 || (h.has_words && h.nidx == 0)
+        || h.ngroups != (h.has_words ? (h.nidx + INDEX_GROUP - 1) / INDEX_GROUP : 0)
+        || h.icp < 0 || (!h.has_words && h.icp != 0)
         || cindex_size(&h) != PyBytes_GET_SIZE(packed))
         return -1;
     char *q = p + sizeof(CIndexHead);
@@ -107,7 +121,8 @@ cindex_attach(Entry *e, PyObject *packed)
     for (Py_ssize_t i = 0; i < h.nidx; i++)  /* offsets in order, within the keys */
         if (ioff[i] < 0 || ioff[i] > ioff[i + 1])
             return -1;
-    if (ioff[0] != 0 || ioff[h.nidx] != h.keys_len)
+    if (ioff[0] != 0 || ioff[h.nidx] != h.keys_len
+        || (h.has_words && h.icp > ioff[1] - ioff[0]))  /* the prefix lies in every key */
         return -1;
     e->ioff = ioff;
     e->nidx = (Py_ssize_t)h.nidx;
@@ -251,30 +266,28 @@ entry_init(Entry *e, PyObject *item, PyObject **owner)
         }
         e->kf = Py_NewRef(kf);
     }
-    /* The reader's compact index, where an earlier Probes made it. */
-    if (s_c_index == NULL && (s_c_index = PyUnicode_InternFromString("_c_index")) == NULL)
-        return -1;
-    PyObject *cached = PyObject_GetAttr(e->reader, s_c_index);
-    int keep = 0;  /* make the reader's compact index from this entry's arrays */
-    if (cached == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear();  /* not an SSTableReader: the entry keeps arrays of its own */
-    } else if (cached == Py_None) {
-        keep = 1;
-        Py_DECREF(cached);
-    } else if (cindex_attach(e, cached) == 0) {
-        *owner = cached;
-        return 0;
-    } else {
-        Py_DECREF(cached);  /* not one of ours: build this entry's own */
-    }
-    /* A compact copy of the index keys: the bisect after a "maybe" walks one
-     * small buffer instead of a list of objects spread over the heap. */
     if (!PyList_CheckExact(index_keys)) {
         PyErr_SetString(PyExc_TypeError, "index_keys must be a list of bytes");
         return -1;
     }
+    /* The reader's compact index, where an earlier Probes made it. */
+    if (s_c_index == NULL && (s_c_index = PyUnicode_InternFromString("_c_index")) == NULL)
+        return -1;
+    int keep = 0;  /* make the reader's compact index from this entry's arrays */
+    PyObject *cached = CINDEX_ON ? PyObject_GetAttr(e->reader, s_c_index) : NULL;
+    if (cached == NULL) {
+        PyErr_Clear();  /* not an SSTableReader: the entry keeps arrays of its own */
+    } else if (cached == Py_None) {
+        keep = 1;
+        Py_DECREF(cached);
+    } else if (cindex_attach(e, cached, PyList_GET_SIZE(index_keys)) == 0) {
+        *owner = cached;
+        return 0;
+    } else {
+        Py_DECREF(cached);  /* not this file's: build this entry's own */
+    }
+    /* A compact copy of the index keys: the bisect after a "maybe" walks one
+     * small buffer instead of a list of objects spread over the heap. */
     Py_ssize_t nidx = PyList_GET_SIZE(index_keys), total = 0;
     for (Py_ssize_t i = 0; i < nidx; i++) {
         PyObject *ik = PyList_GET_ITEM(index_keys, i);
@@ -327,15 +340,16 @@ entry_init(Entry *e, PyObject *item, PyObject **owner)
         if (packed == NULL)
             return -1;
         if (PyObject_SetAttr(e->reader, s_c_index, packed) < 0) {
+            PyErr_Clear();  /* it cannot keep one: the entry keeps its own arrays */
             Py_DECREF(packed);
-            return -1;
+            return 0;
         }
-        entry_free_index(e);
-        if (cindex_attach(e, packed) < 0) {  /* cannot happen: it was just made */
+        Entry own = *e;
+        if (cindex_attach(e, packed, nidx) < 0) {  /* cannot happen: it was just made */
             Py_DECREF(packed);
-            PyErr_SetString(PyExc_SystemError, "compact index refused");
-            return -1;
+            return 0;  /* e unchanged: its own arrays */
         }
+        entry_free_index(&own);
         *owner = packed;
     }
     return 0;

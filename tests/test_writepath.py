@@ -411,13 +411,19 @@ def test_the_c_put_leaves_what_the_python_put_leaves(tmp_path, fixed_db_id, monk
     assert len(c[0]) > 3 * 32768  # records crossed WAL blocks (fragments)
 
 
+def _use_twin(c: bool, monkeypatch) -> None:
+    """Puts from here on through the C put (``c``; skipped where it is not
+    built) or its Python twin."""
+    if c and not writepath.USE_SPEEDUPS:
+        pytest.skip("built without a C compiler")
+    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+
+
 @pytest.mark.parametrize("c", [False, True])
 def test_put_one_declines_what_is_not_its_case(tmp_path, c, monkeypatch):
     """put_one does nothing and answers False where the general path must
     check, convert or raise; the handle's put then does what it always did."""
-    if c and not writepath.USE_SPEEDUPS:
-        pytest.skip("built without a C compiler")
-    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    _use_twin(c, monkeypatch)
     from lsmdb.keys import MAX_KEY_SIZE_BYTES, MAX_VALUE_SIZE_BYTES
 
     db = lsmdb.open(str(tmp_path / "db"), auto_compaction=False)
@@ -458,9 +464,7 @@ def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monke
     this wrapper sees the C put's growth too) fails: the put raises it, the log
     is failed, the memtable untouched; the next put mends the log.  Where the
     file system cannot allocate ahead, zeros are written instead."""
-    if c and not writepath.USE_SPEEDUPS:
-        pytest.skip("built without a C compiler")
-    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    _use_twin(c, monkeypatch)
     path = str(tmp_path / "db")
     db = lsmdb.open(path, auto_compaction=False)
     state = db._versions.tables["default"]
@@ -500,9 +504,7 @@ def test_a_put_at_the_end_of_the_allocated_space_grows_the_segment_or_fails_whol
     """Small puts up to the end of the space the live segment allocated ahead:
     the one that does not fit grows it (both twins through LogWriter.reserve),
     and where growing fails that put raises and leaves nothing behind."""
-    if c and not writepath.USE_SPEEDUPS:
-        pytest.skip("built without a C compiler")
-    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    _use_twin(c, monkeypatch)
     path = str(tmp_path / "db")
     db = lsmdb.open(path, auto_compaction=False)
     state = db._versions.tables["default"]
@@ -548,9 +550,7 @@ def test_the_c_put_follows_a_class_changed_after_it_ran(tmp_path, c, monkeypatch
     """The C put reads slots at offsets it remembers per type; a class attribute
     patched in later (here read_only, made a property answering True) is seen
     at the next put, as the Python put sees it, and the original again after."""
-    if c and not writepath.USE_SPEEDUPS:
-        pytest.skip("built without a C compiler")
-    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    _use_twin(c, monkeypatch)
     from lsmdb.versions import Versions
 
     with lsmdb.open(str(tmp_path / "db"), auto_compaction=False) as db:
@@ -621,9 +621,7 @@ def test_db_put_and_its_compiled_twin_agree(tmp_path, c, monkeypatch):
     """db.put is the C Putter where the C put is built, DB.put otherwise: the
     same rows, the same errors, every way of calling it; the Putter does not
     keep a closed database alive."""
-    if c and not writepath.USE_SPEEDUPS:
-        pytest.skip("built without a C compiler")
-    monkeypatch.setattr(writepath, "USE_SPEEDUPS", c)
+    _use_twin(c, monkeypatch)
     results = []
     for twin in ("instance", "class"):
         db = lsmdb.open(str(tmp_path / f"{twin}-{c}"), auto_compaction=False,

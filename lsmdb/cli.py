@@ -118,6 +118,16 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 1 if errors else 0
 
 
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """A consistent, openable copy of the database at DEST, taken while another process may
+    write: SSTables hard linked where the file system allows, the unflushed WAL copied, all of
+    it fsynced before the command returns."""
+    with open_read_only(args.path) as db:
+        dest = db.checkpoint(args.dest)
+    print(f"checkpoint of {args.path} at {dest}")
+    return 0
+
+
 # ----------------------------------------------------------------- export / import
 def cmd_export(args: argparse.Namespace) -> int:
     """Every live key and value of a table (or, without --table, of every table), in key order."""
@@ -259,6 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="report what would be done, change "
                    "nothing")
     json_out(p)
+
+    p = add("checkpoint", cmd_checkpoint, "a consistent copy of a live database that opens as "
+            "a database of its own", "lsmdb checkpoint /tmp/demo-db /backups/demo-2026-12-07")
+    path(p)
+    p.add_argument("dest", help="the new directory (must not exist; its parent must)")
 
     p = add("advise", cmd_advise, "Bloom filter price list for N keys",
             "lsmdb advise --keys 1000000 --fp 0.01 0.001 --bits-per-key 8")

@@ -20,6 +20,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from . import checkpoint as _checkpoint
 from . import stats as _stats
 from . import worker as _worker
 from .background import Background
@@ -28,6 +29,7 @@ from .compactor import Compactor
 from .errors import LsmdbError, NoSuchTableError, TableExistsError
 from .files import SwitchedButNotSynced
 from .flush import Flusher
+from .follow import Follower
 from .handles import Table, WriteBatch
 from .keys import as_key
 from .lockfile import DatabaseLock
@@ -93,12 +95,16 @@ class DB(ScanMapping):
                  block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
                  mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None,
                  clock: Callable[[], float] | None = None,
-                 compaction_process: bool = True) -> None:
+                 compaction_process: bool = True, follow: bool = False) -> None:
         for name, flag in (("create_if_missing", create_if_missing), ("sync", sync),
-                           ("read_only", read_only), ("auto_compaction", auto_compaction),
+                           ("read_only", read_only), ("follow", follow),
+                           ("auto_compaction", auto_compaction),
                            ("mmap_reads", mmap_reads),
                            ("compaction_process", compaction_process)):
             validate_bool(name, flag, "option")
+        if follow and not read_only:
+            raise ValueError("follow=True is for read-only handles: open with read_only=True "
+                             "(a writer sees its own writes)")
         self.path = os.path.abspath(os.fsdecode(os.fspath(path)))
         max_wal = validate_max_total_wal_size(max_total_wal_size_bytes)
         if isinstance(block_cache_size_bytes, bool) or not isinstance(block_cache_size_bytes, int):
@@ -117,7 +123,18 @@ class DB(ScanMapping):
         self._stats_lock = threading.Lock()
         self._stats_saved_at = time.monotonic()
         self._bg: Background | None = None
+        self._follower: Follower | None = None
+        board = None
+        if read_only:
+            follower = self._follower = Follower(versions, follow, self._tables_changed)
+            if follower.watch is not None:
+                board = follower.watch.read()  # before the open reads anything
         self._recovered = open_database(versions, self._flusher, create_if_missing)
+        if read_only and follow:
+            assert self._follower is not None and self._follower.watch is not None
+            if board is not None:
+                self._follower.watch.seen = board
+            versions.follower = self._follower  # before any getter is made
         self._dblock: DatabaseLock | None = self._recovered.lock
         self._writes = WritePath(versions, self._flusher, sync=sync,
                                  max_total_wal_size_bytes=max_wal)
@@ -146,6 +163,54 @@ class DB(ScanMapping):
     def _handle(self, state: TableState) -> Table:
         return Table(state, self._versions, self._writes, self.flush)
 
+    def _tables_changed(self, added: list[TableState], dropped: list[TableState]) -> None:
+        """A read-only handle caught up with tables created or dropped by the writer."""
+        for state in dropped:
+            handle = self._handles.get(state.name)
+            if handle is not None and handle._state is state:
+                del self._handles[state.name]
+        for state in added:
+            self._handles[state.name] = self._handle(state)
+
+    def refresh(self) -> None:
+        """Catch a read-only handle up with the writer: afterwards it sees every
+        write the writer had acknowledged when ``refresh()`` began -- new files
+        and the WAL records not yet flushed -- and tables created, altered or
+        dropped since.  Scans, iterators and snapshots already open keep the
+        view they took.  The work is proportional to what was written since
+        the last catch-up, plus a reread of the unflushed WAL when the
+        manifest changed (a flush, a compaction).  A handle opened with
+        ``follow=True`` does this by itself before each read.  On a writable
+        handle it does nothing: a writer always sees its own writes.
+        """
+        self._versions.check_open()
+        if self._follower is not None:
+            self._follower.catch_up(refresh=True)
+
+    def checkpoint(self, dest: str | os.PathLike[str]) -> str:
+        """A consistent, openable copy of the whole database at ``dest`` (which must
+        not exist; its parent must): every table, its options and counters, with
+        every write acknowledged before the call and none after, while writes go
+        on.  SSTables are hard linked where the file system allows (copied
+        otherwise), the WAL's unflushed records copied; the copy is fsynced and
+        renamed into place before this returns, so it survives a power loss
+        (lsmdb.checkpoint).  It opens read-write as a database of its own.  On a
+        read-only handle it first catches up, as ``refresh()``.  Returns
+        ``dest`` as an absolute path."""
+        follower = self._follower
+        catch_up = None if follower is None else (lambda: follower.catch_up(refresh=True))
+        return _checkpoint.checkpoint(self._versions, dest, catch_up)
+
+    @property
+    def following(self) -> bool:
+        """True for a handle opened with ``follow=True``."""
+        return self._versions.follower is not None
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"an lsmdb.DB handle cannot be pickled or sent to another process: "
+                        f"open the path ({self.path!r}) there, with read_only=True (and "
+                        f"follow=True to see new writes) while this process writes")
+
     def _disown(self) -> None:
         """In a fork() child: this handle is the parent's.  Every later call raises
         DatabaseForkedError; nothing is written, and the parent's lock stays its own."""
@@ -162,6 +227,8 @@ class DB(ScanMapping):
         if self._dblock is not None:
             self._dblock.disown()
             self._dblock = None
+        versions.log.changes = None  # the parent's board: not written from here
+        versions.changes = None
         versions.log.close()
         versions.close_readers()
 
@@ -509,6 +576,12 @@ class DB(ScanMapping):
             finally:
                 versions.closed = True
                 self._flusher.progressed()  # writers waiting for the flush thread
+                wal.changes = None
+                if self._follower is not None:
+                    self._follower.close()
+                if versions.changes is not None:
+                    versions.changes.close()
+                    versions.changes = None
                 wal.close()
                 versions.close_readers()
                 if self._dblock is not None:
@@ -556,16 +629,21 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
          read_only: bool = False, auto_compaction: bool = True,
          block_cache_size_bytes: int = DEFAULT_BLOCK_CACHE_SIZE_BYTES,
          mmap_reads: bool = True, max_total_wal_size_bytes: int | None = None,
-         clock: Callable[[], float] | None = None, compaction_process: bool = True) -> DB:
+         clock: Callable[[], float] | None = None, compaction_process: bool = True,
+         follow: bool = False) -> DB:
     """Open (or create) the database in directory ``path``.
 
     ``sync=True`` fsyncs the WAL before every write returns (per call:
     ``put(..., sync=...)``).  ``read_only=True`` takes no lock, so it can read
     a database another process has open; it sees every write acknowledged
-    before it began.  ``auto_compaction`` runs compactions on a background
-    thread after flushes.  ``block_cache_size_bytes`` bounds the shared cache
-    of data blocks, their payloads as on disk (0 disables it; cache hits are
-    counted apart from disk reads).  ``mmap_reads`` maps each SSTable
+    before it began, and after ``refresh()`` every one acknowledged before
+    that began.  ``follow=True`` (with ``read_only=True``) makes a handle
+    that catches up by itself: a read that begins after the writer
+    acknowledged a write sees it (lsmdb.follow).  ``auto_compaction`` runs
+    compactions on a background thread after flushes.
+    ``block_cache_size_bytes`` bounds the shared cache of data blocks, their
+    payloads as on disk (0 disables it; cache hits are counted apart from
+    disk reads).  ``mmap_reads`` maps each SSTable
     read-only so that a get copies the data block it reads out of the mapping
     instead of asking the kernel for it (a system call); a file cut short
     under the mapping still raises CorruptionError.  Without the C speedups,
@@ -587,7 +665,7 @@ def open(path: str | os.PathLike[str], create_if_missing: bool = True, sync: boo
     return DB(path, create_if_missing=create_if_missing, sync=sync, read_only=read_only,
               auto_compaction=auto_compaction, block_cache_size_bytes=block_cache_size_bytes,
               mmap_reads=mmap_reads, max_total_wal_size_bytes=max_total_wal_size_bytes,
-              clock=clock, compaction_process=compaction_process)
+              clock=clock, compaction_process=compaction_process, follow=follow)
 
 
 __all__ = ["DB", "open", "LsmdbError"]

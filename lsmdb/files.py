@@ -6,6 +6,7 @@ Names (docs/FORMAT.md §2)::
     MANIFEST          tables, options, SSTables, WAL segments (switched atomically)
     STATS             filter and read counters
     FILTER_KEY        the secret of keyed filter hashing (mode 0600; only if used)
+    CHANGES           counters a writer keeps for readers that follow it (lsmdb.changes)
     NNNNNN.sst        an SSTable
     wal-NNNNNN.log    a write-ahead-log segment
     NAME.tmp          a MANIFEST or STATS being written
@@ -36,6 +37,7 @@ LOCK_NAME = "LOCK"
 MANIFEST_NAME = "MANIFEST"
 STATS_NAME = "STATS"
 SECRET_NAME = "FILTER_KEY"
+CHANGES_NAME = "CHANGES"
 LOST_NAME = "lost"
 TMP_SUFFIX = ".tmp"
 
@@ -44,7 +46,7 @@ WAL_RE = re.compile(r"wal-(\d{6,})\.log\Z")
 
 #: Every name lsmdb itself creates in a database directory (``lost/`` aside).
 OWN_NAME_RE = re.compile(
-    r"(?:LOCK|MANIFEST|STATS|FILTER_KEY(?:\.damaged)?|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
+    r"(?:LOCK|MANIFEST|STATS|CHANGES|FILTER_KEY(?:\.damaged)?|\d{6,}\.sst|wal-\d{6,}\.log)(?:\.tmp)?\Z")
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: a FIFO planted under a file's name must not block the open.

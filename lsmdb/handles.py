@@ -57,6 +57,11 @@ class Table(ScanMapping):
         #: A put's common case whole (WritePath.put_one): False where it is not.
         self._put_one = writes.bind_put(state)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(f"an lsmdb Table handle ({self.name!r}) cannot be pickled or sent to "
+                        f"another process: open the database's path there and take the table "
+                        f"with db.table({self.name!r})")
+
     def _live(self) -> TableState:
         state = self._state
         if state.dropped:

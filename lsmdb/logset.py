@@ -47,6 +47,7 @@ from typing import Any
 
 import msgpack
 
+from .changes import note_seq
 from .errors import CorruptionError
 from .files import SwitchedButNotSynced, read_file, unlink_quietly, wal_name
 from .ttl import MAX_EXPIRES
@@ -189,7 +190,7 @@ class LogSet:
 
     # (slots: the C put, lsmdb/csrc/writepath.c, reads them at their offsets)
     __slots__ = ("directory", "writer", "live", "closed", "unsynced", "failed", "promoted",
-                 "_closed_bytes")
+                 "_closed_bytes", "changes")
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
@@ -203,6 +204,9 @@ class LogSet:
         #: switch should name them synced.
         self.promoted = False
         self._closed_bytes = 0
+        #: The writer's CHANGES mapping (lsmdb.changes), or None: each record's
+        #: sequence number is stored there once it is in the log.
+        self.changes: Any = None
 
     def path(self, number: int) -> str:
         return os.path.join(self.directory, wal_name(number))
@@ -443,6 +447,8 @@ class LogSet:
             live.min_seq = seq
         if sync:
             self.sync()
+        if self.changes is not None:
+            note_seq(self.changes, seq)
 
     def sync(self) -> None:
         """fsync every unsynced segment, oldest first, then the live one."""

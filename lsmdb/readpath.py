@@ -58,7 +58,7 @@ from .ttl import system_now_us
 
 _c_entry_find: Callable[[bytes, bytes, object], Any] | None
 try:
-    from ._speedups import Cache, Getter, set_entry_seq, set_system_clock
+    from ._speedups import Cache, ChangeWatch, Getter, set_entry_seq, set_system_clock
     from ._speedups import entry_find as _c_entry_find
     set_system_clock(system_now_us)  # the C getter reads that clock itself (CLOCK_REALTIME)
     USE_C_GETTER = C_READ_PATH
@@ -348,10 +348,13 @@ def make_getter(db: Versions, state: TableState) -> Any:
     max_key = MAX_KEY_SIZE_BYTES
     missing = MISSING
     counts = state.counts
+    follower = db.follower  # a following handle's (lsmdb.follow), set before any getter
 
     def get(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key:
             key = as_key(key)
+        if follower is not None:
+            follower.check()
         if db.closed:
             db.check_open()
         counts[GETS] += 1
@@ -362,12 +365,87 @@ def make_getter(db: Versions, state: TableState) -> Any:
         return value
 
     cache = db.block_cache
-    if USE_C_GETTER and table.USE_SPEEDUPS and (cache is None or isinstance(cache, Cache)):
+    if USE_C_GETTER and table.USE_SPEEDUPS and (cache is None or isinstance(cache, Cache)) \
+            and (follower is None or isinstance(follower.watch, ChangeWatch)):
         # The same read in C: unusual calls (non-bytes keys, keywords, a closed
         # database, shadow mode, a filter family C does not probe) go to ``get``
-        # above; a block it cannot serve to file_blocks (_c_blocks).
-        return Getter(db, state, missing, _c_blocks, get, max_key, cache)
+        # above; a block it cannot serve to file_blocks (_c_blocks).  A
+        # following handle's checks the writer's counters first, as ``get``.
+        getter = Getter(db, state, missing, _c_blocks, get, max_key, cache)
+        if follower is not None:
+            getter.follow(follower.watch, follower.catch_up)
+        return getter
     return get
+
+
+def make_nodisk(db: Versions, state: TableState
+                ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``(nodisk, resume)`` of one table, for a caller that must not wait on the
+    disk (lsmdb.aio): ``nodisk(key, default=None)`` is the get when memory
+    answers it -- a memtable, the filters' "no", the block cache -- counted as
+    a get; otherwise ``(MISSING, view, i)``, and ``resume(key, default, view,
+    i)``, run where waiting is fine, reads the rest from file ``i`` of the
+    view on (``view`` None, ``i`` -1: the whole get, nothing counted before).
+    A get so split counts what one ``get`` counts.  The C getter's methods
+    where it serves; else these, its Python twins."""
+    getter = state_getter(db, state)
+    if not callable(getter) or hasattr(getter, "nodisk"):
+        return getter.nodisk, getter.resume
+    max_key = MAX_KEY_SIZE_BYTES
+    counts = state.counts
+    follower = db.follower
+    whole = (MISSING, None, -1)
+
+    def nodisk(key: Any, default: Any = None) -> Any:
+        if type(key) is not bytes or len(key) > max_key or db.closed or \
+                (follower is not None and follower.watch.changed()):
+            return whole
+        view = state.fast
+        if view.seq_overlap or view.shadow:
+            return whole
+        for data in (view.data, *view.imm_datas):
+            value = data.get(key, MISSING)
+            if value is not MISSING:
+                value = visible(value, LATEST, view)
+                if value is not MISSING:
+                    counts[GETS] += 1
+                    if value is None:
+                        counts[GETS_ABSENT] += 1
+                        return default
+                    return value
+        counts[GETS] += 1
+        return files_from(view, key, default, 0, True)
+
+    def files_from(view: FastPath, key: bytes, default: Any, start: int, no_disk: bool) -> Any:
+        hashes = KeyHashes(key)
+        for i, p in enumerate(files_for(view, key)):
+            if i < start:
+                continue  # counted before the pause
+            if file_filter(view, p, key, hashes):  # a "maybe" is not counted: asked again
+                if no_disk and block_uncached(view, p, key):
+                    return (MISSING, view, i)
+                value = file_blocks(view, p, [key])[0]
+                if value is not MISSING:
+                    if value is None:
+                        break
+                    return value
+        counts[GETS_ABSENT] += 1
+        return default
+
+    def resume(key: Any, default: Any, view: Any, i: int) -> Any:
+        if i < 0:
+            return getter(key, default)
+        return files_from(view, key, default, i, False)
+
+    return nodisk, resume
+
+
+def block_uncached(view: FastPath, p: FileProbe, key: bytes) -> bool:
+    """Whether file ``p``'s read of ``key`` needs a block the cache does not hold."""
+    b = bisect_left(p.index_keys, key)
+    if b == len(p.index_keys):
+        return False
+    return view.cache is None or view.cache.lookup(p.cache_base + b) is None
 
 
 def _c_blocks(fast: Any, f: int, keys: list[bytes]) -> list[Any]:
@@ -389,6 +467,8 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
     whatever the keys' order.
     """
     given = keys if type(keys) is list else list(keys)
+    if db.follower is not None:
+        db.follower.check()
     getter = state_getter(db, state)
     many = getattr(getter, "many", None)
     if many is not None:  # the C getter: the whole call in C

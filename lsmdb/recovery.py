@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from . import manifest as _manifest
 from . import stats as _stats
+from .changes import ChangeBoard
 from .errors import CorruptionError, NotADatabaseError
 from .files import (
     LOCK_NAME,
@@ -105,6 +106,11 @@ def open_database(db: Versions, flusher: Flusher, create_if_missing: bool) -> Re
         recovered = Recovered(lock, segments=len(replayed.segments), records=replayed.records,
                               torn=list(replayed.torn))
         if not db.read_only:
+            # Followers in other processes watch this (lsmdb.changes): the
+            # rotation below bumps its epoch.
+            db.changes = ChangeBoard(db.path)
+            db.changes.note_seq(db.last_seq)
+            db.log.changes = db.changes.map
             for seg_path, offset in replayed.torn:
                 log.warning("%s: ignoring a torn tail from offset %d: a write cut short by a "
                             "crash (writes not yet fsynced can be lost this way)",
@@ -123,6 +129,9 @@ def open_database(db: Versions, flusher: Flusher, create_if_missing: bool) -> Re
     except BaseException:
         db.log.close()
         db.close_readers()
+        if db.changes is not None:
+            db.changes.close()
+            db.changes = None
         if lock is not None:
             lock.release()
         raise
@@ -164,14 +173,18 @@ class DirectoryState:
     next_table_id: int
     last_seq: int
     log: LogSet
+    #: Readers taken over from the database's current state (a follower's
+    #: catch-up): never closed here.
+    reused: set[int] = field(default_factory=set)
 
     def close(self) -> None:
-        """Let go of an attempt that did not become a database's: its readers, their
-        versions and its log."""
+        """Let go of an attempt that did not become a database's: its readers (but
+        those it reused), their versions and its log."""
         self.log.close()
         for state in self.tables.values():
             for reader in state.files:
-                reader.close()
+                if id(reader) not in self.reused:
+                    reader.close()
             state.files = ()
             state.publish()
 
@@ -203,6 +216,23 @@ def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, Replaye
     opening it: then everything is read again from the new manifest.  A file
     still missing under the same manifest is missing for good: corruption.
     """
+    data, manifest, state, replayed = read_state_with_retry(db, manifest_path)
+    db.install(state.tables, state.next_file, state.next_table_id, state.last_seq, state.log)
+    # A database made before databases had ids gets one: recorded by the next
+    # manifest switch, before any file that carries it is named there.
+    db.db_id = manifest.db_id or _manifest.new_db_id()
+    db.manifest_bytes = data
+    db.live_tail = live_tail(manifest, replayed)
+    db.replayed_wal = [(seg.number, seg.size, seg.format) for seg in replayed.segments]
+    return manifest, replayed
+
+
+def read_state_with_retry(db: Versions, manifest_path: str,
+                          reuse: dict[int, SSTableReader] | None = None, replay: bool = True
+                          ) -> tuple[bytes, Manifest, DirectoryState, ReplayedLog]:
+    """The manifest's bytes, the manifest, and :func:`read_state` of it, read
+    again from a new manifest while a read-only handle races the writer (see
+    :func:`load_with_retry`)."""
     previous = None
     while True:
         data = read_manifest_bytes(manifest_path)
@@ -211,16 +241,21 @@ def load_with_retry(db: Versions, manifest_path: str) -> tuple[Manifest, Replaye
         racing = db.read_only and data != previous
         previous = data
         try:
-            state, replayed = read_state(db, manifest, vanished_ok=racing)
+            state, replayed = read_state(db, manifest, vanished_ok=racing, reuse=reuse,
+                                         replay=replay)
         except _Vanished:
             time.sleep(0.005)
             continue
-        db.install(state.tables, state.next_file, state.next_table_id, state.last_seq,
-                   state.log)
-        # A database made before databases had ids gets one: recorded by the next
-        # manifest switch, before any file that carries it is named there.
-        db.db_id = manifest.db_id or _manifest.new_db_id()
-        return manifest, replayed
+        return data, manifest, state, replayed
+
+
+def live_tail(manifest: Manifest, replayed: ReplayedLog) -> tuple[int, int] | None:
+    """(number, where its last whole record ends) of the live segment as replayed,
+    or None (no live segment, or the replay stopped before it)."""
+    live = manifest.wal.live if manifest.wal is not None else None
+    if live is None or not replayed.segments or replayed.segments[-1].number != live:
+        return None
+    return live, replayed.segments[-1].size
 
 
 def load_counters(db: Versions) -> None:
@@ -233,18 +268,23 @@ def load_counters(db: Versions) -> None:
                 _stats.apply_file_counters(reader, files[reader.number])
 
 
-def read_state(db: Versions, manifest: Manifest,
-               vanished_ok: bool = False) -> tuple[DirectoryState, ReplayedLog]:
+def read_state(db: Versions, manifest: Manifest, vanished_ok: bool = False,
+               reuse: dict[int, SSTableReader] | None = None, replay: bool = True
+               ) -> tuple[DirectoryState, ReplayedLog]:
     """The state ``manifest`` and the WAL segments it names describe: every
     table with its SSTables opened (adopted by ``db``: hash, cache, mapping)
     and its memtable filled by the replay.  Changes nothing in ``db``; on any
     error what it opened is let go.  _Vanished (``vanished_ok``, a read-only
-    open) when a file it names is gone: a writer moved on."""
+    open) when a file it names is gone: a writer moved on.  ``reuse``: open
+    readers by file number, taken instead of opening a file again where the
+    manifest names the same file at the same level (a follower's catch-up);
+    ``replay=False``: the memtables are left empty (the caller reads the WAL)."""
     state = DirectoryState({}, manifest.next_file_number, manifest.next_table_id,
                            manifest.last_seq, LogSet(db.path))
     try:
-        _open_tables(db, manifest, state, vanished_ok)
-        replayed = _replay_wal(db, manifest, state, vanished_ok)
+        _open_tables(db, manifest, state, vanished_ok, reuse or {})
+        replayed = (_replay_wal(db, manifest, state, vanished_ok) if replay
+                    else ReplayedLog([], 0, []))
     except BaseException:
         state.close()
         raise
@@ -252,7 +292,7 @@ def read_state(db: Versions, manifest: Manifest,
 
 
 def _open_tables(db: Versions, manifest: Manifest, state: DirectoryState,
-                 vanished_ok: bool) -> None:
+                 vanished_ok: bool, reuse: dict[int, SSTableReader]) -> None:
     if DEFAULT_TABLE not in manifest.tables:
         raise CorruptionError("manifest has no default table",
                               os.path.join(db.path, MANIFEST_NAME))
@@ -268,6 +308,12 @@ def _open_tables(db: Versions, manifest: Manifest, state: DirectoryState,
         try:
             for fm in meta.files:
                 file_path = os.path.join(db.path, sst_name(fm.number))
+                known = reuse.get(fm.number)
+                if known is not None and known.level == fm.level and known.size_bytes == fm.size:
+                    state.reused.add(id(known))
+                    readers.append(known)
+                    state.next_file = max(state.next_file, fm.number + 1)
+                    continue
                 try:
                     reader = SSTableReader(file_path, fm.number)
                 except FileNotFoundError:

@@ -180,6 +180,10 @@ class Snapshot(ScanMapping):
                                             state.version.acquire())
             versions.snapshots.add(self)
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("an lsmdb Snapshot cannot be pickled or sent to another process: "
+                        "open the database's path there and take a snapshot of its own")
+
     # -- reads -------------------------------------------------------------------
     def _table(self, name: str | None) -> _Table:
         self._versions.check_open()  # after the database closed: DatabaseClosedError

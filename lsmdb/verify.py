@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from .errors import CorruptionError, LsmdbError
 from .files import (
+    CHANGES_NAME,
     LOCK_NAME,
     LOST_NAME,
     MANIFEST_NAME,
@@ -215,7 +216,7 @@ def _orphans(path: str, manifest: Manifest, named_ssts: set[int],
     them), what it cannot explain (errors), and anything that is not lsmdb's."""
     for name in sorted(os.listdir(path)):
         full = os.path.join(path, name)
-        if name in (MANIFEST_NAME, LOCK_NAME, STATS_NAME, SECRET_NAME):
+        if name in (MANIFEST_NAME, LOCK_NAME, STATS_NAME, SECRET_NAME, CHANGES_NAME):
             if os.path.islink(full):
                 yield Problem(full, None, "is a symbolic link (lsmdb never follows one)")
             continue

@@ -23,10 +23,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .changes import ChangeBoard
 from .errors import DatabaseClosedError, DatabaseForkedError, ReadOnlyError
 from .files import MANIFEST_NAME, SwitchedButNotSynced, fsync_dir, sst_name
 from .filters import hashing as _hashing
-from .logset import LogSet
+from .logset import LogSet, WalState
 from .manifest import FileMeta, Manifest, TableMeta
 from .memtable import Memtable
 from .secret import create_secret
@@ -79,6 +80,18 @@ class Versions:
         self.version_set = VersionSet(remove=not read_only)
         #: The live snapshots (lsmdb.snapshot), closed with the database.
         self.snapshots: weakref.WeakSet[Any] = weakref.WeakSet()
+        #: A writer's CHANGES board (lsmdb.changes), None for a read-only handle.
+        self.changes: ChangeBoard | None = None
+        #: A following read-only handle's catching up (lsmdb.follow), or None.
+        self.follower: Any = None
+        #: The manifest as last read (a read-only handle compares it to catch up).
+        self.manifest_bytes = b""
+        #: (number, end of its last whole record) of the live WAL segment as last
+        #: read, or None: where a read-only handle's catch-up reads on from.
+        self.live_tail: tuple[int, int] | None = None
+        #: (number, length of its whole records, format) of each WAL segment a
+        #: read-only handle replayed as last read (a checkpoint of it copies them).
+        self.replayed_wal: list[tuple[int, int, int]] = []
 
     def new_table(self, name: str, table_id: int, explicit: dict[str, Any]) -> TableState:
         """A table's state, its versions counted here, its reads through the cache."""
@@ -101,6 +114,12 @@ class Versions:
         self.version_set.retire(readers)
 
     def check_open(self) -> None:
+        """DatabaseClosedError (DatabaseForkedError in a fork child) once closed; for a
+        following handle, catch up with the writer first (every read begins here or in
+        a getter, which checks the same)."""
+        follower = self.follower
+        if follower is not None and not self.closed:
+            follower.check()
         if self.closed:
             if self.forked:
                 raise DatabaseForkedError(
@@ -173,14 +192,16 @@ class Versions:
                     low = mem.min_seq
         return low
 
-    def manifest(self, low_seq: int | None) -> Manifest:
+    def manifest(self, low_seq: int | None, wal: WalState | None = None) -> Manifest:
+        """The manifest of the current state; ``wal``: its WAL record instead of the
+        log's (a checkpoint's, whose segments are its own)."""
         tables = {}
         for name, s in self.tables.items():
             files = [FileMeta(r.number, r.level, r.size_bytes, r.entries, r.min_key, r.max_key,
                               r.min_seq, r.max_seq) for r in s.files]
             tables[name] = TableMeta(s.id, s.explicit, s.flushed_seq, files)
         return Manifest(self.next_file, self.next_table_id, self.last_seq, tables,
-                        self.log.state(low_seq), self.db_id)
+                        self.log.state(low_seq) if wal is None else wal, self.db_id)
 
     def write_manifest(self) -> None:
         """Switch the manifest to the current state (the lock held); once that is
@@ -192,6 +213,9 @@ class Versions:
         except SwitchedButNotSynced:
             self.manifest_unsynced = True
             raise
+        finally:
+            if self.changes is not None:  # followers look at the manifest again
+                self.changes.bump_epoch()
         self.manifest_unsynced = False
         self.log.retire(low)
 

@@ -384,6 +384,55 @@ def read_segment_file(path: str, number: int, closed_size: int | None = None,
     return read_segment(data, number, path)
 
 
+def read_records_from(path: str, number: int, start: int) -> tuple[list[tuple[int, bytes]], int]:
+    """The whole records of live segment ``number`` (format 2) from ``start``, an
+    offset where a record ends, on: (records as ``(offset, payload)``, where
+    the last of them ends -- ``start`` when there are none).
+
+    What a reader that follows a writer reads to catch up, without reading
+    the segment again from its start.  It stops at the first bytes that do
+    not make a whole, valid fragment sequence -- zeros the writer allocated
+    ahead, a record it is writing this instant, or damage -- and never
+    raises for them: a reread of the whole segment (:func:`read_segment_file`)
+    tells damage from a tail.  FileNotFoundError when the segment is gone.
+    """
+    seeds = crc_seeds(number)
+    got = _Records(start)
+    data = bytearray()
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        def have(end: int) -> bool:  # data covers [start, end)
+            while start + len(data) < end:
+                chunk = os.pread(fd, max(1 << 16, end - start - len(data)), start + len(data))
+                if not chunk:
+                    return False
+                data.extend(chunk)
+            return True
+
+        off = start
+        while True:
+            left = BLOCK_SIZE_BYTES - off % BLOCK_SIZE_BYTES
+            if left < FRAGMENT_HEADER_SIZE:  # a block's padding
+                off += left
+                continue
+            if not have(off + FRAGMENT_HEADER_SIZE):
+                break
+            crc, length, kind = FRAGMENT_HEADER.unpack_from(data, off - start)
+            stop = off + FRAGMENT_HEADER_SIZE + length
+            if not FULL <= kind <= LAST or length > left - FRAGMENT_HEADER_SIZE or \
+                    (kind in (FULL, LAST) and length == 0) or not got.fits(kind) or \
+                    not have(stop):
+                break
+            payload = bytes(data[off + FRAGMENT_HEADER_SIZE - start:stop - start])
+            if crc32(payload, seeds[kind]) != crc:
+                break
+            got.add(off, kind, payload, stop)
+            off = stop
+    finally:
+        os.close(fd)
+    return got.records, got.valid
+
+
 # -- segments written before format 2 ----------------------------------------------------
 
 def _valid_legacy_record_at(data: bytes, off: int) -> bool:

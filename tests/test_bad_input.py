@@ -351,7 +351,7 @@ def test_invalid_open_options_create_nothing(tmp_path, kwargs, exc):
 
 #: The bool options of lsmdb.open: any other type, even 0/1 or "no", is refused.
 BOOL_OPEN_OPTIONS = ("create_if_missing", "sync", "read_only", "auto_compaction", "mmap_reads",
-                     "compaction_process")
+                     "compaction_process", "follow")
 
 
 @pytest.mark.parametrize("name", BOOL_OPEN_OPTIONS)

@@ -166,6 +166,16 @@ def test_threads_lose_nothing_and_never_see_half_a_batch(path):
                 version = 0 if v is None else int(v)
                 assert version >= prev, f"{k!r} at {version} after a read of {prev}"
                 prev = version
+            # get_many: never half a batch, never older than the gets before it.
+            many = b.get_many(BATCH_KEYS)
+            versions = {0 if v is None else int(v) for v in many}
+            assert len(versions) == 1, f"get_many saw a half-applied batch: {sorted(versions)}"
+            assert versions.pop() >= prev
+            # A snapshot: one version across tables, as a batch wrote it.
+            with db.snapshot() as snap:
+                inside = {snap.get(k, table="b") for k in BATCH_KEYS}
+                inside.add(snap.get(b"last-batch"))
+                assert len(inside) == 1, f"a snapshot saw a half-applied batch: {inside}"
             seen["gets"] += 1
 
     def flusher():

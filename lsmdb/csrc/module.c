@@ -45,6 +45,7 @@
 
 #include "block.h"
 #include "cache.h"
+#include "changes.h"
 #include "coding.h"
 #include "fastpath.h"
 #include "filters.h"
@@ -288,7 +289,7 @@ PyInit__speedups(void)
         || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0
         || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0
         || PyType_Ready(&CacheType) < 0 || PyType_Ready(&ContainsType) < 0
-        || PyType_Ready(&PutterType) < 0)
+        || PyType_Ready(&PutterType) < 0 || PyType_Ready(&ChangeWatchType) < 0)
         return NULL;
     if (sstable_reader_init() < 0)
         return NULL;
@@ -310,6 +311,7 @@ PyInit__speedups(void)
         || add_type(mod, "Cache", &CacheType) < 0
         || add_type(mod, "Contains", &ContainsType) < 0
         || add_type(mod, "Putter", &PutterType) < 0
+        || add_type(mod, "ChangeWatch", &ChangeWatchType) < 0
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
         || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0
         || add_names(mod, "FILE_PROBE_FIELDS", file_probe_fields, FILE_FIELDS) < 0

@@ -23,6 +23,8 @@ Getter_traverse(Getter *self, visitproc visit, void *arg)
     Py_VISIT(self->file_blocks);
     Py_VISIT(self->slow_get);
     Py_VISIT(self->cache);
+    Py_VISIT(self->watch);
+    Py_VISIT(self->catch_up);
     if (self->have_counts)
         Py_VISIT(self->counts.obj);
     return 0;
@@ -41,6 +43,8 @@ Getter_clear(Getter *self)
     Py_CLEAR(self->file_blocks);
     Py_CLEAR(self->slow_get);
     Py_CLEAR(self->cache);
+    Py_CLEAR(self->watch);
+    Py_CLEAR(self->catch_up);
     return 0;
 }
 
@@ -646,6 +650,8 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     PyObject *dflt = nargs > 1 ? args[1] : Py_None;
     if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key)
         return PyObject_Vectorcall(self->slow_get, args, nargsf, NULL);
+    if (getter_follow(self) < 0)
+        return NULL;
     PyObject *fast = NULL, *result = NULL, *value = NULL;
     int ok = getter_fast(self, &fast);
     if (ok <= 0)  /* 0: the Python getter serves (and raises DatabaseClosedError) */
@@ -727,7 +733,177 @@ done:
     return result;
 }
 
+/* ---- nodisk and resume: a get that never waits on the disk (lsmdb.aio) ---- */
+
+/* (MISSING, fast, f): "go on from file f of view fast, off the event loop";
+ * (MISSING, None, -1): "the whole get, off the event loop" (nothing counted). */
+static PyObject *
+resume_marker(Getter *self, PyObject *fast, Py_ssize_t f)
+{
+    return Py_BuildValue("(OOn)", self->missing, fast != NULL ? fast : Py_None, f);
+}
+
+/* Whether file e's read of key needs a block the cache does not hold. */
+static int
+block_uncached(Getter *self, const Entry *e, PyObject *key)
+{
+    Py_ssize_t i = bisect_index(e, key);
+    if (i == e->nidx)
+        return 0;  /* past the last block: answered without one */
+    if (self->cache == NULL)
+        return 1;
+    Py_ssize_t s = cache_find(self->cache, e->cache_base + (uint64_t)i);
+    return s < 0 || !PyBytes_CheckExact(self->cache->slots[s].block);
+}
+
+/* key's get in view fast from file f on (f: a file that may hold it, as
+ * probes_first gives, or -1: none), read and counted as the getter reads
+ * them: the value (a new reference) or dflt (GETS_ABSENT counted); with
+ * nodisk, a resume marker at the first file whose block the cache does not
+ * hold, nothing of that file counted.  NULL on error. */
+static PyObject *
+files_from(Getter *self, PyObject *fast, Probes *probes, PyObject *key, PyObject *dflt,
+           Py_ssize_t f, int nodisk)
+{
+    PyObject *value = NULL;
+    while (f >= 0) {
+        if (nodisk && block_uncached(self, &probes->e[f], key))
+            return resume_marker(self, fast, f);
+        int r = file_get(self, fast, f, &probes->e[f], key, LATEST, &value, NULL);
+        if (r < 0)
+            return NULL;
+        if (r == 1) {
+            if (value != Py_None)
+                return value;
+            Py_DECREF(value);  /* a tombstone: the newest version says deleted */
+            break;
+        }
+        f = probes_first(probes, key, f + 1);
+    }
+    if (f == -2)
+        return NULL;
+    ((uint64_t *)self->counts.buf)[GETS_ABSENT]++;
+    return Py_NewRef(dflt);
+}
+
+static PyObject *
+Getter_nodisk(Getter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* nodisk(key, default=None): the get, when memory answers it (a memtable,
+     * the filters' "no", the block cache), counted as a get; else a resume
+     * marker for resume() -- what it has counted so far stays counted, and
+     * resume() counts the rest.  Python twin: readpath.make_nodisk. */
+    if (self->db == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
+        return NULL;
+    }
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "nodisk(key, default=None)");
+        return NULL;
+    }
+    PyObject *key = args[0], *dflt = nargs > 1 ? args[1] : Py_None;
+    if (!PyBytes_CheckExact(key) || PyBytes_GET_SIZE(key) > self->max_key
+        || (self->watch != NULL && watch_changed(self->watch)))
+        return resume_marker(self, NULL, -1);  /* checks, a catch-up: the whole get */
+    PyObject *fast = NULL, *value = NULL, *result = NULL;
+    int ok = getter_fast(self, &fast);
+    if (ok <= 0)
+        return ok < 0 ? NULL : resume_marker(self, NULL, -1);
+    Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES);
+    if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
+        result = resume_marker(self, NULL, -1);  /* files compared by sequence number */
+        goto done;
+    }
+    uint64_t *counts = (uint64_t *)self->counts.buf;
+    uint64_t h = 0;
+    int have_h = getter_hash(probes, key, &h);
+    if (mem_lookup(fast, key, h, have_h, &value) < 0)
+        goto done;
+    if (value != NULL) {
+        value = visible(self, fast, Py_NewRef(value), LATEST);
+        if (value == NULL)
+            goto done;
+        if (value == self->missing) {
+            Py_DECREF(value);
+        } else {
+            counts[GETS]++;
+            if (value == Py_None) {
+                Py_DECREF(value);
+                counts[GETS_ABSENT]++;
+                result = Py_NewRef(dflt);
+            } else {
+                result = value;
+            }
+            goto done;
+        }
+    }
+    counts[GETS]++;
+    Py_ssize_t f = probes_first(probes, key, 0);
+    if (f != -2)
+        result = files_from(self, fast, probes, key, dflt, f, 1);
+done:
+    Py_DECREF(fast);
+    return result;
+}
+
+static PyObject *
+Getter_resume(Getter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* resume(key, default, fast, f): the rest of a get nodisk() stopped, reading
+     * from disk (the GIL let go for each read); f -1: the whole get. */
+    if (self->db == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Getter is not initialised");
+        return NULL;
+    }
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "resume(key, default, fast, f)");
+        return NULL;
+    }
+    Py_ssize_t f = PyLong_AsSsize_t(args[3]);
+    if (f == -1 && PyErr_Occurred())
+        return NULL;
+    if (f < 0)
+        return PyObject_Vectorcall((PyObject *)self, args, 2, NULL);
+    PyObject *fast = args[2];
+    if (!PyBytes_CheckExact(args[0]) || !PyTuple_Check(fast)
+        || PyTuple_GET_SIZE(fast) != FAST_FIELDS
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(fast, FAST_PROBES), &ProbesType)
+        || f >= ((Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES))->n) {
+        PyErr_SetString(PyExc_TypeError, "resume: not what nodisk() returned");
+        return NULL;
+    }
+    Py_INCREF(fast);  /* held while the reads let the GIL go */
+    PyObject *out = files_from(self, fast, (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES),
+                               args[0], args[1], f, 0);
+    Py_DECREF(fast);
+    return out;
+}
+
+static PyObject *
+Getter_follow(Getter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    /* follow(watch, catch_up): before each read, catch_up() when the watch
+     * sees a change (a following handle: lsmdb.follow). */
+    if (nargs != 2 || !PyObject_TypeCheck(args[0], &ChangeWatchType)
+        || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "follow(watch: ChangeWatch, catch_up: callable)");
+        return NULL;
+    }
+    Py_XSETREF(self->catch_up, Py_NewRef(args[1]));
+    Py_XSETREF(self->watch, (ChangeWatch *)Py_NewRef(args[0]));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Getter_methods[] = {
+    {"nodisk", (PyCFunction)(void (*)(void))Getter_nodisk, METH_FASTCALL,
+     "nodisk($self, key, default=None, /)\n--\n\n"
+     "The get when memory answers it, counted; else (MISSING, fast, f) for resume()."},
+    {"resume", (PyCFunction)(void (*)(void))Getter_resume, METH_FASTCALL,
+     "resume($self, key, default, fast, f, /)\n--\n\n"
+     "The rest of a get nodisk() stopped, reading from disk (f -1: the whole get)."},
+    {"follow", (PyCFunction)(void (*)(void))Getter_follow, METH_FASTCALL,
+     "follow($self, watch, catch_up, /)\n--\n\n"
+     "Before each read, call catch_up() when the ChangeWatch sees a change."},
     {"many", (PyCFunction)Getter_many, METH_O,
      "many($self, keys, /)\n--\n\n"
      "The values of keys (None where absent), as get_many: None when the Python path "

@@ -25,6 +25,7 @@
 #include "base.h"
 #include "block.h"
 #include "cache.h"
+#include "changes.h"
 #include "fastpath.h"
 #include "memtable.h"
 #include "readpath_probes.h"
@@ -42,7 +43,23 @@ typedef struct {
     PyObject *slow_get;     /* the Python getter: anything unusual goes there */
     Cache *cache;           /* the block cache (its entries: the cached form, bytes), or NULL */
     Py_ssize_t max_key;
+    ChangeWatch *watch;     /* a following handle's (follow()), or NULL */
+    PyObject *catch_up;     /* called before a read when the watch sees a change */
 } Getter;
+
+/* A following handle's check before a read (Getter.follow): catch up first
+ * when the writer changed something.  0, or -1 with an exception set. */
+static inline int
+getter_follow(Getter *self)
+{
+    if (self->watch == NULL || !watch_changed(self->watch))
+        return 0;
+    PyObject *r = PyObject_CallNoArgs(self->catch_up);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
 
 /* The read bound of a read that sees every write. */
 #define LATEST UINT64_MAX

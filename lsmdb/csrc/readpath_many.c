@@ -442,6 +442,8 @@ Getter_many(Getter *self, PyObject *keys)
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return NULL;
     }
+    if (getter_follow(self) < 0)
+        return NULL;
     Many m;
     memset(&m, 0, sizeof m);
     m.self = self;

@@ -23,7 +23,7 @@
 #include "memtable.h"
 
 static PyObject *compaction_module;  /* lsmdb.compaction, imported at the first stall check */
-static PyObject *s_log, *s_closed, *s_read_only, *s_dropped, *s_failed, *s_last_seq, *s_writer,
+static PyObject *s_changes, *s_log, *s_closed, *s_read_only, *s_dropped, *s_failed, *s_last_seq, *s_writer,
     *s_live, *s_map, *s_reserve, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
     *s_promote_segments, *s_mem, *s_undos, *s_data, *s_filter, *s_size_bytes, *s_pending,
     *s_tags, *s_options, *s_memtable_size_bytes, *s_closed_bytes, *s_id, *s_add_record,
@@ -42,6 +42,7 @@ writepath_init(void)
     INTERN(s_read_only, "read_only")
     INTERN(s_dropped, "dropped")
     INTERN(s_failed, "failed")
+    INTERN(s_changes, "changes")
     INTERN(s_last_seq, "last_seq")
     INTERN(s_writer, "writer")
     INTERN(s_live, "live")
@@ -169,7 +170,7 @@ REF(r_versions_last_seq); REF(r_versions_lock);
 REF(r_state_dropped); REF(r_state_id); REF(r_state_mem); REF(r_state_options);
 REF(r_state_imms); REF(r_state_version); REF(r_version_l0);
 REF(r_log_writer); REF(r_log_live); REF(r_log_failed); REF(r_log_promoted);
-REF(r_log_closed_bytes);
+REF(r_log_closed_bytes); REF(r_log_changes);
 REF(r_writer_size); REF(r_writer_seeds); REF(r_writer_map);
 REF(r_seg_max_seq); REF(r_seg_min_seq);
 REF(r_mem_undos); REF(r_mem_data); REF(r_mem_filter); REF(r_mem_size_bytes);
@@ -283,6 +284,36 @@ fail_log(PyObject *wal)
     PyErr_Restore(type, value, tb);
 }
 
+/* ChangeBoard.note_seq(seq) (lsmdb/changes.py): seq stored in the CHANGES
+ * mapping (wal.changes) once its record is in the log, for followers in
+ * other processes.  0, or -1 with an exception set. */
+static int
+note_seq(PyObject *wal, long long seq)
+{
+    PyObject *map = get_attr(wal, s_changes, &r_log_changes);
+    if (map == NULL)
+        return -1;
+    if (map == Py_None) {
+        Py_DECREF(map);
+        return 0;
+    }
+    Py_buffer view;
+    int r = PyObject_GetBuffer(map, &view, PyBUF_WRITABLE);
+    Py_DECREF(map);
+    if (r < 0)
+        return -1;
+    if (view.len >= 24 && ((uintptr_t)view.buf & 7) == 0) {
+        uint64_t *word = (uint64_t *)((char *)view.buf + 16);
+#if defined(__GNUC__) || defined(__clang__)
+        __atomic_store_n(word, (uint64_t)seq, __ATOMIC_RELEASE);
+#else
+        *(volatile uint64_t *)word = (uint64_t)seq;
+#endif
+    }
+    PyBuffer_Release(&view);
+    return 0;
+}
+
 /* LogSet.append(seq, payload of (tid, key, value), False), the record written
  * as one FULL fragment where it fits.  0, or -1 with an exception set. */
 static int
@@ -346,6 +377,8 @@ log_append(PyObject *wal, long long seq, long long tid, PyObject *key, PyObject 
         goto done;
     int has_min = attr_true(live, s_min_seq, &r_seg_min_seq);
     if (has_min < 0 || (!has_min && set_ll(live, s_min_seq, &r_seg_min_seq, seq) < 0))
+        goto done;
+    if (note_seq(wal, seq) < 0)
         goto done;
     rc = 0;
 done:

@@ -17,6 +17,7 @@ from typing import Any
 
 import lsmdb
 import lsmdb.db
+import lsmdb.follow
 import lsmdb.memtable
 import lsmdb.merge
 import lsmdb.readpath
@@ -47,3 +48,4 @@ def use_python(monkeypatch: Any) -> None:
     monkeypatch.setattr(lsmdb.writepath, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.sstable_writer, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.memtable, "USE_SPEEDUPS", False)
+    monkeypatch.setattr(lsmdb.follow, "USE_C_WATCH", False)

@@ -1,0 +1,45 @@
+/* changes.h: ChangeWatch, a following reader's view of the CHANGES file
+ * (changes.c), which the C getters check before each read.  Python twin:
+ * lsmdb/changes.py's ChangeWatch. */
+
+#ifndef LSMDB_CHANGES_H
+#define LSMDB_CHANGES_H
+
+#include "base.h"
+
+#define CHANGES_SIZE 4096
+#define CHANGES_SEQ_WORD 2    /* byte 16 */
+#define CHANGES_EPOCH_WORD 3  /* byte 24 */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *path;
+    const uint64_t *words;  /* the mapping, or NULL while the file is not mapped */
+    uint64_t seen_seq, seen_epoch;
+} ChangeWatch;
+
+HIDDEN_BEGIN
+
+extern PyTypeObject ChangeWatchType;
+
+HIDDEN_END
+
+/* Whether the counters differ from the ones last caught up to (always, while
+ * the file is not mapped): seq loaded before epoch (changes.py says why). */
+static inline int
+watch_changed(const ChangeWatch *w)
+{
+    const uint64_t *words = w->words;
+    if (words == NULL)
+        return 1;
+#if defined(__GNUC__) || defined(__clang__)
+    uint64_t seq = __atomic_load_n(&words[CHANGES_SEQ_WORD], __ATOMIC_ACQUIRE);
+    uint64_t epoch = __atomic_load_n(&words[CHANGES_EPOCH_WORD], __ATOMIC_ACQUIRE);
+#else
+    uint64_t seq = ((const volatile uint64_t *)words)[CHANGES_SEQ_WORD];
+    uint64_t epoch = ((const volatile uint64_t *)words)[CHANGES_EPOCH_WORD];
+#endif
+    return seq != w->seen_seq || epoch != w->seen_epoch;
+}
+
+#endif

@@ -36,7 +36,7 @@ import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from . import db as _db
 from .handles import WriteBatch
@@ -59,41 +59,66 @@ async def open(path: str | os.PathLike[str], **options: Any) -> AsyncDB:  # noqa
     are :func:`lsmdb.open`'s.  Use the result with ``async with``, or ``await
     db.close()``."""
     executor = ThreadPoolExecutor(EXECUTOR_THREADS, thread_name_prefix="lsmdb-aio")
+    loop = asyncio.get_running_loop()
+    opening = loop.run_in_executor(executor, functools.partial(_db.open, path, **options))
     try:
-        loop = asyncio.get_running_loop()
-        sync_db = await loop.run_in_executor(executor, functools.partial(_db.open, path,
-                                                                         **options))
+        sync_db = await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        # The open goes on on its thread: close what it opens, then the threads.
+        def close_it(fut: asyncio.Future[_db.DB]) -> None:
+            if not fut.cancelled() and fut.exception() is None:
+                executor.submit(fut.result().close)
+            executor.shutdown(wait=False)
+
+        opening.add_done_callback(close_it)
+        raise
     except BaseException:
         executor.shutdown(wait=False)
         raise
     return AsyncDB(sync_db, executor)
 
 
+def raise_missing(sync_db: _db.DB, name: str) -> NoReturn:
+    """NoSuchTableError for ``name`` (DatabaseClosedError once closed), without a
+    following handle's catch-up."""
+    from .errors import NoSuchTableError
+    from .options import validate_table_name
+    if sync_db.closed:
+        sync_db._versions.check_open()
+    validate_table_name(name)
+    raise NoSuchTableError(f"no table named {name!r}")
+
+
 def _marker(value: Any) -> bool:
-    return type(value) is tuple and len(value) == 3 and value[0] is MISSING
+    return type(value) is tuple and 3 <= len(value) <= 4 and value[0] is MISSING
 
 
 class _Reads:
     """What a database and a table share: gets, get_many, scans, writes."""
 
-    def __init__(self, owner: AsyncDB, state: TableState, table: str | None) -> None:
+    def __init__(self, owner: AsyncDB, state: TableState, table: str | None,
+                 handle: Any) -> None:
         self._owner = owner
         self._state = state
         self._table = table
-        self._nodisk, self._resume = make_nodisk(owner.sync_db._versions, state)
-
-    def _sync(self) -> Any:
-        db = self._owner.sync_db
-        return db if self._table is None else db.table(self._table)
+        #: The synchronous DB or Table this acts through (a dropped table's
+        #: handle raises NoSuchTableError, as the synchronous one does).
+        self._handle = handle
+        self._nodisk, self._resume, self._py_nodisk = make_nodisk(owner.sync_db._versions,
+                                                                   state)
 
     async def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default``: on the event loop when memory
         answers, else the block read on a thread."""
-        if self._state.dropped:
-            return await self._owner._run(self._sync().get, key, default)
+        if self._state.dropped or self._owner.sync_db.closed:
+            return await self._owner._run(self._handle.get, key, default)
         value = self._nodisk(key, default)
         if _marker(value):
-            return await self._owner._run(self._resume, key, default, value[1], value[2])
+            if value[2] == -2:  # no C path for this view: the Python twin's memory
+                value = self._py_nodisk(key, default)
+                if not _marker(value):
+                    return value
+            return await self._owner._run(self._resume, key, default, *value[1:])
         return value
 
     async def contains(self, key: Any) -> bool:
@@ -104,12 +129,14 @@ class _Reads:
         """Values of many keys (None where absent): those memory answers at once,
         the rest in one trip to a thread."""
         given = list(keys)
-        if self._state.dropped:
-            return await self._owner._run(self._sync().get_many, given)
+        if self._state.dropped or self._owner.sync_db.closed:
+            return await self._owner._run(self._handle.get_many, given)
         out: list[Any] = []
         later: list[tuple[int, Any, Any]] = []
         for n, key in enumerate(given):
             value = self._nodisk(key)
+            if _marker(value) and value[2] == -2:
+                value = self._py_nodisk(key)
             if _marker(value):
                 later.append((n, key, value))
                 value = None
@@ -118,7 +145,7 @@ class _Reads:
             resume = self._resume
 
             def rest() -> list[Any]:
-                return [resume(key, None, m[1], m[2]) for _n, key, m in later]
+                return [resume(key, None, *m[1:]) for _n, key, m in later]
 
             for (n, _key, _m), value in zip(later, await self._owner._run(rest), strict=True):
                 out[n] = value
@@ -126,22 +153,21 @@ class _Reads:
 
     async def put(self, key: Any, value: Any, sync: bool | None = None, ttl: Any = None) -> None:
         """Set ``key`` (on a thread: the WAL may grow, fsync or stall)."""
-        await self._owner._run(self._sync().put, key, value, sync, ttl)
+        await self._owner._run(self._handle.put, key, value, sync, ttl)
 
     async def delete(self, key: Any, sync: bool | None = None) -> None:
-        await self._owner._run(self._sync().delete, key, sync)
+        await self._owner._run(self._handle.delete, key, sync)
 
     def scan(self, start: Any = None, end: Any = None, prefix: Any = None,
              reverse: bool = False) -> AsyncScan:
         """An async iterator of (key, value), as the synchronous ``scan``; its view
         is taken when it is created (a following handle's: at its first item,
         once caught up on a thread); ``await it.seek(key)``."""
-        return AsyncScan(self._owner,
-                         functools.partial(lambda: self._sync().scan(start, end, prefix,
-                                                                      reverse)))
+        handle = self._handle
+        return AsyncScan(self._owner, lambda: handle.scan(start, end, prefix, reverse))
 
     async def flush(self) -> None:
-        await self._owner._run(self._owner.sync_db.flush, self._table)
+        await self._owner._run(self._handle.flush)
 
     async def compact(self) -> None:
         await self._owner._run(self._owner.sync_db.compact, self._table)
@@ -166,18 +192,22 @@ class AsyncDB(_Reads):
         #: The threads that do what may wait on the disk.
         self.executor = executor
         self._tables: dict[str, AsyncTable] = {}
-        super().__init__(self, sync_db._default_state, None)
+        self._closing = False
+        super().__init__(self, sync_db._default_state, None, sync_db)
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._closing:
+            self.sync_db._versions.check_open()  # DatabaseClosedError, as the sync handle
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, functools.partial(fn, *args))
 
-    async def _fresh(self) -> None:
-        """A following handle: catch up on a thread, so that what runs next on the
-        event loop finds nothing to read from disk."""
-        follower = self.sync_db._versions.follower
-        if follower is not None and follower.watch.changed():
-            await self._run(follower.catch_up)
+    def _later(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on a thread without waiting for it (an iterator's or a
+        snapshot's close: the files it held may leave the disk then)."""
+        try:
+            self.executor.submit(fn)
+        except RuntimeError:  # the threads are gone (closed): here, then
+            fn()
 
     @property
     def path(self) -> str:
@@ -192,14 +222,17 @@ class AsyncDB(_Reads):
         the tables of its last catch-up: ``await db.refresh()``)."""
         handle = self.sync_db._handles.get(name)
         if handle is None or self.sync_db.closed:
-            handle = self.sync_db.table(name)  # the error it raises
+            raise_missing(self.sync_db, name)
         cached = self._tables.get(name)
-        if cached is None or cached._state is not handle._state:
-            cached = self._tables[name] = AsyncTable(self, handle._state, name)
+        if cached is None or cached._handle is not handle:
+            cached = self._tables[name] = AsyncTable(self, handle._state, name, handle)
         return cached
 
     def tables(self) -> list[str]:
-        return self.sync_db.tables()
+        """Every table's name (a following handle's as of its last catch-up)."""
+        if self.sync_db.closed:
+            self.sync_db._versions.check_open()
+        return sorted(self.sync_db._versions.tables)
 
     async def create_table(self, name: str, exist_ok: bool = False,
                            **options: Any) -> AsyncTable:
@@ -243,9 +276,13 @@ class AsyncDB(_Reads):
         await self._run(self.sync_db.refresh)
 
     async def close(self) -> None:
-        """Close the database (on a thread), then its threads."""
+        """Close the database (on a thread), then its threads; idempotent."""
+        if self._closing:
+            return
+        self._closing = True
         try:
-            await self._run(self.sync_db.close)
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self.executor, self.sync_db.close)
         finally:
             self.executor.shutdown(wait=False)
 
@@ -316,8 +353,7 @@ class AsyncScan:
 
     async def _ready(self) -> ScanIterator:
         if self._it is None:
-            await self._owner._fresh()
-            self._start()
+            await self._owner._run(self._start)  # a following handle: it may catch up
         assert self._it is not None
         return self._it
 
@@ -349,10 +385,19 @@ class AsyncScan:
         self._buffer, self._pos, self._done = [], 0, False
 
     def close(self) -> None:
+        """Let the scan's view go (on a thread: its files may leave the disk then)."""
         if self._it is not None:
-            self._it.close()
+            self._owner._later(self._it.close)
+            self._it = None
         self._make = None
         self._buffer, self._pos, self._done = [], 0, True
+
+    async def aclose(self) -> None:
+        """``close()``, waiting for it."""
+        it, self._it = self._it, None
+        self.close()
+        if it is not None:
+            await self._owner._run(it.close)
 
 
 class AsyncSnapshot:
@@ -374,7 +419,7 @@ class AsyncSnapshot:
 
     async def _ready(self) -> Snapshot:
         if self._snapshot is None:
-            await self._owner._fresh()
+            await self._owner._run(self._start)  # a following handle: it may catch up
         return self._start()
 
     @property
@@ -400,16 +445,23 @@ class AsyncSnapshot:
                          lambda: self._start().scan(start, end, prefix, reverse, table))
 
     def close(self) -> None:
+        """Release the snapshot (on a thread: files it kept may leave the disk then)."""
         if self._snapshot is not None:
-            self._snapshot.close()
+            self._owner._later(self._snapshot.close)
         self._make = None
+
+    async def aclose(self) -> None:
+        """Release the snapshot, waiting for it."""
+        snap, self._snapshot, self._make = self._snapshot, None, None
+        if snap is not None:
+            await self._owner._run(snap.close)
 
     async def __aenter__(self) -> AsyncSnapshot:
         await self._ready()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        self.close()
+        await self.aclose()
 
 
 __all__ = ["AsyncBatch", "AsyncDB", "AsyncScan", "AsyncSnapshot", "AsyncTable", "open"]

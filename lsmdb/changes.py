@@ -30,9 +30,18 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
+from collections.abc import Callable
+from typing import Any
 
-from .files import CHANGES_NAME
+from .files import CHANGES_NAME, clear_for_file
+
+_store: Callable[[Any, int, int], None] | None
+try:  # a release store: what was written before it is seen by whoever sees it
+    from ._speedups import changes_store as _store
+except ImportError:  # pragma: no cover - built without a C compiler
+    _store = None
 
 CHANGES_MAGIC = b"LSMDBCHG"   # DO NOT CHANGE: on disk.
 CHANGES_FORMAT = 1            # DO NOT CHANGE: on disk.
@@ -47,9 +56,19 @@ def changes_path(directory: str) -> str:
     return os.path.join(directory, CHANGES_NAME)
 
 
+def store(board_map: mmap.mmap, offset: int, value: int) -> None:
+    """``value`` as a u64 at ``offset`` of the writer's mapping: in C a release
+    store (on x86 any aligned 8-byte store is one; elsewhere the WAL record
+    written before must not be seen after it)."""
+    if _store is not None:
+        _store(board_map, offset, value)
+    else:
+        _U64.pack_into(board_map, offset, value)
+
+
 def note_seq(board_map: mmap.mmap, seq: int) -> None:
     """Store ``seq`` as the last record written (the C put does the same)."""
-    _U64.pack_into(board_map, SEQ_OFFSET, seq)
+    store(board_map, SEQ_OFFSET, seq)
 
 
 class ChangeBoard:
@@ -61,7 +80,9 @@ class ChangeBoard:
 
     def __init__(self, directory: str) -> None:
         self.path = changes_path(directory)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        clear_for_file(self.path)  # a directory, a FIFO or a link planted there: lost/
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                     | os.O_NONBLOCK, 0o644)
         try:
             if os.fstat(fd).st_size < CHANGES_SIZE:
                 os.ftruncate(fd, CHANGES_SIZE)  # grows with zeros, never shrinks
@@ -80,8 +101,8 @@ class ChangeBoard:
     def bump_epoch(self) -> None:
         m = self.map
         if m is not None:
-            _U64.pack_into(m, EPOCH_OFFSET, (_U64.unpack_from(m, EPOCH_OFFSET)[0] + 1)
-                           & 0xFFFFFFFFFFFFFFFF)
+            store(m, EPOCH_OFFSET, (_U64.unpack_from(m, EPOCH_OFFSET)[0] + 1)
+                  & 0xFFFFFFFFFFFFFFFF)
 
     def close(self) -> None:
         m, self.map = self.map, None
@@ -113,12 +134,13 @@ class ChangeWatch:
     def attach(self) -> bool:
         if self._map is not None:
             return True
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:  # O_NONBLOCK: a FIFO planted there must not block
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         except OSError:
             return False
         try:
-            if os.fstat(fd).st_size < CHANGES_SIZE:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size < CHANGES_SIZE:
                 return False
             m = mmap.mmap(fd, CHANGES_SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
         finally:

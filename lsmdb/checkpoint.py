@@ -9,30 +9,32 @@ step 1 holds the database's lock.
    ``refresh()`` does): a reference on each table's current version, so its
    SSTables stay on disk (lsmdb.version); the manifest's record of the
    tables and the counters, as of the last acknowledged write; and each WAL
-   segment that holds a record not yet in an SSTable *pinned* -- hard
-   linked into the new directory, so a flush that retires it cannot take it
-   away -- with the length of its whole records then (for the live segment,
-   where the last acknowledged record ends).  Where the file system refuses
-   a hard link, those bytes are copied here instead.
+   segment that holds a record not yet in an SSTable opened for reading --
+   an open descriptor outlives a flush that retires it -- with the length
+   of its whole records then (for the live segment, where the last
+   acknowledged record ends).  Nothing is copied while the lock is held.
 2. Without the lock: each SSTable hard linked into the new directory (an
    SSTable never changes once written; the copy's compactions write new
    files of their own), or copied from the open file where no link can be
-   made; each pinned segment's records copied into a segment of its own (a
-   closed one, fsynced and never written again, keeps its link); ``STATS``
-   and ``FILTER_KEY`` copied; a MANIFEST naming all of it, every segment
-   closed at its length; every file fsynced.
-3. The directory is built under a temporary name beside ``dest``
-   (``.NAME.checkpoint-tmp``), fsynced, renamed to ``dest``, and the parent
-   directory fsynced before the call returns: a crash or a power loss
-   leaves either no ``dest`` or the whole checkpoint.
+   made; each segment's records copied from its descriptor into a segment
+   of the copy's own; ``STATS`` and ``FILTER_KEY`` copied; a MANIFEST
+   naming all of it, every segment closed at its length; every file fsynced.
+3. The directory is built under a temporary name of its own beside
+   ``dest`` (``.NAME.checkpoint-XXXXXXXX``), fsynced, renamed to ``dest``,
+   and the parent directory fsynced before the call returns: a crash or a
+   power loss leaves either no ``dest`` or the whole checkpoint (and at
+   most that temporary directory, to delete).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import logging
 import os
 import shutil
+import stat
+import tempfile
 from typing import TYPE_CHECKING, Any
 
 from . import stats as _stats
@@ -55,6 +57,8 @@ if TYPE_CHECKING:
     from .version import Version
     from .versions import Versions
 
+log = logging.getLogger("lsmdb")
+
 #: Bytes copied per read.
 COPY_CHUNK_BYTES = 1 << 20
 
@@ -67,8 +71,13 @@ class _Retry(Exception):
     """A read-only handle's view lost a file to the writer meanwhile: catch up, again."""
 
 
-def temp_name(dest: str) -> str:
-    return os.path.join(os.path.dirname(dest), f".{os.path.basename(dest)}.checkpoint-tmp")
+def temp_prefix(dest: str) -> str:
+    return f".{os.path.basename(dest)}.checkpoint-"
+
+
+def make_temp_dir(dest: str) -> str:
+    """A new directory beside ``dest`` for one checkpoint to be built in."""
+    return tempfile.mkdtemp(prefix=temp_prefix(dest), dir=os.path.dirname(dest))
 
 
 def check_dest(source: str, dest: str | os.PathLike[str]) -> str:
@@ -129,15 +138,20 @@ class _Plan:
         self.versions: list[Version] = []
         self.manifest: Any = None
         self.stats = b""
-        #: (number, length, format, how): how "link" (pinned as NAME.pin), "copied" (done).
-        self.segments: list[tuple[int, int, int, str]] = []
-        self.synced: set[int] = set()
+        #: (number, length, format, descriptor open for reading)
+        self.segments: list[tuple[int, int, int, int]] = []
+
+    def release(self) -> None:
+        for v in self.versions:
+            v.release()
+        for _n, _size, _fmt, fd in self.segments:
+            os.close(fd)
+        self.versions, self.segments = [], []
 
 
-def _segments(versions: Versions) -> tuple[list[tuple[int, int, int]], set[int]]:
+def _segments(versions: Versions) -> list[tuple[int, int, int]]:
     """Each WAL segment holding a record not yet in an SSTable, (number, length of
-    its whole records, format), oldest first; and which of them are closed and
-    fsynced (never written again).  The lock held."""
+    its whole records, format), oldest first.  The lock held."""
     if versions.read_only:
         tail = versions.live_tail
         out = []
@@ -145,39 +159,28 @@ def _segments(versions: Versions) -> tuple[list[tuple[int, int, int]], set[int]]
             if tail is not None and number == tail[0]:
                 size = tail[1]
             out.append((number, size, fmt))
-        return out, set()
-    log = versions.log
+        return out
+    wal = versions.log
     low = versions.low_seq()
-    closed = LogSet._needed(log.closed, low)
-    out = [(s.number, s.size, s.format) for s in closed]
-    out += [(s.number, s.size, s.format) for s in LogSet._needed(log.unsynced, low)]
-    if log.live is not None and log.writer is not None:
-        out.append((log.live.number, log.writer.size, SEGMENT_FORMAT))
-    return out, {s.number for s in closed}
+    out = [(s.number, s.size, s.format) for s in LogSet._needed(wal.closed, low)]
+    out += [(s.number, s.size, s.format) for s in LogSet._needed(wal.unsynced, low)]
+    if wal.live is not None and wal.writer is not None:
+        out.append((wal.live.number, wal.writer.size, SEGMENT_FORMAT))
+    return out
 
 
-def _take(versions: Versions, tmp: str, plan: _Plan) -> None:
-    """Step 1, the lock held."""
+def _take(versions: Versions, plan: _Plan) -> None:
+    """Step 1, the lock held: nothing here waits on more than an open."""
     for state in versions.tables.values():
         plan.versions.append(state.version.acquire())
     plan.manifest = versions.manifest(versions.low_seq(), WalState())
     plan.stats = _stats.encode_stats(versions.readers(), list(versions.tables.values()))
-    segments, plan.synced = _segments(versions)
-    for number, size, fmt in segments:
-        src = versions.log.path(number)
-        pin = os.path.join(tmp, wal_name(number) + ".pin")
+    for number, size, fmt in _segments(versions):
         try:
-            linked = link(src, pin)
+            fd = open_for_reading(versions.log.path(number))
         except FileNotFoundError:
             raise _Retry() from None  # a read-only view: the writer retired it
-        if linked:
-            plan.segments.append((number, size, fmt, "link"))
-        else:
-            try:
-                copy_path(src, os.path.join(tmp, wal_name(number)), size)
-            except FileNotFoundError:
-                raise _Retry() from None
-            plan.segments.append((number, size, fmt, "copied"))
+        plan.segments.append((number, size, fmt, fd))
 
 
 def _build(versions: Versions, tmp: str, plan: _Plan) -> None:
@@ -196,20 +199,20 @@ def _build(versions: Versions, tmp: str, plan: _Plan) -> None:
             if not same:
                 copy_range(reader.fd, dst, reader.size_bytes)
     closed = []
-    for number, size, fmt, how in plan.segments:
-        final = os.path.join(tmp, wal_name(number))
-        if how == "link":
-            pin = final + ".pin"
-            if number in plan.synced:
-                os.rename(pin, final)  # closed and fsynced: it never changes again
-            else:
-                copy_path(pin, final, size)
-                os.unlink(pin)
+    for number, size, fmt, fd in plan.segments:
+        copy_range(fd, os.path.join(tmp, wal_name(number)), size)
         closed.append((number, size, fmt))
     write_file_durably(os.path.join(tmp, STATS_NAME), plan.stats)
     secret = os.path.join(versions.path, SECRET_NAME)
-    if os.path.lexists(secret):
-        copy_path(secret, os.path.join(tmp, SECRET_NAME), os.lstat(secret).st_size, 0o600)
+    try:
+        mode = os.lstat(secret).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None:
+        if stat.S_ISREG(mode):
+            copy_path(secret, os.path.join(tmp, SECRET_NAME), os.lstat(secret).st_size, 0o600)
+        else:  # the database's keyed filters fail open without it: so do the copy's
+            log.warning("checkpoint: %s is not a regular file; not copied", secret)
     manifest = dataclasses.replace(plan.manifest, wal=WalState(closed, [], None))
     manifest.write(os.path.join(tmp, MANIFEST_NAME))
     for name in os.listdir(tmp):  # linked files were fsynced where they came from; again
@@ -227,15 +230,9 @@ def checkpoint(versions: Versions, dest: str | os.PathLike[str], catch_up: Any =
     read-only handle: brings it to what the writer acknowledged (the lock held)."""
     versions.check_open()
     where = check_dest(versions.path, dest)
-    tmp = temp_name(where)
-    # What a checkpoint that did not finish left (an empty directory is reused).
-    if os.path.islink(tmp) or (os.path.lexists(tmp) and not os.path.isdir(tmp)):
-        os.unlink(tmp)
-    elif os.path.isdir(tmp) and os.listdir(tmp):
-        shutil.rmtree(tmp)
-    if not os.path.isdir(tmp):
-        os.mkdir(tmp)
+    tmp = make_temp_dir(where)
     plan = _Plan()
+    renamed = False
     try:
         for _attempt in range(100):
             with versions.lock:
@@ -243,23 +240,21 @@ def checkpoint(versions: Versions, dest: str | os.PathLike[str], catch_up: Any =
                 if catch_up is not None:
                     catch_up()
                 try:
-                    _take(versions, tmp, plan)
+                    _take(versions, plan)
                     break
                 except _Retry:
-                    for v in plan.versions:
-                        v.release()
-                    plan = _Plan()
-                    for name in os.listdir(tmp):
-                        os.unlink(os.path.join(tmp, name))
+                    plan.release()
         else:
             raise OSError(errno.EAGAIN, "the writer kept retiring the files of this view")
         _build(versions, tmp, plan)
+        if os.path.lexists(where):  # made meanwhile: never replaced
+            raise FileExistsError(errno.EEXIST, "the checkpoint's destination exists", where)
         os.rename(tmp, where)
+        renamed = True
         fsync_dir(os.path.dirname(where))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(where if renamed else tmp, ignore_errors=True)
         raise
     finally:
-        for v in plan.versions:
-            v.release()
+        plan.release()
     return where

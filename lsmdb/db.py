@@ -127,14 +127,13 @@ class DB(ScanMapping):
         board = None
         if read_only:
             follower = self._follower = Follower(versions, follow, self._tables_changed)
-            if follower.watch is not None:
-                board = follower.watch.read()  # before the open reads anything
+            board = follower.watch.read()  # before the open reads anything
         self._recovered = open_database(versions, self._flusher, create_if_missing)
-        if read_only and follow:
-            assert self._follower is not None and self._follower.watch is not None
+        if self._follower is not None:
             if board is not None:
                 self._follower.watch.seen = board
-            versions.follower = self._follower  # before any getter is made
+            if follow:
+                versions.follower = self._follower  # before any getter is made
         self._dblock: DatabaseLock | None = self._recovered.lock
         self._writes = WritePath(versions, self._flusher, sync=sync,
                                  max_total_wal_size_bytes=max_wal)

@@ -37,6 +37,7 @@ from .manifest import Manifest
 from .manifest import read_bytes as read_manifest_bytes
 from .memtable import KIND_BITS, Memtable
 from .recovery import DirectoryState, live_tail, read_state_with_retry
+from .secret import load_secret
 from .wal import SEGMENT_FORMAT, SEGMENT_HEADER_SIZE, read_records_from
 
 if TYPE_CHECKING:
@@ -70,15 +71,19 @@ class Follower:
         self.versions = versions
         self.follow = follow
         self.tables_changed = tables_changed
-        self.watch: Any = new_watch(versions.path, USE_C_WATCH) if follow else None
+        #: The CHANGES counters, for a following handle's checks and, for any
+        #: read-only handle, the last sequence number the writer says it wrote.
+        self.watch: Any = new_watch(versions.path, USE_C_WATCH)
+        #: The board a reload left the handle short of (the record it names not
+        #: found): not reloaded for again.
+        self._short: Any = None
         #: Catch-ups done: (tails, reloads), for tests and ``lsmdb inspect``.
         self.tails = 0
         self.reloads = 0
 
     def check(self) -> None:
         """Before a read of a following handle: catch up if the writer changed anything."""
-        watch = self.watch
-        if watch is not None and watch.changed():
+        if self.follow and self.watch.changed():
             self.catch_up()
 
     def catch_up(self, refresh: bool = False) -> None:
@@ -94,21 +99,29 @@ class Follower:
                 board = watch.read()  # before anything is read: the catch-up covers it
                 if not refresh and board == watch.seen:
                     return  # another thread caught up meanwhile
+            limit = None if board is None else board[0]
             if board is not None and not refresh and board[1] == watch.seen[1]:
                 # No manifest switch since the last catch-up: the live segment's tail.
-                ok = self._tail()
+                ok = self._tail(limit)
             else:
                 data = read_manifest_bytes(os.path.join(versions.path, MANIFEST_NAME))
-                ok = data == versions.manifest_bytes and self._tail()
-            if not ok or (board is not None and versions.last_seq < board[0]):
-                self._reload()
+                ok = data == versions.manifest_bytes and self._tail(limit)
+            if not ok or (board is not None and versions.last_seq < board[0]
+                          and self._short != board):
+                self._reload(limit)
+                if board is not None and versions.last_seq < board[0]:
+                    self._short = board  # not reloaded for this board again
             if board is not None:
-                watch.seen = board
+                # Short of the writer's last record (its bytes not seen yet): the next
+                # read looks at the tail again.
+                watch.seen = (min(board[0], versions.last_seq), board[1])
 
-    def _tail(self) -> bool:
-        """Apply the live segment's records written since the last catch-up; False
-        when only a reload can catch up (the segment is gone, a record names a
-        table not known here)."""
+    def _tail(self, limit: int | None) -> bool:
+        """Apply the live segment's records written since the last catch-up (up to
+        sequence number ``limit``, the last the writer said it wrote: a record
+        after it is not acknowledged yet -- or never will be, its write having
+        failed); False when only a reload can catch up (the segment is gone, a
+        record names a table not known here)."""
         versions = self.versions
         tail = versions.live_tail
         if tail is None:
@@ -118,10 +131,15 @@ class Follower:
             records, end = read_records_from(versions.log.path(number), number, start)
         except FileNotFoundError:
             return False
-        if not records:
+        decoded = decode_all(versions.log.path(number), records)
+        if limit is not None:
+            keep = count_upto(decoded, limit)
+            if keep < len(decoded):
+                end = records[keep][0]  # read on from there next time
+                decoded = decoded[:keep]
+        if not decoded:
             return True
         self.tails += 1
-        decoded = decode_all(versions.log.path(number), records)
         if unknown_table(decoded, versions.by_id, versions.next_table_id):
             return False  # a table created since: its manifest switch is due
         self._apply(decoded, versions.by_id)
@@ -135,27 +153,46 @@ class Follower:
         versions = self.versions
         top = versions.last_seq
         for seq, ops in decoded:
-            for tid, key, value in ops:
+            if len(ops) == 1:
+                tid, key, value = ops[0]
                 state = by_id.get(tid)
                 if state is not None and seq > state.flushed_seq:
                     state.mem.apply(seq, key, value)
+            else:  # a batch: each table's part visible at once, as the writer made it
+                parts: dict[int, tuple[list[bytes], list[Any]]] = {}
+                for tid, key, value in ops:
+                    keys, values = parts.setdefault(tid, ([], []))
+                    keys.append(key)
+                    values.append(value)
+                for tid, (keys, values) in parts.items():
+                    state = by_id.get(tid)
+                    if state is not None and seq > state.flushed_seq:
+                        state.mem.apply_columns(seq, keys, values,
+                                                any(type(v) is tuple for v in values))
             if seq > top:
                 top = seq
         versions.last_seq = top
 
-    def _reload(self) -> None:
+    def _reload(self, limit: int | None = None) -> None:
         """Make the state the current manifest describes the handle's, keeping the
         readers it still names (the lock held): the WAL read on from where the
-        handle's reading of it stopped when it can, else all of it again."""
+        handle's reading of it stopped when it can (up to ``limit``, as
+        ``_tail``), else all of it again."""
         versions = self.versions
         self.reloads += 1
+        if versions.keyed is None:  # a secret made since the open: keyed filters work
+            versions.keyed = load_secret(versions.path)
+            if versions.keyed is not None:
+                for state in versions.tables.values():
+                    for reader in state.files:
+                        reader.attach_hasher(versions.keyed)
         current = {r.number: r for s in versions.tables.values() for r in s.files}
         path = os.path.join(versions.path, MANIFEST_NAME)
         if versions.live_tail is not None:
             data, manifest, new, _ = read_state_with_retry(versions, path, reuse=current,
                                                            replay=False)
             try:
-                plan = self._wal_since(manifest, new)
+                plan = self._wal_since(manifest, new, limit)
             except BaseException:
                 new.close()
                 raise
@@ -173,7 +210,7 @@ class Follower:
             new.close()
         self._swap(data, manifest, new, None, replayed)
 
-    def _wal_since(self, manifest: Manifest, new: DirectoryState
+    def _wal_since(self, manifest: Manifest, new: DirectoryState, limit: int | None
                    ) -> tuple[list[tuple[int, list[Any]]], list[tuple[int, int, int]]] | None:
         """The records (decoded) of ``manifest``'s WAL segments past where the handle
         stopped reading (``live_tail``), and every segment's (number, length of its
@@ -204,7 +241,13 @@ class Follower:
                 return None
             if size >= 0 and end < size:
                 return None  # a closed segment reads short: the whole WAL says why
-            reads.extend(decode_all(versions.log.path(number), records))
+            decoded = decode_all(versions.log.path(number), records)
+            if limit is not None and size < 0:  # the live segment: as _tail reads it
+                keep = count_upto(decoded, limit)
+                if keep < len(decoded):
+                    end = records[keep][0]
+                    decoded = decoded[:keep]
+            reads.extend(decoded)
             lengths.append((number, end, fmt))
         by_id = {t.id: t for t in new.tables.values()}
         if unknown_table(reads, by_id, new.next_table_id):
@@ -252,6 +295,8 @@ class Follower:
         for state in dropped:
             retired.extend(state.files)
             state.dropped = True
+            state.mem = Memtable()  # as Versions.drop_table leaves a dropped table
+            state.imms = ()
             state.files = ()
             state.publish()
             del versions.tables[state.name]
@@ -283,6 +328,17 @@ class Follower:
 def decode_all(path: str, records: list[tuple[int, bytes]]) -> list[tuple[int, list[Any]]]:
     """Each (offset, payload) record of the segment at ``path`` as (seq, ops)."""
     return [decode_record(payload, path, offset) for offset, payload in records]
+
+
+def count_upto(decoded: list[tuple[int, list[Any]]], limit: int) -> int:
+    """How many of the decoded records, in order, have sequence numbers up to
+    ``limit`` (a segment's records are in sequence order)."""
+    n = 0
+    for seq, _ops in decoded:
+        if seq > limit:
+            break
+        n += 1
+    return n
 
 
 def unknown_table(decoded: list[tuple[int, list[Any]]], by_id: dict[int, TableState],

@@ -63,6 +63,9 @@ class Table(ScanMapping):
                         f"with db.table({self.name!r})")
 
     def _live(self) -> TableState:
+        follower = self._versions.follower
+        if follower is not None:  # a following handle: a drop since is seen first
+            follower.check()
         state = self._state
         if state.dropped:
             raise NoSuchTableError(f"table {self.name!r} was dropped")
@@ -108,7 +111,7 @@ class Table(ScanMapping):
         """The value of ``key``, or ``default`` when it is absent."""
         state = self._state
         getter = state.getter
-        if getter is None or state.dropped:
+        if getter is None or state.dropped or self._versions.follower is not None:
             getter = state_getter(self._versions, self._live())
         return getter(key, default)
 
@@ -151,7 +154,7 @@ class Table(ScanMapping):
     def __contains__(self, key: Any) -> bool:
         state = self._state
         getter = state.getter
-        if getter is None or state.dropped:
+        if getter is None or state.dropped or self._versions.follower is not None:
             getter = state_getter(self._versions, self._live())
         return getter(key) is not None
 

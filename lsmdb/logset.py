@@ -437,6 +437,7 @@ class LogSet:
         writer, live = self.writer, self.live
         if writer is None or live is None or self.failed is not None:
             raise RuntimeError("no WAL segment open for appends")
+        start = writer.size
         try:
             writer.add_record(payload)
         except OSError as exc:
@@ -446,7 +447,13 @@ class LogSet:
         if not live.min_seq:
             live.min_seq = seq
         if sync:
-            self.sync()
+            try:
+                self.sync()
+            except OSError:
+                # The write raises: a reader in another process must not take its
+                # record (a reopen may not find it either).
+                writer.unwrite(start)
+                raise
         if self.changes is not None:
             note_seq(self.changes, seq)
 

@@ -379,30 +379,28 @@ def make_getter(db: Versions, state: TableState) -> Any:
 
 
 def make_nodisk(db: Versions, state: TableState
-                ) -> tuple[Callable[..., Any], Callable[..., Any]]:
-    """``(nodisk, resume)`` of one table, for a caller that must not wait on the
-    disk (lsmdb.aio): ``nodisk(key, default=None)`` is the get when memory
-    answers it -- a memtable, the filters' "no", the block cache -- counted as
-    a get; otherwise ``(MISSING, view, i)``, and ``resume(key, default, view,
-    i)``, run where waiting is fine, reads the rest from file ``i`` of the
-    view on (``view`` None, ``i`` -1: the whole get, nothing counted before).
-    A get so split counts what one ``get`` counts.  The C getter's methods
-    where it serves; else these, its Python twins."""
+                ) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """``(nodisk, resume, python_nodisk)`` of one table, for a caller that must
+    not wait on the disk (lsmdb.aio): ``nodisk(key, default=None)`` is the get
+    when memory answers it -- a memtable, the filters' "no", the block cache --
+    counted as a get; otherwise a *pause* ``(MISSING, view, i, ...)``, and
+    ``resume(key, default, *pause[1:])``, run where waiting is fine, reads the
+    rest from file ``i`` of the view on (``view`` None, ``i`` -1: the whole
+    get, nothing counted before).  A get so split counts what one ``get``
+    counts.  ``nodisk`` is the C getter's where it serves; a pause whose ``i``
+    is -2 says its view has no C path (shadow mode): ``python_nodisk``, the
+    Python twin, may still answer from memory."""
     getter = state_getter(db, state)
-    if not callable(getter) or hasattr(getter, "nodisk"):
-        return getter.nodisk, getter.resume
     max_key = MAX_KEY_SIZE_BYTES
     counts = state.counts
     follower = db.follower
-    whole = (MISSING, None, -1)
+    whole = (MISSING, None, -1, True)
 
     def nodisk(key: Any, default: Any = None) -> Any:
         if type(key) is not bytes or len(key) > max_key or db.closed or \
                 (follower is not None and follower.watch.changed()):
             return whole
         view = state.fast
-        if view.seq_overlap or view.shadow:
-            return whole
         for data in (view.data, *view.imm_datas):
             value = data.get(key, MISSING)
             if value is not MISSING:
@@ -413,6 +411,8 @@ def make_nodisk(db: Versions, state: TableState
                         counts[GETS_ABSENT] += 1
                         return default
                     return value
+        if view.seq_overlap or view.shadow:
+            return whole  # files compared by sequence number, or read after a "no"
         counts[GETS] += 1
         return files_from(view, key, default, 0, True)
 
@@ -422,9 +422,12 @@ def make_nodisk(db: Versions, state: TableState
             if i < start:
                 continue  # counted before the pause
             if file_filter(view, p, key, hashes):  # a "maybe" is not counted: asked again
-                if no_disk and block_uncached(view, p, key):
-                    return (MISSING, view, i)
-                value = file_blocks(view, p, [key])[0]
+                if no_disk:
+                    value = cached_answer(view, p, key)
+                    if value is NOT_CACHED:
+                        return (MISSING, view, i, True)
+                else:
+                    value = file_blocks(view, p, [key])[0]
                 if value is not MISSING:
                     if value is None:
                         break
@@ -432,20 +435,41 @@ def make_nodisk(db: Versions, state: TableState
         counts[GETS_ABSENT] += 1
         return default
 
-    def resume(key: Any, default: Any, view: Any, i: int) -> Any:
+    c_nodisk = getattr(getter, "nodisk", None)
+    c_resume = getattr(getter, "resume", None)
+
+    def resume(key: Any, default: Any, view: Any, i: int, python: bool = False) -> Any:
         if i < 0:
             return getter(key, default)
-        return files_from(view, key, default, i, False)
+        if python or c_resume is None:  # a pause of the Python twin's
+            return files_from(view, key, default, i, False)
+        return c_resume(key, default, view, i)
 
-    return nodisk, resume
+    return (nodisk if c_nodisk is None else c_nodisk), resume, nodisk
 
 
-def block_uncached(view: FastPath, p: FileProbe, key: bytes) -> bool:
-    """Whether file ``p``'s read of ``key`` needs a block the cache does not hold."""
+#: cached_answer's "the block is not in the cache".
+NOT_CACHED = object()
+
+
+def cached_answer(view: FastPath, p: FileProbe, key: bytes) -> Any:
+    """:func:`file_blocks` of one key when its block needs no read from disk (past
+    the last block, or in the cache: taken once, so that no other thread's
+    eviction can send it to the disk meanwhile), counted the same; else
+    NOT_CACHED, nothing counted."""
     b = bisect_left(p.index_keys, key)
     if b == len(p.index_keys):
-        return False
-    return view.cache is None or view.cache.lookup(p.cache_base + b) is None
+        return file_blocks(view, p, [key])[0]
+    entry = view.cache.get(p.cache_base + b) if view.cache is not None else None
+    if entry is None:
+        return NOT_CACHED
+    p.counts[BLOCK_CACHE_HITS] += 1
+    value = entry_find(entry, key)
+    if value is MISSING:
+        p.counts[FALSE_POSITIVES] += 1
+        return MISSING
+    p.counts[TRUE_POSITIVES] += 1
+    return visible(value, LATEST, view)
 
 
 def _c_blocks(fast: Any, f: int, keys: list[bytes]) -> list[Any]:

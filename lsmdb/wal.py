@@ -177,6 +177,14 @@ class LogWriter:
             if not view:
                 return out
 
+    def unwrite(self, start: int) -> None:
+        """Take back the records from ``start`` (a record's start) on: zeros again,
+        the segment's clean end there -- for a write that raised after it was
+        stored (its fsync failed), which no reader may then take."""
+        if self._map is not None and start < self.size:
+            self._map[start:self.size] = bytes(self.size - start)
+            self.size = start
+
     def sync(self) -> None:
         if self._map is not None and not _FSYNC_COVERS_MAPPINGS:
             self._map.flush()  # msync: where fsync alone may miss the mapping's pages

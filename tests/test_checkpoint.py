@@ -27,6 +27,11 @@ from tools import powerloss as tool
 PowerLoss = tool.layer.PowerLoss
 
 
+def _no_temp_dirs(dest):
+    prefix = _checkpoint.temp_prefix(dest)
+    return not [n for n in os.listdir(os.path.dirname(dest)) if n.startswith(prefix)]
+
+
 def _fill(db, n, table=None, prefix=b"k"):
     t = db.table(table or "default")
     rows = {}
@@ -117,7 +122,7 @@ def test_a_flush_or_compaction_between_the_steps_takes_nothing(tmp_path, monkeyp
     db.close()
     with lsmdb.open(dest) as cp:
         assert dict(cp.scan()) == {**rows, **unflushed}
-    assert not os.path.exists(_checkpoint.temp_name(dest))
+    assert _no_temp_dirs(dest)
 
 
 def test_a_checkpoint_under_concurrent_writes_is_a_prefix_of_them(tmp_path):
@@ -201,7 +206,7 @@ def test_a_failed_checkpoint_leaves_nothing_and_the_source_intact(tmp_path, monk
         with pytest.raises(OSError):
             db.checkpoint(dest)
         monkeypatch.setattr(_checkpoint, "write_file_durably", real)
-        assert not os.path.exists(dest) and not os.path.exists(_checkpoint.temp_name(dest))
+        assert not os.path.exists(dest) and _no_temp_dirs(dest)
         assert dict(db.scan()) == rows
         db.checkpoint(dest)
     with lsmdb.open(dest) as cp:
@@ -209,7 +214,7 @@ def test_a_failed_checkpoint_leaves_nothing_and_the_source_intact(tmp_path, monk
 
 
 @pytest.mark.usefixtures("fixed_db_id")
-def test_a_checkpoint_that_returned_survives_a_power_loss(tmp_path):
+def test_a_checkpoint_that_returned_survives_a_power_loss(tmp_path, monkeypatch):
     """The power-loss layer watches the directory the checkpoint is built in: once
     the call returned, every image a power cut may leave of it -- nothing unsynced,
     everything, random ones -- opens with every row."""
@@ -218,8 +223,9 @@ def test_a_checkpoint_that_returned_survives_a_power_loss(tmp_path):
         db.alter_table("default", **SMALL)
         rows = _fill(db, 400)
         rows.update(_fill(db, 15, prefix=b"u"))  # in the WAL only
-        tmp = _checkpoint.temp_name(dest)
+        tmp = str(tmp_path / ".cp.checkpoint-watched")
         os.mkdir(tmp)
+        monkeypatch.setattr(_checkpoint, "make_temp_dir", lambda where: tmp)
         layer = PowerLoss(tmp)
         try:
             with layer:
@@ -233,3 +239,64 @@ def test_a_checkpoint_that_returned_survives_a_power_loss(tmp_path):
         PowerLoss.materialize(where, image)
         with lsmdb.open(where) as cp:
             assert dict(cp.scan()) == rows, image.recipe
+
+
+def test_a_filter_key_the_database_tolerates_does_not_stop_a_checkpoint(tmp_path):
+    """FILTER_KEY that is not a regular file: the database's keyed filters fail
+    open, and so do the copy's; the checkpoint is made."""
+    src, dest = str(tmp_path / "db"), str(tmp_path / "cp")
+    with lsmdb.open(src) as db:
+        db.create_table("t", bloom_filter_hash="keyed")
+        rows = _fill(db, 50, "t")
+        db.flush()
+    os.unlink(os.path.join(src, "FILTER_KEY"))
+    os.mkdir(os.path.join(src, "FILTER_KEY"))
+    with lsmdb.open(src, read_only=True) as db:
+        db.checkpoint(dest)
+    assert not os.path.lexists(os.path.join(dest, "FILTER_KEY"))
+    with lsmdb.open(dest, read_only=True) as cp:
+        assert dict(cp.table("t").scan()) == rows
+
+
+def test_two_checkpoints_at_once_never_mix(tmp_path):
+    src = str(tmp_path / "db")
+    with lsmdb.open(src) as db:
+        rows = _fill(db, 300)
+        db.flush()
+        outcomes = []
+
+        def one(dest):
+            try:
+                outcomes.append(db.checkpoint(dest))
+            except FileExistsError:
+                outcomes.append("exists")
+
+        threads = [threading.Thread(target=one, args=(str(tmp_path / name),))
+                   for name in ("cp", "cp", "other")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(outcomes, key=str) == sorted([str(tmp_path / "cp"), str(tmp_path / "other"),
+                                                "exists"], key=str)
+    for name in ("cp", "other"):
+        with lsmdb.open(str(tmp_path / name), read_only=True) as cp:
+            assert dict(cp.scan()) == rows
+    assert _no_temp_dirs(str(tmp_path / "cp"))
+
+
+def test_a_failure_after_the_rename_leaves_no_destination(tmp_path, monkeypatch):
+    src, dest = str(tmp_path / "db"), str(tmp_path / "cp")
+    with lsmdb.open(src) as db:
+        _fill(db, 20)
+        real = _checkpoint.fsync_dir
+
+        def fail_parent(path):
+            if os.path.abspath(path) == str(tmp_path):
+                raise OSError(errno.EIO, "Input/output error (injected)", path)
+            return real(path)
+
+        monkeypatch.setattr(_checkpoint, "fsync_dir", fail_parent)
+        with pytest.raises(OSError):
+            db.checkpoint(dest)
+    assert not os.path.exists(dest) and _no_temp_dirs(dest)

@@ -498,3 +498,155 @@ def test_threads_sharing_a_follower_each_see_what_was_acknowledged(tmp_path):
         f.close()
         w.close()
     assert not errors, errors[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_follower_used_in_a_forked_child_raises_database_forked_error(tmp_path):
+    path = str(tmp_path / "db")
+    w, f = _open_pair(path)
+    with w, f:
+        w.put(b"k", b"v")
+        assert f.get(b"k") == b"v"
+        r, wfd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: every read of the parent's handle refuses
+            code = 0
+            for read in (lambda: f.get(b"k"), lambda: f.get_many([b"k"]), lambda: b"k" in f,
+                         lambda: list(f.scan()), f.refresh, f.snapshot):
+                try:
+                    read()
+                    code = 1
+                except lsmdb.DatabaseForkedError:
+                    pass
+                except BaseException:  # noqa: BLE001 - any other outcome fails the test
+                    code = 2
+            os.write(wfd, bytes([code]))
+            os._exit(0)
+        os.close(wfd)
+        assert os.read(r, 1) == b"\0"
+        os.waitpid(pid, 0)
+        os.close(r)
+        w.put(b"k2", b"v2")
+        assert f.get(b"k2") == b"v2"  # the parent's handle goes on
+
+
+def test_a_table_dropped_by_the_writer_is_gone_for_a_followers_old_handle(tmp_path):
+    path = str(tmp_path / "db")
+    w, f = _open_pair(path)
+    with w, f:
+        w.create_table("t").put(b"k", b"old")
+        t = f.table("t")
+        assert t.get(b"k") == b"old"
+        w.drop_table("t")
+        for read in (lambda: t.get(b"k"), lambda: t.get_many([b"k"]), lambda: b"k" in t,
+                     lambda: list(t.scan()), lambda: t[b"k"]):
+            with pytest.raises(lsmdb.NoSuchTableError):
+                read()
+        w.create_table("t").put(b"k2", b"new")
+        assert f.table("t").get(b"k") is None and f.table("t").get(b"k2") == b"new"
+
+
+@pytest.mark.parametrize("how", ["refresh", "follow"])
+def test_another_thread_never_sees_half_a_batch_while_a_handle_catches_up(tmp_path, how):
+    import threading
+
+    path = str(tmp_path / "db")
+    keys = [b"b%03d" % i for i in range(300)]
+    w = lsmdb.open(path)
+    r = lsmdb.open(path, read_only=True, follow=how == "follow")
+    stop = threading.Event()
+    torn = []
+
+    def reader():
+        while not stop.is_set():
+            got = set(r.get_many(keys))
+            if len(got) > 1:
+                torn.append(sorted(v or b"" for v in got)[:2])
+
+    t = threading.Thread(target=reader)
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often: a half batch would show
+    t.start()
+    try:
+        for version in range(60):
+            with w.batch() as b:
+                for k in keys:
+                    b.put(k, b"%d" % version)
+            if how == "refresh":
+                r.refresh()
+    finally:
+        sys.setswitchinterval(switch)
+        stop.set()
+        t.join()
+        r.close()
+        w.close()
+    assert not torn, torn[:3]
+
+
+def test_a_write_whose_fsync_failed_never_reaches_a_follower(tmp_path, monkeypatch):
+    import errno
+
+    path = str(tmp_path / "db")
+    w, f = _open_pair(path)
+    with f:
+        w.put(b"k", b"old", sync=True)
+        assert f.get(b"k") == b"old"
+        real = os.fsync
+        calls = []
+
+        def failing(fd):
+            if not calls:
+                calls.append(fd)
+                raise OSError(errno.EIO, "Input/output error (injected)")
+            return real(fd)
+
+        monkeypatch.setattr(os, "fsync", failing)
+        with pytest.raises(OSError):
+            w.put(b"k", b"bad", sync=True)
+        monkeypatch.setattr(os, "fsync", real)
+        assert w.get(b"k") == b"old"
+        assert f.get(b"k") == b"old"
+        f._versions.live_tail = None  # the whole WAL read again: the record is not there
+        f._versions.manifest_bytes = b""
+        f.refresh()
+        assert f.get(b"k") == b"old"
+        w.put(b"other", b"1")  # the writer mends its log: a manifest switch
+        assert f.get(b"other") == b"1" and f.get(b"k") == b"old"
+        w.close()
+        assert f.get(b"k") == b"old"
+
+
+@pytest.mark.parametrize("planted", ["fifo", "directory", "symlink"])
+def test_a_planted_changes_name_blocks_no_follower_and_no_writer(tmp_path, planted):
+    path = str(tmp_path / "db")
+    with lsmdb.open(path) as w:
+        w.put(b"k", b"v")
+    target = os.path.join(path, "CHANGES")
+    os.unlink(target)
+    if planted == "fifo":
+        os.mkfifo(target)
+    elif planted == "directory":
+        os.mkdir(target)
+    else:
+        os.symlink(str(tmp_path / "elsewhere"), target)
+    with lsmdb.open(path, read_only=True, follow=True) as f:  # must not hang
+        assert f.get(b"k") == b"v"
+        with lsmdb.open(path) as w:  # sets the planted name aside
+            w.put(b"k2", b"v2")
+            assert f.get(b"k2") == b"v2"
+    assert os.path.isfile(target) and not os.path.islink(target)
+    assert os.listdir(os.path.join(path, "lost"))
+
+
+def test_a_filter_secret_made_after_a_follower_opened_serves_its_filters(tmp_path):
+    path = str(tmp_path / "db")
+    w, f = _open_pair(path)
+    with w, f:
+        w.create_table("t", bloom_filter_hash="keyed")
+        for i in range(500):
+            w.table("t").put(b"k%04d" % (2 * i), b"v")
+        w.flush()  # the first keyed filter: FILTER_KEY is made now
+        for i in range(500):
+            assert f.table("t").get(b"k%04d" % (2 * i + 1)) is None
+        stats = f.table_stats("t")
+        assert stats["filter_negatives"] > 400, stats

@@ -36,15 +36,19 @@ watch_attach(ChangeWatch *self)
     PyObject *bytes = PyUnicode_EncodeFSDefault(self->path);
     if (bytes == NULL)
         return -1;
-    int fd = open(PyBytes_AS_STRING(bytes), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-    Py_DECREF(bytes);
-    if (fd < 0)
-        return 0;
-    struct stat st;
     void *map = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_size >= CHANGES_SIZE)
-        map = mmap(NULL, CHANGES_SIZE, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
+    /* O_NONBLOCK: a FIFO planted under the name must not block the open; only a
+     * regular file is mapped.  The GIL is let go for the system calls. */
+    Py_BEGIN_ALLOW_THREADS
+    int fd = open(PyBytes_AS_STRING(bytes), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (fd >= 0) {
+        struct stat st;
+        if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= CHANGES_SIZE)
+            map = mmap(NULL, CHANGES_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    Py_DECREF(bytes);
     if (map == MAP_FAILED)
         return 0;
     const unsigned char *head = (const unsigned char *)map;
@@ -159,6 +163,42 @@ static PyObject *
 ChangeWatch_get_path(ChangeWatch *self, void *Py_UNUSED(closure))
 {
     return Py_NewRef(self->path != NULL ? self->path : Py_None);
+}
+
+/* changes_store(buffer, offset, value): value as a u64 at offset of a writable
+ * buffer (the writer's CHANGES mapping), a release store: whatever was
+ * written before it (the WAL record, the manifest) is visible to a reader
+ * that sees it.  Python twin: struct.pack_into in lsmdb/changes.py. */
+PyObject *
+speedups_changes_store(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "changes_store(buffer, offset, value)");
+        return NULL;
+    }
+    Py_ssize_t offset = PyLong_AsSsize_t(args[1]);
+    if (offset == -1 && PyErr_Occurred())
+        return NULL;
+    unsigned long long value = PyLong_AsUnsignedLongLong(args[2]);
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (offset < 0 || offset % 8 != 0 || offset + 8 > view.len
+        || ((uintptr_t)view.buf & 7) != 0) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "changes_store: an aligned u64 inside the buffer");
+        return NULL;
+    }
+    uint64_t *word = (uint64_t *)((char *)view.buf + offset);
+#if defined(__GNUC__) || defined(__clang__)
+    __atomic_store_n(word, (uint64_t)value, __ATOMIC_RELEASE);
+#else
+    *(volatile uint64_t *)word = (uint64_t)value;
+#endif
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef ChangeWatch_methods[] = {

@@ -21,6 +21,7 @@ typedef struct {
 HIDDEN_BEGIN
 
 extern PyTypeObject ChangeWatchType;
+PyObject *speedups_changes_store(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 HIDDEN_END
 

@@ -110,6 +110,9 @@ static PyMethodDef speedups_functions[] = {
     {"set_system_clock", (PyCFunction)speedups_set_system_clock, METH_O,
      "set_system_clock($module, clock, /)\n--\n\n"
      "Register lsmdb.ttl.system_now_us: reads on that clock take CLOCK_REALTIME in C."},
+    {"changes_store", (PyCFunction)(void (*)(void))speedups_changes_store, METH_FASTCALL,
+     "changes_store($module, buffer, offset, value, /)\n--\n\n"
+     "value as a u64 at offset of the writer's CHANGES mapping, a release store."},
     {"lz4_direct", (PyCFunction)speedups_lz4_direct, METH_NOARGS,
      "lz4_direct($module, /)\n--\n\n"
      "Whether the C getter decompresses LZ4 blocks itself (the lz4 package's "

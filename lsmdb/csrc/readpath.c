@@ -736,7 +736,9 @@ done:
 /* ---- nodisk and resume: a get that never waits on the disk (lsmdb.aio) ---- */
 
 /* (MISSING, fast, f): "go on from file f of view fast, off the event loop";
- * (MISSING, None, -1): "the whole get, off the event loop" (nothing counted). */
+ * (MISSING, None, -1): "the whole get, off the event loop" (nothing counted);
+ * (MISSING, None, -2): the same, but the view has no C path (shadow mode, a
+ * closed database): the Python twin may answer from memory first. */
 static PyObject *
 resume_marker(Getter *self, PyObject *fast, Py_ssize_t f)
 {
@@ -807,13 +809,9 @@ Getter_nodisk(Getter *self, PyObject *const *args, Py_ssize_t nargs)
         return resume_marker(self, NULL, -1);  /* checks, a catch-up: the whole get */
     PyObject *fast = NULL, *value = NULL, *result = NULL;
     int ok = getter_fast(self, &fast);
-    if (ok <= 0)
-        return ok < 0 ? NULL : resume_marker(self, NULL, -1);
+    if (ok <= 0)  /* -2: no C path for this view (shadow mode...): the Python twin's */
+        return ok < 0 ? NULL : resume_marker(self, NULL, self->db != NULL ? -2 : -1);
     Probes *probes = (Probes *)PyTuple_GET_ITEM(fast, FAST_PROBES);
-    if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
-        result = resume_marker(self, NULL, -1);  /* files compared by sequence number */
-        goto done;
-    }
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t h = 0;
     int have_h = getter_hash(probes, key, &h);
@@ -836,6 +834,10 @@ Getter_nodisk(Getter *self, PyObject *const *args, Py_ssize_t nargs)
             }
             goto done;
         }
+    }
+    if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
+        result = resume_marker(self, NULL, -1);  /* files compared by sequence number */
+        goto done;
     }
     counts[GETS]++;
     Py_ssize_t f = probes_first(probes, key, 0);
@@ -862,7 +864,7 @@ Getter_resume(Getter *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t f = PyLong_AsSsize_t(args[3]);
     if (f == -1 && PyErr_Occurred())
         return NULL;
-    if (f < 0)
+    if (f < 0)  /* -1, -2: the whole get */
         return PyObject_Vectorcall((PyObject *)self, args, 2, NULL);
     PyObject *fast = args[2];
     if (!PyBytes_CheckExact(args[0]) || !PyTuple_Check(fast)

@@ -38,7 +38,7 @@ from .common import (
     print_section,
     write_json,
 )
-from .keys import key_of, value_of
+from .keys import key_of, load_shuffled
 
 
 class _Counting(ThreadPoolExecutor):
@@ -99,13 +99,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         progress(f"loading {args.keys:,} keys")
         rng = random.Random(5)
-        order = list(range(args.keys))
-        rng.shuffle(order)
         with lsmdb.open(root) as db:
-            for chunk in range(0, args.keys, 10_000):
-                with db.batch() as b:
-                    for i in order[chunk:chunk + 10_000]:
-                        b.put(key_of(2 * i), value_of(2 * i))
+            load_shuffled(db, args.keys, rng)
             db.compact()
         present = [key_of(2 * rng.randrange(args.keys)) for _ in range(args.gets)]
         absent = [key_of(2 * rng.randrange(args.keys) + 1) for _ in range(args.gets)]

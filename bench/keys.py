@@ -11,6 +11,9 @@ Example:
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 KEY_FORMAT = b"user:%010d"     # key number i -> key; present keys are even, absent odd
 KEY_PREFIX_LEN = len(b"user:")
 VALUE_BYTES = 100
@@ -27,3 +30,15 @@ def value_of(number: int) -> bytes:
 
 def number_of(key: bytes) -> int:
     return int(key[KEY_PREFIX_LEN:])
+
+
+def load_shuffled(db: Any, n: int, rng: random.Random, batch: int = 10_000) -> list[int]:
+    """Put the present keys ``key_of(2 * i)`` for i < n into ``db`` in a random order
+    (``rng``), ``batch`` to a ``db.batch()``; returns that order."""
+    order = list(range(n))
+    rng.shuffle(order)
+    for chunk in range(0, n, batch):
+        with db.batch() as b:
+            for i in order[chunk:chunk + batch]:
+                b.put(key_of(2 * i), value_of(2 * i))
+    return order

@@ -100,16 +100,10 @@ ChangeWatch_attach(ChangeWatch *self, PyObject *Py_UNUSED(arg))
 static PyObject *
 ChangeWatch_read(ChangeWatch *self, PyObject *Py_UNUSED(arg))
 {
-    const uint64_t *words = self->words;
-    if (words == NULL)
+    if (self->words == NULL)
         Py_RETURN_NONE;
-#if defined(__GNUC__) || defined(__clang__)
-    uint64_t seq = __atomic_load_n(&words[CHANGES_SEQ_WORD], __ATOMIC_ACQUIRE);
-    uint64_t epoch = __atomic_load_n(&words[CHANGES_EPOCH_WORD], __ATOMIC_ACQUIRE);
-#else
-    uint64_t seq = ((const volatile uint64_t *)words)[CHANGES_SEQ_WORD];
-    uint64_t epoch = ((const volatile uint64_t *)words)[CHANGES_EPOCH_WORD];
-#endif
+    uint64_t seq, epoch;
+    watch_load(self->words, &seq, &epoch);
     return Py_BuildValue("(KK)", (unsigned long long)seq, (unsigned long long)epoch);
 }
 

@@ -25,21 +25,29 @@ PyObject *speedups_changes_store(PyObject *module, PyObject *const *args, Py_ssi
 
 HIDDEN_END
 
+/* The counters of a mapped CHANGES file: seq loaded before epoch, each an
+ * acquire load (changes.py says why). */
+static inline void
+watch_load(const uint64_t *words, uint64_t *seq, uint64_t *epoch)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    *seq = __atomic_load_n(&words[CHANGES_SEQ_WORD], __ATOMIC_ACQUIRE);
+    *epoch = __atomic_load_n(&words[CHANGES_EPOCH_WORD], __ATOMIC_ACQUIRE);
+#else
+    *seq = ((const volatile uint64_t *)words)[CHANGES_SEQ_WORD];
+    *epoch = ((const volatile uint64_t *)words)[CHANGES_EPOCH_WORD];
+#endif
+}
+
 /* Whether the counters differ from the ones last caught up to (always, while
- * the file is not mapped): seq loaded before epoch (changes.py says why). */
+ * the file is not mapped). */
 static inline int
 watch_changed(const ChangeWatch *w)
 {
-    const uint64_t *words = w->words;
-    if (words == NULL)
+    if (w->words == NULL)
         return 1;
-#if defined(__GNUC__) || defined(__clang__)
-    uint64_t seq = __atomic_load_n(&words[CHANGES_SEQ_WORD], __ATOMIC_ACQUIRE);
-    uint64_t epoch = __atomic_load_n(&words[CHANGES_EPOCH_WORD], __ATOMIC_ACQUIRE);
-#else
-    uint64_t seq = ((const volatile uint64_t *)words)[CHANGES_SEQ_WORD];
-    uint64_t epoch = ((const volatile uint64_t *)words)[CHANGES_EPOCH_WORD];
-#endif
+    uint64_t seq, epoch;
+    watch_load(w->words, &seq, &epoch);
     return seq != w->seen_seq || epoch != w->seen_epoch;
 }
 

@@ -562,6 +562,29 @@ mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **val
     return 0;
 }
 
+/* key's version in the memtables of view fast as a get of the newest sees it:
+ * 1 and *value (a new reference; None for a tombstone, an expired value
+ * included), 0 when no memtable holds a visible one, -1 on error. */
+static inline int
+mem_visible(Getter *self, PyObject *fast, PyObject *key, uint64_t h, int have_h,
+            PyObject **value)
+{
+    PyObject *v = NULL;
+    if (mem_lookup(fast, key, h, have_h, &v) < 0)
+        return -1;
+    if (v == NULL)
+        return 0;
+    v = visible(self, fast, Py_NewRef(v), LATEST);
+    if (v == NULL)
+        return -1;
+    if (v == self->missing) {
+        Py_DECREF(v);
+        return 0;
+    }
+    *value = v;
+    return 1;
+}
+
 /* lsmdb.ttl.system_now_us, registered at import (set_system_clock): a view
  * on that clock is read here, not through a call. */
 static PyObject *system_clock = NULL;
@@ -668,24 +691,16 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     int gathered = have_h && !overlap && can_gather(probes, key);
     if (gathered)
         gather_start(probes, key, h, &g);
-    int m = mem_lookup(fast, key, h, have_h, &value);
+    int m = mem_visible(self, fast, key, h, have_h, &value);
     if (m < 0)
         goto done;
-    if (value != NULL) {
-        value = visible(self, fast, Py_NewRef(value), LATEST);
-        if (value == NULL)
-            goto done;
-        if (value == self->missing) {
+    if (m == 1) {
+        if (value == Py_None) {
             Py_DECREF(value);
-            value = NULL;
-        } else {
-            if (value == Py_None) {
-                Py_DECREF(value);
-                goto absent;
-            }
-            result = value;
-            goto done;
+            goto absent;
         }
+        result = value;
+        goto done;
     }
     Py_ssize_t f;
     if (overlap) {
@@ -815,25 +830,19 @@ Getter_nodisk(Getter *self, PyObject *const *args, Py_ssize_t nargs)
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t h = 0;
     int have_h = getter_hash(probes, key, &h);
-    if (mem_lookup(fast, key, h, have_h, &value) < 0)
+    int m = mem_visible(self, fast, key, h, have_h, &value);
+    if (m < 0)
         goto done;
-    if (value != NULL) {
-        value = visible(self, fast, Py_NewRef(value), LATEST);
-        if (value == NULL)
-            goto done;
-        if (value == self->missing) {
+    if (m == 1) {
+        counts[GETS]++;
+        if (value == Py_None) {
             Py_DECREF(value);
+            counts[GETS_ABSENT]++;
+            result = Py_NewRef(dflt);
         } else {
-            counts[GETS]++;
-            if (value == Py_None) {
-                Py_DECREF(value);
-                counts[GETS_ABSENT]++;
-                result = Py_NewRef(dflt);
-            } else {
-                result = value;
-            }
-            goto done;
+            result = value;
         }
+        goto done;
     }
     if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
         result = resume_marker(self, NULL, -1);  /* files compared by sequence number */

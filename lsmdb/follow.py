@@ -7,13 +7,21 @@ the catch-up began, in one of two ways:
 * **the tail**: while the manifest is the one last read, everything new is
   in the live WAL segment after where the last catch-up stopped reading
   (:func:`lsmdb.wal.read_records_from`); those records are applied to the
-  memtables, as the writer applied them -- the work is what was written since;
+  memtables, as the writer applied them (a batch's part in a table at once)
+  -- the work is what was written since;
 * **a reload**: when the manifest changed (a flush, a compaction, a WAL
   rotation, a table created, altered or dropped, another writer's open), the
-  state it describes is read again (:func:`lsmdb.recovery.read_state_with_retry`),
-  keeping every open SSTable reader the new manifest still names, and each
-  table's files and memtable are swapped in one step (``TableState.publish``).
-  Scans, snapshots and iterators already open keep the view they took.
+  state it describes is read (:func:`lsmdb.recovery.read_state_with_retry`),
+  keeping every open SSTable reader the new manifest still names, the WAL
+  read on from where the handle stopped (and each memtable keeping only what
+  the new files do not hold), or -- when that cannot be done -- all of it
+  again; each table's files and memtable are swapped in one step
+  (``TableState.publish``).  Scans, snapshots and iterators already open
+  keep the view they took.
+
+Only records up to the sequence number the writer last published in
+``CHANGES`` are taken from the tail: a record after it is not acknowledged
+yet, or belongs to a write that failed.
 
 ``refresh()`` catches up once.  A following handle (``follow=True``) checks
 the writer's ``CHANGES`` counters (:mod:`lsmdb.changes`) before every read

@@ -243,8 +243,12 @@ def merge(spec: Any, alloc_number: Callable[[], int],
         ok = worker.alive  # an error it reported leaves it usable; a death does not
         raise
     finally:
+        # A cancel that fired may still call worker.kill (fire() calls the stops
+        # it took after letting its lock go): such a worker is never reused, or
+        # the kill could land in another database's merge.
+        fired = cancel is not None and cancel.fired
         with _lock:
-            if ok and worker.pid == os.getpid() and len(_idle) < MAX_IDLE:
+            if ok and not fired and worker.pid == os.getpid() and len(_idle) < MAX_IDLE:
                 _idle.append(worker)
                 worker = None
         if worker is not None:

@@ -435,3 +435,45 @@ def test_a_worker_runs_at_a_lower_priority():
         assert os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == expected
     finally:
         worker.close()
+
+
+def test_a_worker_a_closing_database_may_still_kill_is_never_reused(tmp_path, monkeypatch):
+    """close() fires the cancel of a merge that is just finishing: the kill the
+    fire took may land after the merge returned.  That worker must not go back to
+    the idle pool, where another database's merge would take it and die."""
+    import contextlib
+
+    collected: list[Any] = []
+    real_watch = lsmdb.compaction.Cancel.watch
+
+    @contextlib.contextmanager
+    def racing_watch(self, stop):
+        with real_watch(self, stop):
+            yield
+            with self._lock:  # a close fires here, taking the stop it calls later
+                self.fired = True
+            collected.append(stop)
+
+    monkeypatch.setattr(lsmdb.compaction.Cancel, "watch", racing_watch)
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    try:
+        db.create_table("t", min_threshold=2, memtable_size_bytes=4096, block_size_bytes=512)
+        deadline = time.monotonic() + 30
+        i = 0
+        while not collected:
+            db.table("t").put(b"k%06d" % i, b"v" * 100)
+            i += 1
+            assert time.monotonic() < deadline, "no background merge ran"
+        time.sleep(0.2)  # the merge's end: the worker back in the pool, or not
+        killed = [stop.__self__ for stop in collected]
+        assert not [w for w in lsmdb.worker._idle if any(w is k for k in killed)]
+        for stop in collected:
+            stop()  # the late kill: lands in no one's merge
+    finally:
+        db.close()
+    with lsmdb.open(str(tmp_path / "other")) as other:  # the pool's workers still serve
+        other.create_table("t")
+        rows = fill(other, "t", rounds=2)
+        other.compact("t")
+        check(other, "t", rows)

@@ -271,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     json_out(p)
 
     p = add("checkpoint", cmd_checkpoint, "a consistent copy of a live database that opens as "
-            "a database of its own", "lsmdb checkpoint /tmp/demo-db /backups/demo-2026-12-07")
+            "a database of its own", "lsmdb checkpoint /tmp/demo-db /backups/demo-copy")
     path(p)
     p.add_argument("dest", help="the new directory (must not exist; its parent must)")
 

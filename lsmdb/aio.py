@@ -110,7 +110,7 @@ class _Reads:
     async def get(self, key: Any, default: Any = None) -> Any:
         """The value of ``key``, or ``default``: on the event loop when memory
         answers, else the block read on a thread."""
-        if self._state.dropped or self._owner.sync_db.closed:
+        if self._state.dropped:  # (a closed database: nodisk sends the get to a thread)
             return await self._owner._run(self._handle.get, key, default)
         value = self._nodisk(key, default)
         if _marker(value):
@@ -129,7 +129,7 @@ class _Reads:
         """Values of many keys (None where absent): those memory answers at once,
         the rest in one trip to a thread."""
         given = list(keys)
-        if self._state.dropped or self._owner.sync_db.closed:
+        if self._state.dropped:
             return await self._owner._run(self._handle.get_many, given)
         out: list[Any] = []
         later: list[tuple[int, Any, Any]] = []

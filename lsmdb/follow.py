@@ -103,7 +103,7 @@ class Follower:
                 return
             watch = self.watch
             board = None
-            if watch is not None and watch.attach():
+            if watch.attach():
                 board = watch.read()  # before anything is read: the catch-up covers it
                 if not refresh and board == watch.seen:
                     return  # another thread caught up meanwhile
@@ -329,8 +329,7 @@ class Follower:
             self.tables_changed(added, dropped)
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
+        self.watch.close()
 
 
 def decode_all(path: str, records: list[tuple[int, bytes]]) -> list[tuple[int, list[Any]]]:

@@ -169,6 +169,51 @@ def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
     return keys, join_expiries(values, expiries)
 
 
+def keys_among(payload: bytes | memoryview, wanted: Iterable[bytes], path: str, offset: int,
+               after: bytes | None = None, last: bytes | None = None,
+               version: int = 2) -> bool:
+    """Whether any of ``wanted`` is among the keys of a checksum-verified data
+    block payload, its keys array read alone under the parts of the data
+    block rule that concern it: the outer array's header of its format, the
+    keys' count (at least 1, at most a third of the payload's bytes), each key
+    a bin in its shortest header, strictly increasing, the first above
+    ``after``, the last ``last`` (``decode_full``'s bounds).  CorruptionError
+    if they break it.  A key not among keys that hold is absent from the
+    block whatever its other arrays hold (docs/FORMAT.md §4.2): a get's read
+    that finds none of its keys there stops here.  The C twin,
+    ``block_keys_hold`` (lsmdb/csrc/block.c), reads the keys out of the
+    first bytes of the payload alone.
+
+    >>> payload = bytes.fromhex("9292c40161c4016292c40131c0")
+    >>> keys_among(payload, [b"a"], "f.sst", 0, None, b"b", version=1)
+    True
+    >>> keys_among(payload, [b"ab"], "f.sst", 0, None, b"b", version=1)
+    False
+    """
+    data = bytes(payload)
+    if not data or data[0] != (0x94 if version >= 2 else 0x92):
+        raise CorruptionError("data block has the wrong shape", path, offset)
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    try:
+        unpacker.read_array_header()
+        count = unpacker.read_array_header()
+        keys = [unpacker.unpack() for _ in range(count)]
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptionError(f"data block undecodable ({type(exc).__name__})", path,
+                              offset) from None
+    if not 1 <= count <= len(data) // 3 or not set(map(type, keys)) <= _BYTES:
+        raise CorruptionError("data block has the wrong shape", path, offset)
+    if _packb(keys, use_bin_type=True) != data[1:unpacker.tell()]:
+        raise CorruptionError("data block not in the writer's encoding", path, offset)
+    if not all(map(lt, keys, islice(keys, 1, None))):
+        raise CorruptionError("data block keys out of order", path, offset)
+    if (after is not None and keys[0] <= after) or (last is not None and keys[-1] != last):
+        raise CorruptionError("data block does not match its index entry", path, offset)
+    held = set(keys)
+    return any(key in held for key in wanted)
+
+
 def decode_full(payload: bytes | memoryview, path: str, offset: int,
                 after: bytes | None = None, last: bytes | None = None,
                 version: int = 2) -> FullBlock:

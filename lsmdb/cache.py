@@ -149,6 +149,13 @@ class PyAdmission:
             raise TypeError("a cache key must be an int")
         return True
 
+    def rereads(self, key: int) -> bool:
+        """Whether ``admit_reread(key)`` would say yes now (nothing remembered)."""
+        if not isinstance(key, int):
+            raise TypeError("a cache key must be an int")
+        b = _mix(key & _MASK64) & (self.bits - 1)
+        return bool(self._map[b >> 3] & (1 << (b & 7)))
+
     def admit_reread(self, key: int) -> bool:
         """Whether block ``key`` was read and turned away within the window
         (then forgotten: its next read is a first one again); if not, it is

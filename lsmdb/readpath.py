@@ -324,10 +324,20 @@ def file_blocks(view: FastPath, p: FileProbe, keys: list[bytes], bound: int = LA
         answer(b, entry, members, True)
     for b in sorted(from_disk):
         raw = p.reader.read_raw(b, check=False)
+        members = by_block[b]
         if observer is None:
             counts[BLOCK_READS] += 1  # a read, whatever it holds
+            # A block the cache would not take whose keys hold none of these
+            # answers from its keys alone (FORMAT.md §4.2), the admission told
+            # as the offer would tell it; the C getter decompresses no further.
+            if (cache is None or not cache.admission.rereads(p.cache_base + b)) \
+                    and not p.reader.keys_among(b, raw, [keys[n] for n in members]):
+                counts[miss] += len(members)
+                if cache is not None:
+                    cache.admission.admit_reread(p.cache_base + b)
+                continue
         entry = p.reader.entry_of(b, raw)  # CorruptionError unless it holds together
-        found = answer(b, entry, by_block[b], False)
+        found = answer(b, entry, members, False)
         if cache is not None and observer is None:
             cache.offer(p.cache_base + b, entry, found)
     return out

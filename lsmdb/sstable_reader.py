@@ -338,6 +338,16 @@ class SSTableReader:
             return stored
         return compression.decompress(kind, stored, self.path, self.index_offsets[i])
 
+    def keys_among(self, i: int, raw: bytes | memoryview, keys: list[bytes]) -> bool:
+        """Whether any of ``keys`` is among data block ``i``'s keys, from ``raw``
+        (payload and trailer, as read): its length and checksum verified, then
+        its keys array alone read under the rule (lsmdb.block.keys_among);
+        CorruptionError at the block's offset if either fails."""
+        self.check_raw(i, raw)
+        after, last = self.bounds(i)
+        return blk.keys_among(self.payload_of(i, raw), keys, self.path,
+                              self.index_offsets[i], after, last, self.version)
+
     def decode_raw(self, i: int, raw: bytes | memoryview) -> Block:
         """Block ``i``'s (keys, values) from ``raw`` (as ``check_raw`` accepts it),
         under the data block rule: lsmdb.block.decode_data_block, or its C twin."""

@@ -213,3 +213,100 @@ def test_a_damaged_cached_form_never_reads_past_itself(d, at, byte, key):
             call()
         except ValueError:
             pass
+
+
+# ---- a key among a block's keys alone (keys_among and block_keys_hold) ------
+
+def _keys_among_py(payload: bytes, key: bytes, after: bytes | None, last: bytes | None,
+                   version: int = 1) -> bool | None:
+    """keys_among's answer, None when it refuses the keys."""
+    try:
+        return blk.keys_among(payload, [key], "f.sst", 77, after, last, version)
+    except CorruptionError:
+        return None
+
+
+def _keys_hold_c(payload: bytes, key: bytes, after: bytes | None, last: bytes | None,
+                 version: int = 1, n: int | None = None) -> bool | None | str:
+    """block_keys_hold over the first n bytes: its answer, None when it refuses
+    the keys, "more" when they run past the prefix."""
+    try:
+        r = C.block_keys_hold(payload[:n], len(payload), key, after, last, version)
+    except ValueError:
+        return None
+    return "more" if r is None else r
+
+
+def test_keys_among_reads_the_keys_alone():
+    """The keys decide, whatever the other arrays hold; keys that break the
+    rule's parts about them are corruption at the block's offset."""
+    keys = [b"a", b"b", b"d"]
+    good = msgpack.packb([keys, [b"1", None, b"3"], [257, 512, 769], []], use_bin_type=True)
+    assert blk.keys_among(good, [b"d"], "f.sst", 77, None, b"d", 2)
+    assert not blk.keys_among(good, [b"c", b"e"], "f.sst", 77, None, b"d", 2)
+    assert blk.keys_among(good, [b"c", b"b"], "f.sst", 77, None, b"d", 2)
+    # the values and tags arrays are not read: a kind the rule refuses, keys that hold
+    bad_tags = msgpack.packb([keys, [b"1", None, b"3"], [263, 512, 769], []],
+                             use_bin_type=True)
+    with pytest.raises(CorruptionError):
+        blk.decode_full(bad_tags, "f.sst", 77, None, b"d", 2)
+    assert not blk.keys_among(bad_tags, [b"c"], "f.sst", 77, None, b"d", 2)
+    for why in ("not msgpack", "a bare byte string", "a map", "an int key", "a str key",
+                "no entry", "keys out of order", "a key twice", "keys and values swapped",
+                "a longer bin header", "a longer array header", "a longer outer header"):
+        with pytest.raises(CorruptionError) as info:
+            blk.keys_among(REFUSED[why], [b"a"], "f.sst", 77, None, None, 1)
+        assert (info.value.path, info.value.offset) == ("f.sst", 77)
+    # the bounds are the index's
+    payload = payload_of({b"b": b"1", b"c": b"2"})
+    for after, last in [(b"b", b"c"), (b"a", b"b"), (None, b"cc")]:
+        with pytest.raises(CorruptionError):
+            blk.keys_among(payload, [b"x"], "f.sst", 77, after, last, 1)
+
+
+@pytest.mark.skipif(C is None, reason="built without a C compiler")
+@settings(max_examples=1500, deadline=None)
+@given(d=entries, key=st.binary(max_size=12), pos=st.integers(min_value=0),
+       byte=st.integers(0, 255), how=st.sampled_from(["none", "flip", "cut", "insert", "bounds"]),
+       after=st.one_of(st.none(), st.binary(max_size=4)),
+       last=st.one_of(st.none(), st.binary(max_size=4)))
+def test_both_find_a_key_among_the_keys_alike(d, key, pos, byte, how, after, last):
+    """block_keys_hold (C) over the whole payload answers as keys_among
+    (Python) does, refusals included, on good, damaged, cut, grown and
+    mis-bounded payloads; over any prefix of it, the same answer or "read
+    more" -- never another answer."""
+    payload = bytearray(payload_of(d))
+    if how == "flip":
+        payload[pos % len(payload)] = byte
+    elif how == "cut":
+        del payload[pos % len(payload):]
+    elif how == "insert":
+        payload.insert(pos % (len(payload) + 1), byte)
+    elif how == "bounds":
+        after, last = None if after is None else min(d) + after, max(d) if last is None else last
+    else:
+        after, last = None, max(d)
+        if key not in d and pos % 2:
+            key = sorted(d)[pos % len(d)]
+    data = bytes(payload)
+    want = _keys_among_py(data, key, after, last)
+    assert _keys_hold_c(data, key, after, last) == want
+    if how == "none":
+        assert want == (key in d)
+    for n in range(len(data)):
+        assert _keys_hold_c(data, key, after, last, n=n) in (want, "more")
+
+
+@pytest.mark.skipif(C is None, reason="built without a C compiler")
+def test_a_prefix_that_holds_the_keys_answers():
+    """Once the prefix reaches the end of the keys array, the C twin answers
+    from it: a false positive needs no byte of the values."""
+    keys = [b"k%03d" % i for i in range(0, 200, 2)]
+    payload = msgpack.packb([keys, [b"v" * 50] * len(keys), [257] * len(keys), []],
+                            use_bin_type=True)
+    keys_end = len(msgpack.packb(keys, use_bin_type=True)) + 1
+    for n in range(keys_end):
+        assert C.block_keys_hold(payload[:n], len(payload), b"k005", None, keys[-1], 2) is None
+    for n in (keys_end, keys_end + 1, len(payload)):
+        assert C.block_keys_hold(payload[:n], len(payload), b"k005", None, keys[-1], 2) is False
+        assert C.block_keys_hold(payload[:n], len(payload), b"k004", None, keys[-1], 2) is True

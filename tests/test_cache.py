@@ -309,7 +309,8 @@ def test_blocks_never_read_before_are_rarely_admitted(make):
 def test_the_c_admission_and_its_python_twin_decide_alike():
     """The C getter asks _speedups.Admission; the Python fallback PyAdmission
     must turn away and let in the same blocks, window ends and all, for
-    blocks that held their key (admit) and false positives' (admit_reread)."""
+    blocks that held their key (admit) and false positives' (admit_reread);
+    ``rereads`` says beforehand what admit_reread would, changing nothing."""
     rng = random.Random(3)
     twins = [CAdmission(4096), PyAdmission(4096)]
     assert twins[0].bits == twins[1].bits == 4096 * 64
@@ -320,9 +321,17 @@ def test_the_c_admission_and_its_python_twin_decide_alike():
                 t.full, t.window = full, window
         key = rng.choice([rng.randrange(1 << 40), rng.randrange(3000), -rng.randrange(1, 50)])
         reread = rng.random() < 0.3
+        peeks = [t.rereads(key) for t in twins]  # what admit_reread would say, nothing kept
+        counts = [t.count for t in twins]
         decisions = [t.admit_reread(key) if reread else t.admit(key) for t in twins]
         assert decisions[0] == decisions[1], (step, key)
+        assert peeks[0] == peeks[1]
+        if reread:
+            assert decisions[0] == peeks[0]
         assert twins[0].count == twins[1].count < twins[0].window
+        assert [t.rereads(key) for t in twins] == [t.rereads(key) for t in twins]
+        if not reread and not full:
+            assert [t.count for t in twins] == counts  # admit with room: nothing remembered
 
 
 def test_the_mix_spreads_runs_of_consecutive_keys_as_it_does_random_keys():

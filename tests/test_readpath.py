@@ -868,6 +868,78 @@ def _damage_block(path: str, how: str) -> tuple[str, int, list[bytes], bytes]:
     return file, offset, keys, absent
 
 
+def _tag_damaged_lz4_block(path: str) -> tuple[str, int, list[bytes], bytes]:
+    """An SSTable of even keys without a filter, LZ4-compressed, its block 1
+    rewritten in place under a right checksum: one entry's tag given kind 7,
+    which the data block rule refuses, its keys as they were, stored
+    LZ4-compressed in the same number of bytes.  (the file, the block's
+    offset, the keys it holds, an absent key it would hold)."""
+    import lz4.block
+
+    from lsmdb.coding import crc32
+    from lsmdb.sstable_reader import SSTableReader
+    with lsmdb.open(path, auto_compaction=False) as db:
+        db.alter_table("default", bloom_filter_fp_chance=1.0, block_size_bytes=512,
+                       compression="lz4")
+        for i in range(0, 4000, 2):
+            db.put(b"key%06d" % i, b"v%d" % i * 20)
+        db.flush()
+    [name] = [n for n in os.listdir(path) if n.endswith(".sst")]
+    file = os.path.join(path, name)
+    r = SSTableReader(file, 1)
+    offset, size = r.index_offsets[1], r.index_sizes[1]
+    raw = r.read_raw(1)
+    assert raw[size] == 1  # stored LZ4-compressed
+    keys, values, tags = r.decode_full(1, raw)
+    stored = b""
+    for j in range(len(tags)):
+        damaged = list(tags)
+        damaged[j] = tags[j] | 7
+        payload = data_payload(r, keys, values, damaged)  # type: ignore[arg-type]
+        stored = lz4.block.compress(payload)
+        if len(stored) == size:
+            break
+    assert len(stored) == size, "no tag rewrite compresses to the block's size"
+    with open(file, "r+b") as f:
+        f.seek(offset)
+        f.write(stored + b"\x01" + crc32(b"\x01", crc32(stored)).to_bytes(4, "little"))
+    r.close()
+    absent = keys[0][:-1] + bytes([keys[0][-1] + 1])  # an odd number: between two keys
+    return file, offset, keys, absent
+
+
+def test_a_false_positive_is_decided_from_the_block_keys_alone(tmp_path, impl, monkeypatch):
+    """A get of a key a block does not hold reads the block's keys alone
+    (docs/FORMAT.md §4.2): a block whose keys hold answers such a key absent
+    even though its tags break the rule -- in C without the Python side --
+    counted as a block read and a false positive; once the admission would
+    cache the block (its second read), the block is read whole and the same
+    get is CorruptionError at its offset; a key it holds is, from the start."""
+    path = str(tmp_path / "db")
+    file, offset, keys, absent = _tag_damaged_lz4_block(path)
+    handed: list[list[bytes]] = []
+    real = lsmdb.readpath._c_blocks
+    monkeypatch.setattr(lsmdb.readpath, "_c_blocks",
+                        lambda fast, f, ks: handed.append(list(ks)) or real(fast, f, ks))
+    db = lsmdb.open(path, auto_compaction=False)
+    try:
+        assert (type(db.get).__name__ == "Getter") == (impl == "c")
+        before = db.table_stats()
+        assert db.get(absent) is None
+        after = db.table_stats()
+        assert after["block_reads"] == before["block_reads"] + 1
+        assert after["false_positives"] == before["false_positives"] + 1
+        assert handed == []  # the C getter decided it itself
+        with pytest.raises(lsmdb.CorruptionError) as exc:
+            db.get(absent)  # the second read: the cache would take the block, read whole
+        assert exc.value.path == file and exc.value.offset == offset
+        with pytest.raises(lsmdb.CorruptionError) as exc:
+            db.get(keys[1])
+        assert exc.value.path == file and exc.value.offset == offset
+    finally:
+        db.close()
+
+
 @pytest.mark.parametrize("how", ["bare bytes", "keys and values swapped"])
 def test_a_checksum_valid_malformed_block_is_corruption_on_both_paths(tmp_path, impl, how):
     """A data block whose checksum is right but which is not what the writer

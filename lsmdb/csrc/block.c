@@ -244,6 +244,58 @@ block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, unsigne
     return q == end ? 1 : -1;
 }
 
+/* ---- a key among a block's keys alone ---------------------------------- */
+
+/* Whether key[0:klen] is among the keys of the data block whose payload of
+ * `total` bytes begins with p[0:n] (n < total: as far as a partial
+ * decompression went), the keys array read under the rule's parts that
+ * concern it alone: the outer array's header, the keys' count (at least 1,
+ * at most total / 3), each key a bin in its shortest header, strictly
+ * increasing, the first above bounds->after, the last equal to bounds->last.
+ * 1: there; 0: not there (either way *keys_end, unless NULL, where the keys
+ * array ends); -1: the rule refuses the keys; -2: they run past p[0:n] (or
+ * break the rule there) while n < total: read further and ask again.  A key not among keys that hold this way is absent from the block,
+ * whatever its other arrays hold (docs/FORMAT.md §4.2). */
+int
+block_keys_hold(const unsigned char *p, size_t n, size_t total, const BlockBounds *bounds,
+                const unsigned char *key, size_t klen, size_t *keys_end)
+{
+    const unsigned char *q = p, *end = p + n, *prev = NULL;
+    int64_t prev_len = 0;
+    int found = 0, more = n < total ? -2 : -1;
+    if (total > UINT32_MAX || n > total)
+        return -1;
+    if (n < 1)
+        return more;
+    if (*q++ != (bounds->version >= 2 ? 0x94 : 0x92))
+        return -1;
+    int64_t count = mp_array(&q, end);
+    if (count < 0)
+        return more;
+    if (count < 1 || (uint64_t)count > total / 3)
+        return -1;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t len = mp_bin(&q, end);
+        if (len < 0)
+            return more;
+        if (prev != NULL ? mem_order((const char *)prev, prev_len, (const char *)q, len) >= 0
+                         : bounds->after != NULL && mem_order((const char *)q, len, bounds->after,
+                                                              bounds->after_len) <= 0)
+            return -1;  /* keys out of order, or at or below the previous block's */
+        if (!found && (size_t)len == klen && memcmp(q, key, klen) == 0)
+            found = 1;
+        prev = q;
+        prev_len = len;
+        q += len;
+    }
+    if (bounds->last != NULL
+        && mem_order((const char *)prev, prev_len, bounds->last, bounds->last_len) != 0)
+        return -1;  /* the last key is not the index's */
+    if (keys_end != NULL)
+        *keys_end = (size_t)(q - p);
+    return found;
+}
+
 /* ---- a key in a parsed block --------------------------------------------- */
 
 /* key's entry in b, bisecting the keys through their offsets (each offset
@@ -666,6 +718,43 @@ speedups_entry_find(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
     if (r == 0)
         return Py_NewRef(args[2]);
     return found_value(r, vp, vlen, expires);
+}
+
+PyObject *
+speedups_block_keys_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* block_keys_hold(prefix, total, key, after, last, version) -> True, False
+     * or None: block_keys_hold over the first bytes of a payload of total
+     * bytes -- None when its keys run past them (read further); ValueError
+     * for keys the rule refuses. */
+    BlockBounds bounds;
+    if (nargs != 6 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "block_keys_hold(prefix, total, key, after, last, version)");
+        return NULL;
+    }
+    if (bounds_arg(args[3], args[4], &bounds) < 0)
+        return NULL;
+    Py_ssize_t total = PyLong_AsSsize_t(args[1]);
+    long v = PyLong_AsLong(args[5]);
+    if ((total == -1 || v == -1) && PyErr_Occurred())
+        return NULL;
+    if (v < 1 || v > 3 || total < PyBytes_GET_SIZE(args[0])) {
+        PyErr_SetString(PyExc_ValueError, "version 1 to 3, total at least the prefix's bytes");
+        return NULL;
+    }
+    bounds.version = (int)v;
+    int r = block_keys_hold((const unsigned char *)PyBytes_AS_STRING(args[0]),
+                            (size_t)PyBytes_GET_SIZE(args[0]), (size_t)total, &bounds,
+                            (const unsigned char *)PyBytes_AS_STRING(args[2]),
+                            (size_t)PyBytes_GET_SIZE(args[2]), NULL);
+    if (r == -1) {
+        PyErr_SetString(PyExc_ValueError, "not a keys array the rule accepts");
+        return NULL;
+    }
+    if (r == -2)
+        Py_RETURN_NONE;
+    return PyBool_FromLong(r);
 }
 
 /* ---- data_payload: a data block's payload, written -------------------------- */

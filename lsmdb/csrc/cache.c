@@ -84,6 +84,15 @@ admission_admit_reread(Admission *self, uint64_t key)
     return 0;
 }
 
+/* Whether admission_admit_reread(self, key) would say yes now: the block was
+ * read and turned away within the window.  Nothing remembered. */
+int
+admission_rereads(const Admission *self, uint64_t key)
+{
+    uint64_t b = admission_mix(key) & self->mask;
+    return (int)((self->bits[b >> 6] >> (b & 63)) & 1);
+}
+
 static int
 Admission_init(Admission *self, PyObject *args, PyObject *kwds)
 {
@@ -150,6 +159,19 @@ admission_answer(Admission *self, PyObject *key, int reread)
     if (cache_key_arg(key, &k) < 0)
         return NULL;
     return PyBool_FromLong(reread ? admission_admit_reread(self, k) : admission_admit(self, k));
+}
+
+static PyObject *
+Admission_rereads(Admission *self, PyObject *key)
+{
+    uint64_t k;
+    if (self->bits == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
+        return NULL;
+    }
+    if (cache_key_arg(key, &k) < 0)
+        return NULL;
+    return PyBool_FromLong(admission_rereads(self, k));
 }
 
 static PyObject *
@@ -231,6 +253,9 @@ static PyMethodDef Admission_methods[] = {
     {"admit_reread", (PyCFunction)Admission_admit_reread, METH_O,
      "admit_reread($self, key, /)\n--\n\n"
      "Whether the block read with this cache key is read again within the window."},
+    {"rereads", (PyCFunction)Admission_rereads, METH_O,
+     "rereads($self, key, /)\n--\n\n"
+     "Whether admit_reread(key) would say yes now (nothing remembered)."},
     {NULL, NULL, 0, NULL},
 };
 

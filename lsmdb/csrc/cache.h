@@ -56,6 +56,7 @@ extern PyTypeObject CacheType;
 
 /* cache.c */
 int admission_admit_reread(Admission *self, uint64_t key);
+int admission_rereads(const Admission *self, uint64_t key);
 Py_ssize_t cache_find(const Cache *c, uint64_t key);
 int cache_put(Cache *c, uint64_t key, PyObject *block, Py_ssize_t size);
 

@@ -23,7 +23,7 @@
  *   cache.c           Admission (which blocks read from disk a full block
  *                     cache takes in) and Cache (the block cache's books)
  *   sstable_reader.c  map_file, Mapping and a data block read for the getter
- *   block.c           block_entry, block_lists, entry_find, entry_lists: the
+ *   block.c           block_entry, block_keys_hold, block_lists, entry_find, entry_lists: the
  *                     data block rule in one walk of a block's bytes, the
  *                     block cache's form of a block and a lookup in it;
  *                     data_payload, a data block's payload written
@@ -117,6 +117,11 @@ static PyMethodDef speedups_functions[] = {
      "lz4_direct($module, /)\n--\n\n"
      "Whether the C getter decompresses LZ4 blocks itself (the lz4 package's "
      "LZ4_decompress_safe), not through Python."},
+    {"block_keys_hold", (PyCFunction)(void (*)(void))speedups_block_keys_hold, METH_FASTCALL,
+     "block_keys_hold($module, prefix, total, key, after, last, version, /)\n--\n\n"
+     "Whether key is among the keys of the data block payload of total bytes that begins "
+     "with prefix (None: its keys run past the prefix); ValueError for keys the rule "
+     "refuses."},
     {"block_entry", (PyCFunction)(void (*)(void))speedups_block_entry, METH_FASTCALL,
      "block_entry($module, payload, after, last, version=1, /)\n--\n\n"
      "The block cache's form of a data block of that format the rule accepts within those "

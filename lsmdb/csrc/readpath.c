@@ -11,6 +11,7 @@
 #include "readpath.h"
 #include "sstable_reader.h"
 #include "sstable_format.h"
+#include "coding.h"
 
 /* A Getter and its DB refer to each other (db.get is the Getter): the
  * cycle collector must see the references, or neither is ever freed. */
@@ -350,6 +351,96 @@ offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, i
     return r;
 }
 
+/* ---- keys first: a false positive decided from a block's keys alone ----- */
+
+/* keys_lean's bounds (readpath_probes.h). */
+#define KEYS_LEAN_MAX 8
+/* Where a file's first keys-first read stops decompressing (in 256ths of the
+ * payload), and the bytes past where its keys array ended last time that a
+ * read decompresses too (a block's keys take about the same share of it). */
+#define KEYS_SHARE_FIRST 64
+#define KEYS_SLACK 64
+/* A keys array ending past this share of its payload (in 256ths) leaves too
+ * little undecompressed to be worth a second decompression when the key is
+ * there: such a file's reads take the whole block. */
+#define KEYS_SHARE_MAX 160
+
+static inline void
+keys_lean_by(Entry *e, int found)
+{
+    if (found ? e->keys_lean > -KEYS_LEAN_MAX : e->keys_lean < KEYS_LEAN_MAX)
+        e->keys_lean += found ? -1 : 1;
+}
+
+/* A get's read from disk of block i of file e after its filter let key
+ * through, when the block is stored LZ4-compressed: the checksum of the
+ * stored bytes verified, the payload decompressed only as far as its keys
+ * array (lz4_payload_prefix), and that array read under the rule
+ * (block_keys_hold).  When key is not among the keys the read is a false
+ * positive, decided without the rest of the block: counted as file_get's
+ * whole read counts one (a block read, a false positive, the admission told
+ * of it).  Taken only while e's recent reads were mostly false positives
+ * (keys_lean), and when the admission would not cache this block
+ * (admission_rereads): a block the cache takes is read whole.  The Python
+ * twin: readpath.py's file_blocks with SSTableReader.keys_among.
+ * 0: not there, counted; 1: read the whole block (the key is there, the
+ * block is stored otherwise, or anything unusual: the whole read decides);
+ * -1: error. */
+static int
+keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key)
+{
+    if (e->keys_lean < 0 || e->format < 2 || e->keys_share > KEYS_SHARE_MAX)
+        return 1;
+    uint64_t cache_key = e->cache_base + (uint64_t)i;
+    if (self->cache != NULL && admission_rereads(self->cache->admission, cache_key))
+        return 1;
+    unsigned char *stored;
+    size_t size;
+    int kind;
+    int r = read_stored_buf(e, e->reader, i, &stored, &size, &kind);
+    if (r != 0)
+        return r < 0 ? -1 : 1;
+    if (kind != COMPRESSION_LZ4 || size < 4 || rd32(stored) == 0 || rd32(stored) > INT_MAX) {
+        PyMem_RawFree(stored);
+        return 1;
+    }
+    size_t room = rd32(stored), got = 0, plen = 0, keys_end = 0;
+    unsigned char *out = PyMem_RawMalloc(room);
+    if (out == NULL) {
+        PyMem_RawFree(stored);
+        PyErr_NoMemory();
+        return -1;
+    }
+    BlockBounds bounds;
+    block_bounds(e, i, &bounds);
+    const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
+    size_t klen = (size_t)PyBytes_GET_SIZE(key);
+    size_t share = e->keys_share ? e->keys_share : KEYS_SHARE_FIRST;
+    int hold = -1;
+    r = lz4_payload_prefix(stored, size, room / 256 * share + KEYS_SLACK, out, room, &got, &plen);
+    if (r == 0)
+        hold = block_keys_hold(out, got, plen, &bounds, k, klen, &keys_end);
+    if (hold == -2) {  /* the keys run further: the whole payload */
+        r = lz4_payload_prefix(stored, size, plen, out, room, &got, &plen);
+        hold = r == 0 ? block_keys_hold(out, got, plen, &bounds, k, klen, &keys_end) : -1;
+    }
+    PyMem_RawFree(out);
+    PyMem_RawFree(stored);
+    if (hold < 0)
+        return 1;
+    size_t s = (keys_end * 256 + plen - 1) / plen;
+    e->keys_share = (unsigned char)(s < 255 ? s : 255);
+    if (hold)
+        return 1;
+    uint64_t *counts = (uint64_t *)e->counts.buf;
+    counts[BLOCK_READS]++;
+    counts[FALSE_POSITIVES]++;
+    keys_lean_by(e, 0);
+    if (self->cache != NULL)  /* remembered, as the whole read's offer would */
+        (void)cache_admits(self->cache, cache_key, 0);
+    return 0;
+}
+
 /* The Python side's file_blocks(fast, f, keys) for the keys (a list) whose
  * block of file f the C path did not serve: the list of their values
  * (MISSING where not there), or NULL with the error it raised. */
@@ -393,6 +484,9 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
         if (r != 2)
             return r;
     } else {
+        r = keys_first(self, e, i, key);
+        if (r <= 0)
+            return r;
         DiskBlock d;
         r = disk_block(e, i, &d);
         if (r < 0)
@@ -402,6 +496,7 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
             r = parsed_answer(self, fast, e, &d.b, key, bound, value, &present, seq);
             if (r == 0 || r == 1) {
                 counts[BLOCK_READS]++;
+                keys_lean_by(e, present);
                 if (offer_parsed(self, e, i, &d.b, present) < 0) {
                     disk_block_free(&d);
                     if (r == 1)

@@ -41,10 +41,16 @@ typedef struct {
     unsigned char format; /* the file's format version: 1, 2 or 3 */
     char index_shared;   /* ikeys .. bsize point into the reader's compact index
                           * (Probes.owners holds it), not arrays of its own */
+    /* What a get's block reads from disk found lately (readpath.c's
+     * keys_first): up for a false positive, down for a key there, within
+     * +-KEYS_LEAN_MAX; at 0 or above a read looks at the keys first. */
+    signed char keys_lean;
+    /* How far into its payload a block's keys array ends, in 256ths, as the
+     * last keys-first read found it (0: none yet). */
+    unsigned char keys_share;
     /* To 320 bytes, five cache lines: the address of entry f is then f * 5
      * shifted (two instructions), where at 304 it took three, and an
      * absent get over three files six instructions more. */
-    char pad[2];
 } Entry;
 
 #if defined(__x86_64__) || defined(__aarch64__)

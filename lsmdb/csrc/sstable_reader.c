@@ -18,7 +18,10 @@ static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once impo
  * here, without a call into Python.  NULL when it cannot be found (the
  * package built otherwise): decompress_for_c serves every kind. */
 typedef int (*lz4_safe_fn)(const char *src, char *dst, int compressed, int capacity);
+typedef int (*lz4_partial_fn)(const char *src, char *dst, int compressed, int want,
+                              int capacity);
 static lz4_safe_fn lz4_safe;
+static lz4_partial_fn lz4_partial;  /* LZ4_decompress_safe_partial, or NULL */
 static Lz4Api lz4_api;
 static int lz4_api_found;
 static int lz4_looked;
@@ -46,6 +49,7 @@ find_lz4(void)
     Py_DECREF(file);
     if (lib != NULL) {  /* the module stays loaded */
         lz4_safe = (lz4_safe_fn)dlsym(lib, "LZ4_decompress_safe");
+        lz4_partial = (lz4_partial_fn)dlsym(lib, "LZ4_decompress_safe_partial");
         lz4_api.create = (void *(*)(void))dlsym(lib, "LZ4_createStream");
         lz4_api.release = (int (*)(void *))dlsym(lib, "LZ4_freeStream");
         lz4_api.reset = (void (*)(void *))dlsym(lib, "LZ4_resetStream");
@@ -371,21 +375,22 @@ decompress_block(int kind, const unsigned char *stored, size_t n, unsigned char 
     return 0;
 }
 
-/* Data block i of file entry e (of reader) read with one copy out of the
- * reader's mapping, or where it has none one pread (the GIL released either
- * way, as os.pread does), its checksum verified, and in a format-2 file
- * decompressed as its type byte says: 0 and *buf (the payload, and for a
- * block stored as it is its trailer after it; PyMem_RawMalloc'd: the caller
- * frees it) and *size (the payload's bytes); 2 when Python must read it (an
- * entry without block offsets, the reader closed or in memory, a mapping
- * that ends short or faulted, a short read, a checksum mismatch, a block
- * that does not decompress: it reads again and raises what it should); -1
- * on error.  Nothing is counted. */
+/* Data block i of file entry e (of reader) as stored, read with one copy
+ * out of the reader's mapping, or where it has none one pread (the GIL
+ * released either way, as os.pread does), its checksum verified: 0 and *buf
+ * (the stored bytes and the trailer after them; PyMem_RawMalloc'd: the
+ * caller frees it), *size (the stored bytes, without the trailer) and *kind
+ * (how they are stored: the type byte of a format-2 block, COMPRESSION_NONE
+ * in a format-1 file); 2 when Python must read it (an entry without block
+ * offsets, the reader closed or in memory, a mapping that ends short or
+ * faulted, a short read, a checksum mismatch: it reads again and raises what
+ * it should); -1 on error.  Nothing is counted. */
 int
-read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, size_t *sizep)
+read_stored_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, size_t *sizep,
+                int *kindp)
 {
 #ifdef _WIN32
-    (void)e; (void)reader; (void)i; (void)bufp; (void)sizep;
+    (void)e; (void)reader; (void)i; (void)bufp; (void)sizep; (void)kindp;
     return 2;
 #else
     if (e->boff == NULL || i >= e->nidx)  /* an entry without block offsets */
@@ -419,10 +424,33 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
         PyMem_RawFree(buf);
         return 2;
     }
-    if (e->format >= 2 && buf[size] != COMPRESSION_NONE) {
+    *bufp = buf;
+    *sizep = (size_t)size;
+    *kindp = e->format >= 2 ? buf[size] : COMPRESSION_NONE;
+    return 0;
+#endif
+}
+
+/* Data block i of file entry e (of reader) read and verified as
+ * read_stored_buf reads it, then decompressed as its type byte says: 0 and
+ * *buf (the payload, and for a block stored as it is its trailer after it;
+ * PyMem_RawMalloc'd: the caller frees it) and *size (the payload's bytes); 2
+ * when Python must read it (as read_stored_buf, or a block that does not
+ * decompress: it reads again and raises what it should); -1 on error.
+ * Nothing is counted. */
+int
+read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, size_t *sizep)
+{
+    unsigned char *buf;
+    size_t size;
+    int kind;
+    int r = read_stored_buf(e, reader, i, &buf, &size, &kind);
+    if (r != 0)
+        return r;
+    if (kind != COMPRESSION_NONE) {
         unsigned char *payload;
         size_t plen;
-        r = decompress_block(buf[size], buf, (size_t)size, &payload, &plen);
+        r = decompress_block(kind, buf, size, &payload, &plen);
         PyMem_RawFree(buf);
         if (r != 0)
             return r;
@@ -430,8 +458,45 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
         size = plen;
     }
     *bufp = buf;
-    *sizep = (size_t)size;
+    *sizep = size;
     return 0;
+}
+
+/* The first bytes of the payload of the LZ4 block stored[0:n] (type
+ * COMPRESSION_LZ4: the payload's length, u32 little-endian, then one LZ4
+ * block), decompressed at least as far as `want` bytes (the lz4 package's
+ * LZ4_decompress_safe_partial: the rest of the block is not decoded) into
+ * out, which has room for the whole payload: 0, *got the bytes of out now
+ * decoded (fewer than want only at the payload's end) and *plen the
+ * payload's length; 1 where no partial decompression is to be had (the
+ * caller decompresses the whole block); 2 for a block that does not
+ * decompress or whose payload does not fit `room`. */
+int
+lz4_payload_prefix(const unsigned char *stored, size_t n, size_t want, unsigned char *out,
+                   size_t room, size_t *got, size_t *plen)
+{
+#ifndef _WIN32
+    if (!lz4_looked)
+        find_lz4();
+    if (lz4_partial == NULL)
+        return 1;
+    if (n < 4)
+        return 2;
+    uint32_t size = rd32(stored);
+    if (size == 0 || size > INT_MAX || size > room || n - 4 > INT_MAX)
+        return 2;
+    if (want > size)
+        want = size;
+    int r = lz4_partial((const char *)stored + 4, (char *)out, (int)(n - 4), (int)want,
+                        (int)size);
+    if (r < 0 || (size_t)r > size || ((size_t)r < want))
+        return 2;
+    *got = (size_t)r;
+    *plen = size;
+    return 0;
+#else
+    (void)stored; (void)n; (void)want; (void)out; (void)room; (void)got; (void)plen;
+    return 1;
 #endif
 }
 

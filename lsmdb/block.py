@@ -169,6 +169,33 @@ def decode_data_block(payload: bytes | memoryview, path: str, offset: int,
     return keys, join_expiries(values, expiries)
 
 
+def _held_keys(data: bytes, path: str, offset: int, after: bytes | None,
+               last: bytes | None, version: int) -> tuple[list[bytes], int]:
+    """A data block payload's keys array read alone under the rule
+    (``keys_among``): the keys, and where their array ends."""
+    if not data or data[0] != (0x94 if version >= 2 else 0x92):
+        raise CorruptionError("data block has the wrong shape", path, offset)
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(data), 1))
+    unpacker.feed(data)
+    try:
+        unpacker.read_array_header()
+        count = unpacker.read_array_header()
+        keys = [unpacker.unpack() for _ in range(count)]
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptionError(f"data block undecodable ({type(exc).__name__})", path,
+                              offset) from None
+    if not 1 <= count <= len(data) // 3 or not set(map(type, keys)) <= _BYTES:
+        raise CorruptionError("data block has the wrong shape", path, offset)
+    end = unpacker.tell()
+    if _packb(keys, use_bin_type=True) != data[1:end]:
+        raise CorruptionError("data block not in the writer's encoding", path, offset)
+    if not all(map(lt, keys, islice(keys, 1, None))):
+        raise CorruptionError("data block keys out of order", path, offset)
+    if (after is not None and keys[0] <= after) or (last is not None and keys[-1] != last):
+        raise CorruptionError("data block does not match its index entry", path, offset)
+    return keys, end
+
+
 def keys_among(payload: bytes | memoryview, wanted: Iterable[bytes], path: str, offset: int,
                after: bytes | None = None, last: bytes | None = None,
                version: int = 2) -> bool:
@@ -190,28 +217,49 @@ def keys_among(payload: bytes | memoryview, wanted: Iterable[bytes], path: str, 
     >>> keys_among(payload, [b"ab"], "f.sst", 0, None, b"b", version=1)
     False
     """
+    held = set(_held_keys(bytes(payload), path, offset, after, last, version)[0])
+    return any(key in held for key in wanted)
+
+
+def values_among(payload: bytes | memoryview, wanted: Iterable[bytes], path: str, offset: int,
+                 after: bytes | None = None, last: bytes | None = None) -> dict[bytes, Any]:
+    """The values (None: a tombstone) of those of ``wanted`` that a
+    checksum-verified format-2 data block holds, read no further than the
+    last of them: the keys array as ``keys_among`` reads it, then the values
+    array's header (the shortest, for as many entries as keys) and each value
+    up to that one (bin in its shortest header, or nil).  CorruptionError if
+    they break the rule.  In format 2 an entry's kind follows from its value
+    (a tombstone exactly where it is nil; no expiring values), so these are
+    the answers a whole read gives (docs/FORMAT.md §4.2).  The C twin,
+    ``block_value_at`` (lsmdb/csrc/block.c), reads them out of the first
+    bytes of the payload alone.
+
+    >>> payload = bytes.fromhex("9492c40161c4016292c40131c092010090")
+    >>> values_among(payload, [b"a", b"b", b"c"], "f.sst", 0, None, b"b")
+    {b'a': b'1', b'b': None}
+    """
     data = bytes(payload)
-    if not data or data[0] != (0x94 if version >= 2 else 0x92):
-        raise CorruptionError("data block has the wrong shape", path, offset)
+    keys, end = _held_keys(data, path, offset, after, last, 2)
+    place = {key: n for n, key in enumerate(keys)}
+    found = {key: place[key] for key in wanted if key in place}
+    if not found:
+        return {}
+    upto = max(found.values()) + 1
     unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(data), 1))
-    unpacker.feed(data)
+    unpacker.feed(data[end:])
     try:
-        unpacker.read_array_header()
         count = unpacker.read_array_header()
-        keys = [unpacker.unpack() for _ in range(count)]
+        values = [unpacker.unpack() for _ in range(upto)]
     except Exception as exc:  # msgpack raises several unrelated types
         raise CorruptionError(f"data block undecodable ({type(exc).__name__})", path,
                               offset) from None
-    if not 1 <= count <= len(data) // 3 or not set(map(type, keys)) <= _BYTES:
+    if count != len(keys) or not set(map(type, values)) <= _VALUE_TYPES:
         raise CorruptionError("data block has the wrong shape", path, offset)
-    if _packb(keys, use_bin_type=True) != data[1:unpacker.tell()]:
+    head = _packb([None] * count)[:-count]  # the shortest array header for count
+    if head + b"".join(_packb(v, use_bin_type=True) for v in values) \
+            != data[end:end + unpacker.tell()]:
         raise CorruptionError("data block not in the writer's encoding", path, offset)
-    if not all(map(lt, keys, islice(keys, 1, None))):
-        raise CorruptionError("data block keys out of order", path, offset)
-    if (after is not None and keys[0] <= after) or (last is not None and keys[-1] != last):
-        raise CorruptionError("data block does not match its index entry", path, offset)
-    held = set(keys)
-    return any(key in held for key in wanted)
+    return {key: values[n] for key, n in found.items()}
 
 
 def decode_full(payload: bytes | memoryview, path: str, offset: int,

@@ -287,12 +287,16 @@ def file_blocks(view: FastPath, p: FileProbe, keys: list[bytes], bound: int = LA
     hit, miss = (FALSE_NEGATIVES, FILTER_NEGATIVES) if said_no else (TRUE_POSITIVES,
                                                                      FALSE_POSITIVES)
 
-    def answer(b: int, entry: bytes | None, members: list[int], cached: bool) -> bool:
-        """Look ``members`` up in block ``b`` (None: past the last block); whether
-        one was there."""
+    def answer(b: int, entry: bytes | None, members: list[int], cached: bool,
+               held: dict[bytes, Any] | None = None) -> bool:
+        """Look ``members`` up in block ``b`` (None: past the last block; or in
+        ``held``, the values a partial read found); whether one was there."""
         found = False
         for n in members:
-            value = MISSING if entry is None else entry_find(entry, keys[n])
+            if held is not None:
+                value = held.get(keys[n], MISSING)
+            else:
+                value = MISSING if entry is None else entry_find(entry, keys[n])
             if value is not MISSING:
                 found = True
                 if said_no:
@@ -327,15 +331,26 @@ def file_blocks(view: FastPath, p: FileProbe, keys: list[bytes], bound: int = LA
         members = by_block[b]
         if observer is None:
             counts[BLOCK_READS] += 1  # a read, whatever it holds
-            # A block the cache would not take whose keys hold none of these
-            # answers from its keys alone (FORMAT.md §4.2), the admission told
-            # as the offer would tell it; the C getter decompresses no further.
-            if (cache is None or not cache.admission.rereads(p.cache_base + b)) \
-                    and not p.reader.keys_among(b, raw, [keys[n] for n in members]):
-                counts[miss] += len(members)
-                if cache is not None:
-                    cache.admission.admit_reread(p.cache_base + b)
-                continue
+            # A block the cache would not take answers from its first arrays
+            # (FORMAT.md §4.2), the admission told as the offer would tell it:
+            # none of these among its keys, not there; in format 2, where
+            # the cache would not take a get's block either (none, or full),
+            # from the keys and the values up to theirs.  The C getter
+            # decompresses an LZ4 block no further.
+            if cache is None or not cache.admission.rereads(p.cache_base + b):
+                wanted = [keys[n] for n in members]
+                if p.reader.version == 2 and (cache is None or cache.admission.full):
+                    held = p.reader.values_among(b, raw, wanted)
+                    found = answer(b, None, members, False, held)
+                    if cache is not None:
+                        (cache.admission.admit if found
+                         else cache.admission.admit_reread)(p.cache_base + b)
+                    continue
+                if not p.reader.keys_among(b, raw, wanted):
+                    counts[miss] += len(members)
+                    if cache is not None:
+                        cache.admission.admit_reread(p.cache_base + b)
+                    continue
         entry = p.reader.entry_of(b, raw)  # CorruptionError unless it holds together
         found = answer(b, entry, members, False)
         if cache is not None and observer is None:

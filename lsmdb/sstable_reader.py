@@ -348,6 +348,15 @@ class SSTableReader:
         return blk.keys_among(self.payload_of(i, raw), keys, self.path,
                               self.index_offsets[i], after, last, self.version)
 
+    def values_among(self, i: int, raw: bytes | memoryview, keys: list[bytes]) -> dict[bytes, Any]:
+        """The values of those of ``keys`` that data block ``i`` of this format-2
+        file holds, from ``raw`` as ``keys_among`` reads it, the block read no
+        further than the last of them (lsmdb.block.values_among)."""
+        self.check_raw(i, raw)
+        after, last = self.bounds(i)
+        return blk.values_among(self.payload_of(i, raw), keys, self.path,
+                                self.index_offsets[i], after, last)
+
     def decode_raw(self, i: int, raw: bytes | memoryview) -> Block:
         """Block ``i``'s (keys, values) from ``raw`` (as ``check_raw`` accepts it),
         under the data block rule: lsmdb.block.decode_data_block, or its C twin."""

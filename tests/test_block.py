@@ -297,6 +297,97 @@ def test_both_find_a_key_among_the_keys_alike(d, key, pos, byte, how, after, las
         assert _keys_hold_c(data, key, after, last, n=n) in (want, "more")
 
 
+# ---- a key's value from the first arrays alone (values_among, block_value_of)
+
+
+def payload2_of(d: dict[bytes, bytes | None]) -> bytes:
+    """A format-2 payload of d, every entry's sequence number its place + 1."""
+    keys = sorted(d)
+    values = [d[k] for k in keys]
+    tags = [(n + 1) << 8 | (v is not None) for n, v in enumerate(values)]
+    return msgpack.packb([keys, values, tags, []], use_bin_type=True)
+
+
+def _values_among_py(payload: bytes, key: bytes, after: bytes | None,
+                     last: bytes | None) -> Any:
+    """values_among's answer for key: False, (value,), or None when it refuses."""
+    try:
+        held = blk.values_among(payload, [key], "f.sst", 77, after, last)
+    except CorruptionError:
+        return None
+    return (held[key],) if key in held else False
+
+
+def _value_of_c(payload: bytes, key: bytes, after: bytes | None, last: bytes | None,
+                n: int | None = None) -> Any:
+    """block_value_of over the first n bytes: its answer, None when it refuses,
+    "more" when what decides runs past the prefix."""
+    try:
+        r = C.block_value_of(payload[:n], len(payload), key, after, last)
+    except ValueError:
+        return None
+    return "more" if r is None else r
+
+
+def test_values_among_reads_no_further_than_the_value():
+    """The keys and the values up to the last key sought decide; what follows
+    is not read; values or keys that break the rule's parts about them are
+    corruption at the block's offset."""
+    keys = [b"a", b"b", b"d"]
+
+    def pack(values: list[Any], tags: list[Any]) -> bytes:
+        return msgpack.packb([keys, values, tags, []], use_bin_type=True)
+
+    good = pack([b"1", None, b"3"], [257, 512, 769])
+    assert blk.values_among(good, [b"d", b"c", b"a"], "f.sst", 77, None, b"d") == {
+        b"d": b"3", b"a": b"1"}
+    assert blk.values_among(good, [b"b"], "f.sst", 77, None, b"d") == {b"b": None}
+    assert blk.values_among(good, [b"c"], "f.sst", 77, None, b"d") == {}
+    # tags the rule refuses are not read, nor values past the one sought
+    bad_tags = pack([b"1", None, b"3"], [263, 512, 769])
+    assert blk.values_among(bad_tags, [b"d"], "f.sst", 77, None, b"d") == {b"d": b"3"}
+    bad_last = pack([b"1", None, 3], [257, 512, 769])
+    assert blk.values_among(bad_last, [b"b"], "f.sst", 77, None, b"d") == {b"b": None}
+    for values in ([b"1", 2, b"3"], [b"1", "x", b"3"], [b"1", None]):
+        with pytest.raises(CorruptionError) as info:
+            blk.values_among(pack(values, [257, 512, 769]), [b"d"], "f.sst", 77, None, b"d")
+        assert (info.value.path, info.value.offset) == ("f.sst", 77)
+    # a longer bin header for a value before the one sought
+    longer = good.replace(b"\xc4\x011", b"\xc5\x00\x011", 1)
+    with pytest.raises(CorruptionError):
+        blk.values_among(longer, [b"d"], "f.sst", 77, None, b"d")
+    with pytest.raises(CorruptionError):
+        blk.values_among(REFUSED["keys out of order"], [b"a"], "f.sst", 77, None, None)
+
+
+@pytest.mark.skipif(C is None, reason="built without a C compiler")
+@settings(max_examples=1500, deadline=None)
+@given(d=entries, key=st.binary(max_size=12), pos=st.integers(min_value=0),
+       byte=st.integers(0, 255), how=st.sampled_from(["none", "flip", "cut", "insert"]))
+def test_both_read_a_value_from_the_first_arrays_alike(d, key, pos, byte, how):
+    """block_value_of (C) over the whole payload answers as values_among
+    (Python) does, refusals included, on good, damaged, cut and grown
+    format-2 payloads; over any prefix of it, the same answer or "read more"
+    -- never another answer."""
+    payload = bytearray(payload2_of(d))
+    if how == "flip":
+        payload[pos % len(payload)] = byte
+    elif how == "cut":
+        del payload[pos % len(payload):]
+    elif how == "insert":
+        payload.insert(pos % (len(payload) + 1), byte)
+    elif key not in d and pos % 2:
+        key = sorted(d)[pos % len(d)]
+    data = bytes(payload)
+    after, last = None, max(d)
+    want = _values_among_py(data, key, after, last)
+    assert _value_of_c(data, key, after, last) == want
+    if how == "none":
+        assert want == ((d[key],) if key in d else False)
+    for n in range(len(data)):
+        assert _value_of_c(data, key, after, last, n=n) in (want, "more")
+
+
 @pytest.mark.skipif(C is None, reason="built without a C compiler")
 def test_a_prefix_that_holds_the_keys_answers():
     """Once the prefix reaches the end of the keys array, the C twin answers

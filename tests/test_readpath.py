@@ -940,6 +940,39 @@ def test_a_false_positive_is_decided_from_the_block_keys_alone(tmp_path, impl, m
         db.close()
 
 
+def test_a_present_key_is_read_no_further_than_its_value(tmp_path, impl, monkeypatch):
+    """Where the cache would not take a get's block (no cache here), a format-2
+    block's keys and values up to the key's decide (docs/FORMAT.md §4.2): the
+    tag-damaged block answers the keys it holds with their values and the
+    others absent -- in C without the Python side -- each counted as a block
+    read and a true or false positive; a cache with room takes the block, so
+    reads it whole and refuses it."""
+    path = str(tmp_path / "db")
+    file, offset, keys, absent = _tag_damaged_lz4_block(path)
+    handed: list[list[bytes]] = []
+    real = lsmdb.readpath._c_blocks
+    monkeypatch.setattr(lsmdb.readpath, "_c_blocks",
+                        lambda fast, f, ks: handed.append(list(ks)) or real(fast, f, ks))
+    db = lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0)
+    try:
+        assert (type(db.get).__name__ == "Getter") == (impl == "c")
+        before = db.table_stats()
+        for key in keys:
+            assert db.get(key) == b"v%d" % int(key[3:]) * 20
+        assert db.get(absent) is None
+        after = db.table_stats()
+        assert after["block_reads"] == before["block_reads"] + len(keys) + 1
+        assert after["true_positives"] == before["true_positives"] + len(keys)
+        assert after["false_positives"] == before["false_positives"] + 1
+        assert handed == []  # the C getter decided them itself
+    finally:
+        db.close()
+    with lsmdb.open(path, auto_compaction=False) as db, \
+            pytest.raises(lsmdb.CorruptionError) as exc:
+        db.get(keys[-1])
+    assert exc.value.path == file and exc.value.offset == offset
+
+
 @pytest.mark.parametrize("how", ["bare bytes", "keys and values swapped"])
 def test_a_checksum_valid_malformed_block_is_corruption_on_both_paths(tmp_path, impl, how):
     """A data block whose checksum is right but which is not what the writer

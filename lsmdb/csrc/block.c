@@ -260,6 +260,17 @@ int
 block_keys_hold(const unsigned char *p, size_t n, size_t total, const BlockBounds *bounds,
                 const unsigned char *key, size_t klen, size_t *keys_end)
 {
+    size_t index, count;
+    return block_keys_find(p, n, total, bounds, key, klen, keys_end, &index, &count);
+}
+
+/* block_keys_hold, and where it answers 0 or 1 also *count, the keys, and
+ * where it answers 1 *index, the key's place among them. */
+int
+block_keys_find(const unsigned char *p, size_t n, size_t total, const BlockBounds *bounds,
+                const unsigned char *key, size_t klen, size_t *keys_end, size_t *index,
+                size_t *count_out)
+{
     const unsigned char *q = p, *end = p + n, *prev = NULL;
     int64_t prev_len = 0;
     int found = 0, more = n < total ? -2 : -1;
@@ -282,8 +293,10 @@ block_keys_hold(const unsigned char *p, size_t n, size_t total, const BlockBound
                          : bounds->after != NULL && mem_order((const char *)q, len, bounds->after,
                                                               bounds->after_len) <= 0)
             return -1;  /* keys out of order, or at or below the previous block's */
-        if (!found && (size_t)len == klen && memcmp(q, key, klen) == 0)
+        if (!found && (size_t)len == klen && memcmp(q, key, klen) == 0) {
             found = 1;
+            *index = (size_t)i;
+        }
         prev = q;
         prev_len = len;
         q += len;
@@ -293,7 +306,49 @@ block_keys_hold(const unsigned char *p, size_t n, size_t total, const BlockBound
         return -1;  /* the last key is not the index's */
     if (keys_end != NULL)
         *keys_end = (size_t)(q - p);
+    *count_out = (size_t)count;
     return found;
+}
+
+/* Value `index` of a format-2 data block whose payload of `total` bytes
+ * begins with p[0:n], its keys array (of `count` keys, read by
+ * block_keys_find) ending at keys_end: the values array's header (the
+ * shortest for count entries) and each value up to that one read under the
+ * rule (a bin in its shortest header, or nil).  1: a value, *value and *vlen
+ * its bytes within p; 2: nil, a tombstone; -1: the rule refuses them; -2:
+ * they run past p[0:n] while n < total: read further and ask again. */
+int
+block_value_at(const unsigned char *p, size_t n, size_t total, size_t keys_end, size_t count,
+               size_t index, const unsigned char **value, size_t *vlen)
+{
+    const unsigned char *q = p + keys_end, *end = p + n;
+    int more = n < total ? -2 : -1;
+    if (keys_end > n || index >= count)
+        return -1;
+    int64_t c = mp_array(&q, end);
+    if (c < 0)
+        return more;
+    if ((uint64_t)c != count)
+        return -1;
+    for (size_t i = 0;; i++) {
+        if (q >= end)
+            return more;
+        if (*q == 0xC0) {
+            q++;
+            if (i == index)
+                return 2;
+            continue;
+        }
+        int64_t len = mp_bin(&q, end);
+        if (len < 0)
+            return more;
+        if (i == index) {
+            *value = q;
+            *vlen = (size_t)len;
+            return 1;
+        }
+        q += len;
+    }
 }
 
 /* ---- a key in a parsed block --------------------------------------------- */
@@ -755,6 +810,53 @@ speedups_block_keys_hold(PyObject *Py_UNUSED(module), PyObject *const *args, Py_
     if (r == -2)
         Py_RETURN_NONE;
     return PyBool_FromLong(r);
+}
+
+PyObject *
+speedups_block_value_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* block_value_of(prefix, total, key, after, last) -> False, None or
+     * (value,): over the first bytes of a format-2 payload of total bytes,
+     * block_keys_find then block_value_at -- False when key is not among the
+     * keys, (value,) (None: a tombstone) when it is, None when what decides
+     * runs past the prefix (read further); ValueError for arrays the rule
+     * refuses. */
+    BlockBounds bounds;
+    if (nargs != 5 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "block_value_of(prefix, total, key, after, last)");
+        return NULL;
+    }
+    if (bounds_arg(args[3], args[4], &bounds) < 0)
+        return NULL;
+    Py_ssize_t total = PyLong_AsSsize_t(args[1]);
+    if (total == -1 && PyErr_Occurred())
+        return NULL;
+    if (total < PyBytes_GET_SIZE(args[0])) {
+        PyErr_SetString(PyExc_ValueError, "total at least the prefix's bytes");
+        return NULL;
+    }
+    bounds.version = 2;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(args[0]), *vp = NULL;
+    size_t n = (size_t)PyBytes_GET_SIZE(args[0]), keys_end = 0, index = 0, count = 0, vlen = 0;
+    int r = block_keys_find(p, n, (size_t)total, &bounds,
+                            (const unsigned char *)PyBytes_AS_STRING(args[2]),
+                            (size_t)PyBytes_GET_SIZE(args[2]), &keys_end, &index, &count);
+    if (r == 1)
+        r = block_value_at(p, n, (size_t)total, keys_end, count, index, &vp, &vlen);
+    else if (r == 0)
+        Py_RETURN_FALSE;
+    if (r == -1) {
+        PyErr_SetString(PyExc_ValueError, "not arrays the rule accepts");
+        return NULL;
+    }
+    if (r == -2)
+        Py_RETURN_NONE;
+    PyObject *v = found_value(r, vp, vlen, 0);
+    if (v == NULL)
+        return NULL;
+    PyObject *out = PyTuple_Pack(1, v);
+    Py_DECREF(v);
+    return out;
 }
 
 /* ---- data_payload: a data block's payload, written -------------------------- */

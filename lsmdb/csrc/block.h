@@ -60,6 +60,11 @@ int block_parse(const unsigned char *p, size_t n, const BlockBounds *bounds, uns
                 uint64_t count);
 int block_keys_hold(const unsigned char *p, size_t n, size_t total, const BlockBounds *bounds,
                     const unsigned char *key, size_t klen, size_t *keys_end);
+int block_keys_find(const unsigned char *p, size_t n, size_t total, const BlockBounds *bounds,
+                    const unsigned char *key, size_t klen, size_t *keys_end, size_t *index,
+                    size_t *count);
+int block_value_at(const unsigned char *p, size_t n, size_t total, size_t keys_end, size_t count,
+                   size_t index, const unsigned char **value, size_t *vlen);
 int parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,
                 const unsigned char **value, size_t *vlen, uint64_t *expires);
 PyObject *parsed_entry(const ParsedBlock *b);
@@ -67,6 +72,7 @@ int parsed_seq(const ParsedBlock *b, const unsigned char *key, size_t klen, uint
 int entry_parsed(const unsigned char *e, size_t n, ParsedBlock *b);
 PyObject *speedups_block_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_block_keys_hold(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+PyObject *speedups_block_value_of(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_block_lists(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_block_full(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_entry_find(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

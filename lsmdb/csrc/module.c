@@ -23,7 +23,8 @@
  *   cache.c           Admission (which blocks read from disk a full block
  *                     cache takes in) and Cache (the block cache's books)
  *   sstable_reader.c  map_file, Mapping and a data block read for the getter
- *   block.c           block_entry, block_keys_hold, block_lists, entry_find, entry_lists: the
+ *   block.c           block_entry, block_keys_hold, block_value_of, block_lists,
+ *                     entry_find, entry_lists: the
  *                     data block rule in one walk of a block's bytes, the
  *                     block cache's form of a block and a lookup in it;
  *                     data_payload, a data block's payload written
@@ -122,6 +123,11 @@ static PyMethodDef speedups_functions[] = {
      "Whether key is among the keys of the data block payload of total bytes that begins "
      "with prefix (None: its keys run past the prefix); ValueError for keys the rule "
      "refuses."},
+    {"block_value_of", (PyCFunction)(void (*)(void))speedups_block_value_of, METH_FASTCALL,
+     "block_value_of($module, prefix, total, key, after, last, /)\n--\n\n"
+     "Over the first bytes of a format-2 data block payload of total bytes: False when key "
+     "is not among its keys, (value,) when it is (None: a tombstone), None when what decides "
+     "runs past the prefix; ValueError for arrays the rule refuses."},
     {"block_entry", (PyCFunction)(void (*)(void))speedups_block_entry, METH_FASTCALL,
      "block_entry($module, payload, after, last, version=1, /)\n--\n\n"
      "The block cache's form of a data block of that format the rule accepts within those "

@@ -376,22 +376,31 @@ keys_lean_by(Entry *e, int found)
  * through, when the block is stored LZ4-compressed: the checksum of the
  * stored bytes verified, the payload decompressed only as far as its keys
  * array (lz4_payload_prefix), and that array read under the rule
- * (block_keys_hold).  When key is not among the keys the read is a false
+ * (block_keys_find).  When key is not among the keys the read is a false
  * positive, decided without the rest of the block: counted as file_get's
  * whole read counts one (a block read, a false positive, the admission told
- * of it).  Taken only while e's recent reads were mostly false positives
- * (keys_lean), and when the admission would not cache this block
- * (admission_rereads): a block the cache takes is read whole.  The Python
- * twin: readpath.py's file_blocks with SSTableReader.keys_among.
- * 0: not there, counted; 1: read the whole block (the key is there, the
- * block is stored otherwise, or anything unusual: the whole read decides);
- * -1: error. */
+ * of it).  When key is there, `values` (the entry's sequence number not
+ * asked for) and the file of format 2 (no expiring value: an entry's kind
+ * follows from its value), the payload is decompressed again as far as the
+ * key's value, estimated from where the keys ended and the entries' mean
+ * size (the whole payload where that falls short), and the value read under
+ * the rule (block_value_at): *value, counted as a true positive's read.
+ * Taken only when the admission would not cache this block (a cache with
+ * room takes a get's block; a full one a block read again: those are read
+ * whole), and, for a key the file may hold, when `values` or e's recent
+ * reads were mostly false positives (keys_lean).  The Python twin:
+ * readpath.py's file_blocks with SSTableReader.prefix_answer.
+ * 0: not there, counted; 3: found, *value (a new reference, None for a
+ * tombstone), counted; 1: read the whole block (the block is stored
+ * otherwise, or anything unusual: the whole read decides); -1: error. */
 static int
-keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key)
+keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value)
 {
-    if (e->keys_lean < 0 || e->format < 2 || e->keys_share > KEYS_SHARE_MAX)
-        return 1;
     uint64_t cache_key = e->cache_base + (uint64_t)i;
+    values = values && e->format == 2
+             && (self->cache == NULL || self->cache->admission->full);
+    if ((e->keys_lean < 0 && !values) || e->format < 2 || e->keys_share > KEYS_SHARE_MAX)
+        return 1;
     if (self->cache != NULL && admission_rereads(self->cache->admission, cache_key))
         return 1;
     unsigned char *stored;
@@ -404,7 +413,7 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key)
         PyMem_RawFree(stored);
         return 1;
     }
-    size_t room = rd32(stored), got = 0, plen = 0, keys_end = 0;
+    size_t room = rd32(stored), got = 0, plen = 0, keys_end = 0, index = 0, count = 0;
     unsigned char *out = PyMem_RawMalloc(room);
     if (out == NULL) {
         PyMem_RawFree(stored);
@@ -416,29 +425,57 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key)
     const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
     size_t klen = (size_t)PyBytes_GET_SIZE(key);
     size_t share = e->keys_share ? e->keys_share : KEYS_SHARE_FIRST;
-    int hold = -1;
+    int hold = -1, f = -1, err = 0;
+    const unsigned char *vp = NULL;
+    size_t vlen = 0;
     r = lz4_payload_prefix(stored, size, room / 256 * share + KEYS_SLACK, out, room, &got, &plen);
     if (r == 0)
-        hold = block_keys_hold(out, got, plen, &bounds, k, klen, &keys_end);
+        hold = block_keys_find(out, got, plen, &bounds, k, klen, &keys_end, &index, &count);
     if (hold == -2) {  /* the keys run further: the whole payload */
         r = lz4_payload_prefix(stored, size, plen, out, room, &got, &plen);
-        hold = r == 0 ? block_keys_hold(out, got, plen, &bounds, k, klen, &keys_end) : -1;
+        hold = r == 0 ? block_keys_find(out, got, plen, &bounds, k, klen, &keys_end, &index,
+                                        &count)
+                      : -1;
+    }
+    if (hold >= 0) {
+        size_t s = (keys_end * 256 + plen - 1) / plen;
+        e->keys_share = (unsigned char)(s < 255 ? s : 255);
+    }
+    if (hold == 1 && values) {
+        /* through the key's value: the mean entry's share of what follows
+         * the keys, for every entry up to it and one more */
+        size_t mean = (plen - keys_end) / count;
+        size_t want = keys_end + mean * (index + 2) + KEYS_SLACK;
+        if (want > got) {
+            r = lz4_payload_prefix(stored, size, want < plen ? want : plen, out, room, &got,
+                                   &plen);
+            if (r != 0)
+                got = 0;
+        }
+        f = got ? block_value_at(out, got, plen, keys_end, count, index, &vp, &vlen) : -1;
+        if (f == -2) {
+            r = lz4_payload_prefix(stored, size, plen, out, room, &got, &plen);
+            f = r == 0 ? block_value_at(out, got, plen, keys_end, count, index, &vp, &vlen) : -1;
+        }
+        if (f > 0) {
+            *value = found_value(f, vp, vlen, 0);
+            if (*value == NULL)
+                err = 1;
+        }
     }
     PyMem_RawFree(out);
     PyMem_RawFree(stored);
-    if (hold < 0)
-        return 1;
-    size_t s = (keys_end * 256 + plen - 1) / plen;
-    e->keys_share = (unsigned char)(s < 255 ? s : 255);
-    if (hold)
+    if (err)
+        return -1;
+    if (hold < 0 || (hold == 1 && f < 0))
         return 1;
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_READS]++;
-    counts[FALSE_POSITIVES]++;
-    keys_lean_by(e, 0);
+    counts[hold ? TRUE_POSITIVES : FALSE_POSITIVES]++;
+    keys_lean_by(e, hold);
     if (self->cache != NULL)  /* remembered, as the whole read's offer would */
-        (void)cache_admits(self->cache, cache_key, 0);
-    return 0;
+        (void)cache_admits(self->cache, cache_key, hold);
+    return hold ? 3 : 0;
 }
 
 /* The Python side's file_blocks(fast, f, keys) for the keys (a list) whose
@@ -484,9 +521,11 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
         if (r != 2)
             return r;
     } else {
-        r = keys_first(self, e, i, key);
+        r = keys_first(self, e, i, key, seq == NULL, value);
         if (r <= 0)
             return r;
+        if (r == 3)
+            return 1;
         DiskBlock d;
         r = disk_block(e, i, &d);
         if (r < 0)

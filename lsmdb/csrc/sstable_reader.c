@@ -468,7 +468,8 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
  * LZ4_decompress_safe_partial: the rest of the block is not decoded) into
  * out, which has room for the whole payload: 0, *got the bytes of out now
  * decoded (fewer than want only at the payload's end) and *plen the
- * payload's length; 1 where no partial decompression is to be had (the
+ * payload's length (a want of the whole payload decodes it whole, as
+ * read_block_buf does, its length checked); 1 where no partial decompression is to be had (the
  * caller decompresses the whole block); 2 for a block that does not
  * decompress or whose payload does not fit `room`. */
 int
@@ -485,6 +486,13 @@ lz4_payload_prefix(const unsigned char *stored, size_t n, size_t want, unsigned 
     uint32_t size = rd32(stored);
     if (size == 0 || size > INT_MAX || size > room || n - 4 > INT_MAX)
         return 2;
+    if (want >= size && lz4_safe != NULL) {  /* the whole payload: its length checked */
+        int r = lz4_safe((const char *)stored + 4, (char *)out, (int)(n - 4), (int)size);
+        if (r < 0 || (size_t)r != size)
+            return 2;
+        *got = *plen = size;
+        return 0;
+    }
     if (want > size)
         want = size;
     int r = lz4_partial((const char *)stored + 4, (char *)out, (int)(n - 4), (int)want,

@@ -14,8 +14,9 @@
  * (LogWriter._map); where the mapping is short, LogWriter.reserve grows the
  * segment, as in the twin, so that whatever wraps the allocation (the
  * I/O-fault tests) sees the C path's too.  A record that does not fit in what is left
- * of the WAL block, a memtable with live snapshots (undo maps) and an
- * expiring value go to the Python methods that handle them. */
+ * of the WAL block and an expiring value go to the Python methods that
+ * handle them; a memtable with live snapshots has their undo maps kept in C
+ * as Memtable._remember keeps them. */
 
 #include "writepath.h"
 #include "coding.h"
@@ -27,7 +28,7 @@ static PyObject *s_changes, *s_log, *s_closed, *s_read_only, *s_dropped, *s_fail
     *s_live, *s_map, *s_reserve, *s_size, *s_seeds, *s_max_seq, *s_min_seq, *s_promoted,
     *s_promote_segments, *s_mem, *s_undos, *s_data, *s_filter, *s_size_bytes, *s_pending,
     *s_tags, *s_options, *s_memtable_size_bytes, *s_closed_bytes, *s_id, *s_add_record,
-    *s_apply, *s_l0_stall_files, *s_l0_slowdown_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
+    *s_l0_stall_files, *s_l0_slowdown_files, *s_stall, *s_version, *s_l0, *s_imms, *s_versions,
     *s_lock, *s_wal_limit, *s_acquire, *s_release, *s_write_columns, *s_flush_full,
     *s_flush_wal_pinners, *s_sync_default, *s_default_time_to_live;
 
@@ -66,7 +67,6 @@ writepath_init(void)
     INTERN(s_closed_bytes, "_closed_bytes")
     INTERN(s_id, "id")
     INTERN(s_add_record, "add_record")
-    INTERN(s_apply, "apply")
     INTERN(s_l0_stall_files, "L0_STALL_FILES")
     INTERN(s_l0_slowdown_files, "L0_SLOWDOWN_FILES")
     INTERN(s_stall, "stall")
@@ -390,8 +390,60 @@ done:
     return rc;
 }
 
-/* Memtable.apply(seq, key, value) for bytes or None, no live snapshot.
+/* Memtable._remember((key,)) for the memtable mem whose `undos` (a list of
+ * dicts, one per live snapshot) is not empty: each undo map that has no
+ * entry for key records what mem's data holds for it (MISSING: nothing).
  * 0, or -1 with an exception set. */
+static PyObject *mem_missing = NULL;
+
+static int
+mem_remember(PyObject *mem, PyObject *undos, PyObject *key)
+{
+    PyObject *data = NULL;
+    int rc = -1;
+    if (mem_missing == NULL) {
+        PyObject *mod = PyImport_ImportModule("lsmdb.sstable_format");
+        if (mod == NULL)
+            return -1;
+        mem_missing = PyObject_GetAttrString(mod, "MISSING");
+        Py_DECREF(mod);
+        if (mem_missing == NULL)
+            return -1;
+    }
+    if (!PyList_CheckExact(undos)) {
+        PyErr_SetString(PyExc_TypeError, "a memtable's undos is a list");
+        return -1;
+    }
+    if ((data = get_attr(mem, s_data, &r_mem_data)) == NULL || !PyDict_CheckExact(data)) {
+        if (data != NULL)
+            PyErr_SetString(PyExc_TypeError, "a memtable's data is a dict");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(undos); i++) {
+        PyObject *undo = PyList_GET_ITEM(undos, i);
+        if (!PyDict_CheckExact(undo)) {
+            PyErr_SetString(PyExc_TypeError, "an undo map is a dict");
+            goto done;
+        }
+        int has = PyDict_Contains(undo, key);
+        if (has < 0)
+            goto done;
+        if (has)
+            continue;
+        PyObject *old = PyDict_GetItemWithError(data, key);  /* borrowed */
+        if (old == NULL && PyErr_Occurred())
+            goto done;
+        if (PyDict_SetItem(undo, key, old != NULL ? old : mem_missing) < 0)
+            goto done;
+    }
+    rc = 0;
+done:
+    Py_XDECREF(data);
+    return rc;
+}
+
+/* Memtable.apply(seq, key, value) for bytes or None (live snapshots'
+ * undo maps kept by mem_remember first).  0, or -1 with an exception set. */
 static int
 mem_apply(PyObject *mem, long long seq, PyObject *key, PyObject *value)
 {
@@ -533,18 +585,8 @@ speedups_put_locked(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize
         goto done;
     if ((t = PyObject_IsTrue(undos)) < 0)
         goto done;
-    if (t) {  /* live snapshots: the Python apply keeps their undo maps */
-        PyObject *seq_obj = PyLong_FromLongLong(seq);
-        if (seq_obj == NULL)
-            goto done;
-        PyObject *r = PyObject_CallMethodObjArgs(mem, s_apply, seq_obj, key, value, NULL);
-        Py_DECREF(seq_obj);
-        if (r == NULL)
-            goto done;
-        Py_DECREF(r);
-    } else if (mem_apply(mem, seq, key, value) < 0) {
+    if ((t && mem_remember(mem, undos, key) < 0) || mem_apply(mem, seq, key, value) < 0)
         goto done;
-    }
     long long size_bytes, limit, closed_bytes, wal_size = 0;
     if ((options = get_attr(state, s_options, &r_state_options)) == NULL
         || attr_ll(mem, s_size_bytes, &r_mem_size_bytes, &size_bytes) < 0

@@ -868,11 +868,12 @@ def _damage_block(path: str, how: str) -> tuple[str, int, list[bytes], bytes]:
     return file, offset, keys, absent
 
 
-def _tag_damaged_lz4_block(path: str) -> tuple[str, int, list[bytes], bytes]:
-    """An SSTable of even keys without a filter, LZ4-compressed, its block 1
-    rewritten in place under a right checksum: one entry's tag given kind 7,
-    which the data block rule refuses, its keys as they were, stored
-    LZ4-compressed in the same number of bytes.  (the file, the block's
+def _tag_damaged_lz4_block(path: str, compression: str = "lz4"
+                           ) -> tuple[str, int, list[bytes], bytes]:
+    """An SSTable of even keys without a filter, LZ4-compressed (or stored as
+    they are), its block 1 rewritten in place under a right checksum: one
+    entry's tag given kind 7, which the data block rule refuses, its keys as
+    they were, stored in the same number of bytes.  (the file, the block's
     offset, the keys it holds, an absent key it would hold)."""
     import lz4.block
 
@@ -880,7 +881,7 @@ def _tag_damaged_lz4_block(path: str) -> tuple[str, int, list[bytes], bytes]:
     from lsmdb.sstable_reader import SSTableReader
     with lsmdb.open(path, auto_compaction=False) as db:
         db.alter_table("default", bloom_filter_fp_chance=1.0, block_size_bytes=512,
-                       compression="lz4")
+                       compression=compression)
         for i in range(0, 4000, 2):
             db.put(b"key%06d" % i, b"v%d" % i * 20)
         db.flush()
@@ -889,20 +890,21 @@ def _tag_damaged_lz4_block(path: str) -> tuple[str, int, list[bytes], bytes]:
     r = SSTableReader(file, 1)
     offset, size = r.index_offsets[1], r.index_sizes[1]
     raw = r.read_raw(1)
-    assert raw[size] == 1  # stored LZ4-compressed
+    kind = raw[size:size + 1]
+    assert kind == (b"\x01" if compression == "lz4" else b"\x00")  # stored as asked
     keys, values, tags = r.decode_full(1, raw)
     stored = b""
     for j in range(len(tags)):
         damaged = list(tags)
         damaged[j] = tags[j] | 7
         payload = data_payload(r, keys, values, damaged)  # type: ignore[arg-type]
-        stored = lz4.block.compress(payload)
+        stored = lz4.block.compress(payload) if compression == "lz4" else payload
         if len(stored) == size:
             break
-    assert len(stored) == size, "no tag rewrite compresses to the block's size"
+    assert len(stored) == size, "no tag rewrite is stored in the block's size"
     with open(file, "r+b") as f:
         f.seek(offset)
-        f.write(stored + b"\x01" + crc32(b"\x01", crc32(stored)).to_bytes(4, "little"))
+        f.write(stored + kind + crc32(kind, crc32(stored)).to_bytes(4, "little"))
     r.close()
     absent = keys[0][:-1] + bytes([keys[0][-1] + 1])  # an odd number: between two keys
     return file, offset, keys, absent
@@ -940,7 +942,9 @@ def test_a_false_positive_is_decided_from_the_block_keys_alone(tmp_path, impl, m
         db.close()
 
 
-def test_a_present_key_is_read_no_further_than_its_value(tmp_path, impl, monkeypatch):
+@pytest.mark.parametrize("compression", ["lz4", "none"])
+def test_a_present_key_is_read_no_further_than_its_value(tmp_path, impl, monkeypatch,
+                                                         compression):
     """Where the cache would not take a get's block (no cache here), a format-2
     block's keys and values up to the key's decide (docs/FORMAT.md §4.2): the
     tag-damaged block answers the keys it holds with their values and the
@@ -948,7 +952,7 @@ def test_a_present_key_is_read_no_further_than_its_value(tmp_path, impl, monkeyp
     read and a true or false positive; a cache with room takes the block, so
     reads it whole and refuses it."""
     path = str(tmp_path / "db")
-    file, offset, keys, absent = _tag_damaged_lz4_block(path)
+    file, offset, keys, absent = _tag_damaged_lz4_block(path, compression)
     handed: list[list[bytes]] = []
     real = lsmdb.readpath._c_blocks
     monkeypatch.setattr(lsmdb.readpath, "_c_blocks",

@@ -310,9 +310,19 @@ entry_answer(Getter *self, PyObject *fast, Entry *e, PyObject *entry, PyObject *
 int
 disk_block(Entry *e, Py_ssize_t i, DiskBlock *d)
 {
+    return disk_block_stored(e, i, NULL, 0, 0, d);
+}
+
+/* disk_block, from `stored` (bytes read_stored_buf read, stored as `kind`:
+ * taken, freed or kept in d) where not NULL. */
+int
+disk_block_stored(Entry *e, Py_ssize_t i, unsigned char *stored, size_t stored_size, int kind,
+                  DiskBlock *d)
+{
     size_t size;
     d->buf = d->heap = NULL;
-    int r = read_block_buf(e, e->reader, i, &d->buf, &size);
+    int r = stored != NULL ? stored_payload(stored, stored_size, kind, &d->buf, &size)
+                           : read_block_buf(e, e->reader, i, &d->buf, &size);
     if (r != 0)
         return r;
     BlockBounds bounds;
@@ -373,29 +383,35 @@ keys_lean_by(Entry *e, int found)
 }
 
 /* A get's read from disk of block i of file e after its filter let key
- * through, when the block is stored LZ4-compressed: the checksum of the
- * stored bytes verified, the payload decompressed only as far as its keys
- * array (lz4_payload_prefix), and that array read under the rule
- * (block_keys_find).  When key is not among the keys the read is a false
- * positive, decided without the rest of the block: counted as file_get's
- * whole read counts one (a block read, a false positive, the admission told
- * of it).  When key is there, `values` (the entry's sequence number not
- * asked for) and the file of format 2 (no expiring value: an entry's kind
- * follows from its value), the payload is decompressed again as far as the
- * key's value, estimated from where the keys ended and the entries' mean
- * size (the whole payload where that falls short), and the value read under
- * the rule (block_value_at): *value, counted as a true positive's read.
- * Taken only when the admission would not cache this block (a cache with
- * room takes a get's block; a full one a block read again: those are read
- * whole), and, for a key the file may hold, when `values` or e's recent
- * reads were mostly false positives (keys_lean).  The Python twin:
- * readpath.py's file_blocks with SSTableReader.prefix_answer.
+ * through, when the block is stored LZ4-compressed or as it is: the
+ * checksum of the stored bytes verified, the payload decompressed only as
+ * far as its keys array (lz4_payload_prefix; an uncompressed one read in
+ * place), and that array read under the rule (block_keys_find).  When key
+ * is not among the keys the read is a false positive, decided without the
+ * rest of the block: counted as file_get's whole read counts one (a block
+ * read, a false positive, the admission told of it).  When key is there,
+ * `values` (the entry's sequence number not asked for) and the file of
+ * format 2 (no expiring value: an entry's kind follows from its value), an
+ * LZ4 payload is decompressed again as far as the key's value, estimated
+ * from where the keys ended and the entries' mean size (the whole payload
+ * where that falls short), and the value read under the rule
+ * (block_value_at): *value, counted as a true positive's read.  Taken only
+ * when the admission would not cache this block (a cache with room takes a
+ * get's block; a full one a block read again: those are read whole), and,
+ * for a key the file may hold, when `values` or e's recent reads were
+ * mostly false positives (keys_lean).  The Python twin: readpath.py's
+ * file_blocks with SSTableReader.keys_among and values_among.
  * 0: not there, counted; 3: found, *value (a new reference, None for a
- * tombstone), counted; 1: read the whole block (the block is stored
- * otherwise, or anything unusual: the whole read decides); -1: error. */
+ * tombstone), counted; 1: read the whole block (stored otherwise, or
+ * anything unusual: the whole read decides), from st's bytes where it
+ * holds them (st->buf: the caller takes them); -1: error. */
 static int
-keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value)
+keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value,
+           Stored *st)
 {
+    st->buf = NULL;
+    st->size = 0;
+    st->kind = 0;
     uint64_t cache_key = e->cache_base + (uint64_t)i;
     values = values && e->format == 2
              && (self->cache == NULL || self->cache->admission->full);
@@ -409,12 +425,16 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     int r = read_stored_buf(e, e->reader, i, &stored, &size, &kind);
     if (r != 0)
         return r < 0 ? -1 : 1;
-    if (kind != COMPRESSION_LZ4 || size < 4 || rd32(stored) == 0 || rd32(stored) > INT_MAX) {
-        PyMem_RawFree(stored);
+    int lz4 = kind == COMPRESSION_LZ4 && size >= 4 && rd32(stored) != 0 && rd32(stored) <= INT_MAX;
+    if (!lz4 && kind != COMPRESSION_NONE) {  /* the whole read decodes it */
+        st->buf = stored;
+        st->size = size;
+        st->kind = kind;
         return 1;
     }
-    size_t room = rd32(stored), got = 0, plen = 0, keys_end = 0, index = 0, count = 0;
-    unsigned char *out = PyMem_RawMalloc(room);
+    size_t room = lz4 ? rd32(stored) : size, got = 0, plen = 0, keys_end = 0, index = 0,
+           count = 0;
+    unsigned char *out = lz4 ? PyMem_RawMalloc(room) : stored;  /* uncompressed: read in place */
     if (out == NULL) {
         PyMem_RawFree(stored);
         PyErr_NoMemory();
@@ -428,7 +448,13 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     int hold = -1, f = -1, err = 0;
     const unsigned char *vp = NULL;
     size_t vlen = 0;
-    r = lz4_payload_prefix(stored, size, room / 256 * share + KEYS_SLACK, out, room, &got, &plen);
+    if (lz4) {
+        r = lz4_payload_prefix(stored, size, room / 256 * share + KEYS_SLACK, out, room, &got,
+                               &plen);
+    } else {
+        got = plen = size;
+        r = 0;
+    }
     if (r == 0)
         hold = block_keys_find(out, got, plen, &bounds, k, klen, &keys_end, &index, &count);
     if (hold == -2) {  /* the keys run further: the whole payload */
@@ -446,14 +472,14 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
          * the keys, for every entry up to it and one more */
         size_t mean = (plen - keys_end) / count;
         size_t want = keys_end + mean * (index + 2) + KEYS_SLACK;
-        if (want > got) {
+        if (want > got && lz4) {
             r = lz4_payload_prefix(stored, size, want < plen ? want : plen, out, room, &got,
                                    &plen);
             if (r != 0)
                 got = 0;
         }
         f = got ? block_value_at(out, got, plen, keys_end, count, index, &vp, &vlen) : -1;
-        if (f == -2) {
+        if (f == -2 && lz4) {
             r = lz4_payload_prefix(stored, size, plen, out, room, &got, &plen);
             f = r == 0 ? block_value_at(out, got, plen, keys_end, count, index, &vp, &vlen) : -1;
         }
@@ -463,12 +489,18 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
                 err = 1;
         }
     }
-    PyMem_RawFree(out);
-    PyMem_RawFree(stored);
-    if (err)
-        return -1;
-    if (hold < 0 || (hold == 1 && f < 0))
+    if (lz4)
+        PyMem_RawFree(out);
+    if (err || (hold >= 0 && !(hold == 1 && f < 0))) {
+        PyMem_RawFree(stored);
+        if (err)
+            return -1;
+    } else {  /* the whole read decides, from the bytes read */
+        st->buf = stored;
+        st->size = size;
+        st->kind = kind;
         return 1;
+    }
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_READS]++;
     counts[hold ? TRUE_POSITIVES : FALSE_POSITIVES]++;
@@ -521,13 +553,14 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
         if (r != 2)
             return r;
     } else {
-        r = keys_first(self, e, i, key, seq == NULL, value);
+        Stored st;
+        r = keys_first(self, e, i, key, seq == NULL, value, &st);
         if (r <= 0)
             return r;
         if (r == 3)
             return 1;
         DiskBlock d;
-        r = disk_block(e, i, &d);
+        r = disk_block_stored(e, i, st.buf, st.size, st.kind, &d);
         if (r < 0)
             return -1;
         if (r == 0) {

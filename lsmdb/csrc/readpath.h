@@ -73,6 +73,13 @@ typedef struct {
     unsigned char stack[ENTRY_SLOT * STACK_ENTRIES];
 } DiskBlock;
 
+/* A block's stored bytes as read_stored_buf read them (buf NULL: none). */
+typedef struct {
+    unsigned char *buf;
+    size_t size;
+    int kind;
+} Stored;
+
 HIDDEN_BEGIN
 
 extern PyTypeObject GetterType;
@@ -85,6 +92,8 @@ int cached_entry(Getter *self, const Entry *e, Py_ssize_t i, PyObject **entry);
 int entry_answer(Getter *self, PyObject *fast, Entry *e, PyObject *entry, PyObject *key,
                  uint64_t bound, PyObject **value, uint64_t *seq);
 int disk_block(Entry *e, Py_ssize_t i, DiskBlock *d);
+int disk_block_stored(Entry *e, Py_ssize_t i, unsigned char *stored, size_t stored_size,
+                      int kind, DiskBlock *d);
 void disk_block_free(DiskBlock *d);
 int parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, PyObject *key,
                   uint64_t bound, PyObject **value, int *present, uint64_t *seq);

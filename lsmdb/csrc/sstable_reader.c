@@ -447,6 +447,17 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
     int r = read_stored_buf(e, reader, i, &buf, &size, &kind);
     if (r != 0)
         return r;
+    return stored_payload(buf, size, kind, bufp, sizep);
+}
+
+/* The payload of a block read_stored_buf read (buf[0:size], stored as
+ * `kind`; buf is taken: freed, or handed back as the payload): 0 and
+ * *bufp, *sizep (PyMem_RawFree it); 2 for a block that does not
+ * decompress; -1 on error. */
+int
+stored_payload(unsigned char *buf, size_t size, int kind, unsigned char **bufp, size_t *sizep)
+{
+    int r;
     if (kind != COMPRESSION_NONE) {
         unsigned char *payload;
         size_t plen;

@@ -32,6 +32,8 @@ int read_stored_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bu
                     size_t *sizep, int *kindp);
 int read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp,
                    size_t *sizep);
+int stored_payload(unsigned char *buf, size_t size, int kind, unsigned char **bufp,
+                   size_t *sizep);
 int lz4_payload_prefix(const unsigned char *stored, size_t n, size_t want, unsigned char *out,
                        size_t room, size_t *got, size_t *plen);
 PyObject *speedups_map_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

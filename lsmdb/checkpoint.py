@@ -249,7 +249,13 @@ def checkpoint(versions: Versions, dest: str | os.PathLike[str], catch_up: Any =
         _build(versions, tmp, plan)
         if os.path.lexists(where):  # made meanwhile: never replaced
             raise FileExistsError(errno.EEXIST, "the checkpoint's destination exists", where)
-        os.rename(tmp, where)
+        try:
+            os.rename(tmp, where)
+        except OSError as exc:  # another checkpoint's rename came between
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            raise FileExistsError(errno.EEXIST, "the checkpoint's destination exists",
+                                  where) from None
         renamed = True
         fsync_dir(os.path.dirname(where))
     except BaseException:

@@ -285,6 +285,24 @@ def test_two_checkpoints_at_once_never_mix(tmp_path):
     assert _no_temp_dirs(str(tmp_path / "cp"))
 
 
+def test_a_destination_made_after_the_last_check_is_file_exists(tmp_path, monkeypatch):
+    """Another checkpoint's rename lands between this one's last look at its
+    destination and its own rename: FileExistsError, the other's checkpoint
+    kept, no temporary directory left."""
+    src, dest = str(tmp_path / "db"), str(tmp_path / "cp")
+    with lsmdb.open(src) as db:
+        rows = _fill(db, 50)
+        db.flush()
+        db.checkpoint(dest)
+        monkeypatch.setattr(_checkpoint.os.path, "lexists", lambda path: False)
+        with pytest.raises(FileExistsError):
+            db.checkpoint(dest)
+        monkeypatch.undo()
+    with lsmdb.open(dest, read_only=True) as cp:
+        assert dict(cp.scan()) == rows
+    assert _no_temp_dirs(dest)
+
+
 def test_a_failure_after_the_rename_leaves_no_destination(tmp_path, monkeypatch):
     src, dest = str(tmp_path / "db"), str(tmp_path / "cp")
     with lsmdb.open(src) as db:

@@ -340,9 +340,12 @@ class SSTableReader:
 
     def keys_among(self, i: int, raw: bytes | memoryview, keys: list[bytes]) -> bool:
         """Whether any of ``keys`` is among data block ``i``'s keys, from ``raw``
-        (payload and trailer, as read): its length and checksum verified, then
-        its keys array alone read under the rule (lsmdb.block.keys_among);
-        CorruptionError at the block's offset if either fails."""
+        (payload and trailer, as read): its length and checksum verified, its
+        payload decompressed whole (the C getter decodes an LZ4 block only as
+        far as it reads, so it does not see a recorded length that lies
+        beyond), then its keys array alone read under the rule
+        (lsmdb.block.keys_among); CorruptionError at the block's offset if any
+        of these fails."""
         self.check_raw(i, raw)
         after, last = self.bounds(i)
         return blk.keys_among(self.payload_of(i, raw), keys, self.path,

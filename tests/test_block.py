@@ -217,6 +217,19 @@ def test_a_damaged_cached_form_never_reads_past_itself(d, at, byte, key):
 
 # ---- a key among a block's keys alone (keys_among and block_keys_hold) ------
 
+def _damaged(payload: bytes, how: str, pos: int, byte: int) -> bytes:
+    """payload with byte written at pos ("flip"), cut there ("cut"), inserted
+    there ("insert"), or as it is (any other how)."""
+    out = bytearray(payload)
+    if how == "flip":
+        out[pos % len(out)] = byte
+    elif how == "cut":
+        del out[pos % len(out):]
+    elif how == "insert":
+        out.insert(pos % (len(out) + 1), byte)
+    return bytes(out)
+
+
 def _keys_among_py(payload: bytes, key: bytes, after: bytes | None, last: bytes | None,
                    version: int = 1) -> bool | None:
     """keys_among's answer, None when it refuses the keys."""
@@ -275,20 +288,13 @@ def test_both_find_a_key_among_the_keys_alike(d, key, pos, byte, how, after, las
     (Python) does, refusals included, on good, damaged, cut, grown and
     mis-bounded payloads; over any prefix of it, the same answer or "read
     more" -- never another answer."""
-    payload = bytearray(payload_of(d))
-    if how == "flip":
-        payload[pos % len(payload)] = byte
-    elif how == "cut":
-        del payload[pos % len(payload):]
-    elif how == "insert":
-        payload.insert(pos % (len(payload) + 1), byte)
-    elif how == "bounds":
+    data = _damaged(payload_of(d), how, pos, byte)
+    if how == "bounds":
         after, last = None if after is None else min(d) + after, max(d) if last is None else last
-    else:
+    elif how == "none":
         after, last = None, max(d)
         if key not in d and pos % 2:
             key = sorted(d)[pos % len(d)]
-    data = bytes(payload)
     want = _keys_among_py(data, key, after, last)
     assert _keys_hold_c(data, key, after, last) == want
     if how == "none":
@@ -369,16 +375,9 @@ def test_both_read_a_value_from_the_first_arrays_alike(d, key, pos, byte, how):
     (Python) does, refusals included, on good, damaged, cut and grown
     format-2 payloads; over any prefix of it, the same answer or "read more"
     -- never another answer."""
-    payload = bytearray(payload2_of(d))
-    if how == "flip":
-        payload[pos % len(payload)] = byte
-    elif how == "cut":
-        del payload[pos % len(payload):]
-    elif how == "insert":
-        payload.insert(pos % (len(payload) + 1), byte)
-    elif key not in d and pos % 2:
+    data = _damaged(payload2_of(d), how, pos, byte)
+    if how == "none" and key not in d and pos % 2:
         key = sorted(d)[pos % len(d)]
-    data = bytes(payload)
     after, last = None, max(d)
     want = _values_among_py(data, key, after, last)
     assert _value_of_c(data, key, after, last) == want

@@ -464,7 +464,7 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
                       : -1;
     }
     if (hold >= 0) {
-        size_t s = (keys_end * 256 + plen - 1) / plen;
+        uint64_t s = ((uint64_t)keys_end * 256 + plen - 1) / plen;
         e->keys_share = (unsigned char)(s < 255 ? s : 255);
     }
     if (hold == 1 && values) {

@@ -146,8 +146,8 @@ cache_key_arg(PyObject *key, uint64_t *out)
     return 0;
 }
 
-/* admit(key) (reread 0) or admit_reread(key) (1) of a cache key given from
- * Python: a bool, or NULL with an error set. */
+/* admit(key) (reread 0), admit_reread(key) (1) or rereads(key) (2) of a
+ * cache key given from Python: a bool, or NULL with an error set. */
 static PyObject *
 admission_answer(Admission *self, PyObject *key, int reread)
 {
@@ -158,20 +158,15 @@ admission_answer(Admission *self, PyObject *key, int reread)
     }
     if (cache_key_arg(key, &k) < 0)
         return NULL;
-    return PyBool_FromLong(reread ? admission_admit_reread(self, k) : admission_admit(self, k));
+    return PyBool_FromLong(reread == 2 ? admission_rereads(self, k)
+                           : reread    ? admission_admit_reread(self, k)
+                                       : admission_admit(self, k));
 }
 
 static PyObject *
 Admission_rereads(Admission *self, PyObject *key)
 {
-    uint64_t k;
-    if (self->bits == NULL) {
-        PyErr_SetString(PyExc_TypeError, "Admission is not initialised");
-        return NULL;
-    }
-    if (cache_key_arg(key, &k) < 0)
-        return NULL;
-    return PyBool_FromLong(admission_rereads(self, k));
+    return admission_answer(self, key, 2);
 }
 
 static PyObject *

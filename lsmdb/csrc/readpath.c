@@ -404,7 +404,8 @@ keys_lean_by(Entry *e, int found)
  * 0: not there, counted; 3: found, *value (a new reference, None for a
  * tombstone), counted; 1: read the whole block (stored otherwise, or
  * anything unusual: the whole read decides), from st's bytes where it
- * holds them (st->buf: the caller takes them); -1: error. */
+ * holds them (st->buf: the caller takes them); 2: the block's read failed
+ * (read_stored_buf's 2): for the Python side; -1: error. */
 static int
 keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value,
            Stored *st)
@@ -424,7 +425,7 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     int kind;
     int r = read_stored_buf(e, e->reader, i, &stored, &size, &kind);
     if (r != 0)
-        return r < 0 ? -1 : 1;
+        return r < 0 ? -1 : 2;
     int lz4 = kind == COMPRESSION_LZ4 && size >= 4 && rd32(stored) != 0 && rd32(stored) <= INT_MAX;
     if (!lz4 && kind != COMPRESSION_NONE) {  /* the whole read decodes it */
         st->buf = stored;
@@ -491,16 +492,15 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     }
     if (lz4)
         PyMem_RawFree(out);
-    if (err || (hold >= 0 && !(hold == 1 && f < 0))) {
-        PyMem_RawFree(stored);
-        if (err)
-            return -1;
-    } else {  /* the whole read decides, from the bytes read */
+    if (hold != 0 && f <= 0) {  /* the whole read decides, from the bytes read */
         st->buf = stored;
         st->size = size;
         st->kind = kind;
         return 1;
     }
+    PyMem_RawFree(stored);
+    if (err)
+        return -1;
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_READS]++;
     counts[hold ? TRUE_POSITIVES : FALSE_POSITIVES]++;
@@ -560,7 +560,8 @@ file_get(Getter *self, PyObject *fast, Py_ssize_t f, Entry *e, PyObject *key, ui
         if (r == 3)
             return 1;
         DiskBlock d;
-        r = disk_block_stored(e, i, st.buf, st.size, st.kind, &d);
+        if (r == 1)  /* 2: the read failed already; the Python side reads again */
+            r = disk_block_stored(e, i, st.buf, st.size, st.kind, &d);
         if (r < 0)
             return -1;
         if (r == 0) {

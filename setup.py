@@ -16,7 +16,7 @@ CSRC = "lsmdb/csrc/"
 SOURCES = ["module.c", "filters.c", "filters_bloom.c", "filters_hashing.c", "readpath_probes.c",
            "cache.c", "memtable.c", "readpath.c", "readpath_many.c", "sstable_reader.c", "block.c",
            "merge.c", "logset.c", "coding.c", "writepath.c",
-           "sstable_writer.c", "changes.c"]
+           "sstable_writer.c", "changes.c", "compression.c"]
 HEADERS = sorted(glob.glob(CSRC + "*.h"))
 
 setup(ext_modules=[Extension("lsmdb._speedups", [CSRC + name for name in SOURCES],

@@ -262,6 +262,44 @@ def values_among(payload: bytes | memoryview, wanted: Iterable[bytes], path: str
     return {key: values[n] for key, n in found.items()}
 
 
+def keys_piece(piece: bytes, path: str, offset: int, after: bytes | None = None,
+               last: bytes | None = None) -> list[bytes]:
+    """The keys of a type-3 block (lsmdb.compression) from its first piece,
+    read as ``keys_among`` reads them; the piece must end where the keys
+    array does.  CorruptionError if either breaks."""
+    keys, end = _held_keys(piece, path, offset, after, last, 2)
+    if end != len(piece):
+        raise CorruptionError("data block piece does not end with its keys", path, offset)
+    return keys
+
+
+def piece_values(piece: bytes, header: bool, last: bool, count: int, held: int, path: str,
+                 offset: int) -> list[bytes | None]:
+    """The ``held`` values a piece of a type-3 block of ``count`` entries holds,
+    read under the rule (bin in its shortest header, or nil): the piece begins
+    with the values array's header (``header``, the second piece, for
+    ``count`` entries) or with a value, and ends where its values end -- or,
+    the ``last`` piece, goes on with the tags array's header for ``count``
+    entries.  CorruptionError where the piece is not what its table says."""
+    unpacker = msgpack.Unpacker(raw=False, use_list=True, max_buffer_size=max(len(piece), 1))
+    unpacker.feed(piece)
+    try:
+        if header and unpacker.read_array_header() != count:
+            raise ValueError("values array of another length")
+        start = unpacker.tell()
+        values = [unpacker.unpack() for _ in range(held)]
+        end = unpacker.tell()
+        if not set(map(type, values)) <= _VALUE_TYPES:
+            raise ValueError("not a value")
+        if b"".join(_packb(v, use_bin_type=True) for v in values) != piece[start:end]:
+            raise ValueError("not the writer's encoding")
+        if (_array_at(piece, end)[0] != count) if last else end != len(piece):
+            raise ValueError("the piece holds other than its values")
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise CorruptionError(f"data block piece undecodable ({exc})", path, offset) from None
+    return values
+
+
 def decode_full(payload: bytes | memoryview, path: str, offset: int,
                 after: bytes | None = None, last: bytes | None = None,
                 version: int = 2) -> FullBlock:
@@ -334,6 +372,69 @@ def _header_sizes(lengths: Iterable[int]) -> list[int]:
 
 def _array_header_size(count: int) -> int:
     return 1 if count < 16 else 3 if count < 65536 else 5
+
+
+def value_starts(keys: list[bytes], values: list[Any]) -> tuple[int, list[int]]:
+    """Where the format-2 payload ``encode_data_payload`` writes for these
+    entries ends its keys array (its values array's header begins there),
+    and where each value's header begins, counted from the arithmetic of
+    the shortest headers alone."""
+    n = len(keys)
+    key_lens = list(map(len, keys))
+    at = 1 + _array_header_size(n) + sum(key_lens) + sum(_header_sizes(key_lens))
+    keys_end = at
+    at += _array_header_size(n)
+    starts = []
+    for v in values:
+        starts.append(at)
+        if v is None:
+            at += 1
+        else:
+            size = len(v[0] if type(v) is tuple else v)
+            at += size + (2 if size < 256 else 3 if size < 65536 else 5)
+    return keys_end, starts
+
+
+def _array_at(data: bytes, at: int) -> tuple[int, int]:
+    """The count of the msgpack array header at ``data[at]`` and where its
+    items begin; ValueError if none is there."""
+    b = data[at]
+    if 0x90 <= b <= 0x9F:
+        return b & 0x0F, at + 1
+    if b == 0xDC:
+        return int.from_bytes(data[at + 1:at + 3], "big"), at + 3
+    if b == 0xDD:
+        return int.from_bytes(data[at + 1:at + 5], "big"), at + 5
+    raise ValueError("no array header")
+
+
+def _skip_item(data: bytes, at: int) -> int:
+    """Where the bin or nil at ``data[at]`` ends; ValueError for anything else."""
+    b = data[at]
+    if b == 0xC0:
+        return at + 1
+    width = {0xC4: 1, 0xC5: 2, 0xC6: 4}.get(b)
+    if width is None:
+        raise ValueError("neither bin nor nil")
+    return at + 1 + width + int.from_bytes(data[at + 1:at + 1 + width], "big")
+
+
+def payload_value_starts(payload: bytes) -> tuple[int, list[int]]:
+    """``value_starts`` read off a format-2 payload's bytes: where its keys
+    array ends and where each value's header begins.  ValueError (or
+    IndexError) where the bytes are not such arrays."""
+    count, at = _array_at(payload, 1)
+    for _ in range(count):
+        at = _skip_item(payload, at)
+    keys_end = at
+    vcount, at = _array_at(payload, at)
+    if vcount != count or payload[0] != 0x94:
+        raise ValueError("not a format-2 payload")
+    starts = []
+    for _ in range(count):
+        starts.append(at)
+        at = _skip_item(payload, at)
+    return keys_end, starts
 
 
 def cache_entry(payload: bytes | memoryview, block: Block) -> bytes:

@@ -220,6 +220,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+
+def _shown_properties(props: dict[str, Any]) -> dict[str, Any]:
+    """A file's properties as ``lsmdb sstable`` shows them: its dictionary by
+    its size (``compression_dict_bytes``), not its bytes."""
+    shown = {k: v for k, v in props.items() if k != "compression_dict"}
+    if "compression_dict" in props:
+        shown["compression_dict_bytes"] = len(props["compression_dict"])
+    return shown
+
 def cmd_sstable(args: argparse.Namespace) -> int:
     """One SSTable file, offline: properties, filter header and derived statistics."""
     from .errors import LsmdbError
@@ -235,7 +244,7 @@ def cmd_sstable(args: argparse.Namespace) -> int:
         info = SSTableInfo.from_reader(str(reader.properties.get("table", "")), reader)
         report = {
             "file": args.file,
-            "properties": reader.properties,
+            "properties": _shown_properties(reader.properties),
             "filter": reader.filter.describe(),
             "stats": info.to_dict(),
             "handles": {"index": reader.index_handle, "filter": reader.filter_handle,
@@ -262,7 +271,9 @@ def cmd_sstable(args: argparse.Namespace) -> int:
           f"fp {f['fp_chance']:g}, hash algorithm {f['hash_algorithm']}, family {f['family']}"
           f"{error}")
     st = report["stats"]
-    print(f"  data blocks: {st['compression']}, {st['data_bytes']:,} bytes stored, "
+    pieces = (f" (in pieces against a {st['compression_dict_bytes']:,}-byte dictionary)"
+              if st["compression_dict_bytes"] else "")
+    print(f"  data blocks: {st['compression']}{pieces}, {st['data_bytes']:,} bytes stored, "
           f"{st['uncompressed_bytes']:,} uncompressed (ratio {st['compression_ratio']:.3f})")
     print(f"  bits/key {st['bits_per_key']:.2f}  fill {st['fill_ratio']:.4f}  "
           f"predicted FPR {_fmt_rate(st['predicted_fpr'])}  "

@@ -14,9 +14,9 @@ import logging
 import os
 import sys
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import Any
 
 from . import block as blk
@@ -244,6 +244,13 @@ class SSTableReader:
                 self.uncompressed_bytes = props["uncompressed_bytes"]
                 #: Its entries of kind 2, expiring values (format 3).
                 self.expiring = props["expiring_entries"] if version >= 3 else 0
+                #: The dictionary its type-3 (pieces) LZ4 blocks were
+                #: compressed against, or None (lsmdb.compression).
+                self.compression_dict: bytes | None = props.get("compression_dict")
+                if self.compression_dict is not None and (
+                        type(self.compression_dict) is not bytes
+                        or not 0 < len(self.compression_dict) <= compression.MAX_DICT):
+                    raise TypeError
                 if (type(self.file_number) is not int or type(self.uncompressed_bytes) is not int
                         or self.file_number < 0 or self.uncompressed_bytes < 0
                         or type(self.expiring) is not int or self.expiring < 0
@@ -252,6 +259,7 @@ class SSTableReader:
                     raise TypeError
             else:
                 self.file_number = self.db_id = None
+                self.compression_dict = None
                 self.compression = "none"
                 self.expiring = 0
                 self.uncompressed_bytes = (int(props["data_bytes"])
@@ -336,7 +344,8 @@ class SSTableReader:
         stored = raw[:-self.data_trailer]
         if kind == compression.NONE:
             return stored
-        return compression.decompress(kind, stored, self.path, self.index_offsets[i])
+        return compression.decompress(kind, stored, self.path, self.index_offsets[i],
+                                      self.compression_dict)
 
     def keys_among(self, i: int, raw: bytes | memoryview, keys: list[bytes]) -> bool:
         """Whether any of ``keys`` is among data block ``i``'s keys, from ``raw``
@@ -348,6 +357,9 @@ class SSTableReader:
         of these fails."""
         self.check_raw(i, raw)
         after, last = self.bounds(i)
+        if self.version >= 2 and raw[-self.data_trailer] == compression.LZ4_PIECES:
+            held = set(self._pieces_of(i, raw)[0])
+            return any(key in held for key in keys)
         return blk.keys_among(self.payload_of(i, raw), keys, self.path,
                               self.index_offsets[i], after, last, self.version)
 
@@ -357,8 +369,49 @@ class SSTableReader:
         further than the last of them (lsmdb.block.values_among)."""
         self.check_raw(i, raw)
         after, last = self.bounds(i)
+        if raw[-self.data_trailer] == compression.LZ4_PIECES:
+            held, value_of = self._pieces_of(i, raw)
+            place = {key: n for n, key in enumerate(held)}
+            return {key: value_of(place[key]) for key in keys if key in place}
         return blk.values_among(self.payload_of(i, raw), keys, self.path,
                                 self.index_offsets[i], after, last)
+
+    def _pieces_of(self, i: int, raw: bytes | memoryview) -> tuple[list[bytes], Any]:
+        """Type-3 block ``i`` (``raw`` checked) read piece by piece: its keys,
+        from its first piece alone (lsmdb.block.keys_piece), and a function
+        of an entry's place among them to its value, read from the piece the
+        table says holds it alone (lsmdb.block.piece_values, each piece
+        decompressed once).  CorruptionError at the block's offset where the
+        table, a piece or the arrays break the rule."""
+        path, offset = self.path, self.index_offsets[i]
+        stored = bytes(raw[:-self.data_trailer])
+        try:
+            plen, sizes, firsts, at = compression.piece_table(stored)
+        except ValueError as exc:
+            raise CorruptionError(f"data block pieces: {exc}", path, offset) from None
+        bounds = list(accumulate(sizes, initial=at))
+        dictionary = self.compression_dict
+
+        def piece(k: int) -> bytes:
+            return compression.decompress_piece(stored[bounds[k]:bounds[k + 1]], plen,
+                                                dictionary, path, offset)
+
+        after, last = self.bounds(i)
+        keys = blk.keys_piece(piece(0), path, offset, after, last)
+        count = len(keys)
+        if firsts[-1] >= count:
+            raise CorruptionError("data block pieces name entries it lacks", path, offset)
+        read: dict[int, list[bytes | None]] = {}
+
+        def value_of(n: int) -> bytes | None:
+            p = bisect_right(firsts, n)  # the piece (1 on) holding entry n's value
+            if p not in read:
+                nxt = firsts[p] if p < len(firsts) else count
+                read[p] = blk.piece_values(piece(p), p == 1, p == len(firsts), count,
+                                           nxt - firsts[p - 1], path, offset)
+            return read[p][n - firsts[p - 1]]
+
+        return keys, value_of
 
     def decode_raw(self, i: int, raw: bytes | memoryview) -> Block:
         """Block ``i``'s (keys, values) from ``raw`` (as ``check_raw`` accepts it),

@@ -243,6 +243,12 @@ class SSTableBuilder:
         self.min_seq: int | None = None
         self.max_seq = 0
         self._last: bytes | None = None
+        #: An lz4 file's dictionary once made (b"": the file ended without
+        #: one), and the blocks waiting for it.
+        self._dictionary: bytes | None = None
+        self._pieces: Callable[[bytes], tuple[int, bytes]] | None = None
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
 
     def add(self, key: bytes, value: bytes | None, tag: int | None = None) -> None:
         """Add one entry after the last; ``tag`` (``seq << 8 | kind``) defaults
@@ -325,9 +331,9 @@ class SSTableBuilder:
         for cut, at in zip(cuts, bases, strict=True):
             self._add_block(keys, values, tags, done, cut)
             done, base = cut, at
-            if max_file_bytes is not None and self._offset >= max_file_bytes:
+            if max_file_bytes is not None and self._written >= max_file_bytes:
                 break
-        if done < n and not (max_file_bytes is not None and self._offset >= max_file_bytes):
+        if done < n and not (max_file_bytes is not None and self._written >= max_file_bytes):
             self._keys.extend(keys[done:])
             self._values.extend(values[done:])
             self._tags.extend(tags[done:])
@@ -414,9 +420,37 @@ class SSTableBuilder:
 
     def _write_data_block(self, payload: bytes, last_key: bytes) -> None:
         """A format-2 data block of ``payload``, compressed where that pays,
-        with its trailer; indexed under ``last_key``."""
+        with its trailer; indexed under ``last_key``.  An ``lz4`` file's first
+        DICT_BLOCKS blocks wait here until the file has a dictionary (or,
+        ending first, none)."""
         self.uncompressed_bytes += len(payload)
-        kind, stored = _compression.compress(self._compression, payload)
+        if self._compression != _compression.LZ4:
+            self._store_block(*_compression.compress(self._compression, payload), last_key)
+            return
+        self._pending.append((payload, last_key))
+        self._pending_bytes += len(payload)
+        if self._dictionary is None and len(self._pending) >= _compression.DICT_BLOCKS:
+            self._dictionary = _compression.make_dictionary(
+                [p[blk.payload_value_starts(p)[0]:] for p, _l in self._pending])
+            self._pieces = _compression.piece_compressor(self._dictionary)
+        if self._dictionary is not None:
+            self._drain_pending()
+
+    def _drain_pending(self) -> None:
+        """Write the blocks waiting for a dictionary: in pieces against it
+        where the file has one, else as whole LZ4 blocks."""
+        pending, self._pending, self._pending_bytes = self._pending, [], 0
+        pieces = self._pieces
+        for payload, last_key in pending:
+            if pieces is not None:
+                stored = pieces(payload)
+            else:
+                stored = _compression.compress(self._compression, payload)
+            self._store_block(*stored, last_key)
+
+    def _store_block(self, kind: int, stored: bytes, last_key: bytes) -> None:
+        """Write a data block's stored bytes (of type ``kind``) and trailer;
+        indexed under ``last_key``."""
         offset = self._offset
         self._out.write(stored)
         self._out.write(data_trailer(kind, stored))
@@ -440,6 +474,9 @@ class SSTableBuilder:
         if self.entries == 0:
             raise ValueError("an SSTable needs at least one entry")
         self._flush_block()
+        if self._dictionary is None:
+            self._dictionary = b""
+        self._drain_pending()
         index = self._write(blk.encode_block(
             [self._index_keys, self._index_offsets, self._index_sizes]))
         built = flt_obj if flt_obj is not None else self.build_filter()
@@ -465,6 +502,8 @@ class SSTableBuilder:
             props.update(file_number=self._file_number, db_id=self._db_id,
                          compression=self._compression_name,
                          uncompressed_bytes=self.uncompressed_bytes)
+            if self._dictionary:
+                props["compression_dict"] = self._dictionary
         if self.expiring:
             props["expiring_entries"] = self.expiring
         prop = self._write(blk.encode_block(props))
@@ -476,8 +515,16 @@ class SSTableBuilder:
         self._offset += len(data)
 
     @property
+    def _written(self) -> int:
+        """The file's bytes so far, blocks waiting for a dictionary counted
+        as their payloads."""
+        return self._offset + self._pending_bytes
+
+    @property
     def file_size(self) -> int:
-        return self._offset
+        """The file's bytes so far (blocks waiting for a dictionary counted as
+        their payloads); once finished, its size."""
+        return self._written
 
 
 def filter_properties(flt: Filter) -> dict[str, Any]:

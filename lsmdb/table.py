@@ -193,6 +193,7 @@ class SSTableInfo:
     compression: str = "none"    # how its data blocks were compressed when written
     data_bytes: int = 0          # its data blocks as stored (compressed), trailers excluded
     uncompressed_bytes: int = 0  # the same blocks' payloads decompressed
+    compression_dict_bytes: int = 0  # its lz4 blocks' dictionary (0: none; FORMAT.md §4.1)
     expiring_entries: int = 0    # entries with a time to live (format 3), expired or not
 
     @property
@@ -248,6 +249,7 @@ class SSTableInfo:
             estimated_keys_from_fill=stats.estimated_keys_from_fill,
             format_version=reader.version, compression=reader.compression,
             data_bytes=sum(reader.index_sizes), uncompressed_bytes=reader.uncompressed_bytes,
+            compression_dict_bytes=len(reader.compression_dict or b""),
             expiring_entries=reader.expiring,
             **reader.counters(),
         )

@@ -8,11 +8,12 @@ failing golden test pass.  ``tests/data/golden.sst`` is format 1 (what the
 previous release wrote; still read); ``golden_f2_none.sst``,
 ``golden_f2_lz4.sst`` and ``golden_f2_zstd.sst`` are format 2, one per
 compression kind; ``golden_f3_lz4.sst`` is format 3, the same entries with
-three of them expiring values.
+three of them expiring values.  ``golden_f2_lz4_pieces.sst`` is format 2 with
+a dictionary: 3,000 entries in 1.5 KiB blocks, every block stored in pieces.
 
     python tools/make_golden.py            # write the golden files
     python tools/make_golden.py --check    # exit 1 if a committed file differs
-    python tools/make_golden.py --dump golden|example|f2-none|f2-lz4|f2-zstd|f3-lz4
+    python tools/make_golden.py --dump golden|example|f2-none|f2-lz4|f2-zstd|f3-lz4|pieces
                                            # annotated hex dump (docs/FORMAT.md)
 
 The contents are fixed here and nowhere else: 20 keys ``key000``..``key019``
@@ -57,6 +58,8 @@ GOLDEN_DB_ID = "00112233445566778899aabbccddeeff"
 GOLDEN_F2_KINDS = ("none", "lz4", "zstd")
 GOLDEN_EXPIRING = (3, 8, 17)
 GOLDEN_EXPIRES_US = 1_700_000_000_000_000
+GOLDEN_PIECES_ENTRIES = 3000
+GOLDEN_PIECES_BLOCK_SIZE = 1536
 
 
 def golden_f2_path(kind: str) -> str:
@@ -124,11 +127,32 @@ def build_golden_f2(kind: str) -> bytes:
                  compression=kind)
 
 
+def golden_pieces_path() -> str:
+    return os.path.join(ROOT, "tests", "data", "golden_f2_lz4_pieces.sst")
+
+
+def golden_pieces_items() -> list[tuple[bytes, bytes | None]]:
+    """The 3,000 entries of the golden file in pieces: ``key00000``.. whose
+    values grow and shrink in a cycle of 37 lengths, every 11th deleted."""
+    return [(b"key%05d" % i, None if i % 11 == 5 else
+             b"value-%d-" % i + b"*" * (i % 37)) for i in range(GOLDEN_PIECES_ENTRIES)]
+
+
+def build_golden_pieces() -> bytes:
+    """The bytes of tests/data/golden_f2_lz4_pieces.sst as the current code
+    writes them: enough 1.5 KiB blocks for a dictionary, so that every block
+    is stored in pieces (type 3)."""
+    return build(golden_pieces_items(), block_size=GOLDEN_PIECES_BLOCK_SIZE,
+                 fp_chance=GOLDEN_FP_CHANCE, table=GOLDEN_TABLE, min_seq=GOLDEN_MIN_SEQ,
+                 max_seq=GOLDEN_MIN_SEQ + GOLDEN_PIECES_ENTRIES - 1, version=2,
+                 compression="lz4")
+
+
 def golden_files() -> dict[str, bytes]:
     """Every golden file by path, as the current code writes it."""
     return {GOLDEN_PATH: build_golden(),
             **{golden_f2_path(k): build_golden_f2(k) for k in GOLDEN_F2_KINDS},
-            golden_f3_path(): build_golden_f3()}
+            golden_f3_path(): build_golden_f3(), golden_pieces_path(): build_golden_pieces()}
 
 
 def build_example(version: int = 1) -> bytes:
@@ -213,14 +237,16 @@ def main(argv: list[str] | None = None) -> int:
     group.add_argument("--check", action="store_true",
                        help="compare with the committed file instead of writing it")
     group.add_argument("--dump", choices=("golden", "example", "example-f2",
-                                          *(f"f2-{k}" for k in GOLDEN_F2_KINDS), "f3-lz4"),
+                                          *(f"f2-{k}" for k in GOLDEN_F2_KINDS), "f3-lz4",
+                                          "pieces"),
                        help="print an annotated hex dump and exit")
     args = parser.parse_args(argv)
     if args.dump:
         data = (build_golden() if args.dump == "golden" else build_example()
                 if args.dump == "example" else build_example(2)
                 if args.dump == "example-f2" else build_golden_f3()
-                if args.dump == "f3-lz4" else build_golden_f2(args.dump[3:]))
+                if args.dump == "f3-lz4" else build_golden_pieces()
+                if args.dump == "pieces" else build_golden_f2(args.dump[3:]))
         print(dump(data))
         return 0
     status = 0

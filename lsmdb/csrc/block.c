@@ -452,6 +452,148 @@ expiring_value(const unsigned char *vp, size_t vlen, uint64_t expires)
     return t;
 }
 
+/* ---- the pieces of a type-3 block (lsmdb/compression.py) -------------------- */
+
+/* Value `skip` of the piece p[0:n] of a format-2 payload of `count` entries
+ * that begins with a value (`header` 0) or with the values array's header
+ * (`header` 1: the piece after the keys), and holds `held` values: each
+ * value read under the rule (a bin in its shortest header, or nil), the
+ * piece holding exactly `held` of them -- ending where they end, or, the
+ * last piece (`last`), going on with the tags array's header for `count`
+ * entries.  1, a value, *value and *vlen its bytes within p; 2, nil; -1
+ * where the rule refuses them or the piece is not what its table says. */
+int
+block_piece_value(const unsigned char *p, size_t n, int header, int last, size_t count,
+                  size_t held, size_t skip, const unsigned char **value, size_t *vlen)
+{
+    const unsigned char *q = p, *end = p + n, *vp = NULL;
+    size_t len = 0;
+    int kind = -1;
+    if (skip >= held || (header && (uint64_t)mp_array(&q, end) != count))
+        return -1;
+    for (size_t i = 0; i < held; i++) {
+        if (q >= end)
+            return -1;
+        if (*q == 0xC0) {
+            q++;
+            if (i == skip)
+                kind = 2;
+            continue;
+        }
+        int64_t l = mp_bin(&q, end);
+        if (l < 0)
+            return -1;
+        if (i == skip) {
+            vp = q;
+            len = (size_t)l;
+            kind = 1;
+        }
+        q += l;
+    }
+    if (last ? (uint64_t)mp_array(&q, end) != count : q != end)
+        return -1;
+    *value = vp;
+    *vlen = len;
+    return kind;
+}
+
+/* Where the pieces of a type-3 block of the format-2 payload p[0:n] begin
+ * (lsmdb/compression.py's cut_pieces of lsmdb/block.py's
+ * payload_value_starts): begins[0] 0, begins[1] where the keys array ends,
+ * then each value that starts `piece_bytes` or more after the last piece
+ * began, firsts[k - 1] the entry piece k begins with (firsts[0] 0); at most
+ * `cap` pieces.  0 and *pieces; -1 where p is not arrays of keys and values
+ * to walk, or more than `cap` pieces. */
+int
+block_piece_cuts(const unsigned char *p, size_t n, size_t piece_bytes, size_t *begins,
+                 size_t *firsts, size_t cap, size_t *pieces)
+{
+    const unsigned char *q = p, *end = p + n;
+    if (cap < 2 || n < 1 || *q++ != 0x94)
+        return -1;
+    int64_t count = mp_array(&q, end);
+    if (count < 1)
+        return -1;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t len = mp_bin(&q, end);
+        if (len < 0)
+            return -1;
+        q += len;
+    }
+    size_t begin = (size_t)(q - p), k = 2;
+    begins[0] = 0;
+    begins[1] = begin;
+    firsts[0] = 0;
+    if (mp_array(&q, end) != count)
+        return -1;
+    for (int64_t i = 0; i < count; i++) {
+        size_t at = (size_t)(q - p);
+        if (i > 0 && at - begin >= piece_bytes) {
+            if (k >= cap)
+                return -1;
+            begins[k] = begin = at;
+            firsts[k - 1] = (size_t)i;
+            k++;
+        }
+        if (q >= end)
+            return -1;
+        if (*q == 0xC0) {
+            q++;
+            continue;
+        }
+        int64_t len = mp_bin(&q, end);
+        if (len < 0)
+            return -1;
+        q += len;
+    }
+    *pieces = k;
+    return 0;
+}
+
+/* Whether the pieces of a whole format-2 payload p[0:n] begin where a
+ * type-3 block's table says: begins[1] where the keys array ends, and
+ * begins[k] (k >= 2) at the header of value firsts[k - 1] (begins[0] is 0;
+ * firsts[0] is 0).  0, or -1 where they do not, or the arrays are not
+ * there to walk. */
+int
+block_pieces_check(const unsigned char *p, size_t n, const size_t *begins, const size_t *firsts,
+                   size_t pieces)
+{
+    const unsigned char *q = p, *end = p + n;
+    if (pieces < 2 || n < 1 || *q++ != 0x94)
+        return -1;
+    int64_t count = mp_array(&q, end);
+    if (count < 1)
+        return -1;
+    for (int64_t i = 0; i < count; i++) {
+        int64_t len = mp_bin(&q, end);
+        if (len < 0 || len > end - q)
+            return -1;
+        q += len;
+    }
+    if ((size_t)(q - p) != begins[1] || mp_array(&q, end) != count)
+        return -1;
+    size_t k = 2;
+    for (int64_t i = 0; i < count; i++) {
+        if (k < pieces && (size_t)i == firsts[k - 1]) {
+            if ((size_t)(q - p) != begins[k])
+                return -1;
+            k++;
+        }
+        if (q >= end)
+            return -1;
+        if (*q == 0xC0) {
+            q++;
+            continue;
+        }
+        int64_t len = mp_bin(&q, end);
+        if (len < 0 || len > end - q)
+            return -1;
+        q += len;
+    }
+    return k == pieces ? 0 : -1;
+}
+
 /* ---- the block cache's form of a block -----------------------------------
  *
  *   payload[P] | key_at[n] u32 | value_at[n] u32 | n u32 | P u32   (little-endian)

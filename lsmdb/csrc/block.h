@@ -63,6 +63,12 @@ int block_keys_hold(const unsigned char *p, size_t n, size_t total, const BlockB
 int block_keys_find(const unsigned char *p, size_t n, size_t total, const BlockBounds *bounds,
                     const unsigned char *key, size_t klen, size_t *keys_end, size_t *index,
                     size_t *count);
+int block_piece_value(const unsigned char *p, size_t n, int header, int last, size_t count,
+                      size_t held, size_t skip, const unsigned char **value, size_t *vlen);
+int block_piece_cuts(const unsigned char *p, size_t n, size_t piece_bytes, size_t *begins,
+                     size_t *firsts, size_t cap, size_t *pieces);
+int block_pieces_check(const unsigned char *p, size_t n, const size_t *begins,
+                       const size_t *firsts, size_t pieces);
 int block_value_at(const unsigned char *p, size_t n, size_t total, size_t keys_end, size_t count,
                    size_t index, const unsigned char **value, size_t *vlen);
 int parsed_find(const ParsedBlock *b, const unsigned char *key, size_t klen,

@@ -23,6 +23,8 @@
  *   cache.c           Admission (which blocks read from disk a full block
  *                     cache takes in) and Cache (the block cache's books)
  *   sstable_reader.c  map_file, Mapping and a data block read for the getter
+ *   compression.c     PieceCompressor: a data block stored in pieces against
+ *                     its file's dictionary
  *   block.c           block_entry, block_keys_hold, block_value_of, block_lists,
  *                     entry_find, entry_lists: the
  *                     data block rule in one walk of a block's bytes, the
@@ -48,6 +50,7 @@
 #include "cache.h"
 #include "changes.h"
 #include "coding.h"
+#include "compression.h"
 #include "fastpath.h"
 #include "filters.h"
 #include "filters_hashing.h"
@@ -303,7 +306,8 @@ PyInit__speedups(void)
         || PyType_Ready(&MergeType) < 0 || PyType_Ready(&MemFilterType) < 0
         || PyType_Ready(&MappingType) < 0 || PyType_Ready(&AdmissionType) < 0
         || PyType_Ready(&CacheType) < 0 || PyType_Ready(&ContainsType) < 0
-        || PyType_Ready(&PutterType) < 0 || PyType_Ready(&ChangeWatchType) < 0)
+        || PyType_Ready(&PutterType) < 0 || PyType_Ready(&ChangeWatchType) < 0
+        || PyType_Ready(&PieceCompressorType) < 0)
         return NULL;
     if (sstable_reader_init() < 0)
         return NULL;
@@ -326,6 +330,7 @@ PyInit__speedups(void)
         || add_type(mod, "Contains", &ContainsType) < 0
         || add_type(mod, "Putter", &PutterType) < 0
         || add_type(mod, "ChangeWatch", &ChangeWatchType) < 0
+        || add_type(mod, "PieceCompressor", &PieceCompressorType) < 0
         || PyModule_AddIntConstant(mod, "CRC32_CLMUL", have_clmul) < 0
         || PyModule_AddIntConstant(mod, "CRC32_VPCLMUL", have_vclmul) < 0
         || add_names(mod, "FILE_PROBE_FIELDS", file_probe_fields, FILE_FIELDS) < 0
@@ -341,6 +346,9 @@ PyInit__speedups(void)
                "CACHE_ENTRY_TAIL", ENTRY_TAIL, "CACHE_ENTRY_OFFSET", ENTRY_OFFSET,
                "ADMISSION_BITS_PER_KEY", (unsigned long long)ADMISSION_BITS_PER_KEY,
                "ADMISSION_MAX_BITS", (unsigned long long)ADMISSION_MAX_BITS)) < 0
+        || add_new(mod, "COMPRESSION_CONSTANTS", Py_BuildValue(
+               "{sisisi}", "PIECE_BYTES", PIECE_BYTES, "MAX_DICT", MAX_DICT,
+               "LZ4_PIECES", COMPRESSION_LZ4_PIECES)) < 0
         || add_new(mod, "WRITE_PATH_CONSTANTS", Py_BuildValue(
                "{sisisisisisisLsisisisisLsisL}", "BLOCK_SIZE_BYTES", WAL_BLOCK_SIZE_BYTES,
                "FRAGMENT_HEADER_SIZE", WAL_FRAGMENT_HEADER_SIZE, "FULL", WAL_FULL,

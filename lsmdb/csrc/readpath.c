@@ -321,7 +321,7 @@ disk_block_stored(Entry *e, Py_ssize_t i, unsigned char *stored, size_t stored_s
 {
     size_t size;
     d->buf = d->heap = NULL;
-    int r = stored != NULL ? stored_payload(stored, stored_size, kind, &d->buf, &size)
+    int r = stored != NULL ? stored_payload(e->reader, stored, stored_size, kind, &d->buf, &size)
                            : read_block_buf(e, e->reader, i, &d->buf, &size);
     if (r != 0)
         return r;
@@ -406,6 +406,56 @@ keys_lean_by(Entry *e, int found)
  * anything unusual: the whole read decides), from st's bytes where it
  * holds them (st->buf: the caller takes them); 2: the block's read failed
  * (read_stored_buf's 2): for the Python side; -1: error. */
+/* keys_first's read of the type-3 block stored[0:size] of file e (block i):
+ * the keys piece decompressed against the file's dictionary and read under
+ * the rule (block_keys_find: *hold 0 or 1; -1 where the whole read is to
+ * decide, the keys array not ending where the piece does among them); when
+ * key is there and `values`, the piece holding its value decompressed and
+ * that value read under the rule (block_piece_value: *f 1, *value a new
+ * reference, or 2, *value None; -1 where the whole read is to decide).
+ * 0, or -1 on error (*value not set). */
+static int
+pieces_find(Entry *e, Py_ssize_t i, PyObject *key, int values, const unsigned char *stored,
+            size_t size, int *hold, int *f, PyObject **value)
+{
+    Pieces t;
+    Dict dict;
+    *hold = *f = -1;
+    if (pieces_table(stored, size, &t) < 0)
+        return 0;
+    int r = reader_dictionary(e->reader, &dict);
+    if (r <= 0)
+        return r;
+    const unsigned char *src, *vp = NULL;
+    unsigned char *at;
+    size_t len, keys_end = 0, index = 0, count = 0, vlen = 0;
+    pieces_piece(&t, 0, &src, &len);
+    Py_ssize_t got = pieces_decode(src, len, &dict, NULL, 0, &at);
+    if (got > 0) {
+        BlockBounds bounds;
+        block_bounds(e, i, &bounds);
+        *hold = block_keys_find(at, (size_t)got, t.plen, &bounds,
+                                (const unsigned char *)PyBytes_AS_STRING(key),
+                                (size_t)PyBytes_GET_SIZE(key), &keys_end, &index, &count);
+        if (*hold < 0 || keys_end != (size_t)got)
+            *hold = -1;
+    }
+    r = 0;
+    if (*hold == 1 && values) {
+        size_t first, next, p = pieces_holding(&t, index, &first, &next);
+        int last = next == SIZE_MAX;
+        pieces_piece(&t, p, &src, &len);
+        got = pieces_decode(src, len, &dict, NULL, 0, &at);
+        if (got > 0 && (last ? first < count : next <= count))
+            *f = block_piece_value(at, (size_t)got, p == 1, last, count,
+                                   (last ? count : next) - first, index - first, &vp, &vlen);
+        if (*f > 0 && (*value = found_value(*f, vp, vlen, 0)) == NULL)
+            r = -1;
+    }
+    dict_release(&dict);
+    return r;
+}
+
 static int
 keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value,
            Stored *st)
@@ -427,6 +477,12 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     if (r != 0)
         return r < 0 ? -1 : 2;
     int lz4 = kind == COMPRESSION_LZ4 && size >= 4 && rd32(stored) != 0 && rd32(stored) <= INT_MAX;
+    int hold = -1, f = -1, err = 0;
+    if (kind == COMPRESSION_LZ4_PIECES) {
+        if (pieces_find(e, i, key, values, stored, size, &hold, &f, value) < 0)
+            err = 1;
+        goto decided;
+    }
     if (!lz4 && kind != COMPRESSION_NONE) {  /* the whole read decodes it */
         st->buf = stored;
         st->size = size;
@@ -446,7 +502,6 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     const unsigned char *k = (const unsigned char *)PyBytes_AS_STRING(key);
     size_t klen = (size_t)PyBytes_GET_SIZE(key);
     size_t share = e->keys_share ? e->keys_share : KEYS_SHARE_FIRST;
-    int hold = -1, f = -1, err = 0;
     const unsigned char *vp = NULL;
     size_t vlen = 0;
     if (lz4) {
@@ -492,6 +547,11 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
     }
     if (lz4)
         PyMem_RawFree(out);
+decided:
+    if (err) {
+        PyMem_RawFree(stored);
+        return -1;
+    }
     if (hold != 0 && f <= 0) {  /* the whole read decides, from the bytes read */
         st->buf = stored;
         st->size = size;
@@ -499,8 +559,6 @@ keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyOb
         return 1;
     }
     PyMem_RawFree(stored);
-    if (err)
-        return -1;
     uint64_t *counts = (uint64_t *)e->counts.buf;
     counts[BLOCK_READS]++;
     counts[hold ? TRUE_POSITIVES : FALSE_POSITIVES]++;

@@ -10,11 +10,12 @@
 #define BLOCK_TRAILER_SIZE 4
 
 /* A format-2 data block ends in its compression type (u8: 0 none, 1 lz4, 2
- * zstd), then crc32 of the stored bytes and that type byte.  DO NOT CHANGE:
+ * zstd, 3 lz4 in pieces against the file's dictionary), then crc32 of the stored bytes and that type byte.  DO NOT CHANGE:
  * on disk. */
 #define DATA_TRAILER_V2_SIZE 5
 #define COMPRESSION_NONE 0
 #define COMPRESSION_LZ4 1
+#define COMPRESSION_LZ4_PIECES 3
 
 /* crc32(payload + its crc32, little-endian) for every payload: a block's
  * payload and trailer checked in one pass. */

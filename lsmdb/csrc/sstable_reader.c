@@ -5,10 +5,13 @@
  * SSTableReader (map_file, _read_raw, _verify). */
 
 #include "sstable_reader.h"
+#include "block.h"
 #include "coding.h"
 #include "sstable_format.h"
 
-static PyObject *str_fd, *str_mapped;
+static PyObject *str_fd, *str_mapped, *str_dict, *str_scratch;
+static int pieces_whole(PyObject *reader, const unsigned char *stored, size_t n,
+                        unsigned char **out, size_t *outn);
 static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once imported */
 
 #ifndef _WIN32
@@ -22,6 +25,9 @@ typedef int (*lz4_partial_fn)(const char *src, char *dst, int compressed, int wa
                               int capacity);
 static lz4_safe_fn lz4_safe;
 static lz4_partial_fn lz4_partial;  /* LZ4_decompress_safe_partial, or NULL */
+typedef int (*lz4_dict_fn)(const char *src, char *dst, int compressed, int capacity,
+                           const char *dict, int dict_size);
+static lz4_dict_fn lz4_dict;  /* LZ4_decompress_safe_usingDict, or NULL */
 static Lz4Api lz4_api;
 static int lz4_api_found;
 static int lz4_looked;
@@ -50,12 +56,15 @@ find_lz4(void)
     if (lib != NULL) {  /* the module stays loaded */
         lz4_safe = (lz4_safe_fn)dlsym(lib, "LZ4_decompress_safe");
         lz4_partial = (lz4_partial_fn)dlsym(lib, "LZ4_decompress_safe_partial");
+        lz4_dict = (lz4_dict_fn)dlsym(lib, "LZ4_decompress_safe_usingDict");
         lz4_api.create = (void *(*)(void))dlsym(lib, "LZ4_createStream");
         lz4_api.release = (int (*)(void *))dlsym(lib, "LZ4_freeStream");
         lz4_api.reset = (void (*)(void *))dlsym(lib, "LZ4_resetStream");
         lz4_api.compress = (int (*)(void *, const char *, char *, int, int, int))dlsym(
             lib, "LZ4_compress_fast_continue");
         lz4_api.bound = (int (*)(int))dlsym(lib, "LZ4_compressBound");
+        lz4_api.load_dict = (int (*)(void *, const char *, int))dlsym(lib, "LZ4_loadDict");
+        lz4_api.sizeof_state = (int (*)(void))dlsym(lib, "LZ4_sizeofState");
         lz4_api_found = lz4_api.create && lz4_api.release && lz4_api.reset
                         && lz4_api.compress && lz4_api.bound;
     }
@@ -83,7 +92,10 @@ sstable_reader_init(void)
 {
     str_fd = PyUnicode_InternFromString("fd");
     str_mapped = PyUnicode_InternFromString("mapped");
-    return str_fd == NULL || str_mapped == NULL ? -1 : 0;
+    str_dict = PyUnicode_InternFromString("compression_dict");
+    str_scratch = PyUnicode_InternFromString("_dict_scratch");
+    return str_fd == NULL || str_mapped == NULL || str_dict == NULL || str_scratch == NULL ? -1
+                                                                                         : 0;
 }
 
 /* ---- a file mapped for block reads ------------------------------------- */
@@ -308,6 +320,242 @@ reader_fd(PyObject *reader, int *fd)
     return 0;
 }
 
+/* ---- type 3: LZ4 in pieces against the file's dictionary ------------------ */
+
+/* A varint (LEB128, at most 32 bits) at *pp: 0, *out and *pp past it; -1
+ * where it runs past end or is too long. */
+static int
+read_varint(const unsigned char **pp, const unsigned char *end, size_t *out)
+{
+    size_t n = 0;
+    for (int shift = 0; shift <= 28; shift += 7) {
+        if (*pp >= end)
+            return -1;
+        unsigned char b = *(*pp)++;
+        n |= (size_t)(b & 0x7F) << shift;
+        if (b < 0x80) {
+            *out = n;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* The table of the type-3 block stored[0:n] (lsmdb/compression.py's
+ * piece_table): 0 and *t; -1 where it does not add up (the pieces' sizes
+ * not filling the block, a size of 0, the entries they begin with not
+ * increasing, a payload of no bytes). */
+int
+pieces_table(const unsigned char *stored, size_t n, Pieces *t)
+{
+    const unsigned char *q = stored + 4, *end = stored + n;
+    size_t count, size, first, prev = 0, total = 0;
+    if (n < 6 || (t->plen = rd32(stored)) == 0 || t->plen > INT_MAX)
+        return -1;
+    if (read_varint(&q, end, &count) < 0 || count < 2 || count > n)
+        return -1;
+    t->count = count;
+    t->sizes = q;
+    for (size_t k = 0; k < count; k++) {
+        if (read_varint(&q, end, &size) < 0 || size == 0 || size > INT_MAX)
+            return -1;
+        total += size;
+    }
+    t->firsts = q;
+    for (size_t k = 2; k < count; k++) {
+        if (read_varint(&q, end, &first) < 0 || first <= prev)
+            return -1;
+        prev = first;
+    }
+    if (total != (size_t)(end - q))
+        return -1;
+    t->data = q;
+    return 0;
+}
+
+/* Piece p of table t (p < t->count): its LZ4 bytes *src[0:*len]. */
+void
+pieces_piece(const Pieces *t, size_t p, const unsigned char **src, size_t *len)
+{
+    const unsigned char *q = t->sizes, *at = t->data;
+    size_t size = 0;
+    for (size_t k = 0; k <= p; k++) {
+        at += size;
+        (void)read_varint(&q, t->data, &size);  /* pieces_table read them */
+    }
+    *src = at;
+    *len = size;
+}
+
+/* The piece of table t holding entry `index`'s value (1 or more), the
+ * entry it begins with, *first, and the entry the next begins with, *next
+ * (SIZE_MAX for the last piece). */
+size_t
+pieces_holding(const Pieces *t, size_t index, size_t *first, size_t *next)
+{
+    const unsigned char *q = t->firsts;
+    size_t p = 1, f = 0, k, v = 0;
+    *next = SIZE_MAX;
+    for (k = 2; k < t->count; k++) {
+        (void)read_varint(&q, t->data, &v);  /* pieces_table read them */
+        if (v > index) {
+            *next = v;
+            break;
+        }
+        p = k;
+        f = v;
+    }
+    *first = f;
+    return p;
+}
+
+/* The room after a file's dictionary in its scratch buffer: a piece that
+ * decompresses to more goes the slower way (pieces_decode). */
+#define DICT_ROOM 16384
+
+/* reader's dictionary for its type-3 blocks, in its scratch buffer
+ * (reader._dict_scratch, a bytearray made the first time: the dictionary,
+ * then DICT_ROOM bytes).  A piece decompressed into the room right after
+ * the dictionary has it as the stream's prefix, which LZ4 decodes at the
+ * speed of a block of its own; against a dictionary elsewhere it copies
+ * each match out of the dictionary apart.  Used under the GIL only, which
+ * makes the room one read's at a time.  1 and *d (d->holder a new
+ * reference: dict_release it); 0 where the file has no dictionary; -1 on
+ * error. */
+int
+reader_dictionary(PyObject *reader, Dict *d)
+{
+    PyObject *ba = PyObject_GetAttr(reader, str_scratch);
+    if (ba == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        PyObject *dict = PyObject_GetAttr(reader, str_dict);
+        if (dict == NULL)
+            return -1;
+        if (!PyBytes_CheckExact(dict) || PyBytes_GET_SIZE(dict) == 0) {
+            Py_DECREF(dict);
+            return 0;
+        }
+        Py_ssize_t dlen = PyBytes_GET_SIZE(dict);
+        ba = PyByteArray_FromStringAndSize(NULL, dlen + DICT_ROOM);
+        if (ba != NULL)
+            memcpy(PyByteArray_AS_STRING(ba), PyBytes_AS_STRING(dict), (size_t)dlen);
+        Py_DECREF(dict);
+        if (ba == NULL || PyObject_SetAttr(reader, str_scratch, ba) < 0) {
+            Py_XDECREF(ba);
+            return -1;
+        }
+    }
+    if (!PyByteArray_CheckExact(ba) || PyByteArray_GET_SIZE(ba) <= DICT_ROOM) {
+        Py_DECREF(ba);
+        return 0;
+    }
+    d->holder = ba;
+    d->dict = (unsigned char *)PyByteArray_AS_STRING(ba);
+    d->dlen = (size_t)PyByteArray_GET_SIZE(ba) - DICT_ROOM;
+    d->room = d->dict + d->dlen;
+    return 1;
+}
+
+void
+dict_release(Dict *d)
+{
+    Py_CLEAR(d->holder);
+}
+
+/* Piece src[0:len] decompressed against d's dictionary: into d's room
+ * (*at = d->room), or where it does not fit there into out[0:room] (*at =
+ * out; none where out is NULL).  Its bytes (at least 1), or -1 where it does
+ * not decompress or lz4 is not at hand. */
+Py_ssize_t
+pieces_decode(const unsigned char *src, size_t len, const Dict *d, unsigned char *out,
+              size_t room, unsigned char **at)
+{
+#ifndef _WIN32
+    if (!lz4_looked)
+        find_lz4();
+    if (lz4_dict == NULL || len > INT_MAX)
+        return -1;
+    int r = lz4_dict((const char *)src, (char *)d->room, (int)len, DICT_ROOM,
+                     (const char *)d->dict, (int)d->dlen);
+    if (r > 0) {
+        *at = d->room;
+        return r;
+    }
+    if (out == NULL || room == 0)
+        return -1;
+    r = lz4_dict((const char *)src, (char *)out, (int)len, (int)(room < INT_MAX ? room : INT_MAX),
+                 (const char *)d->dict, (int)d->dlen);
+    *at = out;
+    return r > 0 ? (Py_ssize_t)r : -1;
+#else
+    (void)src; (void)len; (void)d; (void)out; (void)room; (void)at;
+    return -1;
+#endif
+}
+
+/* The payload of the type-3 block stored[0:n] of reader's file, every piece
+ * decompressed against its dictionary and the pieces checked to begin where
+ * the table says (lsmdb/compression.py's decompress_pieces): 0, *out (a new
+ * PyMem_RawMalloc'd buffer) and *outn; 2 where any of that fails (Python
+ * reads it again and raises); -1 on error. */
+static int
+pieces_whole(PyObject *reader, const unsigned char *stored, size_t n, unsigned char **out,
+             size_t *outn)
+{
+    Pieces t;
+    Dict dict;
+    if (pieces_table(stored, n, &t) < 0)
+        return 2;
+    int r = reader_dictionary(reader, &dict);
+    if (r <= 0)
+        return r < 0 ? -1 : 2;
+    unsigned char *buf = PyMem_RawMalloc(t.plen);
+    size_t *begins = PyMem_RawMalloc(2 * t.count * sizeof(size_t));
+    if (buf == NULL || begins == NULL) {
+        PyMem_RawFree(buf);
+        PyMem_RawFree(begins);
+        dict_release(&dict);
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t *firsts = begins + t.count, at = 0;
+    const unsigned char *q = t.firsts;
+    firsts[0] = 0;
+    for (size_t k = 2; k < t.count; k++)
+        (void)read_varint(&q, t.data, &firsts[k - 1]);
+    r = 0;
+    for (size_t k = 0; k < t.count && r == 0; k++) {
+        const unsigned char *src;
+        unsigned char *got_at;
+        size_t len;
+        pieces_piece(&t, k, &src, &len);
+        begins[k] = at;
+        Py_ssize_t got = at < t.plen ? pieces_decode(src, len, &dict, buf + at, t.plen - at,
+                                                     &got_at)
+                                     : -1;
+        if (got < 0 || (size_t)got > t.plen - at) {
+            r = 2;
+        } else {
+            if (got_at != buf + at)
+                memcpy(buf + at, got_at, (size_t)got);
+            at += (size_t)got;
+        }
+    }
+    if (r == 0 && (at != t.plen || block_pieces_check(buf, at, begins, firsts, t.count) < 0))
+        r = 2;
+    PyMem_RawFree(begins);
+    dict_release(&dict);
+    if (r != 0) {
+        PyMem_RawFree(buf);
+        return r;
+    }
+    *out = buf;
+    *outn = at;
+    return 0;
+}
+
 /* The payload of the compressed block stored[0:n] of type `kind`: an LZ4
  * block by the lz4 package's LZ4_decompress_safe (find_lz4), anything else
  * through lsmdb.compression.decompress_for_c (the lz4 and zstandard
@@ -315,12 +563,14 @@ reader_fd(PyObject *reader, int *fd)
  * and *outn its bytes; 2 for a block that does not decompress (Python reads
  * it again and raises); -1 on error. */
 static int
-decompress_block(int kind, const unsigned char *stored, size_t n, unsigned char **out,
-                 size_t *outn)
+decompress_block(PyObject *reader, int kind, const unsigned char *stored, size_t n,
+                 unsigned char **out, size_t *outn)
 {
 #ifndef _WIN32
     if (!lz4_looked)
         find_lz4();
+    if (kind == COMPRESSION_LZ4_PIECES)
+        return pieces_whole(reader, stored, n, out, outn);
     if (kind == COMPRESSION_LZ4 && lz4_safe != NULL) {
         /* stored: the payload's length, u32 little-endian, then the LZ4 block */
         if (n < 4)
@@ -447,7 +697,7 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
     int r = read_stored_buf(e, reader, i, &buf, &size, &kind);
     if (r != 0)
         return r;
-    return stored_payload(buf, size, kind, bufp, sizep);
+    return stored_payload(reader, buf, size, kind, bufp, sizep);
 }
 
 /* The payload of a block read_stored_buf read (buf[0:size], stored as
@@ -455,13 +705,14 @@ read_block_buf(Entry *e, PyObject *reader, Py_ssize_t i, unsigned char **bufp, s
  * *bufp, *sizep (PyMem_RawFree it); 2 for a block that does not
  * decompress; -1 on error. */
 int
-stored_payload(unsigned char *buf, size_t size, int kind, unsigned char **bufp, size_t *sizep)
+stored_payload(PyObject *reader, unsigned char *buf, size_t size, int kind, unsigned char **bufp,
+               size_t *sizep)
 {
     int r;
     if (kind != COMPRESSION_NONE) {
         unsigned char *payload;
         size_t plen;
-        r = decompress_block(kind, buf, size, &payload, &plen);
+        r = decompress_block(reader, kind, buf, size, &payload, &plen);
         PyMem_RawFree(buf);
         if (r != 0)
             return r;

@@ -220,7 +220,6 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-
 def _shown_properties(props: dict[str, Any]) -> dict[str, Any]:
     """A file's properties as ``lsmdb sstable`` shows them: its dictionary by
     its size (``compression_dict_bytes``), not its bytes."""
@@ -228,6 +227,7 @@ def _shown_properties(props: dict[str, Any]) -> dict[str, Any]:
     if "compression_dict" in props:
         shown["compression_dict_bytes"] = len(props["compression_dict"])
     return shown
+
 
 def cmd_sstable(args: argparse.Namespace) -> int:
     """One SSTable file, offline: properties, filter header and derived statistics."""

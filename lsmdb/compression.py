@@ -13,17 +13,19 @@ option    type  stored bytes
                 the file's dictionary (below)
 ========  ====  ==========================================================
 
-**Pieces and the file's dictionary (type 3).**  A file of an ``lz4`` table
-that reaches :data:`DICT_BLOCKS` data blocks gets a dictionary: excerpts of
-its first blocks' values (:func:`make_dictionary`), kept in its properties
-(``compression_dict``).  Each of its LZ4 blocks is then cut into pieces: the
-first holds the payload up to the end of its keys array, the others its
-values, a new one beginning at the first value at least :data:`PIECE_BYTES`
-after the last one began (the tags and expiries ride in the last).  Each
-piece is compressed on its own, against the dictionary, so a read that needs
-one value decompresses the keys and that value's piece alone, and the
-dictionary lets small pieces compress better than one whole block without
-it.  The stored bytes::
+**Pieces and the file's dictionary (type 3).** A file of an ``lz4`` table
+that the block-by-block writer (compaction) writes gets a dictionary once it
+reaches :data:`DICT_BLOCKS` data blocks or :data:`DICT_HELD_BYTES` of
+payloads: excerpts of its first blocks' values (:func:`make_dictionary`),
+kept in its properties (``compression_dict``); the file is then format 4 (or
+5, with expiring values). A flush writes type 1. Each of its LZ4 blocks is
+then cut into pieces: the first holds the payload up to the end of its keys
+array, the others its values, a new one beginning at the first value at
+least :data:`PIECE_BYTES` after the last one began (the tags and expiries
+ride in the last). Each piece is compressed on its own, against the
+dictionary, so a read that needs one value decompresses the keys and that
+value's piece alone, and the dictionary lets small pieces compress better
+than one whole block without it. The stored bytes::
 
     payload_len u32 | pieces varint | size varint x pieces
       | first varint x (pieces - 2) | piece 0 | piece 1 | ...
@@ -82,8 +84,11 @@ PIECE_BYTES = 1024
 #: dictionary (a smaller file keeps type 1: the dictionary would cost more
 #: than it saves).
 DICT_BLOCKS = 64
+#: ... or before, once the blocks it holds back for it reach this many bytes
+#: of payload (blocks of 16 KiB or more).
+DICT_HELD_BYTES = 1 << 20
 #: The dictionary: an excerpt of this many bytes from the start of the
-#: values of every (DICT_BLOCKS // DICT_SAMPLES)th of the first blocks.
+#: values of every (n // DICT_SAMPLES)th of the n first blocks.
 DICT_SAMPLES = 16
 DICT_EXCERPT = 1024
 #: The largest dictionary a reader accepts (LZ4 looks back 64 KiB at most).
@@ -157,8 +162,9 @@ def piece_compressor(dictionary: bytes) -> Callable[[bytes], tuple[int, bytes]]:
 
 
 def make_dictionary(excerpts: list[bytes]) -> bytes:
-    """A file's dictionary from the payloads' values it begins with: every
-    (DICT_BLOCKS // DICT_SAMPLES)th excerpt's first DICT_EXCERPT bytes."""
+    """A file's dictionary from the values of its n first payloads (each from
+    its values array's header on): every (n // DICT_SAMPLES)th one's first
+    DICT_EXCERPT bytes, DICT_SAMPLES of them at most, joined."""
     step = max(1, len(excerpts) // DICT_SAMPLES)
     return b"".join(e[:DICT_EXCERPT] for e in excerpts[::step][:DICT_SAMPLES])[:MAX_DICT]
 

@@ -64,7 +64,7 @@ class FileProbe(NamedTuple):
     index_offsets: list[int]       # where each data block starts in the file
     index_sizes: list[int]         # and its payload's size
     cache_base: int                # block i is cached under cache_base + i
-    format_version: int = 2        # the file's format (1, 2 or 3): its blocks' trailer and shape
+    format_version: int = 2        # the file's layout (1, 2 or 3): its blocks' trailer and shape
     max_seq: int = 0               # the newest sequence number in the file
 
 

@@ -35,10 +35,21 @@ from .coding import crc32
 
 SSTABLE_FORMAT_VERSION = 2  # the version lsmdb writes
 #: The versions lsmdb reads; a file of any other raises UnsupportedFormatError.
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 #: The version of a file that holds expiring values (format 2's layout, with
 #: kind 2 and the expiries list in use); the writer marks a file so only then.
 SSTABLE_FORMAT_EXPIRING = 3
+#: What a file whose LZ4 blocks are stored in pieces against its dictionary
+#: adds to its version (lsmdb.compression): format 4 is format 2's layout
+#: with them, format 5 format 3's, so that readers of formats 2 and 3 refuse
+#: such a file as a newer format rather than read its blocks as corrupt.
+SSTABLE_FORMAT_DICTIONARY = 2
+
+
+def layout_of(version: int) -> int:
+    """The layout of a file of ``version`` as its blocks and entries have it:
+    1, 2 or 3 (a file with a dictionary has its blocks as format 2 or 3 has)."""
+    return version - SSTABLE_FORMAT_DICTIONARY if version > SSTABLE_FORMAT_EXPIRING else version
 
 # Block trailer: crc32 (u32) of the block payload.  DO NOT CHANGE: on disk.
 BLOCK_TRAILER = struct.Struct("<I")

@@ -36,6 +36,7 @@ from .sstable_format import (
     READABLE_VERSIONS,
     SSTABLE_MAGIC,
     data_trailer_size,
+    layout_of,
 )
 from .stats import FILE_COUNTERS, ArrayCounter
 
@@ -208,10 +209,13 @@ class SSTableReader:
             raise UnsupportedFormatError(
                 f"{path}: SSTable format version {version}; this lsmdb reads "
                 f"{' and '.join(map(str, READABLE_VERSIONS))}")
-        #: The file's format version (lsmdb.sstable_format).
-        self.version = version
+        #: The file's format version as its footer records it (1 to 5).
+        self.file_version = version
+        #: Its layout, what its blocks and entries look like: 1, 2 or 3 (a
+        #: format-4 or -5 file is format 2 or 3 with a dictionary).
+        self.version = layout_of(version)
         #: The bytes after each data block's stored payload: 4 (format 1) or 5.
-        self.data_trailer = data_trailer_size(version)
+        self.data_trailer = data_trailer_size(self.version)
         self._data_end = foot_off
         self.index_handle = (idx_off, idx_size)
         self.filter_handle = (flt_off, flt_size)
@@ -243,13 +247,14 @@ class SSTableReader:
                 #: Its data blocks' payloads, decompressed, in bytes.
                 self.uncompressed_bytes = props["uncompressed_bytes"]
                 #: Its entries of kind 2, expiring values (format 3).
-                self.expiring = props["expiring_entries"] if version >= 3 else 0
+                self.expiring = props["expiring_entries"] if self.version >= 3 else 0
                 #: The dictionary its type-3 (pieces) LZ4 blocks were
                 #: compressed against, or None (lsmdb.compression).
                 self.compression_dict: bytes | None = props.get("compression_dict")
-                if self.compression_dict is not None and (
-                        type(self.compression_dict) is not bytes
-                        or not 0 < len(self.compression_dict) <= compression.MAX_DICT):
+                if (self.compression_dict is not None) != (version != self.version) or (
+                        self.compression_dict is not None
+                        and (type(self.compression_dict) is not bytes
+                             or not 0 < len(self.compression_dict) <= compression.MAX_DICT)):
                     raise TypeError
                 if (type(self.file_number) is not int or type(self.uncompressed_bytes) is not int
                         or self.file_number < 0 or self.uncompressed_bytes < 0
@@ -352,9 +357,9 @@ class SSTableReader:
         (payload and trailer, as read): its length and checksum verified, its
         payload decompressed whole (the C getter decodes an LZ4 block only as
         far as it reads, so it does not see a recorded length that lies
-        beyond), then its keys array alone read under the rule
-        (lsmdb.block.keys_among); CorruptionError at the block's offset if any
-        of these fails."""
+        beyond) -- a block in pieces, its keys piece alone -- then its keys
+        array alone read under the rule (lsmdb.block.keys_among);
+        CorruptionError at the block's offset if any of these fails."""
         self.check_raw(i, raw)
         after, last = self.bounds(i)
         if self.version >= 2 and raw[-self.data_trailer] == compression.LZ4_PIECES:

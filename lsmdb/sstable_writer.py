@@ -29,6 +29,7 @@ from .sstable_format import (
     KIND_EXPIRING,
     KIND_TOMBSTONE,
     MAX_SEQ,
+    SSTABLE_FORMAT_DICTIONARY,
     SSTABLE_FORMAT_EXPIRING,
     SSTABLE_FORMAT_VERSION,
     pack_footer,
@@ -244,11 +245,13 @@ class SSTableBuilder:
         self.max_seq = 0
         self._last: bytes | None = None
         #: An lz4 file's dictionary once made (b"": the file ended without
-        #: one), and the blocks waiting for it.
+        #: one), what stores its blocks in pieces against it, and the blocks
+        #: waiting for it: (payload, its whole LZ4 (type, stored), last key).
         self._dictionary: bytes | None = None
         self._pieces: Callable[[bytes], tuple[int, bytes]] | None = None
-        self._pending: list[tuple[bytes, bytes]] = []
-        self._pending_bytes = 0
+        self._pending: list[tuple[bytes, tuple[int, bytes], bytes]] = []
+        self._pending_bytes = 0    # as stored whole, with their trailers
+        self._pending_payload = 0
 
     def add(self, key: bytes, value: bytes | None, tag: int | None = None) -> None:
         """Add one entry after the last; ``tag`` (``seq << 8 | kind``) defaults
@@ -421,32 +424,36 @@ class SSTableBuilder:
     def _write_data_block(self, payload: bytes, last_key: bytes) -> None:
         """A format-2 data block of ``payload``, compressed where that pays,
         with its trailer; indexed under ``last_key``.  An ``lz4`` file's first
-        DICT_BLOCKS blocks wait here until the file has a dictionary (or,
-        ending first, none)."""
+        blocks wait here, compressed whole (as they are written if the file
+        ends first), until there are DICT_BLOCKS of them or DICT_HELD_BYTES of
+        payload: then the file gets its dictionary, and they and every later
+        block are stored in pieces against it."""
         self.uncompressed_bytes += len(payload)
         if self._compression != _compression.LZ4:
             self._store_block(*_compression.compress(self._compression, payload), last_key)
             return
-        self._pending.append((payload, last_key))
-        self._pending_bytes += len(payload)
-        if self._dictionary is None and len(self._pending) >= _compression.DICT_BLOCKS:
+        if self._pieces is not None:
+            self._store_block(*self._pieces(payload), last_key)
+            return
+        whole = _compression.compress(self._compression, payload)
+        self._pending.append((payload, whole, last_key))
+        self._pending_bytes += len(whole[1]) + DATA_TRAILER_V2_SIZE
+        self._pending_payload += len(payload)
+        if len(self._pending) >= _compression.DICT_BLOCKS or \
+                self._pending_payload >= _compression.DICT_HELD_BYTES:
             self._dictionary = _compression.make_dictionary(
-                [p[blk.payload_value_starts(p)[0]:] for p, _l in self._pending])
+                [p[blk.payload_value_starts(p)[0]:] for p, _w, _l in self._pending])
             self._pieces = _compression.piece_compressor(self._dictionary)
-        if self._dictionary is not None:
             self._drain_pending()
 
     def _drain_pending(self) -> None:
         """Write the blocks waiting for a dictionary: in pieces against it
-        where the file has one, else as whole LZ4 blocks."""
+        where the file has one, else as the whole LZ4 blocks they are."""
         pending, self._pending, self._pending_bytes = self._pending, [], 0
-        pieces = self._pieces
-        for payload, last_key in pending:
-            if pieces is not None:
-                stored = pieces(payload)
-            else:
-                stored = _compression.compress(self._compression, payload)
-            self._store_block(*stored, last_key)
+        self._pending_payload = 0
+        for payload, whole, last_key in pending:
+            self._store_block(*(self._pieces(payload) if self._pieces is not None else whole),
+                              last_key)
 
     def _store_block(self, kind: int, stored: bytes, last_key: bytes) -> None:
         """Write a data block's stored bytes (of type ``kind``) and trailer;
@@ -485,6 +492,8 @@ class SSTableBuilder:
         version = self._version
         if self.expiring:
             version = SSTABLE_FORMAT_EXPIRING
+        if self._dictionary:
+            version += SSTABLE_FORMAT_DICTIONARY
         props = {
             "format_version": version,
             "table": self._table,
@@ -517,13 +526,13 @@ class SSTableBuilder:
     @property
     def _written(self) -> int:
         """The file's bytes so far, blocks waiting for a dictionary counted
-        as their payloads."""
+        as they would be stored without one."""
         return self._offset + self._pending_bytes
 
     @property
     def file_size(self) -> int:
         """The file's bytes so far (blocks waiting for a dictionary counted as
-        their payloads); once finished, its size."""
+        stored without one); once finished, its size."""
         return self._written
 
 
@@ -636,7 +645,7 @@ def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: flo
     flt_off = prefix_len
     prop_off = flt_off + len(filter_block)
     footer = pack_footer((idx_off, idx_size), (flt_off, len(filter_payload)),
-                         (prop_off, len(props_block) - BLOCK_TRAILER_SIZE), reader.version)
+                         (prop_off, len(props_block) - BLOCK_TRAILER_SIZE), reader.file_version)
     with FileWriter(path) as f:
         f.write(prefix)
         f.write(filter_block)

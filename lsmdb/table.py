@@ -189,7 +189,7 @@ class SSTableInfo:
     false_negatives: int = 0     # shadow mode only; must stay 0
     block_reads: int = 0         # data blocks read from disk
     block_cache_hits: int = 0    # data blocks served by the block cache
-    format_version: int = 2      # the file's SSTable format (docs/FORMAT.md §4)
+    format_version: int = 2      # the file's SSTable format, 1 to 5 (docs/FORMAT.md §4)
     compression: str = "none"    # how its data blocks were compressed when written
     data_bytes: int = 0          # its data blocks as stored (compressed), trailers excluded
     uncompressed_bytes: int = 0  # the same blocks' payloads decompressed
@@ -247,7 +247,7 @@ class SSTableInfo:
             predicted_fpr=active.predicted_fpr(reader.entries),
             estimated_fpr_from_fill=stats.estimated_fpr_from_fill,
             estimated_keys_from_fill=stats.estimated_keys_from_fill,
-            format_version=reader.version, compression=reader.compression,
+            format_version=reader.file_version, compression=reader.compression,
             data_bytes=sum(reader.index_sizes), uncompressed_bytes=reader.uncompressed_bytes,
             compression_dict_bytes=len(reader.compression_dict or b""),
             expiring_entries=reader.expiring,

@@ -49,6 +49,7 @@ from lsmdb.sstable_format import (
     KIND_VALUE,
     MISSING,
     READABLE_VERSIONS,
+    SSTABLE_FORMAT_DICTIONARY,
     SSTABLE_FORMAT_EXPIRING,
     SSTABLE_FORMAT_VERSION,
     SSTABLE_MAGIC,
@@ -209,7 +210,8 @@ def test_the_golden_file_in_pieces_is_rebuilt_and_read_back_exactly():
         data = f.read()
     assert make_golden.build_golden_pieces() == data, "SSTable bytes in pieces changed"
     reader = SSTableReader(path, 7)
-    assert reader.version == 2 and reader.compression == "lz4"
+    assert (reader.file_version, reader.version, reader.compression) == (4, 2, "lz4")
+    assert reader.properties["format_version"] == 4
     blocks = len(reader.index_keys)
     assert blocks >= compression_mod.DICT_BLOCKS
     payloads = [bytes(reader.payload_of(i, reader.read_raw(i))) for i in range(blocks)]
@@ -397,13 +399,18 @@ def test_format_doc_worked_example_matches_the_code():
 def test_format_constants_are_pinned():
     assert SSTABLE_MAGIC == b"LSMDBSST"
     assert SSTABLE_FORMAT_VERSION == 2
-    assert READABLE_VERSIONS == (1, 2, 3)
+    assert READABLE_VERSIONS == (1, 2, 3, 4, 5)
     assert SSTABLE_FORMAT_EXPIRING == 3
+    assert SSTABLE_FORMAT_DICTIONARY == 2  # formats 4 and 5: 2 and 3 with a dictionary
     assert FOOTER_SIZE == 64
     assert BLOCK_TRAILER_SIZE == 4
     assert DATA_TRAILER_V2.format == "<BI" and DATA_TRAILER_V2.size == 5
     assert (KIND_TOMBSTONE, KIND_VALUE, KIND_EXPIRING, KIND_BITS) == (0, 1, 2, 8)
-    assert (compression_mod.NONE, compression_mod.LZ4, compression_mod.ZSTD) == (0, 1, 2)
+    assert (compression_mod.NONE, compression_mod.LZ4, compression_mod.ZSTD,
+            compression_mod.LZ4_PIECES) == (0, 1, 2, 3)
+    assert (compression_mod.PIECE_BYTES, compression_mod.DICT_BLOCKS, compression_mod.DICT_SAMPLES,
+            compression_mod.DICT_EXCERPT, compression_mod.DICT_HELD_BYTES) == (
+        1024, 64, 16, 1024, 1 << 20)
     assert WAL_HEADER_SIZE == 8   # the legacy (headerless) WAL record header
     assert (wal_mod.SEGMENT_MAGIC, wal_mod.SEGMENT_FORMAT) == (b"LSMDBWAL", 2)
     assert wal_mod.SEGMENT_HEADER_SIZE == 16

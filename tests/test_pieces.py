@@ -6,6 +6,7 @@ is read whole."""
 
 from __future__ import annotations
 
+import os
 import random
 from itertools import pairwise
 
@@ -374,3 +375,98 @@ def test_lsmdb_sstable_shows_the_dictionary_by_its_size(tmp_path, lsmdb_cli):
     assert report["stats"]["compression_dict_bytes"] == size
     text = lsmdb_cli("sstable", path).stdout
     assert f"in pieces against a {size:,}-byte dictionary" in text
+
+
+def test_a_file_with_a_dictionary_is_format_4_or_5(tmp_path):
+    """A file stored in pieces records format 4 (format 2's layout with a
+    dictionary), or 5 where it holds expiring values (format 3's), so that a
+    reader of formats 2 and 3 refuses it as a newer format instead of reading
+    its blocks as corrupt; a file without one stays 2 or 3.  Each reads back
+    whole, expiring values with their expiries."""
+    items = records(3000)
+    expiring = [(k, (v, 2**50 + n) if n % 7 == 0 else v) for n, (k, v) in enumerate(items)]
+    for name, entries, n, want in (("small", items[:300], 300, 2), ("plain", items, 3000, 4),
+                                   ("ttl", expiring, 3000, 5)):
+        path = str(tmp_path / f"{name}.sst")
+        props = write_sstable(path, entries[:n], fp_chance=0.01, block_size=4096,
+                              compression="lz4")
+        r = SSTableReader(path, 0)
+        assert props["format_version"] == r.file_version == want
+        assert r.version == (3 if name == "ttl" else 2)  # the layout
+        assert (r.compression_dict is not None) == (want >= 4)
+        got = [kv for i in range(len(r.index_keys))
+               for kv in zip(*r.decode_full(i, r.read_raw(i))[:2], strict=True)]
+        assert got == entries[:n]
+        r.close()
+
+
+def test_an_unknown_format_version_is_unsupported_not_corrupt(tmp_path):
+    import lsmdb.sstable_reader as sr
+
+    path = str(tmp_path / "f.sst")
+    write_sstable(path, records(3000), fp_chance=0.01, block_size=4096, compression="lz4")
+    real = sr.READABLE_VERSIONS
+    try:  # a reader of formats 1 to 3 alone (the release before dictionaries)
+        sr.READABLE_VERSIONS = (1, 2, 3)
+        with pytest.raises(lsmdb.UnsupportedFormatError):
+            SSTableReader(path, 0)
+    finally:
+        sr.READABLE_VERSIONS = real
+
+
+def test_split_outputs_are_cut_near_their_target(tmp_path):
+    """Blocks held back for the dictionary count as they would be stored, so a
+    compaction's outputs (add_chunk with max_file_bytes) are cut near their
+    target size, not early, and large enough ones get a dictionary."""
+    from lsmdb.sstable_writer import SSTableBuilder
+
+    items = records(40000)
+    keys, values = [k for k, _ in items], [v for _, v in items]
+    target = 256 * 1024
+    sizes, versions = [], []
+    while keys:
+        path = str(tmp_path / f"{len(sizes)}.sst")
+        with open(path, "wb") as f:
+            b = SSTableBuilder(f, fp_chance=0.01, block_size=4096, compression="lz4")
+            added = b.add_chunk(keys, values, target)
+            keys, values = keys[added:], values[added:]
+            b.finish()
+        sizes.append(os.path.getsize(path))
+        versions.append(SSTableReader(path, 0).file_version)
+    assert len(sizes) > 3
+    for size, version in zip(sizes[:-1], versions[:-1], strict=True):
+        assert 0.8 * target <= size <= target + 64 * 1024
+        assert version == 4
+
+
+def test_a_keys_piece_larger_than_the_first_room_is_still_read_alone(tmp_path, impl,
+                                                                     monkeypatch):
+    """64 KiB blocks of small values have keys pieces of tens of KiB, more than
+    the room first made after a file's dictionary: the room grows, and a get
+    without a block cache still reads its block's keys piece and value's
+    piece alone in C, with the right answers."""
+    monkeypatch.setattr(compression, "DICT_BLOCKS", 2)  # 8 blocks: a dictionary all the same
+    entries = {b"user:%07d" % (2 * i + 1): b"v%d" % i for i in range(20000)}
+    path = str(tmp_path / "db")
+    _pieces_db(path, entries, 65536)
+    handed: list[list[bytes]] = []
+    real = lsmdb.readpath._c_blocks
+    monkeypatch.setattr(lsmdb.readpath, "_c_blocks",
+                        lambda fast, f, ks: handed.append(list(ks)) or real(fast, f, ks))
+    with lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0) as db:
+        info = max(db.sstables(), key=lambda s: s.entries)
+        assert info.compression_dict_bytes > 0
+        for k in list(entries)[::97]:
+            assert db.get(k) == entries[k]
+            assert db.get(k[:-1] + b"0") is None
+    assert handed == []
+
+
+def test_make_golden_dumps_the_file_in_pieces():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "tools/make_golden.py", "--dump", "pieces"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "data block 0 (lz4" in out.stdout and "compression_dict" in out.stdout

@@ -192,6 +192,7 @@ def dump(data: bytes) -> str:
         (value,) = struct.unpack_from("<I", data, off)
         region(f"  trailer: crc32 = 0x{value:08x}", off, BLOCK_TRAILER_SIZE)
 
+    props = msgpack.unpackb(data[prop_off:prop_off + prop_size], raw=False)
     for i, (_last, off, size) in enumerate(zip(*index, strict=True)):
         if version < 2:
             keys, values = msgpack.unpackb(data[off:off + size], raw=False)
@@ -199,7 +200,8 @@ def dump(data: bytes) -> str:
             trailer(off + size)
             continue
         kind, crc_v = DATA_TRAILER_V2.unpack_from(data, off + size)
-        payload = compression.decompress(kind, data[off:off + size], "golden", off)
+        payload = compression.decompress(kind, data[off:off + size], "golden", off,
+                                         props.get("compression_dict"))
         keys, values, tags, expiries = msgpack.unpackb(payload, raw=False)
         region(f"data block {i} ({compression.NAMES[kind]}, payload {len(payload)} bytes): "
                f"keys {keys} values {values} tags {tags} expiries {expiries}", off, size)
@@ -214,8 +216,8 @@ def dump(data: bytes) -> str:
     region(f"filter block header: {header}", flt_off, FILTER_HEADER_SIZE)
     region("filter block bit array", flt_off + FILTER_HEADER_SIZE, flt_size - FILTER_HEADER_SIZE)
     trailer(flt_off + flt_size)
-    props = msgpack.unpackb(data[prop_off:prop_off + prop_size], raw=False)
-    region(f"properties block: {props}", prop_off, prop_size)
+    shown = {k: f"<{len(v)} bytes>" if k == "compression_dict" else v for k, v in props.items()}
+    region(f"properties block: {shown}", prop_off, prop_size)
     trailer(prop_off + prop_size)
     out.append(f"footer  [offset {foot_off}, {FOOTER_SIZE} bytes]")
     labels = [("index offset", 8), ("index size", 8), ("filter offset", 8), ("filter size", 8),

@@ -423,31 +423,30 @@ pieces_find(Entry *e, Py_ssize_t i, PyObject *key, int values, const unsigned ch
     *hold = *f = -1;
     if (pieces_table(stored, size, &t) < 0)
         return 0;
-    int r = reader_dictionary(e->reader, &dict);
+    int r = reader_dictionary(e->reader, t.plen, &dict);
     if (r <= 0)
         return r;
     const unsigned char *src, *vp = NULL;
-    unsigned char *at;
     size_t len, keys_end = 0, index = 0, count = 0, vlen = 0;
     pieces_piece(&t, 0, &src, &len);
-    Py_ssize_t got = pieces_decode(src, len, &dict, NULL, 0, &at);
+    Py_ssize_t got = pieces_decode(src, len, &dict, t.plen);
     if (got > 0) {
         BlockBounds bounds;
         block_bounds(e, i, &bounds);
-        *hold = block_keys_find(at, (size_t)got, t.plen, &bounds,
+        *hold = block_keys_find(dict.room, (size_t)got, t.plen, &bounds,
                                 (const unsigned char *)PyBytes_AS_STRING(key),
                                 (size_t)PyBytes_GET_SIZE(key), &keys_end, &index, &count);
         if (*hold < 0 || keys_end != (size_t)got)
             *hold = -1;
     }
     r = 0;
-    if (*hold == 1 && values) {
+    if (*hold == 1 && values && keys_end < t.plen) {
         size_t first, next, p = pieces_holding(&t, index, &first, &next);
         int last = next == SIZE_MAX;
         pieces_piece(&t, p, &src, &len);
-        got = pieces_decode(src, len, &dict, NULL, 0, &at);
+        got = pieces_decode(src, len, &dict, t.plen - keys_end);
         if (got > 0 && (last ? first < count : next <= count))
-            *f = block_piece_value(at, (size_t)got, p == 1, last, count,
+            *f = block_piece_value(dict.room, (size_t)got, p == 1, last, count,
                                    (last ? count : next) - first, index - first, &vp, &vlen);
         if (*f > 0 && (*value = found_value(*f, vp, vlen, 0)) == NULL)
             r = -1;

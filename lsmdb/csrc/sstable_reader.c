@@ -9,7 +9,7 @@
 #include "coding.h"
 #include "sstable_format.h"
 
-static PyObject *str_fd, *str_mapped, *str_dict, *str_scratch;
+static PyObject *str_fd, *str_mapped, *str_dict, *str_scratch, *str_dict_len;
 static int pieces_whole(PyObject *reader, const unsigned char *stored, size_t n,
                         unsigned char **out, size_t *outn);
 static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once imported */
@@ -94,8 +94,9 @@ sstable_reader_init(void)
     str_mapped = PyUnicode_InternFromString("mapped");
     str_dict = PyUnicode_InternFromString("compression_dict");
     str_scratch = PyUnicode_InternFromString("_dict_scratch");
-    return str_fd == NULL || str_mapped == NULL || str_dict == NULL || str_scratch == NULL ? -1
-                                                                                         : 0;
+    str_dict_len = PyUnicode_InternFromString("_dict_scratch_at");
+    return str_fd == NULL || str_mapped == NULL || str_dict == NULL || str_scratch == NULL
+                   || str_dict_len == NULL ? -1 : 0;
 }
 
 /* ---- a file mapped for block reads ------------------------------------- */
@@ -409,22 +410,26 @@ pieces_holding(const Pieces *t, size_t index, size_t *first, size_t *next)
     return p;
 }
 
-/* The room after a file's dictionary in its scratch buffer: a piece that
- * decompresses to more goes the slower way (pieces_decode). */
-#define DICT_ROOM 16384
+/* The least room after a file's dictionary in its scratch buffer. */
+#define DICT_ROOM 4096
 
 /* reader's dictionary for its type-3 blocks, in its scratch buffer
  * (reader._dict_scratch, a bytearray made the first time: the dictionary,
- * then DICT_ROOM bytes).  A piece decompressed into the room right after
- * the dictionary has it as the stream's prefix, which LZ4 decodes at the
- * speed of a block of its own; against a dictionary elsewhere it copies
- * each match out of the dictionary apart.  Used under the GIL only, which
- * makes the room one read's at a time.  1 and *d (d->holder a new
- * reference: dict_release it); 0 where the file has no dictionary; -1 on
- * error. */
+ * then room for `need` bytes or DICT_ROOM, grown when a read needs more).
+ * (reader._dict_scratch_at: where the room begins, the dictionary's length.)
+ * A piece decompressed into the room right after the dictionary has it as
+ * the stream's prefix, which LZ4 decodes at the speed of a block of its
+ * own; against a dictionary elsewhere it copies each match out of the
+ * dictionary apart.  Used under the GIL only, which makes the room one
+ * read's at a time.  1 and *d (d->holder a new reference: dict_release
+ * it); 0 where the file has no dictionary; -1 on error. */
 int
-reader_dictionary(PyObject *reader, Dict *d)
+reader_dictionary(PyObject *reader, size_t need, Dict *d)
 {
+    if (need < DICT_ROOM)
+        need = DICT_ROOM;
+    if (need > PY_SSIZE_T_MAX / 2)
+        return 0;
     PyObject *ba = PyObject_GetAttr(reader, str_scratch);
     if (ba == NULL) {
         if (!PyErr_ExceptionMatches(PyExc_AttributeError))
@@ -438,23 +443,37 @@ reader_dictionary(PyObject *reader, Dict *d)
             return 0;
         }
         Py_ssize_t dlen = PyBytes_GET_SIZE(dict);
-        ba = PyByteArray_FromStringAndSize(NULL, dlen + DICT_ROOM);
+        ba = PyByteArray_FromStringAndSize(NULL, dlen + (Py_ssize_t)need);
         if (ba != NULL)
             memcpy(PyByteArray_AS_STRING(ba), PyBytes_AS_STRING(dict), (size_t)dlen);
+        PyObject *at = PyLong_FromSsize_t(dlen);
+        int bad = ba == NULL || at == NULL || PyObject_SetAttr(reader, str_dict_len, at) < 0
+                  || PyObject_SetAttr(reader, str_scratch, ba) < 0;
+        Py_XDECREF(at);
         Py_DECREF(dict);
-        if (ba == NULL || PyObject_SetAttr(reader, str_scratch, ba) < 0) {
+        if (bad) {
             Py_XDECREF(ba);
             return -1;
         }
     }
-    if (!PyByteArray_CheckExact(ba) || PyByteArray_GET_SIZE(ba) <= DICT_ROOM) {
+    PyObject *dl = PyObject_GetAttr(reader, str_dict_len);
+    Py_ssize_t dlen = dl != NULL && PyLong_CheckExact(dl) ? PyLong_AsSsize_t(dl) : -1;
+    Py_XDECREF(dl);
+    if (dlen <= 0 || !PyByteArray_CheckExact(ba) || PyByteArray_GET_SIZE(ba) <= dlen) {
+        PyErr_Clear();
         Py_DECREF(ba);
         return 0;
     }
+    if ((size_t)(PyByteArray_GET_SIZE(ba) - dlen) < need
+        && PyByteArray_Resize(ba, dlen + (Py_ssize_t)need) < 0) {  /* keeps the dictionary */
+        Py_DECREF(ba);
+        return -1;
+    }
     d->holder = ba;
     d->dict = (unsigned char *)PyByteArray_AS_STRING(ba);
-    d->dlen = (size_t)PyByteArray_GET_SIZE(ba) - DICT_ROOM;
+    d->dlen = (size_t)dlen;
     d->room = d->dict + d->dlen;
+    d->rlen = (size_t)PyByteArray_GET_SIZE(ba) - d->dlen;
     return 1;
 }
 
@@ -464,33 +483,24 @@ dict_release(Dict *d)
     Py_CLEAR(d->holder);
 }
 
-/* Piece src[0:len] decompressed against d's dictionary: into d's room
- * (*at = d->room), or where it does not fit there into out[0:room] (*at =
- * out; none where out is NULL).  Its bytes (at least 1), or -1 where it does
- * not decompress or lz4 is not at hand. */
+/* Piece src[0:len] decompressed against d's dictionary into d's room, to at
+ * most `limit` bytes: its bytes (at least 1), or -1 where it does not
+ * decompress within them or lz4 is not at hand. */
 Py_ssize_t
-pieces_decode(const unsigned char *src, size_t len, const Dict *d, unsigned char *out,
-              size_t room, unsigned char **at)
+pieces_decode(const unsigned char *src, size_t len, const Dict *d, size_t limit)
 {
 #ifndef _WIN32
     if (!lz4_looked)
         find_lz4();
-    if (lz4_dict == NULL || len > INT_MAX)
+    if (limit > d->rlen)
+        limit = d->rlen;
+    if (lz4_dict == NULL || len > INT_MAX || limit == 0 || limit > INT_MAX)
         return -1;
-    int r = lz4_dict((const char *)src, (char *)d->room, (int)len, DICT_ROOM,
+    int r = lz4_dict((const char *)src, (char *)d->room, (int)len, (int)limit,
                      (const char *)d->dict, (int)d->dlen);
-    if (r > 0) {
-        *at = d->room;
-        return r;
-    }
-    if (out == NULL || room == 0)
-        return -1;
-    r = lz4_dict((const char *)src, (char *)out, (int)len, (int)(room < INT_MAX ? room : INT_MAX),
-                 (const char *)d->dict, (int)d->dlen);
-    *at = out;
     return r > 0 ? (Py_ssize_t)r : -1;
 #else
-    (void)src; (void)len; (void)d; (void)out; (void)room; (void)at;
+    (void)src; (void)len; (void)d; (void)limit;
     return -1;
 #endif
 }
@@ -508,7 +518,7 @@ pieces_whole(PyObject *reader, const unsigned char *stored, size_t n, unsigned c
     Dict dict;
     if (pieces_table(stored, n, &t) < 0)
         return 2;
-    int r = reader_dictionary(reader, &dict);
+    int r = reader_dictionary(reader, t.plen, &dict);
     if (r <= 0)
         return r < 0 ? -1 : 2;
     unsigned char *buf = PyMem_RawMalloc(t.plen);
@@ -528,18 +538,14 @@ pieces_whole(PyObject *reader, const unsigned char *stored, size_t n, unsigned c
     r = 0;
     for (size_t k = 0; k < t.count && r == 0; k++) {
         const unsigned char *src;
-        unsigned char *got_at;
         size_t len;
         pieces_piece(&t, k, &src, &len);
         begins[k] = at;
-        Py_ssize_t got = at < t.plen ? pieces_decode(src, len, &dict, buf + at, t.plen - at,
-                                                     &got_at)
-                                     : -1;
-        if (got < 0 || (size_t)got > t.plen - at) {
+        Py_ssize_t got = at < t.plen ? pieces_decode(src, len, &dict, t.plen - at) : -1;
+        if (got < 0) {
             r = 2;
         } else {
-            if (got_at != buf + at)
-                memcpy(buf + at, got_at, (size_t)got);
+            memcpy(buf + at, dict.room, (size_t)got);
             at += (size_t)got;
         }
     }

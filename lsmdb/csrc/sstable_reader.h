@@ -38,7 +38,8 @@ typedef struct {
     PyObject *holder;     /* the bytearray holding both */
     unsigned char *dict;
     size_t dlen;
-    unsigned char *room;  /* DICT_ROOM bytes */
+    unsigned char *room;  /* right after the dictionary */
+    size_t rlen;          /* its bytes: at least what reader_dictionary was asked for */
 } Dict;
 
 HIDDEN_BEGIN
@@ -58,10 +59,9 @@ int stored_payload(PyObject *reader, unsigned char *buf, size_t size, int kind,
 int pieces_table(const unsigned char *stored, size_t n, Pieces *t);
 void pieces_piece(const Pieces *t, size_t p, const unsigned char **src, size_t *len);
 size_t pieces_holding(const Pieces *t, size_t index, size_t *first, size_t *next);
-int reader_dictionary(PyObject *reader, Dict *d);
+int reader_dictionary(PyObject *reader, size_t need, Dict *d);
 void dict_release(Dict *d);
-Py_ssize_t pieces_decode(const unsigned char *src, size_t len, const Dict *d, unsigned char *out,
-                         size_t room, unsigned char **at);
+Py_ssize_t pieces_decode(const unsigned char *src, size_t len, const Dict *d, size_t limit);
 int lz4_payload_prefix(const unsigned char *stored, size_t n, size_t want, unsigned char *out,
                        size_t room, size_t *got, size_t *plen);
 PyObject *speedups_map_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs);

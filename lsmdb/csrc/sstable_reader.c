@@ -9,7 +9,7 @@
 #include "coding.h"
 #include "sstable_format.h"
 
-static PyObject *str_fd, *str_mapped, *str_dict, *str_scratch, *str_dict_len;
+static PyObject *str_fd, *str_mapped, *str_dict, *str_scratch;
 static int pieces_whole(PyObject *reader, const unsigned char *stored, size_t n,
                         unsigned char **out, size_t *outn);
 static PyObject *decompressor;  /* lsmdb.compression.decompress_for_c, once imported */
@@ -94,9 +94,8 @@ sstable_reader_init(void)
     str_mapped = PyUnicode_InternFromString("mapped");
     str_dict = PyUnicode_InternFromString("compression_dict");
     str_scratch = PyUnicode_InternFromString("_dict_scratch");
-    str_dict_len = PyUnicode_InternFromString("_dict_scratch_at");
-    return str_fd == NULL || str_mapped == NULL || str_dict == NULL || str_scratch == NULL
-                   || str_dict_len == NULL ? -1 : 0;
+    return str_fd == NULL || str_mapped == NULL || str_dict == NULL || str_scratch == NULL ? -1
+                                                                                         : 0;
 }
 
 /* ---- a file mapped for block reads ------------------------------------- */
@@ -414,18 +413,19 @@ pieces_holding(const Pieces *t, size_t index, size_t *first, size_t *next)
 #define DICT_ROOM 4096
 
 /* reader's dictionary for its type-3 blocks, in its scratch buffer
- * (reader._dict_scratch, a bytearray made the first time: the dictionary,
- * then room for `need` bytes or DICT_ROOM, grown when a read needs more).
- * (reader._dict_scratch_at: where the room begins, the dictionary's length.)
- * A piece decompressed into the room right after the dictionary has it as
- * the stream's prefix, which LZ4 decodes at the speed of a block of its
- * own; against a dictionary elsewhere it copies each match out of the
- * dictionary apart.  Used under the GIL only, which makes the room one
- * read's at a time.  1 and *d (d->holder a new reference: dict_release
- * it); 0 where the file has no dictionary; -1 on error. */
+ * (reader._dict_scratch, a bytearray made the first time: the dictionary's
+ * length as a size_t, the dictionary, then room for `need` bytes or
+ * DICT_ROOM, grown when a read needs more).  A piece decompressed into the
+ * room right after the dictionary has it as the stream's prefix, which LZ4
+ * decodes at the speed of a block of its own; against a dictionary
+ * elsewhere it copies each match out of the dictionary apart.  Used under
+ * the GIL only, which makes the room one read's at a time.  1 and *d
+ * (d->holder a new reference: dict_release it); 0 where the file has no
+ * dictionary; -1 on error. */
 int
 reader_dictionary(PyObject *reader, size_t need, Dict *d)
 {
+    const Py_ssize_t head = (Py_ssize_t)sizeof(size_t);
     if (need < DICT_ROOM)
         need = DICT_ROOM;
     if (need > PY_SSIZE_T_MAX / 2)
@@ -442,38 +442,36 @@ reader_dictionary(PyObject *reader, size_t need, Dict *d)
             Py_DECREF(dict);
             return 0;
         }
-        Py_ssize_t dlen = PyBytes_GET_SIZE(dict);
-        ba = PyByteArray_FromStringAndSize(NULL, dlen + (Py_ssize_t)need);
-        if (ba != NULL)
-            memcpy(PyByteArray_AS_STRING(ba), PyBytes_AS_STRING(dict), (size_t)dlen);
-        PyObject *at = PyLong_FromSsize_t(dlen);
-        int bad = ba == NULL || at == NULL || PyObject_SetAttr(reader, str_dict_len, at) < 0
-                  || PyObject_SetAttr(reader, str_scratch, ba) < 0;
-        Py_XDECREF(at);
+        size_t dlen = (size_t)PyBytes_GET_SIZE(dict);
+        ba = PyByteArray_FromStringAndSize(NULL, head + (Py_ssize_t)(dlen + need));
+        if (ba != NULL) {
+            memcpy(PyByteArray_AS_STRING(ba), &dlen, sizeof dlen);
+            memcpy(PyByteArray_AS_STRING(ba) + head, PyBytes_AS_STRING(dict), dlen);
+        }
         Py_DECREF(dict);
-        if (bad) {
+        if (ba == NULL || PyObject_SetAttr(reader, str_scratch, ba) < 0) {
             Py_XDECREF(ba);
             return -1;
         }
     }
-    PyObject *dl = PyObject_GetAttr(reader, str_dict_len);
-    Py_ssize_t dlen = dl != NULL && PyLong_CheckExact(dl) ? PyLong_AsSsize_t(dl) : -1;
-    Py_XDECREF(dl);
-    if (dlen <= 0 || !PyByteArray_CheckExact(ba) || PyByteArray_GET_SIZE(ba) <= dlen) {
-        PyErr_Clear();
+    size_t dlen = 0;
+    Py_ssize_t size = PyByteArray_CheckExact(ba) ? PyByteArray_GET_SIZE(ba) : 0;
+    if (size > head)
+        memcpy(&dlen, PyByteArray_AS_STRING(ba), sizeof dlen);
+    if (dlen == 0 || dlen >= (size_t)(size - head)) {  /* not what this function made */
         Py_DECREF(ba);
         return 0;
     }
-    if ((size_t)(PyByteArray_GET_SIZE(ba) - dlen) < need
-        && PyByteArray_Resize(ba, dlen + (Py_ssize_t)need) < 0) {  /* keeps the dictionary */
+    if ((size_t)(size - head) - dlen < need
+        && PyByteArray_Resize(ba, head + (Py_ssize_t)(dlen + need)) < 0) {  /* keeps its bytes */
         Py_DECREF(ba);
         return -1;
     }
     d->holder = ba;
-    d->dict = (unsigned char *)PyByteArray_AS_STRING(ba);
-    d->dlen = (size_t)dlen;
+    d->dict = (unsigned char *)PyByteArray_AS_STRING(ba) + head;
+    d->dlen = dlen;
     d->room = d->dict + d->dlen;
-    d->rlen = (size_t)PyByteArray_GET_SIZE(ba) - d->dlen;
+    d->rlen = (size_t)(PyByteArray_GET_SIZE(ba) - head) - d->dlen;
     return 1;
 }
 

@@ -111,6 +111,15 @@ def test_pieces_begin_where_the_keys_end_and_at_values(tmp_path):
     r.close()
 
 
+def _handovers(monkeypatch) -> list[list[bytes]]:
+    """The keys of every block the C getter hands to the Python side, from now on."""
+    handed: list[list[bytes]] = []
+    real = lsmdb.readpath._c_blocks
+    monkeypatch.setattr(lsmdb.readpath, "_c_blocks",
+                        lambda fast, f, ks: handed.append(list(ks)) or real(fast, f, ks))
+    return handed
+
+
 def _pieces_db(path: str, entries: dict[bytes, bytes | None], block_size: int) -> None:
     """A database whose default table (lz4, no filter: every get reads a block)
     holds ``entries`` in one compacted file (compacted in this process, whose
@@ -165,10 +174,7 @@ def test_gets_answer_from_pieces_as_a_whole_read_would(tmp_path_factory, impl, m
     entries = {b"user:%07d" % (2 * k + 1): v for k, v in zip(keys, values, strict=True)}
     path = str(tmp_path_factory.mktemp("pieces") / "db")
     _pieces_db(path, entries, block_size)
-    handed: list[list[bytes]] = []
-    real = lsmdb.readpath._c_blocks
-    monkeypatch.setattr(lsmdb.readpath, "_c_blocks",
-                        lambda fast, f, ks: handed.append(list(ks)) or real(fast, f, ks))
+    handed = _handovers(monkeypatch)
     with lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0) as db:
         info = max(db.sstables(), key=lambda s: s.entries)
         reader = SSTableReader(info.path, 0)
@@ -449,10 +455,7 @@ def test_a_keys_piece_larger_than_the_first_room_is_still_read_alone(tmp_path, i
     entries = {b"user:%07d" % (2 * i + 1): b"v%d" % i for i in range(20000)}
     path = str(tmp_path / "db")
     _pieces_db(path, entries, 65536)
-    handed: list[list[bytes]] = []
-    real = lsmdb.readpath._c_blocks
-    monkeypatch.setattr(lsmdb.readpath, "_c_blocks",
-                        lambda fast, f, ks: handed.append(list(ks)) or real(fast, f, ks))
+    handed = _handovers(monkeypatch)
     with lsmdb.open(path, auto_compaction=False, block_cache_size_bytes=0) as db:
         info = max(db.sstables(), key=lambda s: s.entries)
         assert info.compression_dict_bytes > 0

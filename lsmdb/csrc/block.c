@@ -497,6 +497,42 @@ block_piece_value(const unsigned char *p, size_t n, int header, int last, size_t
     return kind;
 }
 
+/* The format-2 payload p[0:n]'s keys array walked: 0, *count its entries
+ * and *q at the values array's header (where the keys array ends); -1
+ * where p is not such arrays. */
+static int
+walk_keys(const unsigned char *p, size_t n, int64_t *count, const unsigned char **q)
+{
+    const unsigned char *at = p, *end = p + n;
+    if (n < 1 || *at++ != 0x94 || (*count = mp_array(&at, end)) < 1)
+        return -1;
+    for (int64_t i = 0; i < *count; i++) {
+        int64_t len = mp_bin(&at, end);
+        if (len < 0)
+            return -1;
+        at += len;
+    }
+    *q = at;
+    return 0;
+}
+
+/* Past the value (bin or nil) at *q: 0, or -1 where there is none before end. */
+static inline int
+skip_value(const unsigned char **q, const unsigned char *end)
+{
+    if (*q >= end)
+        return -1;
+    if (**q == 0xC0) {
+        (*q)++;
+        return 0;
+    }
+    int64_t len = mp_bin(q, end);
+    if (len < 0)
+        return -1;
+    *q += len;
+    return 0;
+}
+
 /* Where the pieces of a type-3 block of the format-2 payload p[0:n] begin
  * (lsmdb/compression.py's cut_pieces of lsmdb/block.py's
  * payload_value_starts): begins[0] 0, begins[1] where the keys array ends,
@@ -508,18 +544,10 @@ int
 block_piece_cuts(const unsigned char *p, size_t n, size_t piece_bytes, size_t *begins,
                  size_t *firsts, size_t cap, size_t *pieces)
 {
-    const unsigned char *q = p, *end = p + n;
-    if (cap < 2 || n < 1 || *q++ != 0x94)
+    const unsigned char *q, *end = p + n;
+    int64_t count;
+    if (cap < 2 || walk_keys(p, n, &count, &q) < 0)
         return -1;
-    int64_t count = mp_array(&q, end);
-    if (count < 1)
-        return -1;
-    for (int64_t i = 0; i < count; i++) {
-        int64_t len = mp_bin(&q, end);
-        if (len < 0)
-            return -1;
-        q += len;
-    }
     size_t begin = (size_t)(q - p), k = 2;
     begins[0] = 0;
     begins[1] = begin;
@@ -535,16 +563,8 @@ block_piece_cuts(const unsigned char *p, size_t n, size_t piece_bytes, size_t *b
             firsts[k - 1] = (size_t)i;
             k++;
         }
-        if (q >= end)
+        if (skip_value(&q, end) < 0)
             return -1;
-        if (*q == 0xC0) {
-            q++;
-            continue;
-        }
-        int64_t len = mp_bin(&q, end);
-        if (len < 0)
-            return -1;
-        q += len;
     }
     *pieces = k;
     return 0;
@@ -559,18 +579,10 @@ int
 block_pieces_check(const unsigned char *p, size_t n, const size_t *begins, const size_t *firsts,
                    size_t pieces)
 {
-    const unsigned char *q = p, *end = p + n;
-    if (pieces < 2 || n < 1 || *q++ != 0x94)
+    const unsigned char *q, *end = p + n;
+    int64_t count;
+    if (pieces < 2 || walk_keys(p, n, &count, &q) < 0)
         return -1;
-    int64_t count = mp_array(&q, end);
-    if (count < 1)
-        return -1;
-    for (int64_t i = 0; i < count; i++) {
-        int64_t len = mp_bin(&q, end);
-        if (len < 0 || len > end - q)
-            return -1;
-        q += len;
-    }
     if ((size_t)(q - p) != begins[1] || mp_array(&q, end) != count)
         return -1;
     size_t k = 2;
@@ -580,16 +592,8 @@ block_pieces_check(const unsigned char *p, size_t n, const size_t *begins, const
                 return -1;
             k++;
         }
-        if (q >= end)
+        if (skip_value(&q, end) < 0)
             return -1;
-        if (*q == 0xC0) {
-            q++;
-            continue;
-        }
-        int64_t len = mp_bin(&q, end);
-        if (len < 0 || len > end - q)
-            return -1;
-        q += len;
     }
     return k == pieces ? 0 : -1;
 }

@@ -45,13 +45,15 @@ _block_lists: Callable[[bytes, bytes | None, bytes | None, int], Block] | None
 _block_full: Callable[[bytes, bytes | None, bytes | None, int],
                       tuple[list[bytes], list[Any], list[int]]] | None
 _map_file: Callable[[int, int], Any] | None
+_pieces_payload: Callable[[Any, Any], bytes | None] | None
 try:  # optional C speedups (lsmdb/csrc/block.c, sstable_reader.c)
     from ._speedups import block_entry as _block_entry
     from ._speedups import block_full as _block_full
     from ._speedups import block_lists as _block_lists
     from ._speedups import map_file as _map_file
+    from ._speedups import pieces_payload as _pieces_payload
 except ImportError:  # pragma: no cover - built without a C compiler
-    _block_entry = _block_lists = _block_full = _map_file = None
+    _block_entry = _block_lists = _block_full = _map_file = _pieces_payload = None
 
 log = logging.getLogger("lsmdb")
 
@@ -349,6 +351,10 @@ class SSTableReader:
         stored = raw[:-self.data_trailer]
         if kind == compression.NONE:
             return stored
+        if kind == compression.LZ4_PIECES and _pieces_payload is not None:
+            payload = _pieces_payload(self, stored)  # C: decompress_pieces' twin
+            if payload is not None:
+                return payload  # (None: the Python twin says why it refuses the block)
         return compression.decompress(kind, stored, self.path, self.index_offsets[i],
                                       self.compression_dict)
 

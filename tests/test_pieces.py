@@ -473,3 +473,30 @@ def test_make_golden_dumps_the_file_in_pieces():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "data block 0 (lz4" in out.stdout and "compression_dict" in out.stdout
+
+
+@needs_c
+def test_c_whole_reads_of_pieces_are_the_python_ones(tmp_path):
+    """pieces_payload (C, the scan's and compaction's whole read) gives every
+    block's payload exactly as decompress_pieces does, and None -- so that the
+    Python twin raises -- for a block it refuses."""
+    from lsmdb._speedups import pieces_payload
+
+    path = str(tmp_path / "f.sst")
+    write_sstable(path, records(3000), fp_chance=0.01, block_size=4096, compression="lz4")
+    r = SSTableReader(path, 0)
+    for i in range(len(r.index_keys)):
+        stored = bytes(r.read_raw(i)[:-5])
+        want = compression.decompress_pieces(stored, r.compression_dict, path, 0)
+        assert pieces_payload(r, stored) == want
+        assert pieces_payload(r, memoryview(stored)) == want
+    plen, sizes, firsts, at = compression.piece_table(stored)
+    assert pieces_payload(r, stored[:-1]) is None
+    lying = stored[:4] + b"\x02" + stored[5:] if len(sizes) > 2 else stored[:at - 1] + b"\x7f" \
+        + stored[at:]
+    assert pieces_payload(r, lying) is None
+    r.close()
+    r = SSTableReader(path, 0)
+    r.compression_dict = None  # a file without its dictionary
+    assert pieces_payload(r, stored) is None
+    r.close()

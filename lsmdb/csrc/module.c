@@ -117,6 +117,10 @@ static PyMethodDef speedups_functions[] = {
     {"changes_store", (PyCFunction)(void (*)(void))speedups_changes_store, METH_FASTCALL,
      "changes_store($module, buffer, offset, value, /)\n--\n\n"
      "value as a u64 at offset of the writer's CHANGES mapping, a release store."},
+    {"pieces_payload", (PyCFunction)(void (*)(void))speedups_pieces_payload, METH_FASTCALL,
+     "pieces_payload($module, reader, stored, /)\n--\n\n"
+     "The payload of a type-3 block of reader's file, or None where it does not decompress "
+     "and check (lsmdb.compression.decompress_pieces says why)."},
     {"lz4_direct", (PyCFunction)speedups_lz4_direct, METH_NOARGS,
      "lz4_direct($module, /)\n--\n\n"
      "Whether the C getter decompresses LZ4 blocks itself (the lz4 package's "

@@ -560,6 +560,35 @@ pieces_whole(PyObject *reader, const unsigned char *stored, size_t n, unsigned c
     return 0;
 }
 
+PyObject *
+speedups_pieces_payload(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    /* pieces_payload(reader, stored) -> the payload of the type-3 block
+     * stored (bytes-like) of reader's file, every piece decompressed against
+     * its dictionary (in its scratch buffer) and the pieces checked to begin
+     * where the table says: lsmdb.compression.decompress_pieces, or None
+     * where that refuses the block (it then says why). */
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pieces_payload(reader, stored)");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    unsigned char *out = NULL;
+    size_t outn = 0;
+    int r = pieces_whole(args[0], (const unsigned char *)view.buf, (size_t)view.len, &out,
+                         &outn);
+    PyBuffer_Release(&view);
+    if (r < 0)
+        return NULL;
+    if (r != 0)
+        Py_RETURN_NONE;
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)outn);
+    PyMem_RawFree(out);
+    return payload;
+}
+
 /* The payload of the compressed block stored[0:n] of type `kind`: an LZ4
  * block by the lz4 package's LZ4_decompress_safe (find_lz4), anything else
  * through lsmdb.compression.decompress_for_c (the lz4 and zstandard

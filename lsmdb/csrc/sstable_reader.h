@@ -64,6 +64,7 @@ void dict_release(Dict *d);
 Py_ssize_t pieces_decode(const unsigned char *src, size_t len, const Dict *d, size_t limit);
 int lz4_payload_prefix(const unsigned char *stored, size_t n, size_t want, unsigned char *out,
                        size_t room, size_t *got, size_t *plen);
+PyObject *speedups_pieces_payload(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 PyObject *speedups_map_file(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 HIDDEN_END

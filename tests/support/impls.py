@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import lsmdb
+import lsmdb.compression
 import lsmdb.db
 import lsmdb.follow
 import lsmdb.memtable
@@ -42,6 +43,8 @@ def use_python(monkeypatch: Any) -> None:
     monkeypatch.setattr(lsmdb.sstable_reader, "_block_entry", None)
     monkeypatch.setattr(lsmdb.sstable_reader, "_block_lists", None)
     monkeypatch.setattr(lsmdb.sstable_reader, "_block_full", None)
+    monkeypatch.setattr(lsmdb.sstable_reader, "_pieces_payload", None)
+    monkeypatch.setattr(lsmdb.compression, "USE_SPEEDUPS", False)
     monkeypatch.setattr(lsmdb.readpath, "_c_entry_find", None)
     monkeypatch.setattr(lsmdb.scan, "_c_entry_lists", None)
     monkeypatch.setattr(lsmdb.merge, "USE_SPEEDUPS", False)

@@ -374,27 +374,6 @@ def _array_header_size(count: int) -> int:
     return 1 if count < 16 else 3 if count < 65536 else 5
 
 
-def value_starts(keys: list[bytes], values: list[Any]) -> tuple[int, list[int]]:
-    """Where the format-2 payload ``encode_data_payload`` writes for these
-    entries ends its keys array (its values array's header begins there),
-    and where each value's header begins, counted from the arithmetic of
-    the shortest headers alone."""
-    n = len(keys)
-    key_lens = list(map(len, keys))
-    at = 1 + _array_header_size(n) + sum(key_lens) + sum(_header_sizes(key_lens))
-    keys_end = at
-    at += _array_header_size(n)
-    starts = []
-    for v in values:
-        starts.append(at)
-        if v is None:
-            at += 1
-        else:
-            size = len(v[0] if type(v) is tuple else v)
-            at += size + (2 if size < 256 else 3 if size < 65536 else 5)
-    return keys_end, starts
-
-
 def _array_at(data: bytes, at: int) -> tuple[int, int]:
     """The count of the msgpack array header at ``data[at]`` and where its
     items begin; ValueError if none is there."""
@@ -420,9 +399,9 @@ def _skip_item(data: bytes, at: int) -> int:
 
 
 def payload_value_starts(payload: bytes) -> tuple[int, list[int]]:
-    """``value_starts`` read off a format-2 payload's bytes: where its keys
-    array ends and where each value's header begins.  ValueError (or
-    IndexError) where the bytes are not such arrays."""
+    """Where a format-2 payload's keys array ends (its values array's header
+    begins there) and where each value's header begins, read off its bytes.
+    ValueError (or IndexError) where the bytes are not such arrays."""
     count, at = _array_at(payload, 1)
     for _ in range(count):
         at = _skip_item(payload, at)

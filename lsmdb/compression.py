@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from itertools import accumulate
 
 import lz4.block
 import zstandard
@@ -172,7 +173,7 @@ def make_dictionary(excerpts: list[bytes]) -> bytes:
 def cut_pieces(keys_end: int, starts: list[int]) -> tuple[list[int], list[int]]:
     """Where each piece of a type-3 block begins in its payload, and the
     entry each value piece begins with: from where the payload's keys array
-    ends and where each value begins (lsmdb.block.value_starts)."""
+    ends and where each value begins (lsmdb.block.payload_value_starts)."""
     begins, firsts = [0, keys_end], [0]
     begin = keys_end
     for j in range(1, len(starts)):
@@ -264,39 +265,38 @@ def decompress_piece(stored: bytes, plen: int, dictionary: bytes | None, path: s
 def decompress_pieces(stored: bytes | memoryview, dictionary: bytes | None, path: str,
                       offset: int) -> bytes:
     """The payload of a type-3 block, each piece decompressed against
-    ``dictionary``: CorruptionError naming ``path`` and ``offset`` where the
-    file has no dictionary, the table does not add up, a piece does not
-    decompress, the pieces do not make the length the block records, or
-    they do not begin where the table says (the keys array's end, then the
-    values it names)."""
+    ``dictionary`` (:func:`decompress_piece`): CorruptionError naming ``path``
+    and ``offset`` where the file has no dictionary, the table does not add
+    up, a piece does not decompress, the pieces do not make the length the
+    block records, or they do not begin where the table says (the keys
+    array's end, then the values it names)."""
     from .block import payload_value_starts  # block imports nothing of this module's
 
-    if dictionary is None:
-        raise CorruptionError("data block needs a dictionary its file lacks", path, offset)
     data = bytes(stored)
     try:
         plen, sizes, firsts, at = piece_table(data)
-        parts = []
-        left = plen
-        for size in sizes:
-            if left <= 0:
-                raise ValueError("pieces longer than the payload")
-            part = _lz4_decompress(data[at:at + size], uncompressed_size=left, dict=dictionary)
-            at += size
-            left -= len(part)
-            parts.append(part)
-        if left != 0 or not all(parts):
-            raise ValueError("pieces do not make the payload")
-        payload = b"".join(parts)
-        begins = [0]
-        for part in parts[:-1]:
-            begins.append(begins[-1] + len(part))
+    except ValueError as exc:
+        raise CorruptionError(f"data block pieces: {exc}", path, offset) from None
+    parts: list[bytes] = []
+    done = 0
+    for size in sizes:
+        if done >= plen:
+            raise CorruptionError("data block pieces longer than its payload", path, offset)
+        parts.append(decompress_piece(data[at:at + size], plen - done, dictionary, path, offset))
+        at += size
+        done += len(parts[-1])
+    if done != plen:
+        raise CorruptionError("data block pieces do not make its payload", path, offset)
+    payload = b"".join(parts)
+    begins = list(accumulate(map(len, parts[:-1]), initial=0))
+    try:
         keys_end, starts = payload_value_starts(payload)
-        if begins[1] != keys_end or firsts[-1] >= len(starts) or any(
-                begins[p] != starts[firsts[p - 1]] for p in range(2, len(begins))):
-            raise ValueError("pieces do not begin where the table says")
-    except Exception as exc:  # lz4 raises its own types
-        raise CorruptionError(f"data block does not decompress ({exc})", path, offset) from None
+    except (ValueError, IndexError):
+        raise CorruptionError("data block pieces do not make its arrays", path, offset) from None
+    if begins[1] != keys_end or firsts[-1] >= len(starts) or any(
+            begins[p] != starts[firsts[p - 1]] for p in range(2, len(begins))):
+        raise CorruptionError("data block pieces do not begin where its table says", path,
+                              offset)
     return payload
 
 

@@ -334,9 +334,9 @@ class SSTableBuilder:
         for cut, at in zip(cuts, bases, strict=True):
             self._add_block(keys, values, tags, done, cut)
             done, base = cut, at
-            if max_file_bytes is not None and self._written >= max_file_bytes:
+            if max_file_bytes is not None and self.file_size >= max_file_bytes:
                 break
-        if done < n and not (max_file_bytes is not None and self._written >= max_file_bytes):
+        if done < n and not (max_file_bytes is not None and self.file_size >= max_file_bytes):
             self._keys.extend(keys[done:])
             self._values.extend(values[done:])
             self._tags.extend(tags[done:])
@@ -524,16 +524,10 @@ class SSTableBuilder:
         self._offset += len(data)
 
     @property
-    def _written(self) -> int:
-        """The file's bytes so far, blocks waiting for a dictionary counted
-        as they would be stored without one."""
-        return self._offset + self._pending_bytes
-
-    @property
     def file_size(self) -> int:
         """The file's bytes so far (blocks waiting for a dictionary counted as
         stored without one); once finished, its size."""
-        return self._written
+        return self._offset + self._pending_bytes
 
 
 def filter_properties(flt: Filter) -> dict[str, Any]:

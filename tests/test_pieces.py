@@ -293,8 +293,8 @@ def test_piece_table_refuses_tables_that_do_not_add_up():
     keys = [b"key%04d" % i for i in range(40)]
     values = [b"value %d of a block whose values repeat " % i * 3 for i in range(40)]
     payload = blk.encode_data_payload(keys, values, blk.tags_for(values, 9))
-    begins, firsts = compression.cut_pieces(*blk.value_starts(keys, values))
-    assert begins[1] == blk.payload_value_starts(payload)[0] and len(begins) >= 3
+    begins, firsts = compression.cut_pieces(*blk.payload_value_starts(payload))
+    assert len(begins) >= 3
     kind, good = compression.compress_pieces(payload, begins, firsts, b"a dictionary")
     assert kind == compression.LZ4_PIECES
     plen, sizes, got_firsts, at = compression.piece_table(good)

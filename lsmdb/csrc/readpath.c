@@ -910,10 +910,12 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     uint64_t h = 0;
     int have_h = getter_hash(probes, key, &h);
     /* The files' filter lines start loading before the memtables are asked:
-     * the loads overlap that work. */
+     * the loads overlap that work, and each other's.  Files overlapping in
+     * sequence numbers (overlap_get) test every level-0 filter one by one
+     * afterwards, so their lines are loaded the same way. */
     Gather g;
     int overlap = PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True;
-    int gathered = have_h && !overlap && can_gather(probes, key);
+    int gathered = have_h && can_gather(probes, key);
     if (gathered)
         gather_start(probes, key, h, &g);
     int m = mem_visible(self, fast, key, h, have_h, &value);

@@ -13,7 +13,8 @@ import glob
 from setuptools import Extension, setup
 
 CSRC = "lsmdb/csrc/"
-SOURCES = ["module.c", "filters.c", "filters_bloom.c", "filters_hashing.c", "readpath_probes.c",
+SOURCES = ["module.c", "filters.c", "filters_bloom.c", "filters_blocked_bloom.c",
+           "filters_hashing.c", "readpath_probes.c",
            "cache.c", "memtable.c", "readpath.c", "readpath_many.c", "sstable_reader.c", "block.c",
            "merge.c", "logset.c", "coding.c", "writepath.c",
            "sstable_writer.c", "changes.c", "compression.c"]

@@ -178,7 +178,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for name, t in report["tables"].items():  # type: ignore[attr-defined]
         opts, totals, files = t["options"], t["totals"], t["sstables"]
         print(f"table {name!r}: compaction={opts['compaction']} "
-              f"bloom_filter_fp_chance={opts['bloom_filter_fp_chance']} "
+              f"{opts['filter_family']} fp_chance={opts['bloom_filter_fp_chance']} "
               f"mode={opts['bloom_filter_mode']}  ({len(files)} SSTables)")
         columns = [c for c in INSPECT_COLUMNS if c[2] is not (None if args.wide else False)]
         rows = []

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .files import FileWriter, unlink_quietly
-from .filters import DEFAULT_FAMILY, FilterSpec
+from .filters import WRITTEN_FAMILIES, FilterSpec
 from .filters.hashing import FAST_HASHER, Hasher
 from .history import HistoryWriter
 from .merge import Chunks, merge_newest
@@ -142,7 +142,8 @@ def target_fp_chance(state: TableState, bottom: bool) -> float:
 def target_spec(state: TableState, bottom: bool, hasher: Hasher) -> FilterSpec:
     """The filter a file of ``state`` written now gets (in the last level when
     ``bottom``), built with ``hasher``."""
-    return FilterSpec(DEFAULT_FAMILY, target_fp_chance(state, bottom), hasher)
+    return FilterSpec(WRITTEN_FAMILIES[state.options.filter_family],
+                      target_fp_chance(state, bottom), hasher)
 
 
 def reader_is_bottom(state: TableState, reader: SSTableReader) -> bool:

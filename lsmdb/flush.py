@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .files import SwitchedButNotSynced, unlink_quietly
+from .filters import WRITTEN_FAMILIES
 from .memtable import Memtable
 from .sstable_reader import SSTableReader
 from .sstable_writer import write_memtable
@@ -240,7 +241,8 @@ class Flusher:
                            block_size=options.block_size_bytes, table=state.name,
                            min_seq=mem.min_seq, max_seq=mem.max_seq, hasher=hasher,
                            compression=options.compression, file_number=number,
-                           db_id=versions.db_id)
+                           db_id=versions.db_id,
+                           family=WRITTEN_FAMILIES[options.filter_family])
             return versions.adopt(SSTableReader(file_path, number), 0)
         except BaseException:
             unlink_quietly(file_path)  # the memtable stays frozen, served and in the WAL

@@ -57,6 +57,7 @@ from .files import (
     unlink_quietly,
     wal_name,
 )
+from .filters import WRITTEN_FAMILIES
 from .lockfile import DatabaseLock
 from .logset import WalState, decode_record
 from .manifest import FileMeta, Manifest, TableMeta
@@ -420,14 +421,16 @@ class _Repair:
                                       block_size=options.block_size_bytes, table=table.name,
                                       min_seq=mem.min_seq, max_seq=mem.max_seq,
                                       compression=options.compression, file_number=number,
-                                      db_id=self.db_id)
+                                      db_id=self.db_id,
+                                      family=WRITTEN_FAMILIES[options.filter_family])
             else:
                 props = write_sstable(full, zip(keys, values, strict=True),
                                       fp_chance=options.bloom_filter_fp_chance,
                                       block_size=options.block_size_bytes, table=table.name,
                                       min_seq=min_seq, max_seq=max_seq,
                                       compression=options.compression, file_number=number,
-                                      db_id=self.db_id)
+                                      db_id=self.db_id,
+                                      family=WRITTEN_FAMILIES[options.filter_family])
             table.files.insert(0, FileMeta(number, level, props["size_bytes"], props["entries"],
                                            props["min_key"], props["max_key"], props["min_seq"],
                                            props["max_seq"]))

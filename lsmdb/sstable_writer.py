@@ -549,7 +549,8 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
                   block_size: int, table: str = "", min_seq: int | None = None,
                   max_seq: int = 0, hasher: Hasher = FAST_HASHER,
                   chunks: Iterable[tuple[Any, ...]] = (), compression: str = "lz4",
-                  file_number: int = 0, db_id: str = "") -> dict[str, Any]:
+                  file_number: int = 0, db_id: str = "",
+                  family: int | None = None) -> dict[str, Any]:
     """Write a complete SSTable to ``path`` and fsync it.  Returns its properties.
 
     The entries are ``items`` (key, value|None) pairs, then ``chunks`` of
@@ -564,7 +565,7 @@ def write_sstable(path: str, items: Iterable[tuple[bytes, bytes | None]], *, fp_
     return _write_file(path, fill, min_seq, max_seq, fp_chance=fp_chance,
                        block_size=block_size, table=table, hasher=hasher,
                        compression=compression, file_number=file_number, db_id=db_id,
-                       seq=max_seq)
+                       seq=max_seq, family=family)
 
 
 def _write_file(path: str, fill: Callable[[SSTableBuilder, FileWriter], None],
@@ -586,7 +587,7 @@ def write_memtable(path: str, data: dict[bytes, Any], tags: dict[bytes, int], *,
                    fp_chance: float, block_size: int, table: str = "",
                    min_seq: int | None = None, max_seq: int = 0, hasher: Hasher = FAST_HASHER,
                    compression: str = "lz4", file_number: int = 0,
-                   db_id: str = "") -> dict[str, Any]:
+                   db_id: str = "", family: int | None = None) -> dict[str, Any]:
     """A frozen memtable (its ``data`` and ``tags`` dicts) written as a complete
     SSTable at ``path`` and fsynced: the same file :func:`write_sstable` writes
     from its sorted chunks, the data blocks made by :func:`memtable_section`
@@ -600,14 +601,14 @@ def write_memtable(path: str, data: dict[bytes, Any], tags: dict[bytes, int], *,
     def fill(builder: SSTableBuilder, f: FileWriter) -> None:
         section = make(data, tags, block_size, kind, _compression.compressor(kind), fast,
                        f.write)
-        # A Bloom filter's bits do not depend on the order its keys are added in.
+        # A filter's bits do not depend on the order its keys are added in.
         hashes = section[4] if fast else list(map(hasher.fn, data)) if filtered else None
         builder.add_section(section, len(data), hashes)
 
     return _write_file(path, fill, min_seq, max_seq, fp_chance=fp_chance,
                        block_size=block_size, table=table, hasher=hasher,
                        compression=compression, file_number=file_number, db_id=db_id,
-                       seq=max_seq)
+                       seq=max_seq, family=family)
 
 
 def rewrite_filter(reader: SSTableReader, path: str, number: int, fp_chance: float,

@@ -167,7 +167,7 @@ def test_import_warns_once_without_the_c_speedups(blocked):
 #: across files that overlap in age, compactions in the worker process.
 CORE_SUITES = ["test_db.py", "test_db_model.py", "test_golden.py", "test_corruption.py",
                "test_crash.py", "test_powerloss.py", "test_format2.py", "test_snapshot.py",
-               "test_ttl.py", "test_seq_overlap.py", "test_worker.py"]
+               "test_ttl.py", "test_seq_overlap.py", "test_worker.py", "test_blocked_bloom.py"]
 
 
 def test_the_core_suites_pass_without_the_c_extension(tmp_path):

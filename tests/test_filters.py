@@ -95,8 +95,7 @@ def _build_exact(n: int, fp: float, hashes: list[int], hasher: Any) -> ExactFilt
 def exact_family(monkeypatch):
     """The test family registered, and new files built with it."""
     family = filters.register(Family(EXACT, "exact", _decode_exact, _build_exact))
-    monkeypatch.setattr(lsmdb.sstable_writer, "DEFAULT_FAMILY", EXACT)
-    monkeypatch.setattr(lsmdb.compaction, "DEFAULT_FAMILY", EXACT)
+    monkeypatch.setitem(filters.WRITTEN_FAMILIES, "bloom", EXACT)  # what filter_family writes
     yield family
     FAMILIES.pop(EXACT, None)
 

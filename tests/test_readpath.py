@@ -264,9 +264,10 @@ def test_c_and_python_paths_agree_with_block_caches_of_every_size(tmp_path, monk
 
 def _random_table(path: str, seed: int) -> dict[bytes, bytes | None]:
     """A table of random shape -- size-tiered or leveled, 1 to 6 files, each
-    file's filter of another fp chance (none included), tombstones, keys of
-    varied lengths in varied blocks -- and the model of its contents."""
+    file's filter of another fp chance (none included) and family, tombstones,
+    keys of varied lengths in varied blocks -- and the model of its contents."""
     rng = random.Random(seed)
+    families = random.Random(seed + 77)  # apart: the shapes stay what they were
     leveled = rng.random() < 0.4
     options = dict(block_size_bytes=rng.choice([256, 512, 2048]),
                    memtable_size_bytes=1 << 20,
@@ -277,7 +278,8 @@ def _random_table(path: str, seed: int) -> dict[bytes, bytes | None]:
     with lsmdb.open(path, auto_compaction=False) as db:
         db.alter_table("default", **options)
         for f in range(rng.randint(1, 6)):
-            db.alter_table("default", bloom_filter_fp_chance=rng.choice([1.0, 0.5, 0.1, 0.01]))
+            db.alter_table("default", bloom_filter_fp_chance=rng.choice([1.0, 0.5, 0.1, 0.01]),
+                           filter_family=families.choice(["bloom", "blocked_bloom"]))
             with db.batch() as b:
                 for _ in range(rng.randint(50, 600)):
                     key = b"k%0*d" % (rng.choice([3, 5]), rng.randrange(3000))

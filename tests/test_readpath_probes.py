@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lsmdb.fastpath import FileProbe
+from lsmdb.filters.blocked_bloom import FAMILY_BLOCKED_BLOOM, BlockedBloomFilter
 from lsmdb.filters.bloom import BloomFilter
 from lsmdb.filters.hashing import key_hash, keyed_hasher
 from lsmdb.stats import FILE_COUNTERS
@@ -42,8 +43,10 @@ def probe(index: list[bytes], bloom: BloomFilter | None = None, kf=None, c=None,
 
 
 def entry(keys: list[bytes], fp: float, kf=None, c=None, version: int = 2):
-    """A file's FileProbe for Probes and its Python twin (BloomFilter) for ``keys``."""
-    bloom = BloomFilter(len(keys), fp, version)
+    """A file's FileProbe for Probes and its Python twin (BloomFilter, or
+    BlockedBloomFilter for version 3: the family id) for ``keys``."""
+    bloom = (BlockedBloomFilter(len(keys), fp) if version == FAMILY_BLOCKED_BLOOM
+             else BloomFilter(len(keys), fp, version))
     hash_fn = kf or key_hash
     for key in keys:
         bloom.add_hash(hash_fn(key))
@@ -61,7 +64,7 @@ def reference_first(files, key: bytes, start: int) -> tuple[int, list[list[int]]
         if not e.filter_family:
             return i, deltas
         h = (e.hash_fn or key_hash)(key)
-        if bloom.may_contain_hash(h & 0xFFFFFFFF, h >> 32):
+        if bloom.may_contain(h):
             return i, deltas
         deltas[i][1] += 1
     return -1, deltas
@@ -89,7 +92,7 @@ def assert_first_matches(probes, files, key: bytes, context=()) -> None:
                 min_size=1, max_size=5),
        st.lists(st.sampled_from([0.5, 0.1, 0.01, 1.0]), min_size=5, max_size=5),
        st.lists(st.binary(min_size=0, max_size=6), min_size=1, max_size=60),
-       st.booleans(), st.lists(st.sampled_from([1, 2]), min_size=5, max_size=5))
+       st.booleans(), st.lists(st.sampled_from([1, 2, 3]), min_size=5, max_size=5))
 def test_probes_match_the_python_filter(file_keys, fps, queries, keyed, versions):
     kf = keyed_hasher(b"k" * 32).fn if keyed else None
     files = [entry(keys, fps[i], kf, version=versions[i]) for i, keys in enumerate(file_keys)]
@@ -150,7 +153,7 @@ def test_probes_past_the_gather_limit_match_the_python_filter():
     rng = random.Random(9)
     for n_files in (63, 64, 65, 70):
         files = [entry(sorted({b"%03d-%05d" % (i % 2, rng.randrange(10**5)) for _ in range(30)}),
-                       0.1, version=1 + i % 3 % 2) for i in range(n_files)]
+                       0.1, version=1 + i % 3) for i in range(n_files)]
         probes = Probes([f[0] for f in files], [], key_hash)
         for key in [b"%03d-%05d" % (rng.randrange(2), rng.randrange(10**5)) for _ in range(300)]:
             assert_first_matches(probes, files, key, (n_files,))
@@ -403,6 +406,16 @@ def test_filters_over_the_prefetch_size_answer_as_the_small_ones(version):
             assert want >= 0  # never a false negative
     negatives = sum(f[0].counts[1] for f in files)
     assert negatives > 0
+
+
+@pytest.mark.parametrize(("params", "size", "match"), [
+    ((3, 2), 128, "shorter than its blocks"), ((0, 2), 128, "1 to 2\\^32 - 1 blocks"),
+    ((2**32, 2), 128, "blocks"), ((2, 0), 128, "0 < k"), ((2,), 128, "blocks, k")])
+def test_blocked_filters_of_bad_parameters_are_refused(params, size, match):
+    bad = FileProbe(None, b"a", b"b", counts(), None, BloomFilter(0, 1.0), FAMILY_BLOCKED_BLOOM,
+                    bytearray(size), params, [b"b"], [0], [1], 0)
+    with pytest.raises((ValueError, TypeError), match=match):
+        Probes([bad], [], key_hash)
 
 
 def test_partitions_of_2_32_bits_are_refused():

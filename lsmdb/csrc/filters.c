@@ -17,14 +17,16 @@ filter_probe_init(FilterProbe *f, PyObject *family, PyObject *data, PyObject *pa
         return -1;
     if (id == FILTER_NONE)
         return 0;
-    if (id != FILTER_BLOOM_WHOLE && id != FILTER_BLOOM_PARTITIONED) {
+    if (id != FILTER_BLOOM_WHOLE && id != FILTER_BLOOM_PARTITIONED && id != FILTER_BLOCKED_BLOOM) {
         PyErr_Format(PyExc_ValueError, "filter family %ld has no C probe", id);
         return -1;
     }
     if (PyObject_GetBuffer(data, &f->data, PyBUF_SIMPLE) < 0)
         return -1;
     f->have_data = 1;
-    if (bloom_params_init(&f->u.bloom, (int)id, params, f->data.len) < 0) {
+    if ((id == FILTER_BLOCKED_BLOOM
+         ? blocked_params_init(&f->u.blocked, params, f->data.len)
+         : bloom_params_init(&f->u.bloom, (int)id, params, f->data.len)) < 0) {
         filter_probe_clear(f);
         return -1;
     }

@@ -17,17 +17,20 @@
 
 #include "base.h"
 #include "filters_bloom.h"
+#include "filters_blocked_bloom.h"
 
 /* Family ids, as lsmdb/filters names them.  DO NOT CHANGE: on disk (but for
  * FILTER_NONE, which is in memory only: no filter, every probe "maybe"). */
 #define FILTER_NONE 0
 #define FILTER_BLOOM_WHOLE 1
 #define FILTER_BLOOM_PARTITIONED 2
+#define FILTER_BLOCKED_BLOOM 3
 
 /* The families this module probes, by id (module.c exports them). */
 #define FILTER_FAMILY_NAMES {[FILTER_BLOOM_WHOLE] = "bloom", \
-                             [FILTER_BLOOM_PARTITIONED] = "bloom"}
-#define FILTER_FAMILY_SLOTS 3
+                             [FILTER_BLOOM_PARTITIONED] = "bloom", \
+                             [FILTER_BLOCKED_BLOOM] = "blocked_bloom"}
+#define FILTER_FAMILY_SLOTS 4
 
 /* A file's filter, ready to probe. */
 typedef struct {
@@ -36,6 +39,7 @@ typedef struct {
     Py_buffer data;      /* what the probe reads */
     union {              /* the family's parameters */
         BloomParams bloom;
+        BlockedParams blocked;
     } u;
 } FilterProbe;
 
@@ -56,6 +60,8 @@ filter_maybe(const FilterProbe *f, uint64_t h)
         return bloom_part_maybe(&f->u.bloom, data, h);
     case FILTER_BLOOM_WHOLE:
         return bloom_whole_maybe(&f->u.bloom, data, h);
+    case FILTER_BLOCKED_BLOOM:
+        return blocked_maybe(&f->u.blocked, data, h);
     default:
         return 1;
     }
@@ -74,6 +80,9 @@ filter_prefetch(const FilterProbe *f, uint64_t h, int all)
         break;
     case FILTER_BLOOM_WHOLE:
         bloom_whole_prefetch(&f->u.bloom, data, h);
+        break;
+    case FILTER_BLOCKED_BLOOM:
+        blocked_prefetch(&f->u.blocked, data, h);
         break;
     default:
         break;

@@ -10,8 +10,11 @@
  *   filters_hashing.c xxh3_64 (the filters' key hash, for keys up to 240
  *                     bytes)
  *   filters.c         a file's filter ready to probe, by its family (the
- *                     probes are inline: filters.h, filters_bloom.h)
+ *                     probes are inline: filters.h, filters_bloom.h,
+ *                     filters_blocked_bloom.h)
  *   filters_bloom.c   the Bloom family's parameters, bloom_add
+ *   filters_blocked_bloom.c  the blocked Bloom family's parameters,
+ *                     blocked_bloom_add and blocked_bloom_fill
  *   readpath_probes.c Probes: a get's range checks and filter probes, file
  *                     by file
  *   readpath.c        Getter: the whole db.get (block-cache hits, a block
@@ -169,6 +172,12 @@ static PyMethodDef speedups_functions[] = {
     {"bloom_add", (PyCFunction)(void (*)(void))speedups_bloom_add, METH_FASTCALL,
      "bloom_add($module, bits, m, k, hashes, part=0, /)\n--\n\n"
      "Set the filter bits of every 64-bit hash (part 0: format 1)."},
+    {"blocked_bloom_add", (PyCFunction)(void (*)(void))speedups_blocked_bloom_add, METH_FASTCALL,
+     "blocked_bloom_add($module, bits, blocks, k, hashes, /)\n--\n\n"
+     "Set the blocked Bloom filter bits of every 64-bit hash."},
+    {"blocked_bloom_fill", (PyCFunction)(void (*)(void))speedups_blocked_bloom_fill, METH_FASTCALL,
+     "blocked_bloom_fill($module, bits, blocks, k, /)\n--\n\n"
+     "(bits set, mean over blocks of (the block's fill)^k) of a blocked Bloom filter."},
     {NULL, NULL, 0, NULL},
 };
 

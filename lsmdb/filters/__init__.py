@@ -334,5 +334,12 @@ def _load_families() -> None:
 
 _load_families()
 
-#: The family new files are built with.
-DEFAULT_FAMILY: int = importlib.import_module(f"{__name__}.bloom").FAMILY_BLOOM_PARTITIONED
+#: The family id new files are built with, for each value of the table option
+#: ``filter_family`` (a family's name; the Bloom filter writes its partitioned
+#: layout).
+WRITTEN_FAMILIES: dict[str, int] = {
+    "bloom": importlib.import_module(f"{__name__}.bloom").FAMILY_BLOOM_PARTITIONED,
+    "blocked_bloom": importlib.import_module(f"{__name__}.blocked_bloom").FAMILY_BLOCKED_BLOOM,
+}
+#: The family new files are built with when no table says otherwise.
+DEFAULT_FAMILY: int = WRITTEN_FAMILIES["bloom"]

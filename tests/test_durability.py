@@ -63,7 +63,7 @@ from lsmdb.manifest import MANIFEST_HEADER, MANIFEST_MAGIC
 from lsmdb.repair import repair_database
 from lsmdb.sstable_reader import SSTableReader
 from lsmdb.verify import verify_database
-from lsmdb.wal import PREALLOCATE_MAX_BYTES, read_segment
+from lsmdb.wal import PWRITE_MIN_BYTES, read_segment
 from tests.conftest import SMALL
 from tools import load_test_layer
 
@@ -79,9 +79,9 @@ else:
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"),
                                 reason="the fault layers read descriptors through /proc")
 
-#: A value larger than the space a live WAL segment allocates ahead: its put
-#: must grow the segment, where an injected "write" fault then strikes.
-GROWS = b"x" * (PREALLOCATE_MAX_BYTES + 1)
+#: A value whose record is written with pwrite (lsmdb.wal.PWRITE_MIN_BYTES),
+#: where an injected "write" fault then strikes, part of it written.
+GROWS = b"x" * PWRITE_MIN_BYTES
 
 
 @pytest.fixture(autouse=True)
@@ -308,6 +308,48 @@ def test_a_failed_wal_append_is_never_followed_by_another_in_that_segment(tmp_pa
         assert (again.get(b"a"), again.get(b"c")) == (b"1", None)
     with lsmdb.open(path) as again:
         assert (again.get(b"a"), again.get(b"c")) == (b"1", None)
+
+
+def test_a_batch_whose_pwrite_fails_part_way_leaves_a_torn_tail(tmp_path):
+    """A batch large enough to be written with pwrite that fails after part of
+    it reached the file (a disk filling up): the write raises
+    and no read sees it; a process crash right then leaves the segment with
+    the failed record as a torn tail, which a reopen drops; the database goes
+    on in a new segment."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    acked = {b"first": b"1"}
+    db.put(b"first", b"1")
+    for half in range(2):      # ~600 KB each
+        with db.batch() as b:
+            for i in range(half * 5000, half * 5000 + 5000):
+                b.put(b"big%05d" % i, b"v" * 100)
+                acked[b"big%05d" % i] = b"v" * 100
+    [segment] = [n for n in os.listdir(path) if n.startswith("wal-")]
+    with Faults(path) as faults:
+        faults.fail("write", lambda n: n.startswith("wal-"), errno.EIO, partial=True)
+        with pytest.raises(OSError) as raised:
+            with db.batch() as b:   # ~120 KB
+                for i in range(1000):
+                    b.put(b"lost%04d" % i, b"w" * 100)
+        assert raised.value.errno == errno.EIO
+        assert faults.hits == [("write", segment, errno.EIO)]
+        assert db.get(b"lost0000") is None and db.get(b"lost0999") is None
+        crashed = str(tmp_path / "crashed")
+        shutil.copytree(path, crashed)  # a process crash, right here
+        db.put(b"then", b"works")   # a new segment
+    with open(os.path.join(crashed, segment), "rb") as f:
+        read = read_segment(f.read(), int(segment[4:10]))
+    assert read.torn and len(read.records) == 3  # the put and two batches; the tail cut
+    assert errors_of(crashed) == []
+    with lsmdb.open(crashed) as again:
+        assert {k: again.get(k) for k in acked} == acked
+        assert again.get(b"lost0000") is None and again.get(b"lost0999") is None
+    acked[b"then"] = b"works"
+    db.close()
+    with lsmdb.open(path) as again:
+        assert {k: again.get(k) for k in acked} == acked
+        assert again.get(b"lost0000") is None and again.get(b"lost0999") is None
 
 
 # --------------------------------------------------------------- the WAL is bounded

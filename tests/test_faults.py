@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -686,21 +687,27 @@ def test_background_compaction_error_is_reported_and_retried(tmp_path, caplog, f
     with lsmdb.open(path, compaction_process=fault == "fsync") as db:  # writes: merged here
         db.create_table("t", min_threshold=2, **SMALL)
         with IOFaults(path) as faults:
+            # Every attempt fails while the faults are in place (a retry that came
+            # before the count below would otherwise leave nothing to retry).
             if fault == "write":
-                faults.fail_write(is_sst, errno.ENOSPC, after_bytes=500, thread=background)
+                faults.fail_write(is_sst, errno.ENOSPC, after_bytes=500, thread=background,
+                                  times=None)
             else:
-                faults.fail_fsync(is_sst, errno.ENOSPC, thread=background)
+                faults.fail_fsync(is_sst, errno.ENOSPC, thread=background, times=None)
             with caplog.at_level(logging.ERROR, logger="lsmdb"):
                 rows = fill(db, "t", b"k", 60, size=150)      # two flushes or more
                 with pytest.raises(OSError) as info:
                     db.wait_for_compactions(timeout=30)
             assert info.value.errno == errno.ENOSPC
-            assert faults.hits == 1
+            assert faults.hits >= 1
+            assert_rows(db, "t", rows)
+            before = len(db.sstables("t"))
+            assert before >= 2
         assert any(r.name == "lsmdb" and r.levelno >= logging.ERROR and r.exc_info
                    and isinstance(r.exc_info[1], OSError) for r in caplog.records), \
             "the background error was not logged"
-        assert_rows(db, "t", rows)
-        before = len(db.sstables("t"))
+        with contextlib.suppress(OSError):  # a failure of the faults' last moments, if any
+            db.wait_for_compactions(timeout=30)
         db.wait_for_compactions(timeout=30)               # retried, succeeds
         assert len(db.sstables("t")) < before
         assert_rows(db, "t", rows)

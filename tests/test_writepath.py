@@ -476,7 +476,10 @@ def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monke
         calls.append(length)
         raise OSError(errno.ENOSPC, "test: ENOSPC")
 
-    big = b"2" * (lsmdb.wal.PREALLOCATE_MAX_BYTES + 1)   # more than the room allocated ahead
+    # Mapped records (under PWRITE_MIN_BYTES), two more than the first room allocated ahead.
+    big = b"2" * (lsmdb.wal.PWRITE_MIN_BYTES - 4096)
+    db.put(b"a2", big)
+    assert len(db._versions.log.writer._map) < db._versions.log.writer.size + len(big)
     monkeypatch.setattr(os, "posix_fallocate", failing)
     with pytest.raises(OSError, match="ENOSPC"):
         db.put(b"b", big)
@@ -494,8 +497,8 @@ def test_a_failed_wal_write_fails_the_log_and_applies_nothing(tmp_path, c, monke
     assert db._versions.log.failed is None
     db.close()
     with lsmdb.open(path) as again:
-        assert [again.get(k) for k in (b"a", b"b", b"c", b"d")] == \
-            [b"1", None, b"3" * 50, big]
+        assert [again.get(k) for k in (b"a", b"a2", b"b", b"c", b"d")] == \
+            [b"1", big, None, b"3" * 50, big]
 
 
 @pytest.mark.parametrize("c", [False, True])

@@ -2,13 +2,14 @@
 
 :class:`Faults` watches one directory while installed and wraps the ``os``
 functions lsmdb's files go through -- ``os.open``, ``os.write``,
-``os.fsync``, ``os.fdatasync``, ``os.replace``, ``os.rename``, ``os.unlink``,
+``os.pwrite``, ``os.fsync``, ``os.fdatasync``, ``os.replace``, ``os.rename``, ``os.unlink``,
 ``os.pread`` -- so that a call on a file of that directory (or on the
 directory itself, for fsync) can fail:
 
 * with an errno (``ENOSPC``, ``EIO``, ``EMFILE``, ...) before it does anything;
-* for ``write``, after a *partial* write: some prefix of the data reaches the
-  file, then the error (a disk filling up mid-record).
+* for ``write`` (``os.write`` and ``os.pwrite``), after a *partial* write:
+  some prefix of the data reaches the file, then the error (a disk filling
+  up mid-record).
 
 ``os.posix_fallocate`` -- how a WAL segment, written through a memory
 mapping, grows (lsmdb.files.preallocate) -- counts as a ``write`` of the
@@ -85,11 +86,12 @@ class Faults:
 
     # -- install --------------------------------------------------------------
     def __enter__(self) -> Faults:
-        for name in ("open", "write", "fsync", "fdatasync", "replace", "rename", "unlink",
-                     "pread", "posix_fallocate"):
+        for name in ("open", "write", "pwrite", "fsync", "fdatasync", "replace", "rename",
+                     "unlink", "pread", "posix_fallocate"):
             self._saved[name] = getattr(os, name)
         os.open = self._open
         os.write = self._write
+        os.pwrite = self._pwrite
         os.posix_fallocate = self._fallocate
         os.fsync = self._fsync
         os.fdatasync = self._fdatasync
@@ -159,6 +161,16 @@ class Faults:
         return self._saved["open"](path, flags, mode, *args, **kwargs)
 
     def _write(self, fd: int, data: Any) -> int:
+        self._maybe_fail_write(fd, data, lambda part: self._saved["write"](fd, part))
+        return self._saved["write"](fd, data)
+
+    def _pwrite(self, fd: int, data: Any, offset: int) -> int:
+        self._maybe_fail_write(fd, data, lambda part: self._saved["pwrite"](fd, part, offset))
+        return self._saved["pwrite"](fd, data, offset)
+
+    def _maybe_fail_write(self, fd: int, data: Any, write: Callable[[Any], int]) -> None:
+        """A write's fault, if one is due: a prefix of ``data`` written (``write``)
+        for a partial one, then the error."""
         name = self._name_of_fd(fd)
         fault = self._decide("write", name)
         if fault is not None:
@@ -167,9 +179,8 @@ class Faults:
                 with self._lock:
                     rng = self._rng() if self._random else _random.Random(len(data))
                     cut = rng.randrange(1, len(data))
-                self._saved["write"](fd, memoryview(data)[:cut])
+                write(memoryview(data)[:cut])
             self._raise(err, name or "?")
-        return self._saved["write"](fd, data)
 
     def _fallocate(self, fd: int, offset: int, length: int) -> None:
         name = self._name_of_fd(fd)

@@ -3,6 +3,7 @@
     python -m bench.scale [--small N] [--large N] [--queries Q] [--compaction NAME ...]
                           [--peers NAME ...]
     python -m bench.scale --sizes N [N ...] [--queries Q] [--json PATH] [--plot PATH]
+                          [--filter-family NAME]
 
 (The second form: bench/scale_ladder.py.)
 
@@ -365,15 +366,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="PATH",
                         help="with --sizes: draw rates and memory against the key count, a PNG "
                              "(needs matplotlib: pip install 'lsmdb[plot]')")
+    parser.add_argument("--filter-family", choices=lsmdb.options.OPTION_CHOICES["filter_family"],
+                        default="bloom", help="with --sizes: the table option filter_family "
+                        "(default bloom)")
     args = parser.parse_args(argv)
     if args.plot:
         require_matplotlib(parser)
     if args.sizes is not None:
         if min(args.sizes) < 2 or args.queries < 8:
             parser.error("sizes must be at least 2 and queries at least 8")
-        return scale_ladder.main(args.sizes, args.queries, args.json, args.plot)
+        return scale_ladder.main(args.sizes, args.queries, args.json, args.plot,
+                                 args.filter_family)
     if args.plot:
         parser.error("--plot draws a --sizes run")
+    if args.filter_family != "bloom":
+        parser.error("--filter-family goes with --sizes")
     if min(args.small, args.large) < 2 or args.queries < PRESENT_SHARE * SLICES:
         parser.error(f"sizes must be at least 2 and queries at least {PRESENT_SHARE * SLICES}")
     progress = Progress()

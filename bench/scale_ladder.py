@@ -1,13 +1,15 @@
 """``bench.scale --sizes``: lsmdb loaded to growing sizes, what each size costs.
 
     python -m bench.scale --sizes 1000000 10000000 50000000 [--queries Q] [--json P] [--plot P]
+                          [--filter-family NAME]
 
 For each size N (ascending; each in a new directory, deleted afterwards):
 
 * **Load**: N keys ``b"user:%010d" % 2i`` (100-byte values, as bench.peers)
   in a scrambled order (an affine permutation of 0..N-1: every key once,
   nothing held in memory), through batches of 10,000, the database's
-  defaults (size-tiered, background compactions), then
+  defaults (size-tiered, background compactions; ``--filter-family``
+  blocked_bloom sets that table option), then
   ``wait_for_compactions()``.  Reported: the load rate until the last
   commit, the seconds until compactions settle, the longest commit (a batch
   that waited on a write stall shows here), and the write stalls
@@ -64,10 +66,12 @@ def scrambled(n: int, seed: int) -> Iterator[int]:
     return ((a * i + c) % n for i in range(n))
 
 
-def load(path: str, n: int, progress: Progress) -> dict[str, Any]:
+def load(path: str, n: int, progress: Progress, filter_family: str = "bloom") -> dict[str, Any]:
     db = lsmdb.open(path)
     longest = 0.0
     try:
+        if filter_family != "bloom":
+            db.alter_table("default", filter_family=filter_family)
         order = scrambled(n, seed=n)
         start = time.perf_counter()
         done = 0
@@ -140,7 +144,8 @@ out = {"open_seconds": open_s, "files": st["files"], "rss_anon_before_open": ano
        "rss_anon_after_open": anon_open,
        "filter_bytes_in_memory": st["filter_bytes_in_memory"],
        "index_bytes_in_memory": st["index_bytes_in_memory"],
-       "block_cache_bytes": 32 << 20}
+       "block_cache_bytes": 32 << 20,
+       "filter_families": sorted({i.filter_version for i in db.sstables()})}
 out["cold_absent_per_s"] = rate(absent[:q // 2], False)
 out["cold_present_per_s"] = rate(present[:len(present) // 2], True)
 for name in files():
@@ -169,7 +174,7 @@ def reopened(path: str, n: int, queries: int) -> dict[str, Any]:
 
 
 def run(sizes: Sequence[int], queries: int, progress: Progress,
-        root: str | None = None) -> list[dict[str, Any]]:
+        root: str | None = None, filter_family: str = "bloom") -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in sorted(sizes):
         with tempfile.TemporaryDirectory(prefix="bench-scale-", dir=root) as tmp:
@@ -181,7 +186,7 @@ def run(sizes: Sequence[int], queries: int, progress: Progress,
                 progress(rows[-1]["skipped"])
                 continue
             path = os.path.join(tmp, "db")
-            row = load(path, n, progress)
+            row = load(path, n, progress, filter_family)
             progress(f"{n:,} keys: loaded at {row['load_per_s'] / 1e3:,.0f}k/s, settled "
                      f"{row['settle_seconds']:.1f}s later")
             row.update(reopened(path, n, queries))
@@ -196,7 +201,9 @@ def run(sizes: Sequence[int], queries: int, progress: Progress,
 
 
 def print_rows(rows: list[dict[str, Any]], report: dict[str, Any]) -> None:
-    print(f"lsmdb at growing sizes (default options, loaded in batches of {BATCH_KEYS:,} in a "
+    family = report.get("filter_family", "bloom")
+    options = "default options" + (f" but filter_family={family}" if family != "bloom" else "")
+    print(f"lsmdb at growing sizes ({options}, loaded in batches of {BATCH_KEYS:,} in a "
           f"scrambled order; gets in a new process: {report['queries']:,} absent and "
           f"{report['queries'] // 4:,} present, half cold, half warm)")
     print(f"machine: {describe_machine(report['machine'])}")
@@ -260,12 +267,12 @@ def write_plot(path: str, rows: list[dict[str, Any]]) -> None:
 
 
 def main(sizes: Sequence[int], queries: int, json_path: str | None,
-         plot_path: str | None) -> int:
+         plot_path: str | None, filter_family: str = "bloom") -> int:
     progress = Progress()
-    rows = run(sizes, queries, progress)
+    rows = run(sizes, queries, progress, filter_family=filter_family)
     report = {"benchmark": "scale_sizes", "machine": machine_info(), "speedups": lsmdb.SPEEDUPS,
-              "queries": queries, "sizes": list(sizes), "rows": rows,
-              "seconds": progress.elapsed()}
+              "queries": queries, "sizes": list(sizes), "filter_family": filter_family,
+              "rows": rows, "seconds": progress.elapsed()}
     print_rows(rows, report)
     if json_path:
         write_json(json_path, report)

@@ -583,11 +583,14 @@ def test_scale_sizes(tmp_path: Path) -> None:
     out = tmp_path / "sizes.json"
     png = tmp_path / "sizes.png"
     plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
-    done = run_module("bench.scale", "--sizes", "30000", "12000", "--queries", "400",
-                      "--json", str(out), *plot)
+    done = run_module("bench.scale", "--sizes", "40000", "12000", "--queries", "400",
+                      "--json", str(out), "--filter-family", "blocked_bloom", *plot)
     report = json.loads(out.read_text())
+    assert report["filter_family"] == "blocked_bloom"
+    assert "filter_family=blocked_bloom" in done.stdout
     rows = report["rows"]
-    assert [r["keys"] for r in rows] == [12000, 30000]   # ascending
+    assert [r["keys"] for r in rows] == [12000, 40000]   # ascending
+    assert rows[1]["filter_families"] == [3]  # every file's filter blocked (12,000: no file)
     for r in rows:
         assert r["load_per_s"] > 0 and r["bytes_on_disk"] > 0 and r["open_seconds"] > 0
         assert r["rss_anon_after_gets"] > 0 and r["write_stalls"] == 0

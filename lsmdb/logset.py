@@ -39,6 +39,7 @@ Record framing is in :mod:`lsmdb.wal`; a record's payload is msgpack
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -442,6 +443,11 @@ class LogSet:
             writer.add_record(payload)
         except OSError as exc:
             self.failed = exc
+            raise
+        except BaseException:
+            # Interrupted part way (KeyboardInterrupt): what was stored past
+            # writer.size must stay the segment's tail, so nothing follows it.
+            self.failed = OSError(errno.EIO, "WAL append interrupted")
             raise
         live.max_seq = seq
         if not live.min_seq:

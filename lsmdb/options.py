@@ -48,8 +48,9 @@ class TableOptions:
     memtable_size_bytes: int = DEFAULT_MEMTABLE_SIZE_BYTES
     #: Which filter each SSTable written from now on embeds: "bloom" (k probes
     #: over the whole filter) or "blocked_bloom" (a key's probes in one 64-byte
-    #: block: one cache miss per lookup, about 3% more bits for the same
-    #: false-positive chance).  Both are sized by bloom_filter_fp_chance.
+    #: block: one cache miss per lookup, 3% more bits for the same
+    #: false-positive chance at 0.01, 8% at 0.001).  Both are sized by
+    #: bloom_filter_fp_chance.
     filter_family: str = "bloom"
     #: "active": a filter's "no" skips the read.  "shadow": the filter is asked
     #: and counted but the block is read anyway, so measured false negatives

@@ -158,6 +158,9 @@ class LogWriter:
             while view:
                 done = os.pwrite(self._fd, view, at)
                 view, at = view[done:], at + done
+            # The file holds these bytes now: space allocated later starts past
+            # them (where a file system cannot allocate, preallocate writes zeros).
+            self._allocated = max(self._allocated, end)
         else:
             assert self._map is not None
             self._map[self.size:end] = data
@@ -200,15 +203,22 @@ class LogWriter:
     def unwrite(self, start: int) -> None:
         """Take back the records from ``start`` (a record's start) on: zeros again,
         the segment's clean end there -- for a write that raised after it was
-        stored (its fsync failed), which no reader may then take."""
+        stored (its fsync failed), which no reader may then take.  Zeroed from
+        the end backwards, so that a failure or a crash part way leaves the
+        record cut short (a torn tail), never its start gone with later
+        fragments still in place."""
         if start >= self.size:
             return
         mapped = min(self.size, 0 if self._map is None else len(self._map))
+        end = self.size
+        while end > max(start, mapped):  # the part written with pwrite, past the mapping
+            at = max(start, mapped, end - (1 << 20))
+            zeros = memoryview(bytes(end - at))
+            while zeros:
+                zeros = zeros[os.pwrite(self._fd, zeros, end - len(zeros)):]
+            self.size = end = at
         if self._map is not None and start < mapped:
             self._map[start:mapped] = bytes(mapped - start)
-        at = max(start, mapped)
-        while at < self.size:  # the part written with pwrite, past the mapping
-            at += os.pwrite(self._fd, bytes(min(self.size - at, 1 << 20)), at)
         self.size = start
 
     def sync(self) -> None:

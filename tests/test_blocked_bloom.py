@@ -81,12 +81,51 @@ def test_bits_per_key_are_the_fewest_that_predict_the_target(p):
 
 
 def test_the_poisson_sum_is_the_formula():
-    """Against a direct sum at a small load (every term by hand)."""
-    load, k = 3.0, 4
-    want = sum(math.exp(-load) * load ** j / math.factorial(j)
-               * (1 - (1 - 1 / 512) ** (j * k)) ** k for j in range(80))
+    """Against the documented sum at a small load, every term by hand."""
+    load, k, b = 3.0, 4, 512
+    want = 0.0
+    for j in range(80):
+        e1, e2 = (1 - 1 / b) ** (j * k), (1 - 2 / b) ** (j * k)
+        mean, var = 1 - e1, e1 / b + (1 - 1 / b) * e2 - e1 * e1
+        want += (math.exp(-load) * load ** j / math.factorial(j)
+                 * (mean ** k + k * (k - 1) / 2 * mean ** (k - 2) * var))
     assert predicted_fpr_at(load, k) == pytest.approx(want, rel=1e-12)
     assert predicted_fpr_at(0.0, 3) == 0.0 and predicted_fpr_at(5.0, 0) == 1.0
+
+
+def _exact_rate(load: float, k: int) -> float:
+    """The exact mean rate for independent probe positions: the distribution of
+    a block's set bits after j keys' j*k throws, step by step, mixed over
+    j ~ Poisson(load), each block's chance (set / 512)^k."""
+    dist = [1.0] + [0.0] * BLOCK_BITS
+    total = 0.0
+    for j in range(int(load + 12 * math.sqrt(load) + 30) + 1):
+        weight = math.exp(j * math.log(load) - load - math.lgamma(j + 1))
+        total += weight * sum(d * (x / BLOCK_BITS) ** k for x, d in enumerate(dist) if d)
+        for _ in range(k):
+            new = [0.0] * (BLOCK_BITS + 1)
+            for x, d in enumerate(dist):
+                if d > 1e-300:
+                    new[x] += d * x / BLOCK_BITS
+                    if x < BLOCK_BITS:
+                        new[x + 1] += d * (BLOCK_BITS - x) / BLOCK_BITS
+            dist = new
+    return total
+
+
+@pytest.mark.parametrize("p", [0.1, 0.01])
+def test_the_formula_is_the_exact_rate_to_a_thousandth(p):
+    """At the load the sizing picks, the second-order formula against the exact
+    mean; the mean fill alone to the k-th power falls short of it (the reason
+    for the variance term)."""
+    load = BLOCK_BITS / bits_per_key(p)
+    k = best_hashes(load)
+    exact = _exact_rate(load, k)
+    assert predicted_fpr_at(load, k) == pytest.approx(exact, rel=1e-3)
+    assert exact <= p * 1.001
+    first_order = sum(math.exp(j * math.log(load) - load - math.lgamma(j + 1))
+                      * (1 - (1 - 1 / BLOCK_BITS) ** (j * k)) ** k for j in range(200))
+    assert first_order < exact * (0.999 if p < 0.1 else 1.0)
 
 
 @pytest.mark.parametrize(("n", "p"), [(1, 0.01), (1_000, 0.01), (10_000, 0.1),

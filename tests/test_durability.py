@@ -352,6 +352,96 @@ def test_a_batch_whose_pwrite_fails_part_way_leaves_a_torn_tail(tmp_path):
         assert again.get(b"lost0000") is None and again.get(b"lost0999") is None
 
 
+def test_small_records_after_a_pwrite_batch_where_nothing_allocates_ahead(tmp_path, monkeypatch):
+    """Where the file system cannot allocate ahead (no posix_fallocate: zeros
+    are written instead), the space a small record reserves after a batch
+    written with pwrite starts past that batch: nothing acknowledged is zeroed."""
+    def unsupported(fd, offset, length):
+        raise OSError(errno.EOPNOTSUPP, "test: no fallocate here")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    path = str(tmp_path / "db")
+    acked = {}
+    with lsmdb.open(path) as db:
+        for round_ in range(3):
+            with db.batch(sync=True) as b:     # ~113 KB: written with pwrite
+                for i in range(1000):
+                    b.put(b"big%d-%04d" % (round_, i), b"v" * 100)
+                    acked[b"big%d-%04d" % (round_, i)] = b"v" * 100
+            for i in range(200):                # mapped records after it
+                db.put(b"small%d-%03d" % (round_, i), b"s" * 200)
+                acked[b"small%d-%03d" % (round_, i)] = b"s" * 200
+        db.sync()
+        shutil.copytree(path, str(tmp_path / "crashed"))  # a process crash, right here
+    for where in (path, str(tmp_path / "crashed")):
+        assert errors_of(where) == []
+        with lsmdb.open(where) as again:
+            assert {k: again.get(k) for k in acked} == acked, where
+
+
+@pytest.mark.parametrize("zeroed", [0, 1])
+def test_a_batch_taken_back_after_a_failed_fsync_is_zeroed_from_its_end(tmp_path, zeroed):
+    """A batch written with pwrite whose fsync fails is taken back (unwrite)
+    with zeros from its end backwards, 1 MiB at a time.  When that zeroing
+    fails too, after ``zeroed`` chunks: with none, the batch is still whole
+    in the file (a reopen may find it, whole, as the guarantees allow for a
+    write that raised); with one, it is cut short -- a torn tail, dropped --
+    and never its start gone with later fragments in place (damage)."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.put(b"first", b"1", sync=True)
+    with Faults(path) as faults:
+        faults.fail("fsync", lambda n: n.startswith("wal-"), errno.EIO)
+        faults.fail("write", lambda n: n.startswith("wal-"), errno.EIO, skip=1 + zeroed)
+        with pytest.raises(OSError):
+            with db.batch(sync=True) as b:     # ~1.2 MB: two chunks of zeros to write
+                for i in range(10_000):
+                    b.put(b"lost%05d" % i, b"w" * 100)
+        assert [op for op, _n, _e in faults.hits] == ["fsync", "write"]
+        assert db.get(b"lost00000") is None
+        crashed = str(tmp_path / "crashed")
+        shutil.copytree(path, crashed)  # a process crash, right here
+    with contextlib.suppress(OSError):
+        db.close()
+    assert errors_of(crashed) == []
+    with lsmdb.open(crashed) as again:
+        assert again.get(b"first") == b"1"
+        found = [again.get(b"lost%05d" % i) for i in (0, 5000, 9999)]
+        assert found == ([b"w" * 100] * 3 if zeroed == 0 else [None] * 3)
+
+
+def test_a_wal_append_interrupted_part_way_fails_the_log(tmp_path, monkeypatch):
+    """A KeyboardInterrupt while a batch is written (part of it in the file):
+    the log is failed like an I/O error, so nothing is appended after the
+    partial record in that segment; the next write starts a new one."""
+    path = str(tmp_path / "db")
+    db = lsmdb.open(path)
+    db.put(b"first", b"1")
+    real = os.pwrite
+
+    def interrupted(fd, data, offset):
+        real(fd, memoryview(data)[:len(data) // 2], offset)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "pwrite", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with db.batch() as b:
+            for i in range(1000):
+                b.put(b"lost%04d" % i, b"w" * 100)
+    monkeypatch.setattr(os, "pwrite", real)
+    assert isinstance(db._versions.log.failed, OSError)
+    crashed = str(tmp_path / "crashed")
+    shutil.copytree(path, crashed)  # a process crash, right here
+    db.put(b"then", b"2")           # a new segment
+    db.close()
+    for where in (path, crashed):
+        assert errors_of(where) == []
+        with lsmdb.open(where) as again:
+            assert again.get(b"first") == b"1" and again.get(b"lost0000") is None
+    with lsmdb.open(path) as again:
+        assert again.get(b"then") == b"2"
+
+
 # --------------------------------------------------------------- the WAL is bounded
 
 def _wal_bytes(path: str) -> int:

@@ -54,6 +54,7 @@ if __name__ == "__main__":  # run as a script: use the lsmdb of this checkout
 
 import lsmdb  # noqa: E402
 import lsmdb.stats  # noqa: E402
+from lsmdb.wal import PWRITE_MIN_BYTES  # noqa: E402
 from tools import load_test_layer  # noqa: E402
 from tools.powerloss_model import (  # noqa: E402
     Bounds,
@@ -142,7 +143,10 @@ def generate(seed: int, n_ops: int, sync_writes: bool = False) -> Plan:
         live.add(name)
 
     def value_size() -> int:
-        return rng.randint(900, 1100) if rng.random() < 0.4 else rng.randint(1, 120)
+        roll = rng.random()
+        if roll < 0.02:  # a record the WAL writes with pwrite (lsmdb.wal.PWRITE_MIN_BYTES)
+            return rng.randint(PWRITE_MIN_BYTES, PWRITE_MIN_BYTES + 8192)
+        return rng.randint(900, 1100) if roll < 0.4 else rng.randint(1, 120)
 
     def a_sync() -> bool | None:
         choice = rng.choice((True, False, False, False, None))

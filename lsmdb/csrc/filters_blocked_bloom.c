@@ -27,9 +27,9 @@ blocked_params_init(BlockedParams *b, PyObject *params, Py_ssize_t data_len)
     if (!PyTuple_Check(params)
         || !PyArg_ParseTuple(params, "KK:blocked Bloom parameters (blocks, k)", &blocks, &k))
         return -1;
-    if (blocks == 0 || blocks > BLOCKED_MAX_BLOCKS || k == 0 || k > 1024) {
+    if (blocks == 0 || blocks > BLOCKED_MAX_BLOCKS || k == 0 || k > 64) {
         PyErr_SetString(PyExc_ValueError,
-                        "a blocked Bloom filter needs 1 to 2^32 - 1 blocks and 0 < k <= 1024");
+                        "a blocked Bloom filter needs 1 to 2^32 - 1 blocks and 0 < k <= 64");
         return -1;
     }
     if ((uint64_t)data_len / BLOCKED_BLOCK_BYTES < blocks) {

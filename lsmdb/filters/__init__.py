@@ -30,6 +30,7 @@ filter differs from what a file written now would get (:class:`FilterSpec`):
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -55,6 +56,21 @@ class ProbeSpec(NamedTuple):
 
 
 NO_PROBE = ProbeSpec(FAMILY_NONE, None, ())
+
+
+def checked_sizing(capacity: Any, fp_chance: Any) -> float:
+    """The checks of a filter constructor's ``(capacity, fp_chance)``: an int
+    capacity >= 0 and a chance with 0 < p <= 1 (TypeError, ValueError); the
+    chance as a float."""
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise TypeError("capacity must be an int")
+    if capacity < 0:
+        raise ValueError("capacity must be >= 0")
+    if isinstance(fp_chance, bool) or not isinstance(fp_chance, (int, float)):
+        raise TypeError("fp_chance must be a float")
+    if math.isnan(fp_chance) or not 0.0 < fp_chance <= 1.0:
+        raise ValueError("fp_chance must satisfy 0 < fp_chance <= 1")
+    return float(fp_chance)
 
 
 class FilterStats(NamedTuple):

@@ -53,7 +53,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CorruptionError, UnsupportedFormatError
-from . import NO_PROBE, Family, FilterStats, ProbeSpec, register
+from . import NO_PROBE, Family, FilterStats, ProbeSpec, checked_sizing, register
 from . import Filter as _Filter
 from .bloom import FILTER_HEADER, FILTER_HEADER_SIZE, LN2_SQUARED, MASK32, MAX_HASHES
 from .hashing import HASH_XXH3_64, KNOWN_HASH_ALGORITHMS, Hasher, key_hash
@@ -204,16 +204,9 @@ class BlockedBloomFilter(_Filter):
     family = FAMILY_BLOCKED_BLOOM
 
     def __init__(self, capacity: int, fp_chance: float = 0.01) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError("capacity must be an int")
-        if capacity < 0:
-            raise ValueError("capacity must be >= 0")
-        if isinstance(fp_chance, bool) or not isinstance(fp_chance, (int, float)):
-            raise TypeError("fp_chance must be a float")
-        if math.isnan(fp_chance) or not 0.0 < fp_chance <= 1.0:
-            raise ValueError("fp_chance must satisfy 0 < fp_chance <= 1")
-        m, k = filter_shape(capacity, float(fp_chance))
-        self._init(m, k, float(fp_chance), aligned_bits(m // 8))
+        fp_chance = checked_sizing(capacity, fp_chance)
+        m, k = filter_shape(capacity, fp_chance)
+        self._init(m, k, fp_chance, aligned_bits(m // 8))
 
     def _init(self, m: int, k: int, fp_chance: float, bits: Any) -> None:
         self.m, self.k, self.n, self.fp_chance = m, k, 0, fp_chance

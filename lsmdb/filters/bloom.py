@@ -50,7 +50,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import CorruptionError, UnsupportedFormatError
-from . import NO_PROBE, Family, FilterStats, ProbeSpec, register
+from . import NO_PROBE, Family, FilterStats, ProbeSpec, checked_sizing, register
 from . import Filter as _Filter
 from .hashing import HASH_XXH3_64, KNOWN_HASH_ALGORITHMS, Hasher, key_hash
 
@@ -193,20 +193,13 @@ class BloomFilter(_Filter):
 
     def __init__(self, capacity: int, fp_chance: float = 0.01,
                  version: int = FILTER_FORMAT_VERSION) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int):
-            raise TypeError("capacity must be an int")
-        if capacity < 0:
-            raise ValueError("capacity must be >= 0")
-        if isinstance(fp_chance, bool) or not isinstance(fp_chance, (int, float)):
-            raise TypeError("fp_chance must be a float")
-        if math.isnan(fp_chance) or not 0.0 < fp_chance <= 1.0:
-            raise ValueError("fp_chance must satisfy 0 < fp_chance <= 1")
-        m, k = filter_shape(capacity, float(fp_chance))
+        fp_chance = checked_sizing(capacity, fp_chance)
+        m, k = filter_shape(capacity, fp_chance)
         if k > MAX_HASHES:
             raise ValueError(f"fp_chance {fp_chance:g} needs {k} hashes; at most {MAX_HASHES}")
         if version not in KNOWN_FILTER_VERSIONS:
             raise ValueError(f"filter format version must be one of {KNOWN_FILTER_VERSIONS}")
-        self._init(m, k, float(fp_chance), version)
+        self._init(m, k, fp_chance, version)
         self._capacity = capacity
 
     def _init(self, m: int, k: int, fp_chance: float,

@@ -121,7 +121,7 @@ class LogWriter:
         self._fd = create(path, readable=True)
         self._pid = os.getpid()
         self._map: mmap.mmap | None = None
-        self._allocated = 0  # bytes of the file preallocate gave (the mapping's room)
+        self._allocated = 0  # bytes the file holds: allocated ahead, or written with pwrite
         self.size = 0
         try:
             self.reserve(SEGMENT_HEADER_SIZE)

@@ -44,6 +44,63 @@ filter_probe_clear(FilterProbe *f)
     f->family = FILTER_NONE;
 }
 
+/* w from `hashes`: a buffer of native unsigned 64-bit words (an array('Q'))
+ * as it is, or a sequence of ints copied into words (OverflowError or
+ * TypeError for anything else): 0, or -1 with an exception set and nothing
+ * held.  The words can then be read without the GIL. */
+int
+hash_words_get(PyObject *hashes, HashWords *w)
+{
+    memset(w, 0, sizeof *w);
+    if (!PyList_CheckExact(hashes) && !PyTuple_CheckExact(hashes)
+        && PyObject_CheckBuffer(hashes)) {
+        if (PyObject_GetBuffer(hashes, &w->view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        if (w->view.itemsize == 8 && w->view.format != NULL
+            && (strcmp(w->view.format, "Q") == 0 || strcmp(w->view.format, "@Q") == 0)) {
+            w->have_view = 1;
+            w->words = (const unsigned char *)w->view.buf;
+            w->count = w->view.len / 8;
+            return 0;
+        }
+        PyBuffer_Release(&w->view);  /* not native unsigned 64-bit words: as a sequence */
+    }
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be a sequence of ints");
+    if (seq == NULL)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    w->copy = PyMem_Malloc(n ? 8 * (size_t)n : 1);
+    if (w->copy == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
+        if (h == (unsigned long long)-1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            hash_words_release(w);
+            return -1;
+        }
+        uint64_t word = h;
+        memcpy(w->copy + 8 * j, &word, 8);
+    }
+    Py_DECREF(seq);
+    w->words = w->copy;
+    w->count = n;
+    return 0;
+}
+
+void
+hash_words_release(HashWords *w)
+{
+    if (w->have_view)
+        PyBuffer_Release(&w->view);
+    PyMem_Free(w->copy);
+    memset(w, 0, sizeof *w);
+}
+
 /* {id: name} of every family filter_probe_init takes (FILTER_FAMILIES). */
 PyObject *
 filter_families(void)

@@ -104,6 +104,18 @@ int filter_probe_init(FilterProbe *f, PyObject *family, PyObject *data, PyObject
 void filter_probe_clear(FilterProbe *f);
 PyObject *filter_families(void);
 
+/* The 64-bit key hashes an add function takes, as native unsigned words. */
+typedef struct {
+    const unsigned char *words;  /* count words, native order, maybe unaligned */
+    Py_ssize_t count;
+    Py_buffer view;              /* held when the hashes were a buffer of words */
+    int have_view;
+    unsigned char *copy;         /* else: the words copied from a sequence of ints */
+} HashWords;
+
+int hash_words_get(PyObject *hashes, HashWords *w);
+void hash_words_release(HashWords *w);
+
 HIDDEN_END
 
 #endif

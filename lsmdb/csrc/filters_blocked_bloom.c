@@ -79,63 +79,32 @@ speedups_blocked_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, P
 {
     /* blocked_bloom_add(bits, blocks, k, hashes): for each 64-bit hash (a
      * sequence of ints, or a buffer of native unsigned 64-bit words -- an
-     * array('Q') -- then without the GIL), set the bits of its k probes.  The
+     * array('Q'); hash_words_get), without the GIL, set the bits of its k probes.  The
      * same bits as BlockedBloomFilter.add_hashes in Python. */
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "blocked_bloom_add(bits, blocks, k, hashes)");
         return NULL;
     }
+    HashWords w;
+    if (hash_words_get(args[3], &w) < 0)
+        return NULL;
     BlockedParams b;
-    Py_buffer view, hv;
-    if (!PyList_CheckExact(args[3]) && !PyTuple_CheckExact(args[3])
-        && PyObject_CheckBuffer(args[3])) {
-        if (PyObject_GetBuffer(args[3], &hv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-            return NULL;
-        if (hv.itemsize != 8 || hv.format == NULL
-            || (strcmp(hv.format, "Q") != 0 && strcmp(hv.format, "@Q") != 0)) {
-            PyBuffer_Release(&hv);
-            PyErr_SetString(PyExc_TypeError, "hashes must be an array('Q') or a sequence of ints");
-            return NULL;
-        }
-        if (blocked_args(args, 1, &b, &view) < 0) {
-            PyBuffer_Release(&hv);
-            return NULL;
-        }
-        const unsigned char *words = (const unsigned char *)hv.buf;
-        Py_ssize_t count = hv.len / 8;
-        unsigned char *bits = (unsigned char *)view.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < count; j++) {
-            uint64_t h;
-            memcpy(&h, words + 8 * j, 8);  /* native order; the buffer may be unaligned */
-            blocked_set_hash(&b, bits, h);
-        }
-        Py_END_ALLOW_THREADS
-        PyBuffer_Release(&hv);
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence of ints");
-    if (seq == NULL)
-        return NULL;
+    Py_buffer view;
     if (blocked_args(args, 1, &b, &view) < 0) {
-        Py_DECREF(seq);
+        hash_words_release(&w);
         return NULL;
     }
-    PyObject *result = Py_None;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t j = 0; j < n; j++) {
-        unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
-        if (h == (unsigned long long)-1 && PyErr_Occurred()) {
-            result = NULL;
-            break;
-        }
-        blocked_set_hash(&b, (unsigned char *)view.buf, h);
+    unsigned char *bits = (unsigned char *)view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t j = 0; j < w.count; j++) {
+        uint64_t h;
+        memcpy(&h, w.words + 8 * j, 8);  /* native order; the buffer may be unaligned */
+        blocked_set_hash(&b, bits, h);
     }
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    Py_DECREF(seq);
-    return Py_XNewRef(result);
+    hash_words_release(&w);
+    Py_RETURN_NONE;
 }
 
 PyObject *

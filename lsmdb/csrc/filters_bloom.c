@@ -93,7 +93,7 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
 {
     /* bloom_add(bits, m, k, hashes[, part]): for each 64-bit hash h (hashes a
      * sequence of ints, or a buffer of native unsigned 64-bit words -- an
-     * array('Q') -- then without the GIL), set the
+     * array('Q'); hash_words_get), without the GIL, set the
      * bits of its k probes, h1 = h & 0xFFFFFFFF, h2 = h >> 32: with part = 0
      * (the default) bits (h1 + i*h2) mod m (format 1); else bits
      * i*part + (((h1 + i*h2) mod 2^32) * part >> 32) (format 2).  The same bits
@@ -120,65 +120,26 @@ speedups_bloom_add(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_
         if (check_part(part, m, (uint64_t)k) < 0)
             return NULL;
     }
+    HashWords w;
+    if (hash_words_get(args[3], &w) < 0)
+        return NULL;
     Py_buffer view;
-    if (!PyList_CheckExact(args[3]) && !PyTuple_CheckExact(args[3])
-        && PyObject_CheckBuffer(args[3])) {
-        /* hashes as unsigned 64-bit words (an array('Q')): set without the GIL */
-        Py_buffer hv;
-        if (PyObject_GetBuffer(args[3], &hv, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-            return NULL;
-        if (hv.itemsize != 8 || hv.format == NULL
-            || (strcmp(hv.format, "Q") != 0 && strcmp(hv.format, "@Q") != 0)) {
-            PyBuffer_Release(&hv);  /* not native unsigned 64-bit words: as a sequence */
-            goto as_sequence;
-        }
-        if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
-            PyBuffer_Release(&hv);
-            return NULL;
-        }
-        if (m == 0 || (uint64_t)view.len < (m + 7) / 8) {
-            PyBuffer_Release(&hv);
-            PyBuffer_Release(&view);
-            PyErr_SetString(PyExc_ValueError, "bit array shorter than m bits (or m is 0)");
-            return NULL;
-        }
-        const unsigned char *words = (const unsigned char *)hv.buf;
-        Py_ssize_t count = hv.len / 8;
-        Py_BEGIN_ALLOW_THREADS
-        bloom_set_all((unsigned char *)view.buf, m, (uint64_t)k, part, words, count);
-        Py_END_ALLOW_THREADS
-        PyBuffer_Release(&hv);
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-as_sequence:;
-    PyObject *seq = PySequence_Fast(args[3], "hashes must be a sequence of ints");
-    if (seq == NULL)
-        return NULL;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0) {
-        Py_DECREF(seq);
+        hash_words_release(&w);
         return NULL;
     }
-    PyObject *result = NULL;
     if (m == 0 || (uint64_t)view.len < (m + 7) / 8) {
+        PyBuffer_Release(&view);
+        hash_words_release(&w);
         PyErr_SetString(PyExc_ValueError, "bit array shorter than m bits (or m is 0)");
-        goto done;
+        return NULL;
     }
-    unsigned char *bits = (unsigned char *)view.buf;
-    uint64_t M = fastmod_M(m);
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t j = 0; j < n; j++) {  /* filters/bloom.py's probe_bit, for every probe of every hash */
-        unsigned long long h = PyLong_AsUnsignedLongLong(items[j]);
-        if (h == (unsigned long long)-1 && PyErr_Occurred())
-            goto done;
-        bloom_set_hash(bits, m, M, (uint64_t)k, part, h);
-    }
-    result = Py_NewRef(Py_None);
-done:
+    Py_BEGIN_ALLOW_THREADS
+    bloom_set_all((unsigned char *)view.buf, m, (uint64_t)k, part, w.words, w.count);
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
-    Py_DECREF(seq);
-    return result;
+    hash_words_release(&w);
+    Py_RETURN_NONE;
 }
 
 PyObject *

@@ -65,10 +65,13 @@ WORKER_NICE = 10
 
 _FRAME = struct.Struct("<Q")
 
-# The worker's command: block the no-speedups warning (the parent warned
-# already) and serve on the pipes.
-_BOOT = ("import warnings; warnings.filterwarnings('ignore', 'lsmdb runs without its C speedups');"
-         "import sys, lsmdb.worker as w; w.serve(int(sys.argv[1]))")
+# The worker's command: put the directory holding this lsmdb first on its
+# path (``python -c`` puts the working directory first, which may hold another
+# lsmdb, a checkout), block the no-speedups warning (the parent warned already)
+# and serve on the pipes.
+_BOOT = ("import sys; sys.path.insert(0, sys.argv[2]);"
+         "import warnings; warnings.filterwarnings('ignore', 'lsmdb runs without its C speedups');"
+         "import lsmdb.worker as w; w.serve(int(sys.argv[1]))")
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -101,15 +104,12 @@ class Worker:
     def __init__(self) -> None:
         if not sys.executable:
             raise WorkerError("no Python executable to start a compaction worker with")
-        env = dict(os.environ)
         root = os.path.dirname(_PACKAGE_DIR)  # so the worker imports this very lsmdb
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"]
-                                    if env.get("PYTHONPATH") else "")
         life_r, self._life = os.pipe()  # the worker exits when this process lets go of it
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, str(life_r)], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, env=env, pass_fds=(life_r,), close_fds=True)
+                [sys.executable, "-c", _BOOT, str(life_r), root], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, pass_fds=(life_r,), close_fds=True)
         except BaseException:
             os.close(self._life)
             raise

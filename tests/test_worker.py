@@ -477,3 +477,20 @@ def test_a_worker_a_closing_database_may_still_kill_is_never_reused(tmp_path, mo
         rows = fill(other, "t", rounds=2)
         other.compact("t")
         check(other, "t", rows)
+
+
+def test_a_worker_imports_this_lsmdb_whatever_the_working_directory_holds(tmp_path,
+                                                                          monkeypatch):
+    """``python -c`` puts the working directory first on the path: another lsmdb
+    there (a checkout) must not be what the worker imports, or every merge would
+    fall back to this process."""
+    decoy = tmp_path / "lsmdb"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy lsmdb was imported')\n")
+    (decoy / "worker.py").write_text("raise ImportError('the decoy lsmdb was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    worker = lsmdb.worker.Worker()
+    try:
+        assert worker.proc.poll() is None
+    finally:
+        worker.close()

@@ -526,7 +526,7 @@ def get_many(db: Versions, state: TableState, keys: Iterable[Any]) -> list[Any]:
             answers = many([as_key(k) for k in given])
         if answers is not None:
             return answers
-        if state.fast.seq_overlap:  # files overlapping in age: the C get, key by key
+        if state.fast.seq_overlap:  # overlapping files, the C call declined: C gets
             return [getter(k) for k in given]
     ks = [k if type(k) is bytes and len(k) <= MAX_KEY_SIZE_BYTES else as_key(k) for k in given]
     if db.closed:

@@ -178,6 +178,50 @@ def test_the_c_getter_reads_overlapping_files_itself_and_counts_as_python_does(
     db.close()
 
 
+def _counters_after_get_many(path, monkeypatch, python):
+    import random
+
+    from tests.support.impls import use_python
+    with monkeypatch.context() as m:
+        if python:
+            use_python(m)
+        db = lsmdb.open(path, auto_compaction=False)
+        db.alter_table("default", bloom_filter_fp_chance=0.01)
+        for f in range(4):  # file f holds every (f + 1)th key: newer versions of older ones
+            for i in range(0, 200, f + 1):
+                db.put(b"k%03d" % i, b"v%d.%d" % (f, i))
+            db.flush()
+        merge_by_hand(db, [0, 2])
+        db.put(b"k005", b"in the memtable")
+        db.delete(b"k006")
+        keys = [b"k%03d" % i for i in range(300)] + [b"k000", b"k003", b"", b"k2"]
+        random.Random(5).shuffle(keys)
+        assert db._default_state.fast.seq_overlap
+        if python:
+            answers = db.get_many(keys)
+        else:  # the C getter serves the whole call itself, not key by key
+            answers = db._default_state.getter.many(keys)
+        assert answers == [db.get(k) for k in keys]
+        counters = [(s.range_skips, s.filter_negatives, s.true_positives, s.false_positives,
+                     s.block_reads, s.block_cache_hits) for s in db.sstables()]
+        stats = db.table_stats("default")
+        db.close()
+    return keys, answers, counters, (stats["gets"], stats["gets_absent"])
+
+
+def test_the_c_get_many_reads_overlapping_files_itself_and_counts_as_python_does(
+        tmp_path, monkeypatch):
+    if not lsmdb.SPEEDUPS:
+        pytest.skip("built without the C speedups")
+    py = _counters_after_get_many(tmp_path / "py", monkeypatch, True)
+    c = _counters_after_get_many(tmp_path / "c", monkeypatch, False)
+    assert py == c
+    got = dict(zip(c[0], c[1], strict=True))
+    assert got[b"k003"] == b"v2.3" and got[b"k002"] == b"v1.2" and got[b"k000"] == b"v3.0"
+    assert got[b"k005"] == b"in the memtable" and got[b"k006"] is None
+    assert got[b"k250"] is None and got[b""] is None and got[b"k2"] is None
+
+
 def test_size_tiered_merges_files_of_similar_size_whatever_their_age(tmp_path, impl):
     db = lsmdb.open(tmp_path / "db", auto_compaction=False)
     db.alter_table("default", min_threshold=4, min_sstable_size_bytes=0)

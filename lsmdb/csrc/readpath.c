@@ -883,6 +883,57 @@ done:
     return out;
 }
 
+/* A get of key, of hash h (have_h: computed; 0 for a key too long to hash
+ * inline), as view fast sees the newest versions: the memtables, then the
+ * files.  g: the key's gather_start, or NULL (not gathered: the files'
+ * filters are then probed one by one).  1 and *value (a new reference, never
+ * None), 0 when absent (no version, or a tombstone), -1 on error.  The files
+ * count their steps; GETS and GETS_ABSENT are the caller's. */
+int
+get_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
+           int have_h, const Gather *g, PyObject **value)
+{
+    int m = mem_visible(self, fast, key, h, have_h, value);
+    if (m != 0) {
+        if (m == 1 && *value == Py_None) {
+            Py_DECREF(*value);
+            return 0;
+        }
+        return m;
+    }
+    Py_ssize_t f;
+    if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
+        uint64_t bound = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, FAST_BOUND));
+        if (bound == (uint64_t)-1 && PyErr_Occurred())
+            return -1;
+        int r = overlap_get(self, fast, probes, key, bound, value);
+        if (r != 0) {
+            if (r == 1 && *value == Py_None) {
+                Py_DECREF(*value);
+                return 0;
+            }
+            return r;
+        }
+        if (bound != LATEST)  /* every level was compared */
+            return 0;
+        f = probes_first(probes, key, probes->n0);  /* the deeper levels, as ever */
+    } else {
+        f = g != NULL ? gather_finish(probes, g) : probes_first(probes, key, 0);
+    }
+    while (f >= 0) {
+        int r = file_get(self, fast, f, &probes->e[f], key, LATEST, value, NULL);
+        if (r != 0) {
+            if (r == 1 && *value == Py_None) {  /* a tombstone: the newest version says deleted */
+                Py_DECREF(*value);
+                return 0;
+            }
+            return r;
+        }
+        f = probes_first(probes, key, f + 1);
+    }
+    return f == -2 ? -1 : 0;  /* -2: error in a probe */
+}
+
 static PyObject *
 Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -914,63 +965,16 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
      * sequence numbers (overlap_get) test every level-0 filter one by one
      * afterwards, so their lines are loaded the same way. */
     Gather g;
-    int overlap = PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True;
     int gathered = have_h && can_gather(probes, key);
     if (gathered)
         gather_start(probes, key, h, &g);
-    int m = mem_visible(self, fast, key, h, have_h, &value);
-    if (m < 0)
-        goto done;
-    if (m == 1) {
-        if (value == Py_None) {
-            Py_DECREF(value);
-            goto absent;
-        }
+    int r = get_latest(self, fast, probes, key, h, have_h, gathered ? &g : NULL, &value);
+    if (r == 1) {
         result = value;
-        goto done;
+    } else if (r == 0) {
+        counts[GETS_ABSENT]++;
+        result = Py_NewRef(dflt);
     }
-    Py_ssize_t f;
-    if (overlap) {
-        uint64_t bound = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, FAST_BOUND));
-        if (bound == (uint64_t)-1 && PyErr_Occurred())
-            goto done;
-        int r = overlap_get(self, fast, probes, key, bound, &value);
-        if (r < 0)
-            goto done;
-        if (r == 1) {
-            if (value == Py_None) {
-                Py_DECREF(value);
-                goto absent;
-            }
-            result = value;
-            goto done;
-        }
-        if (bound != LATEST)  /* every level was compared */
-            goto absent;
-        f = probes_first(probes, key, probes->n0);  /* the deeper levels, as ever */
-    } else {
-        f = gathered ? gather_finish(probes, &g) : probes_first(probes, key, 0);
-    }
-    while (f >= 0) {
-        int r = file_get(self, fast, f, &probes->e[f], key, LATEST, &value, NULL);
-        if (r < 0)
-            goto done;
-        if (r == 1) {
-            if (value == Py_None) {  /* a tombstone: the newest version says deleted */
-                Py_DECREF(value);
-                goto absent;
-            }
-            result = value;
-            goto done;
-        }
-        f = probes_first(probes, key, f + 1);
-    }
-    if (f == -2)  /* error in a probe */
-        goto done;
-absent:
-    counts[GETS_ABSENT]++;
-    result = Py_NewRef(dflt);
-done:
     Py_DECREF(fast);
     return result;
 }

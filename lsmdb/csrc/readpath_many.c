@@ -418,6 +418,60 @@ keyed_hashes(Many *m, Py_ssize_t n)
     return 0;
 }
 
+/* get_many where level 0's files overlap in sequence numbers (a key's
+ * newest version may be in any of them: overlap_get compares them): key by
+ * key as a get takes it (get_latest), a file at a time being no help there,
+ * but with the filter lines of the key MANY_AHEAD places on starting to load
+ * (gather_start, for its loads alone), so that the keys' cache misses
+ * overlap as the files' misses of one key do.  The keys are the checked
+ * list of Getter_many, copied: a get may read a block (the GIL let go) or
+ * hand over to Python code.  The answers (None where absent) counted as the
+ * gets would count them, or NULL with an exception set. */
+static PyObject *
+many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
+{
+    PyObject *keys = PyList_GetSlice(given, 0, PyList_GET_SIZE(given));
+    if (keys == NULL)
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    uint64_t *counts = (uint64_t *)self->counts.buf;
+    Gather g;
+    for (Py_ssize_t i = 0; i < n && i < MANY_AHEAD; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (can_gather(probes, key))
+            gather_start(probes, key, xxh3_64_of_short(key), &g);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + MANY_AHEAD < n) {
+            PyObject *ahead = PyList_GET_ITEM(keys, i + MANY_AHEAD);
+            if (can_gather(probes, ahead))
+                gather_start(probes, ahead, xxh3_64_of_short(ahead), &g);
+        }
+        PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
+        uint64_t h = 0;
+        int have_h = getter_hash(probes, key, &h);
+        counts[GETS]++;
+        int r = get_latest(self, fast, probes, key, h, have_h, NULL, &value);
+        if (r < 0) {
+            Py_DECREF(keys);
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (r == 0) {
+            counts[GETS_ABSENT]++;
+            value = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    Py_DECREF(keys);
+    return out;
+}
+
 PyObject *
 Getter_many(Getter *self, PyObject *keys)
 {
@@ -450,11 +504,6 @@ Getter_many(Getter *self, PyObject *keys)
     int ok = getter_fast(self, &m.fast);
     if (ok <= 0)
         return ok < 0 ? NULL : Py_NewRef(Py_None);
-    if (PyTuple_GET_ITEM(m.fast, FAST_SEQ_OVERLAP) == Py_True) {
-        /* files overlapping in sequence numbers: the Python path compares them */
-        Py_DECREF(m.fast);
-        return Py_NewRef(Py_None);
-    }
     m.probes = (Probes *)PyTuple_GET_ITEM(m.fast, FAST_PROBES);
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys), total = 0;
@@ -476,6 +525,10 @@ Getter_many(Getter *self, PyObject *keys)
         }
         all_short &= PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX;  /* hashed here, not by xxhash */
         total += PyBytes_GET_SIZE(key);
+    }
+    if (PyTuple_GET_ITEM(m.fast, FAST_SEQ_OVERLAP) == Py_True) {
+        result = many_overlap(self, m.fast, m.probes, keys);
+        goto done;
     }
     m.mk.given = keys;
     m.mk.keys = Py_NewRef(keys);

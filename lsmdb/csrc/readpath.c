@@ -888,10 +888,11 @@ done:
  * files.  g: the key's gather_start, or NULL (not gathered: the files'
  * filters are then probed one by one).  1 and *value (a new reference, never
  * None), 0 when absent (no version, or a tombstone), -1 on error.  The files
- * count their steps; GETS and GETS_ABSENT are the caller's. */
-int
-get_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
-           int have_h, const Gather *g, PyObject **value)
+ * count their steps; GETS and GETS_ABSENT are the caller's.  Inline in the
+ * get (Getter_vectorcall); get_latest is the same for get_many. */
+static inline __attribute__((always_inline)) int
+get_latest_inline(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
+                  int have_h, const Gather *g, PyObject **value)
 {
     int m = mem_visible(self, fast, key, h, have_h, value);
     if (m != 0) {
@@ -934,6 +935,13 @@ get_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t
     return f == -2 ? -1 : 0;  /* -2: error in a probe */
 }
 
+int
+get_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
+           int have_h, const Gather *g, PyObject **value)
+{
+    return get_latest_inline(self, fast, probes, key, h, have_h, g, value);
+}
+
 static PyObject *
 Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
@@ -968,7 +976,7 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     int gathered = have_h && can_gather(probes, key);
     if (gathered)
         gather_start(probes, key, h, &g);
-    int r = get_latest(self, fast, probes, key, h, have_h, gathered ? &g : NULL, &value);
+    int r = get_latest_inline(self, fast, probes, key, h, have_h, gathered ? &g : NULL, &value);
     if (r == 1) {
         result = value;
     } else if (r == 0) {

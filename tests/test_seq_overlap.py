@@ -10,6 +10,8 @@ make such merges yet; these tests install one by hand.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -141,21 +143,21 @@ def test_a_merge_of_non_adjacent_files_is_seen_as_overlapping(tmp_path, pick):
     db.close()
 
 
-def _counters_after_gets(path, monkeypatch, python):
+def _counters_after(path, monkeypatch, python, reads):
+    """``reads(db, python)`` of four files (file f holds every (f + 1)th key: newer
+    versions of older ones) with the Python or the C read path; what it
+    answered, and the files' and the table's counters after it."""
     from tests.support.impls import use_python
     with monkeypatch.context() as m:
         if python:
             use_python(m)
         db = lsmdb.open(path, auto_compaction=False)
         db.alter_table("default", bloom_filter_fp_chance=0.01)
-        for f in range(4):  # file f holds every (f + 1)th key: newer versions of older ones
+        for f in range(4):
             for i in range(0, 200, f + 1):
                 db.put(b"k%03d" % i, b"v%d.%d" % (f, i))
             db.flush()
-        before = [db.get(b"k%03d" % i) for i in range(400)]
-        merge_by_hand(db, [0, 2])  # older versions than file 1's now in a file read first
-        answers = [db.get(b"k%03d" % i) for i in range(400)]
-        assert answers == before
+        answers = reads(db, python)
         counters = [(s.range_skips, s.filter_negatives, s.true_positives, s.false_positives,
                      s.block_reads, s.block_cache_hits) for s in db.sstables()]
         stats = db.table_stats("default")
@@ -163,63 +165,51 @@ def _counters_after_gets(path, monkeypatch, python):
     return answers, counters, (stats["gets"], stats["gets_absent"])
 
 
+def _gets(db, python):
+    keys = [b"k%03d" % i for i in range(400)]
+    before = [db.get(k) for k in keys]
+    merge_by_hand(db, [0, 2])  # older versions than file 1's now in a file read first
+    answers = [db.get(k) for k in keys]
+    assert answers == before
+    return list(zip(keys, answers, strict=True))
+
+
+def _get_many(db, python):
+    merge_by_hand(db, [0, 2])
+    db.put(b"k005", b"in the memtable")
+    db.delete(b"k006")
+    keys = [b"k%03d" % i for i in range(300)] + [b"k000", b"k003", b"", b"k2"]
+    random.Random(5).shuffle(keys)
+    assert db._default_state.fast.seq_overlap
+    if python:
+        answers = db.get_many(keys)
+    else:  # the C getter serves the whole call itself, not key by key
+        answers = db._default_state.getter.many(keys)
+    assert answers == [db.get(k) for k in keys]
+    return list(zip(keys, answers, strict=True))
+
+
+@pytest.mark.parametrize("reads", [_gets, _get_many], ids=["get", "get_many"])
 def test_the_c_getter_reads_overlapping_files_itself_and_counts_as_python_does(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, reads):
     if not lsmdb.SPEEDUPS:
         pytest.skip("built without the C speedups")
-    py = _counters_after_gets(tmp_path / "py", monkeypatch, True)
-    c = _counters_after_gets(tmp_path / "c", monkeypatch, False)
+    py = _counters_after(tmp_path / "py", monkeypatch, True, reads)
+    c = _counters_after(tmp_path / "c", monkeypatch, False, reads)
     assert py == c
-    assert py[0][:4] == [b"v3.0", b"v0.1", b"v1.2", b"v2.3"]  # the newest writes
+    got = dict(c[0])
+    # the newest writes
+    assert [got[b"k%03d" % i] for i in range(4)] == [b"v3.0", b"v0.1", b"v1.2", b"v2.3"]
+    assert got[b"k250"] is None
+    if reads is _get_many:
+        assert got[b"k005"] == b"in the memtable" and got[b"k006"] is None
+        assert got[b""] is None and got[b"k2"] is None
     db = lsmdb.open(tmp_path / "c", auto_compaction=False)
     assert db._default_state.fast.seq_overlap
     monkeypatch.setattr(lsmdb.readpath, "lookup", None)  # the C getter must not need it
     assert db.get(b"k003") == b"v2.3" and db.get(b"k002") == b"v1.2" and db.get(b"k999") is None
+    assert db._default_state.getter.many([b"k003", b"k999"]) == [b"v2.3", None]
     db.close()
-
-
-def _counters_after_get_many(path, monkeypatch, python):
-    import random
-
-    from tests.support.impls import use_python
-    with monkeypatch.context() as m:
-        if python:
-            use_python(m)
-        db = lsmdb.open(path, auto_compaction=False)
-        db.alter_table("default", bloom_filter_fp_chance=0.01)
-        for f in range(4):  # file f holds every (f + 1)th key: newer versions of older ones
-            for i in range(0, 200, f + 1):
-                db.put(b"k%03d" % i, b"v%d.%d" % (f, i))
-            db.flush()
-        merge_by_hand(db, [0, 2])
-        db.put(b"k005", b"in the memtable")
-        db.delete(b"k006")
-        keys = [b"k%03d" % i for i in range(300)] + [b"k000", b"k003", b"", b"k2"]
-        random.Random(5).shuffle(keys)
-        assert db._default_state.fast.seq_overlap
-        if python:
-            answers = db.get_many(keys)
-        else:  # the C getter serves the whole call itself, not key by key
-            answers = db._default_state.getter.many(keys)
-        assert answers == [db.get(k) for k in keys]
-        counters = [(s.range_skips, s.filter_negatives, s.true_positives, s.false_positives,
-                     s.block_reads, s.block_cache_hits) for s in db.sstables()]
-        stats = db.table_stats("default")
-        db.close()
-    return keys, answers, counters, (stats["gets"], stats["gets_absent"])
-
-
-def test_the_c_get_many_reads_overlapping_files_itself_and_counts_as_python_does(
-        tmp_path, monkeypatch):
-    if not lsmdb.SPEEDUPS:
-        pytest.skip("built without the C speedups")
-    py = _counters_after_get_many(tmp_path / "py", monkeypatch, True)
-    c = _counters_after_get_many(tmp_path / "c", monkeypatch, False)
-    assert py == c
-    got = dict(zip(c[0], c[1], strict=True))
-    assert got[b"k003"] == b"v2.3" and got[b"k002"] == b"v1.2" and got[b"k000"] == b"v3.0"
-    assert got[b"k005"] == b"in the memtable" and got[b"k006"] is None
-    assert got[b"k250"] is None and got[b""] is None and got[b"k2"] is None
 
 
 def test_size_tiered_merges_files_of_similar_size_whatever_their_age(tmp_path, impl):

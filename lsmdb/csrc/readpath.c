@@ -883,6 +883,19 @@ done:
     return out;
 }
 
+/* r and *value of a step of get_latest that found key's newest version (1),
+ * found none (0) or failed (-1): the same, but 0 where that version is a
+ * tombstone (None, released) -- the key is absent. */
+static inline int
+newest(int r, PyObject **value)
+{
+    if (r == 1 && *value == Py_None) {
+        Py_DECREF(*value);
+        return 0;
+    }
+    return r;
+}
+
 /* A get of key, of hash h (have_h: computed; 0 for a key too long to hash
  * inline), as view fast sees the newest versions: the memtables, then the
  * files.  g: the key's gather_start, or NULL (not gathered: the files'
@@ -895,26 +908,16 @@ get_latest_inline(Getter *self, PyObject *fast, Probes *probes, PyObject *key, u
                   int have_h, const Gather *g, PyObject **value)
 {
     int m = mem_visible(self, fast, key, h, have_h, value);
-    if (m != 0) {
-        if (m == 1 && *value == Py_None) {
-            Py_DECREF(*value);
-            return 0;
-        }
-        return m;
-    }
+    if (m != 0)
+        return newest(m, value);
     Py_ssize_t f;
     if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
         uint64_t bound = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, FAST_BOUND));
         if (bound == (uint64_t)-1 && PyErr_Occurred())
             return -1;
         int r = overlap_get(self, fast, probes, key, bound, value);
-        if (r != 0) {
-            if (r == 1 && *value == Py_None) {
-                Py_DECREF(*value);
-                return 0;
-            }
-            return r;
-        }
+        if (r != 0)
+            return newest(r, value);
         if (bound != LATEST)  /* every level was compared */
             return 0;
         f = probes_first(probes, key, probes->n0);  /* the deeper levels, as ever */
@@ -923,13 +926,8 @@ get_latest_inline(Getter *self, PyObject *fast, Probes *probes, PyObject *key, u
     }
     while (f >= 0) {
         int r = file_get(self, fast, f, &probes->e[f], key, LATEST, value, NULL);
-        if (r != 0) {
-            if (r == 1 && *value == Py_None) {  /* a tombstone: the newest version says deleted */
-                Py_DECREF(*value);
-                return 0;
-            }
-            return r;
-        }
+        if (r != 0)
+            return newest(r, value);
         f = probes_first(probes, key, f + 1);
     }
     return f == -2 ? -1 : 0;  /* -2: error in a probe */

@@ -538,11 +538,6 @@ def many_python(state: TableState, view: FastPath, ks: list[bytes]) -> list[Any]
     """get_many's reference in Python: the memtables for every key, then each
     file in read order for the keys still open (see :func:`get_many`)."""
     n = len(ks)
-    if view.seq_overlap:  # each key compares versions across files (lookup_by_seq)
-        answers = [lookup(view, k) for k in ks]
-        state.counts[GETS] += n
-        state.counts[GETS_ABSENT] += sum(v is MISSING or v is None for v in answers)
-        return [None if v is MISSING else v for v in answers]
     state.counts[GETS] += n
     out: list[Any] = [MISSING] * n
     for data in (view.data, *view.imm_datas):
@@ -550,6 +545,11 @@ def many_python(state: TableState, view: FastPath, ks: list[bytes]) -> list[Any]
             if out[i] is MISSING:
                 out[i] = visible(data.get(ks[i], MISSING), LATEST, view)
     pending = [i for i in range(n) if out[i] is MISSING]
+    if view.seq_overlap:  # each key compares versions across files (lookup_by_seq)
+        for i in pending:
+            out[i] = lookup_by_seq(view, ks[i], KeyHashes(ks[i]), view.bound, None)
+        state.counts[GETS_ABSENT] += sum(v is MISSING or v is None for v in out)
+        return [None if v is MISSING else v for v in out]
     hashes: dict[Any, list[int]] = {}
 
     def hash_of(i: int) -> Callable[[Any], int]:

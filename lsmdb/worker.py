@@ -65,11 +65,12 @@ WORKER_NICE = 10
 
 _FRAME = struct.Struct("<Q")
 
-# The worker's command: put the directory holding this lsmdb first on its
-# path (``python -c`` puts the working directory first, which may hold another
-# lsmdb, a checkout), block the no-speedups warning (the parent warned already)
-# and serve on the pipes.
-_BOOT = ("import sys; sys.path.insert(0, sys.argv[2]);"
+# The worker's command: the directory holding this lsmdb in place of the
+# working directory at the head of its path (``python -c`` puts the working
+# directory there, which may hold another lsmdb, a checkout, or a module that
+# shadows a dependency), block the no-speedups warning (the parent warned
+# already) and serve on the pipes.
+_BOOT = ("import sys; sys.path[0] = sys.argv[2];"
          "import warnings; warnings.filterwarnings('ignore', 'lsmdb runs without its C speedups');"
          "import lsmdb.worker as w; w.serve(int(sys.argv[1]))")
 

@@ -4,13 +4,16 @@ A merge of files that are not adjacent in age (F1 and F3 around F2) leaves an
 output whose sequence numbers span F2's: a key may then have its newest
 version in a file read after one holding an older version.  Reads of such a
 table (FastPath.seq_overlap) compare sequence numbers: point reads, get_many,
-scans in both directions with seek, snapshots, trace.  The picker does not
-make such merges yet; these tests install one by hand.
+scans in both directions with seek, snapshots, trace.  Size-tiered compaction
+makes such merges (files of similar size, whatever their age); most tests here
+install one by hand.
 """
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -209,6 +212,45 @@ def test_the_c_getter_reads_overlapping_files_itself_and_counts_as_python_does(
     monkeypatch.setattr(lsmdb.readpath, "lookup", None)  # the C getter must not need it
     assert db.get(b"k003") == b"v2.3" and db.get(b"k002") == b"v1.2" and db.get(b"k999") is None
     assert db._default_state.getter.many([b"k003", b"k999"]) == [b"v2.3", None]
+    db.close()
+
+
+def test_get_many_over_overlapping_files_never_sees_half_a_batch(tmp_path, impl):
+    """Batches rewrite ten keys while get_many asks for them with reads of the
+    files in between (a read lets the GIL go): each call sees one batch whole."""
+    db = lsmdb.open(tmp_path / "db", auto_compaction=False, block_cache_size_bytes=0)
+    db.alter_table("default", bloom_filter_fp_chance=1.0)  # every file's block is read
+    filler = [b"f%04d" % i for i in range(1500)]
+    for _ in range(3):
+        for k in filler:
+            db.put(k, b"x" * 50)
+        db.flush()
+    merge_by_hand(db, [0, 2])
+    assert db._default_state.fast.seq_overlap
+    batch_keys = [b"b%02d" % i for i in range(10)]
+    asked = [k for i, bk in enumerate(batch_keys) for k in [bk, *filler[i * 150:(i + 1) * 150]]]
+    stop = threading.Event()
+
+    def batches() -> None:
+        version = 0
+        while not stop.is_set():
+            version += 1
+            with db.batch() as b:
+                for k in batch_keys:
+                    b.put(k, b"%08d" % version)
+
+    writer = threading.Thread(target=batches)
+    writer.start()
+    try:
+        calls, deadline = 0, time.monotonic() + 3
+        while calls < 40 and time.monotonic() < deadline:
+            got = dict(zip(asked, db.get_many(asked), strict=True))
+            seen = {got[k] for k in batch_keys}
+            assert len(seen) == 1, f"get_many saw half a batch: {sorted(map(str, seen))}"
+            calls += 1
+    finally:
+        stop.set()
+        writer.join()
     db.close()
 
 

@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trees = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
     rates: dict[str, dict[str, list[float]]] = {t: {} for t in trees}
-    base = tempfile.mkdtemp(prefix="lsmdb-ab-", dir=args.dir)
+    # absolute: each child runs in its tree
+    base = os.path.abspath(tempfile.mkdtemp(prefix="lsmdb-ab-", dir=args.dir))
     try:
         for r in range(args.rounds):
             for name in (("old", "new") if r % 2 == 0 else ("new", "old")):

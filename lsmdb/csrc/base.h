@@ -31,6 +31,14 @@
 #define PREFETCH_HELPER static inline void
 #endif
 
+/* A helper of a hot path that must not cost a call there, though another
+ * file calls it through an out-of-line twin. */
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE
+#endif
+
 /* A function the hot loop calls rarely (after a filter's "maybe"): kept out of
  * line, so that the loop stays small. */
 #if defined(__GNUC__) || defined(__clang__)

@@ -883,7 +883,7 @@ done:
     return out;
 }
 
-/* r and *value of a step of get_latest that found key's newest version (1),
+/* r and *value of a step of a get that found key's newest version (1),
  * found none (0) or failed (-1): the same, but 0 where that version is a
  * tombstone (None, released) -- the key is absent. */
 static inline int
@@ -896,20 +896,18 @@ newest(int r, PyObject **value)
     return r;
 }
 
-/* A get of key, of hash h (have_h: computed; 0 for a key too long to hash
- * inline), as view fast sees the newest versions: the memtables, then the
- * files.  g: the key's gather_start, or NULL (not gathered: the files'
- * filters are then probed one by one).  1 and *value (a new reference, never
- * None), 0 when absent (no version, or a tombstone), -1 on error.  The files
- * count their steps; GETS and GETS_ABSENT are the caller's.  Inline in the
- * get (Getter_vectorcall); get_latest is the same for get_many. */
-static inline __attribute__((always_inline)) int
-get_latest_inline(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
-                  int have_h, const Gather *g, PyObject **value)
+/* The files' part of a get of key as view fast sees the newest versions,
+ * once no memtable holds a visible version of it (and key is the one the
+ * probes hold: getter_hash).  g: the key's gather_start, or NULL (not
+ * gathered: the filters are then probed one by one).  1 and *value (a new
+ * reference, never None), 0 when absent (no version, or a tombstone), -1 on
+ * error.  The files count their steps; GETS and GETS_ABSENT are the
+ * caller's.  Inline in the get (Getter_vectorcall); get_latest_files is the
+ * same for get_many. */
+static inline ALWAYS_INLINE int
+files_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, const Gather *g,
+             PyObject **value)
 {
-    int m = mem_visible(self, fast, key, h, have_h, value);
-    if (m != 0)
-        return newest(m, value);
     Py_ssize_t f;
     if (PyTuple_GET_ITEM(fast, FAST_SEQ_OVERLAP) == Py_True) {
         uint64_t bound = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(fast, FAST_BOUND));
@@ -934,10 +932,10 @@ get_latest_inline(Getter *self, PyObject *fast, Probes *probes, PyObject *key, u
 }
 
 int
-get_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
-           int have_h, const Gather *g, PyObject **value)
+get_latest_files(Getter *self, PyObject *fast, Probes *probes, PyObject *key,
+                 PyObject **value)
 {
-    return get_latest_inline(self, fast, probes, key, h, have_h, g, value);
+    return files_latest(self, fast, probes, key, NULL, value);
 }
 
 static PyObject *
@@ -974,7 +972,9 @@ Getter_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf, PyOb
     int gathered = have_h && can_gather(probes, key);
     if (gathered)
         gather_start(probes, key, h, &g);
-    int r = get_latest_inline(self, fast, probes, key, h, have_h, gathered ? &g : NULL, &value);
+    int r = mem_visible(self, fast, key, h, have_h, &value);
+    r = r != 0 ? newest(r, &value)
+               : files_latest(self, fast, probes, key, gathered ? &g : NULL, &value);
     if (r == 1) {
         result = value;
     } else if (r == 0) {

@@ -100,8 +100,8 @@ int parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, 
 int offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, int found);
 PyObject *hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
-int get_latest(Getter *self, PyObject *fast, Probes *probes, PyObject *key, uint64_t h,
-               int have_h, const Gather *g, PyObject **value);
+int get_latest_files(Getter *self, PyObject *fast, Probes *probes, PyObject *key,
+                     PyObject **value);
 PyObject *expiring_visible(PyObject *fast, PyObject *value);
 int view_now_us(PyObject *fast, uint64_t *now);
 int view_clock_is_system(PyObject *fast);

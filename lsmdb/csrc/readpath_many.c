@@ -419,57 +419,82 @@ keyed_hashes(Many *m, Py_ssize_t n)
 }
 
 /* get_many where level 0's files overlap in sequence numbers (a key's
- * newest version may be in any of them: overlap_get compares them): key by
- * key as a get takes it (get_latest), a file at a time being no help there,
- * but with the filter lines of the key MANY_AHEAD places on starting to load
- * (gather_start, for its loads alone), so that the keys' cache misses
- * overlap as the files' misses of one key do.  The keys are the checked
- * list of Getter_many, copied: a get may read a block (the GIL let go) or
- * hand over to Python code.  The answers (None where absent) counted as the
- * gets would count them, or NULL with an exception set. */
+ * newest version may be in any of them: overlap_get compares them).  First
+ * the memtables for every key, in one pass that lets nothing else run (so
+ * the call sees a batch applied to them whole or not at all, as the pass of
+ * the other case does), then the files key by key as a get takes them
+ * (get_latest_files), a file at a time being no help there, the filter lines
+ * of the key MANY_AHEAD places on starting to load meanwhile (gather_start,
+ * for its loads alone) so that the keys' cache misses overlap as one key's
+ * do.  The keys are the checked list of Getter_many, copied: a file's read
+ * may let the GIL go or hand over to Python code.  The answers (None where
+ * absent), counted as many_python counts them, or NULL with an exception. */
 static PyObject *
 many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
 {
     PyObject *keys = PyList_GetSlice(given, 0, PyList_GET_SIZE(given));
     if (keys == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
+    Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0;
     PyObject *out = PyList_New(n);
-    if (out == NULL) {
-        Py_DECREF(keys);
-        return NULL;
+    Py_ssize_t *pending = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    if (out == NULL || pending == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        goto fail;
     }
     uint64_t *counts = (uint64_t *)self->counts.buf;
-    Gather g;
-    for (Py_ssize_t i = 0; i < n && i < MANY_AHEAD; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        if (can_gather(probes, key))
-            gather_start(probes, key, xxh3_64_of_short(key), &g);
-    }
+    uint64_t absent = 0;
+    counts[GETS] += (uint64_t)n;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + MANY_AHEAD < n) {
-            PyObject *ahead = PyList_GET_ITEM(keys, i + MANY_AHEAD);
-            if (can_gather(probes, ahead))
-                gather_start(probes, ahead, xxh3_64_of_short(ahead), &g);
-        }
         PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
         uint64_t h = 0;
         int have_h = getter_hash(probes, key, &h);
-        counts[GETS]++;
-        int r = get_latest(self, fast, probes, key, h, have_h, NULL, &value);
-        if (r < 0) {
-            Py_DECREF(keys);
-            Py_DECREF(out);
-            return NULL;
+        if (mem_lookup(fast, key, h, have_h, &value) < 0)
+            goto fail;
+        if (value != NULL) {
+            value = visible(self, fast, Py_NewRef(value), LATEST);
+            if (value == NULL)
+                goto fail;
+            if (value != self->missing) {
+                PyList_SET_ITEM(out, i, value);  /* None: a tombstone, counted below */
+                continue;
+            }
+            Py_DECREF(value);
         }
-        if (r == 0) {
-            counts[GETS_ABSENT]++;
-            value = Py_NewRef(Py_None);
-        }
-        PyList_SET_ITEM(out, i, value);
+        pending[npend++] = i;
     }
+    Gather g;
+    for (Py_ssize_t j = 0; j < npend && j < MANY_AHEAD; j++) {
+        PyObject *key = PyList_GET_ITEM(keys, pending[j]);
+        if (can_gather(probes, key))
+            gather_start(probes, key, xxh3_64_of_short(key), &g);
+    }
+    for (Py_ssize_t j = 0; j < npend; j++) {
+        if (j + MANY_AHEAD < npend) {
+            PyObject *ahead = PyList_GET_ITEM(keys, pending[j + MANY_AHEAD]);
+            if (can_gather(probes, ahead))
+                gather_start(probes, ahead, xxh3_64_of_short(ahead), &g);
+        }
+        PyObject *key = PyList_GET_ITEM(keys, pending[j]), *value = NULL;
+        uint64_t h;
+        getter_hash(probes, key, &h);  /* the key the probes hold */
+        int r = get_latest_files(self, fast, probes, key, &value);
+        if (r < 0)
+            goto fail;
+        PyList_SET_ITEM(out, pending[j], r == 1 ? value : Py_NewRef(Py_None));
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        absent += PyList_GET_ITEM(out, i) == Py_None;
+    counts[GETS_ABSENT] += absent;
+    PyMem_Free(pending);
     Py_DECREF(keys);
     return out;
+fail:
+    PyMem_Free(pending);
+    Py_XDECREF(out);
+    Py_DECREF(keys);
+    return NULL;
 }
 
 PyObject *

@@ -446,16 +446,18 @@ many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
     uint64_t *counts = (uint64_t *)self->counts.buf;
     uint64_t absent = 0;
     counts[GETS] += (uint64_t)n;
+    /* (the collector paused: a finaliser it ran would be Python code in the pass) */
+    int gc_paused = PyGC_Disable();
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
         uint64_t h = 0;
         int have_h = getter_hash(probes, key, &h);
         if (mem_lookup(fast, key, h, have_h, &value) < 0)
-            goto fail;
+            break;
         if (value != NULL) {
             value = visible(self, fast, Py_NewRef(value), LATEST);
             if (value == NULL)
-                goto fail;
+                break;
             if (value != self->missing) {
                 PyList_SET_ITEM(out, i, value);  /* None: a tombstone, counted below */
                 continue;
@@ -464,6 +466,10 @@ many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
         }
         pending[npend++] = i;
     }
+    if (gc_paused)
+        PyGC_Enable();
+    if (PyErr_Occurred())
+        goto fail;
     Gather g;
     for (Py_ssize_t j = 0; j < npend && j < MANY_AHEAD; j++) {
         PyObject *key = PyList_GET_ITEM(keys, pending[j]);

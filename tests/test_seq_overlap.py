@@ -242,8 +242,8 @@ def test_get_many_over_overlapping_files_never_sees_half_a_batch(tmp_path, impl)
     writer = threading.Thread(target=batches)
     writer.start()
     try:
-        calls, deadline = 0, time.monotonic() + 3
-        while calls < 40 and time.monotonic() < deadline:
+        calls, deadline = 0, time.monotonic() + 2
+        while calls < 20 and time.monotonic() < deadline:
             got = dict(zip(asked, db.get_many(asked), strict=True))
             seen = {got[k] for k in batch_keys}
             assert len(seen) == 1, f"get_many saw half a batch: {sorted(map(str, seen))}"

@@ -43,6 +43,7 @@ from .cli_write import (
     table_option_arguments,
 )
 from .errors import LsmdbError
+from .options import OPTION_CHOICES
 
 builtins_open = builtins.open
 
@@ -275,13 +276,17 @@ def build_parser() -> argparse.ArgumentParser:
     path(p)
     p.add_argument("dest", help="the new directory (must not exist; its parent must)")
 
-    p = add("advise", cmd_advise, "Bloom filter price list for N keys",
-            "lsmdb advise --keys 1000000 --fp 0.01 0.001 --bits-per-key 8")
+    p = add("advise", cmd_advise, "Bloom filter price list for N keys, per filter family",
+            "lsmdb advise --keys 1000000 --fp 0.01 0.001 --bits-per-key 8 "
+            "--family bloom blocked_bloom")
     p.add_argument("--keys", type=int, required=True, help="the number of keys, >= 1")
     p.add_argument("--fp", type=float, nargs="+", help="fp chances, each between 0 and 1 "
                    "(default 0.1 0.01 0.001 0.0001)")
     p.add_argument("--bits-per-key", type=float, help="also show the FPR for k = 1..20 at this "
                    "many bits per key (> 0)")
+    p.add_argument("--family", nargs="+", choices=OPTION_CHOICES["filter_family"],
+                   help="the filter families to price, one table each (default bloom; a "
+                   "table's filter_family option)")
 
     p = add("rebuild-filters", cmd_rebuild_filters,
             "rewrite filters built with another fp chance than the table's current one",

@@ -351,8 +351,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    """The price list of Bloom filters for N keys."""
-    from .filters.bloom import optimal_bits, optimal_hashes, predicted_fpr_for
+    """The price list of Bloom filters for N keys, of each family asked for."""
     n = args.keys
     if n < 1:
         raise CliError(f"--keys must be >= 1, got {n}")
@@ -362,21 +361,57 @@ def cmd_advise(args: argparse.Namespace) -> int:
     b = args.bits_per_key
     if b is not None and not (0 < b and math.isfinite(b)):
         raise CliError(f"--bits-per-key must be a number > 0, got {b:g}")
+    for i, family in enumerate(dict.fromkeys(args.family or ["bloom"])):
+        if i:
+            print()
+        _advise_family(family, n, args.fp or [0.1, 0.01, 0.001, 0.0001], b)
+    return 0
+
+
+def _advise_family(family: str, n: int, fps: list[float], b: float | None) -> None:
+    """``cmd_advise``'s tables for one filter family (a table's ``filter_family``)."""
+    if family == "blocked_bloom":
+        from .filters import blocked_bloom as bb
+
+        def shape(p: float) -> tuple[int, int, float]:
+            try:
+                m, k = bb.filter_shape(n, p)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+            return m, k, bb.predicted_fpr_at(n / (m // bb.BLOCK_BITS), k)
+
+        def rates(m: int) -> list[tuple[int, float]]:
+            blocks = max(1, math.ceil(m / bb.BLOCK_BITS))
+            return [(k, bb.predicted_fpr_at(n / blocks, k)) for k in range(1, 21)]
+
+        title = (f"Blocked Bloom filter price list for {n:,} keys (512-bit blocks, each key's "
+                 "k probes in one; sized by docs/FORMAT.md section 5):")
+        theory = ""
+    else:
+        from .filters.bloom import optimal_bits, optimal_hashes, predicted_fpr_for
+
+        def shape(p: float) -> tuple[int, int, float]:
+            m = optimal_bits(n, p)
+            k = optimal_hashes(n, m)
+            return m, k, predicted_fpr_for(n, m, k)
+
+        def rates(m: int) -> list[tuple[int, float]]:
+            return [(k, predicted_fpr_for(n, m, k)) for k in range(1, 21)]
+
+        title = (f"Bloom filter price list for {n:,} keys "
+                 "(m = ceil(-n ln p / ln(2)^2), k = round(m/n ln 2)):")
+        theory = f" (theory: {b:g} * ln 2 = {b * math.log(2):.2f})" if b is not None else ""
     rows = []
-    for p in args.fp or [0.1, 0.01, 0.001, 0.0001]:
-        m = optimal_bits(n, p)
-        k = optimal_hashes(n, m)
-        rows.append([f"{p:g}", f"{m / n:.2f}", str(k), _fmt_size((m + 7) // 8),
-                     _fmt_rate(predicted_fpr_for(n, m, k))])
-    print(f"Bloom filter price list for {n:,} keys "
-          "(m = ceil(-n ln p / ln(2)^2), k = round(m/n ln 2)):")
+    for p in fps:
+        m, k, fpr = shape(p)
+        rows.append([f"{p:g}", f"{m / n:.2f}", str(k), _fmt_size((m + 7) // 8), _fmt_rate(fpr)])
+    print(title)
     _print_table(rows, ["fp chance", "bits/key", "k", "filter size", "predicted FPR"])
     if b is not None:
         m = max(1, round(b * n))
         print(f"\nAt {b:g} bits/key ({m:,} bits for {n:,} keys):")
-        rates = [(k, predicted_fpr_for(n, m, k)) for k in range(1, 21)]
-        best = min(rates, key=lambda r: r[1])
+        listed = rates(m)
+        best = min(listed, key=lambda r: r[1])
         _print_table([[str(k), _fmt_rate(r) + ("  <- best" if k == best[0] else "")]
-                      for k, r in rates], ["k", "predicted FPR"])
-        print(f"best k = {best[0]} (theory: {b:g} * ln 2 = {b * math.log(2):.2f})")
-    return 0
+                      for k, r in listed], ["k", "predicted FPR"])
+        print(f"best k = {best[0]}{theory}")

@@ -670,6 +670,36 @@ def test_advise_rows_and_best_k(lsmdb_cli):
     assert ks == [str(k) for k in range(1, 21)]
 
 
+def test_advise_prices_the_blocked_family_by_its_own_sizing(lsmdb_cli):
+    r = lsmdb_cli("advise", "--keys", "1000000", "--fp", "0.1", "0.01", "0.001",
+                  "--bits-per-key", "10", "--family", "bloom", "blocked_bloom")
+    assert r.returncode == 0, r.stderr
+    bloom, blocked = r.stdout.split("Blocked Bloom filter price list")
+    assert bloom.startswith("Bloom filter price list") and "9.59" in bloom
+    lines = blocked.splitlines()
+    # bits per key as docs/FORMAT.md section 5 and the README give them; each
+    # row's predicted rate at most the chance asked for
+    for fp, bpk in (("0.1", "4.84"), ("0.01", "9.92"), ("0.001", "15.55")):
+        rows = [ln.split() for ln in lines if ln.split()[:1] == [fp]]
+        assert len(rows) == 1 and rows[0][1] == bpk, (fp, blocked)
+        assert float(rows[0][-1].rstrip("%")) / 100 <= float(fp) * 1.0001, rows[0]
+    # at 10 bits/key: k = 1..20, the best the lowest of them, and dearer than a standard
+    # filter's best (one block per key costs rate at equal memory)
+    after = blocked.split("bits/key (")[1].splitlines()
+    table = [ln.split() for ln in after if re.match(r"\s*\d+\s+\d", ln)]
+    assert [row[0] for row in table] == [str(k) for k in range(1, 21)]
+    rate = {int(row[0]): float(row[1].rstrip("%")) for row in table}
+    best = int(re.search(r"best k = (\d+)", blocked)[1])
+    assert rate[best] == min(rate.values())
+    standard = re.search(r"(\d+\.\d+)%  <- best", bloom)
+    assert standard and rate[best] > float(standard[1])
+
+
+def test_advise_refuses_an_unknown_family(lsmdb_cli):
+    r = lsmdb_cli("advise", "--keys", "10", "--family", "cuckoo")
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
 def test_advise_default_fp_list(lsmdb_cli):
     r = lsmdb_cli("advise", "--keys", "1000")
     assert r.returncode == 0, r.stderr

@@ -65,12 +65,13 @@ WORKER_NICE = 10
 
 _FRAME = struct.Struct("<Q")
 
-# The worker's command: the directory holding this lsmdb in place of the
-# working directory at the head of its path (``python -c`` puts the working
-# directory there, which may hold another lsmdb, a checkout, or a module that
-# shadows a dependency), block the no-speedups warning (the parent warned
+# The worker's command: the directory holding this lsmdb at the head of its
+# path, in place of the working directory (``python -c`` puts it there as "",
+# unless PYTHONSAFEPATH: it may hold another lsmdb, a checkout, or a module
+# that shadows a dependency), block the no-speedups warning (the parent warned
 # already) and serve on the pipes.
-_BOOT = ("import sys; sys.path[0] = sys.argv[2];"
+_BOOT = ("import sys; sys.path[:1] = [sys.argv[2], *sys.path[:1]] if sys.path[:1] != [''] "
+         "else [sys.argv[2]];"
          "import warnings; warnings.filterwarnings('ignore', 'lsmdb runs without its C speedups');"
          "import lsmdb.worker as w; w.serve(int(sys.argv[1]))")
 

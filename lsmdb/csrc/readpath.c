@@ -455,7 +455,7 @@ pieces_find(Entry *e, Py_ssize_t i, PyObject *key, int values, const unsigned ch
     return r;
 }
 
-static int
+int
 keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value,
            Stored *st)
 {

@@ -100,6 +100,8 @@ int parsed_answer(Getter *self, PyObject *fast, Entry *e, const ParsedBlock *b, 
 int offer_parsed(Getter *self, const Entry *e, Py_ssize_t i, const ParsedBlock *b, int found);
 PyObject *hand_over(Getter *self, PyObject *fast, Py_ssize_t f, PyObject *keys);
 int mem_lookup(PyObject *fast, PyObject *key, uint64_t h, int have_h, PyObject **value);
+int keys_first(Getter *self, Entry *e, Py_ssize_t i, PyObject *key, int values, PyObject **value,
+               Stored *st);
 int get_latest_files(Getter *self, PyObject *fast, Probes *probes, PyObject *key,
                      PyObject **value);
 PyObject *expiring_visible(PyObject *fast, PyObject *value);

@@ -255,7 +255,30 @@ file_step(Many *m, Py_ssize_t f, const Py_ssize_t *idx, Py_ssize_t n, int whole,
         for (b = a + 1; b < nmiss && m->cands[b].block == block; b++)
             ;
         DiskBlock d;
-        int r = disk_block(e, block, &d);
+        int r;
+        if (b - a == 1) {
+            /* A block for one key: as a get reads it (keys_first), which
+             * decompresses no more than that key needs where the cache will
+             * not keep the block -- what the Python side's values_among does
+             * for every block. */
+            PyObject *value = NULL;
+            Stored st;
+            r = keys_first(m->self, e, block, PyList_GET_ITEM(m->mk.keys, m->cands[a].i), 1,
+                           &value, &st);
+            if (r < 0)
+                goto fail_all;
+            if (r == 0 || r == 3) {  /* answered (and counted) from the keys and its value */
+                if (r == 3)
+                    answer(m, m->cands[a].i, value);
+                else
+                    keep[(*nkeep)++] = m->cands[a].i;
+                continue;
+            }
+            if (r == 1)  /* the whole block decides, from the bytes read where it holds them */
+                r = disk_block_stored(e, block, st.buf, st.size, st.kind, &d);
+        } else {
+            r = disk_block(e, block, &d);
+        }
         if (r < 0)
             goto fail_all;
         if (r == 2) {  /* the Python side reads it, for these keys */

@@ -380,8 +380,11 @@ def _advise_family(family: str, n: int, fps: list[float], b: float | None) -> No
                 raise CliError(str(exc)) from None
             return m, k, bb.predicted_fpr_at(n / (m // bb.BLOCK_BITS), k)
 
+        def bits_at(m: int) -> int:  # whole blocks
+            return max(1, math.ceil(m / bb.BLOCK_BITS)) * bb.BLOCK_BITS
+
         def rates(m: int) -> list[tuple[int, float]]:
-            blocks = max(1, math.ceil(m / bb.BLOCK_BITS))
+            blocks = m // bb.BLOCK_BITS
             return [(k, bb.predicted_fpr_at(n / blocks, k)) for k in range(1, 21)]
 
         title = (f"Blocked Bloom filter price list for {n:,} keys (512-bit blocks, each key's "
@@ -394,6 +397,9 @@ def _advise_family(family: str, n: int, fps: list[float], b: float | None) -> No
             m = optimal_bits(n, p)
             k = optimal_hashes(n, m)
             return m, k, predicted_fpr_for(n, m, k)
+
+        def bits_at(m: int) -> int:
+            return m
 
         def rates(m: int) -> list[tuple[int, float]]:
             return [(k, predicted_fpr_for(n, m, k)) for k in range(1, 21)]
@@ -408,7 +414,7 @@ def _advise_family(family: str, n: int, fps: list[float], b: float | None) -> No
     print(title)
     _print_table(rows, ["fp chance", "bits/key", "k", "filter size", "predicted FPR"])
     if b is not None:
-        m = max(1, round(b * n))
+        m = bits_at(max(1, round(b * n)))
         print(f"\nAt {b:g} bits/key ({m:,} bits for {n:,} keys):")
         listed = rates(m)
         best = min(listed, key=lambda r: r[1])

@@ -695,6 +695,15 @@ def test_advise_prices_the_blocked_family_by_its_own_sizing(lsmdb_cli):
     assert standard and rate[best] > float(standard[1])
 
 
+def test_advise_blocked_at_a_tiny_chance_ends_and_counts_whole_blocks(lsmdb_cli):
+    """The sizing's bisection stopped at an absolute 1/1024 bit, which floats
+    cannot resolve at bits per key like 2^43: 1e-60 never returned."""
+    r = lsmdb_cli("advise", "--keys", "100", "--fp", "1e-60", "--family", "blocked_bloom")
+    assert r.returncode == 1 and "need more than" in r.stderr
+    r = lsmdb_cli("advise", "--keys", "100", "--bits-per-key", "8", "--family", "blocked_bloom")
+    assert r.returncode == 0 and "At 8 bits/key (1,024 bits for 100 keys)" in r.stdout
+
+
 def test_advise_refuses_an_unknown_family(lsmdb_cli):
     r = lsmdb_cli("advise", "--keys", "10", "--family", "cuckoo")
     assert r.returncode == 2 and "invalid choice" in r.stderr

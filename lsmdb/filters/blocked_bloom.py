@@ -158,7 +158,7 @@ def bits_per_key(fp_chance: float) -> float:
     hi = 2 * lo + 4
     while not ok(hi):
         hi *= 2
-    while hi - lo > 1 / 1024:
+    while hi - lo > max(1 / 1024, hi * 1e-12):  # (relative: floats at tiny p)
         mid = (lo + hi) / 2
         if ok(mid):
             hi = mid

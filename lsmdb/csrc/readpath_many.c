@@ -461,7 +461,8 @@ many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
     Py_ssize_t n = PyList_GET_SIZE(keys), npend = 0;
     PyObject *out = PyList_New(n);
     Py_ssize_t *pending = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
-    if (out == NULL || pending == NULL) {
+    uint64_t *hs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(uint64_t));  /* each key's, once */
+    if (out == NULL || pending == NULL || hs == NULL) {
         if (!PyErr_Occurred())
             PyErr_NoMemory();
         goto fail;
@@ -473,9 +474,9 @@ many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
     int gc_paused = PyGC_Disable();
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i), *value = NULL;
-        uint64_t h = 0;
-        int have_h = getter_hash(probes, key, &h);
-        if (mem_lookup(fast, key, h, have_h, &value) < 0)
+        hs[i] = 0;
+        int have_h = getter_hash(probes, key, &hs[i]);
+        if (mem_lookup(fast, key, hs[i], have_h, &value) < 0)
             break;
         if (value != NULL) {
             value = visible(self, fast, Py_NewRef(value), LATEST);
@@ -497,17 +498,17 @@ many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
     for (Py_ssize_t j = 0; j < npend && j < MANY_AHEAD; j++) {
         PyObject *key = PyList_GET_ITEM(keys, pending[j]);
         if (can_gather(probes, key))
-            gather_start(probes, key, xxh3_64_of_short(key), &g);
+            gather_start(probes, key, hs[pending[j]], &g);
     }
     for (Py_ssize_t j = 0; j < npend; j++) {
         if (j + MANY_AHEAD < npend) {
             PyObject *ahead = PyList_GET_ITEM(keys, pending[j + MANY_AHEAD]);
             if (can_gather(probes, ahead))
-                gather_start(probes, ahead, xxh3_64_of_short(ahead), &g);
+                gather_start(probes, ahead, hs[pending[j + MANY_AHEAD]], &g);
         }
         PyObject *key = PyList_GET_ITEM(keys, pending[j]), *value = NULL;
-        uint64_t h;
-        getter_hash(probes, key, &h);  /* the key the probes hold */
+        if (PyBytes_GET_SIZE(key) <= XXH3_NATIVE_MAX && probes->native_hash)
+            probes_hold(probes, key, hs[pending[j]]);  /* the key the probes hold */
         int r = get_latest_files(self, fast, probes, key, &value);
         if (r < 0)
             goto fail;
@@ -517,10 +518,12 @@ many_overlap(Getter *self, PyObject *fast, Probes *probes, PyObject *given)
         absent += PyList_GET_ITEM(out, i) == Py_None;
     counts[GETS_ABSENT] += absent;
     PyMem_Free(pending);
+    PyMem_Free(hs);
     Py_DECREF(keys);
     return out;
 fail:
     PyMem_Free(pending);
+    PyMem_Free(hs);
     Py_XDECREF(out);
     Py_DECREF(keys);
     return NULL;
